@@ -1,0 +1,20 @@
+//! wgpu-llm: LLM inference whose layers and sampling head are WGSL compute shaders run through wgpu.
+//!
+//! Map of the crate:
+//! - [`gpu`]: adapter/device selection, the shader preprocessor and pipeline cache, GPU tensors.
+//! - [`ops`]: one module per kernel family; each GPU op sits next to its CPU reference and its test.
+//! - [`loader`]: GGUF and Hugging Face (safetensors) checkpoints, memory-mapped.
+//! - [`model`]: the model description ([`model::config::ModelConfig`]) and the one layer loop.
+//! - [`sampling`]: the [`sampling::SamplingBackend`] trait with its host and device implementations.
+//! - [`tokenizer`], [`chat`]: text in and out.
+
+pub mod chat;
+pub mod error;
+pub mod gpu;
+pub mod loader;
+pub mod model;
+pub mod ops;
+pub mod sampling;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

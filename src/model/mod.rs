@@ -1,0 +1,2 @@
+//! Model description and the layer loop.
+pub mod config;
