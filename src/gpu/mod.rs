@@ -1,1 +1,294 @@
-//! (being written)
+//! The GPU side: adapter and device ([`Gpu`]), shader preprocessing ([`shader`]), the pipeline
+//! cache and recorded dispatches ([`kernel`]), and GPU tensors ([`tensor`]).
+
+pub mod kernel;
+pub mod shader;
+pub mod tensor;
+
+pub use kernel::{Kernel, PipelineCache};
+pub use shader::Macros;
+pub use tensor::{ElemType, Tensor};
+
+use crate::error::{Error, Result};
+use std::sync::{Arc, Mutex};
+
+/// Which graphics API to run on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    #[default]
+    Auto,
+    Vulkan,
+    Metal,
+    Gl,
+}
+
+impl BackendChoice {
+    fn backends(self) -> wgpu::Backends {
+        match self {
+            BackendChoice::Auto => wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::GL,
+            BackendChoice::Vulkan => wgpu::Backends::VULKAN,
+            BackendChoice::Metal => wgpu::Backends::METAL,
+            BackendChoice::Gl => wgpu::Backends::GL,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    pub backend: BackendChoice,
+    /// Index into [`list_adapters`]; `None` picks the best (discrete > integrated > other > cpu).
+    pub adapter: Option<usize>,
+    /// Do not use shader-f16 even where present (tests the fallback).
+    pub disable_f16: bool,
+    /// Do not use subgroup operations even where present (tests the fallback).
+    pub disable_subgroups: bool,
+}
+
+/// Optional capabilities in use on this device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    pub f16: bool,
+    pub subgroups: bool,
+    pub timestamps: bool,
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+}
+
+/// What `wgpu-llm devices` prints for one adapter.
+#[derive(Clone, Debug)]
+pub struct AdapterReport {
+    pub index: usize,
+    pub info: wgpu::AdapterInfo,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+}
+
+impl std::fmt::Display for AdapterReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = &self.info;
+        let l = &self.limits;
+        let has = |x| if self.features.contains(x) { "yes" } else { "no" };
+        writeln!(f, "[{}] {} ({:?}, {:?})", self.index, i.name, i.backend, i.device_type)?;
+        writeln!(f, "    driver: {} {}", i.driver, i.driver_info)?;
+        writeln!(
+            f,
+            "    shader-f16: {}  subgroups: {} (size {}..{})  timestamps: {} (inside passes: {})",
+            has(wgpu::Features::SHADER_F16),
+            has(wgpu::Features::SUBGROUP),
+            i.subgroup_min_size,
+            i.subgroup_max_size,
+            has(wgpu::Features::TIMESTAMP_QUERY),
+            has(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+        )?;
+        write!(
+            f,
+            "    max storage binding: {} MiB  max buffer: {} MiB  workgroup memory: {} KiB  invocations/workgroup: {}",
+            l.max_storage_buffer_binding_size >> 20,
+            l.max_buffer_size >> 20,
+            l.max_compute_workgroup_storage_size >> 10,
+            l.max_compute_invocations_per_workgroup,
+        )
+    }
+}
+
+fn instance(backend: BackendChoice) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    desc.backends = backend.backends();
+    wgpu::Instance::new(desc)
+}
+
+fn rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+/// Every adapter the backend offers, in a stable order (by type, then enumeration order).
+pub fn list_adapters(backend: BackendChoice) -> Vec<AdapterReport> {
+    let inst = instance(backend);
+    let mut adapters = pollster::block_on(inst.enumerate_adapters(backend.backends()));
+    adapters.sort_by_key(|a| rank(a.get_info().device_type));
+    adapters
+        .into_iter()
+        .enumerate()
+        .map(|(index, a)| AdapterReport {
+            index,
+            info: a.get_info(),
+            features: a.features(),
+            limits: a.limits(),
+        })
+        .collect()
+}
+
+/// A device, its queue, what it can do, and the pipeline cache. Cheap to clone.
+#[derive(Clone)]
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub caps: Caps,
+    pipelines: Arc<PipelineCache>,
+    /// First uncaptured device error (validation, out of memory, device lost), if any.
+    failure: Arc<Mutex<Option<String>>>,
+}
+
+impl Gpu {
+    pub fn new(opts: &GpuOptions) -> Result<Gpu> {
+        let inst = instance(opts.backend);
+        let mut adapters = pollster::block_on(inst.enumerate_adapters(opts.backend.backends()));
+        adapters.sort_by_key(|a| rank(a.get_info().device_type));
+        if adapters.is_empty() {
+            return Err(Error::Gpu(format!(
+                "no usable GPU adapter for backend {:?} (on Linux without a GPU, install Mesa's lavapipe: \
+                 apt-get install mesa-vulkan-drivers libvulkan1)",
+                opts.backend
+            )));
+        }
+        let n = adapters.len();
+        let adapter = match opts.adapter {
+            Some(i) if i >= n => {
+                return Err(Error::InvalidArgument(format!(
+                    "--adapter {i}: only {n} adapter(s) found (see `wgpu-llm devices`)"
+                )))
+            }
+            Some(i) => adapters.swap_remove(i),
+            None => adapters.swap_remove(0),
+        };
+        let info = adapter.get_info();
+        let have = adapter.features();
+        let mut features = wgpu::Features::empty();
+        let f16 = have.contains(wgpu::Features::SHADER_F16) && !opts.disable_f16;
+        let subgroups = have.contains(wgpu::Features::SUBGROUP) && !opts.disable_subgroups;
+        let timestamps = have.contains(wgpu::Features::TIMESTAMP_QUERY);
+        for (on, f) in [
+            (f16, wgpu::Features::SHADER_F16),
+            (subgroups, wgpu::Features::SUBGROUP),
+            (timestamps, wgpu::Features::TIMESTAMP_QUERY),
+            (
+                have.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+                wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
+            ),
+        ] {
+            if on {
+                features |= f;
+            }
+        }
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("wgpu-llm"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::Gpu(format!("requesting a device from {}: {e}", info.name)))?;
+        let failure = Arc::new(Mutex::new(None::<String>));
+        let sink = failure.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut slot = sink.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                *slot = Some(describe_error(&e));
+            }
+        }));
+        let caps = Caps {
+            f16,
+            subgroups,
+            timestamps,
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+        };
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            limits,
+            caps,
+            pipelines: Arc::new(PipelineCache::default()),
+            failure,
+        })
+    }
+
+    /// The standard macros for this device (`F16`, `SUBGROUP`), to extend per kernel.
+    pub fn macros(&self) -> Macros {
+        Macros::new()
+            .flag_if("F16", self.caps.f16)
+            .flag_if("SUBGROUP", self.caps.subgroups)
+    }
+
+    /// The same device with optional capabilities turned off for kernel selection (tests of the
+    /// fallbacks run on one device).
+    pub fn restricted(&self, f16: bool, subgroups: bool) -> Gpu {
+        let mut g = self.clone();
+        g.caps.f16 &= f16;
+        g.caps.subgroups &= subgroups;
+        g
+    }
+
+    pub fn pipelines(&self) -> &PipelineCache {
+        &self.pipelines
+    }
+
+    /// Returns the first error the device reported outside an error scope.
+    pub fn check(&self) -> Result<()> {
+        let slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        match &*slot {
+            Some(msg) => Err(Error::Gpu(msg.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Blocks until all submitted work is done.
+    pub fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Gpu(format!("waiting for the device: {e}")))?;
+        self.check()
+    }
+
+    /// Runs `f` (which creates resources) inside out-of-memory and validation error scopes, so
+    /// an allocation that does not fit is an error, not an abort.
+    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        if let Some(e) = o {
+            return Err(Error::Gpu(format!("out of GPU memory while {what}: {}", describe_error(&e))));
+        }
+        if let Some(e) = v {
+            return Err(Error::Gpu(format!("while {what}: {}", describe_error(&e))));
+        }
+        Ok(out)
+    }
+
+    /// Encodes `kernels` into one compute pass, submits and waits.
+    pub fn run(&self, kernels: &[&Kernel]) -> Result<()> {
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for k in kernels {
+                k.encode(&mut pass);
+            }
+        }
+        self.queue.submit([enc.finish()]);
+        self.wait()
+    }
+}
+
+fn describe_error(e: &wgpu::Error) -> String {
+    match e {
+        wgpu::Error::OutOfMemory { .. } => "out of GPU memory".to_string(),
+        other => {
+            let s = other.to_string();
+            // wgpu's Display of a validation error can be long: keep the first lines.
+            s.lines().take(8).collect::<Vec<_>>().join("\n")
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The pipeline cache and recorded dispatches.
+//!
+//! A [`Kernel`] is one dispatch with everything bound: pipeline, bind group, workgroup counts.
+//! Ops build their kernels once (buffers and bind groups made once); a forward pass or a decode
+//! step is a list of kernels encoded into one compute pass. Per-step values (position, length)
+//! live in small uniform buffers that the host rewrites with `queue.write_buffer`, so nothing is
+//! rebuilt between steps.
+//!
+//! Grid convention: kernels with many workgroups take a 2-D grid from [`grid`] (x ≤ 65535) and
+//! compute their linear workgroup index as `wid.x + wid.y * nwg.x`, ignoring indices past the end.
+
+use super::{shader, Gpu, Macros};
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Compiled pipelines keyed by (shader, entry point, macros).
+#[derive(Default)]
+pub struct PipelineCache {
+    map: Mutex<HashMap<(String, String, Macros), Arc<wgpu::ComputePipeline>>>,
+}
+
+impl PipelineCache {
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One recorded dispatch.
+pub struct Kernel {
+    pub name: String,
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind_group: wgpu::BindGroup,
+    pub workgroups: [u32; 3],
+}
+
+impl Kernel {
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        let [x, y, z] = self.workgroups;
+        pass.dispatch_workgroups(x, y, z);
+    }
+}
+
+/// A 2-D grid of `n` workgroups with x ≤ 65535 (see the module docs).
+pub fn grid(n: u32) -> [u32; 3] {
+    let n = n.max(1);
+    if n <= 65535 {
+        [n, 1, 1]
+    } else {
+        let y = n.div_ceil(65535);
+        [n.div_ceil(y), y, 1]
+    }
+}
+
+impl Gpu {
+    /// The compute pipeline of `entry` in `wgsl/<shader>.wgsl` under `macros`, compiled once.
+    pub fn pipeline(&self, shader_name: &str, entry: &str, macros: &Macros) -> Result<Arc<wgpu::ComputePipeline>> {
+        let key = (shader_name.to_string(), entry.to_string(), macros.clone());
+        if let Some(p) = self.pipelines().map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(p.clone());
+        }
+        let code = shader::preprocess(shader_name, macros)?;
+        let label = format!("{shader_name}:{entry}");
+        let pipeline = self.scoped(&format!("compiling {label}"), || {
+            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(code.into()),
+            });
+            self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&label),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        })?;
+        let p = Arc::new(pipeline);
+        self.pipelines()
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Records a dispatch of `entry` in `wgsl/<shader>.wgsl`: `bindings[i]` is bound at
+    /// `@group(0) @binding(i)`.
+    pub fn kernel(
+        &self,
+        shader_name: &str,
+        entry: &str,
+        macros: &Macros,
+        bindings: &[wgpu::BindingResource<'_>],
+        workgroups: [u32; 3],
+    ) -> Result<Kernel> {
+        let pipeline = self.pipeline(shader_name, entry, macros)?;
+        let entries: Vec<wgpu::BindGroupEntry> = bindings
+            .iter()
+            .enumerate()
+            .map(|(i, r)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: r.clone(),
+            })
+            .collect();
+        let name = format!("{shader_name}:{entry}");
+        let bind_group = self.scoped(&format!("binding {name}"), || {
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&name),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            })
+        })?;
+        if workgroups.iter().any(|&w| w > self.limits.max_compute_workgroups_per_dimension) {
+            return Err(Error::Gpu(format!("{name}: grid {workgroups:?} exceeds the device limit")));
+        }
+        Ok(Kernel {
+            name,
+            pipeline,
+            bind_group,
+            workgroups,
+        })
+    }
+
+    /// A uniform buffer holding `value`.
+    pub fn uniform<T: bytemuck::Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
+        use wgpu::util::DeviceExt;
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::bytes_of(value),
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
+    }
+}
