@@ -1,16 +1,522 @@
-//! (being written by the loader work) Stored tensor types and their conversion to f32/f16.
-use crate::error::{Error, Result};
+//! Stored tensor types and their conversion to f32/f16.
+//!
+//! The quantized block layouts are ggml's (`ggml-common.h`), dequantized with the exact float
+//! operations of ggml's reference `dequantize_row_*` (no fused multiply-add), so results are
+//! bit-identical to llama.cpp's CPU reference and to gguf-py's numpy port
+//! (`tests/fixtures/dequant/`, made by `tools/make_dequant_fixtures.py`, checks this).
+//!
+//! | type | elements/block | bytes/block | layout |
+//! |------|---------------:|------------:|--------|
+//! | Q4_0 | 32  | 18  | `d: f16, qs: [u8; 16]` — `x = (nibble - 8) * d` |
+//! | Q4_1 | 32  | 20  | `d: f16, m: f16, qs: [u8; 16]` — `x = nibble * d + m` |
+//! | Q5_0 | 32  | 22  | `d: f16, qh: u32, qs: [u8; 16]` — `x = ((nibble \| hbit << 4) - 16) * d` |
+//! | Q5_1 | 32  | 24  | `d: f16, m: f16, qh: u32, qs: [u8; 16]` — `x = (nibble \| hbit << 4) * d + m` |
+//! | Q8_0 | 32  | 34  | `d: f16, qs: [i8; 32]` — `x = q * d` |
+//! | Q4_K | 256 | 144 | `d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]` |
+//! | Q5_K | 256 | 176 | `d: f16, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]` |
+//! | Q6_K | 256 | 210 | `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16` |
+//!
+//! In the 32-element types, byte `j` of `qs` holds element `j` in its low nibble and element
+//! `j + 16` in its high nibble.
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+use crate::error::{Error, Result};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+/// A tensor's stored element type.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
     F16,
     BF16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
 
-pub fn to_f32(dtype: DType, _bytes: &[u8], _n: usize) -> Result<Vec<f32>> {
-    Err(Error::Unsupported(format!("{dtype:?}")))
+/// Elements per k-quant super-block.
+pub const QK_K: usize = 256;
+
+impl DType {
+    /// Every supported type.
+    pub const ALL: [DType; 11] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ];
+
+    /// The type's id in ggml's `enum ggml_type` (what GGUF tensor infos store).
+    pub fn ggml_type(self) -> u32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::Q4_0 => 2,
+            DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
+            DType::Q8_0 => 8,
+            DType::Q4_K => 12,
+            DType::Q5_K => 13,
+            DType::Q6_K => 14,
+            DType::BF16 => 30,
+        }
+    }
+
+    /// The type with this ggml id, if this engine reads it.
+    pub fn from_ggml_type(id: u32) -> Option<DType> {
+        DType::ALL.into_iter().find(|t| t.ggml_type() == id)
+    }
+
+    /// Elements per block (1 for the float types).
+    pub fn block_size(self) -> usize {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 32,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Q8_0 => 34,
+            DType::Q4_0 => 18,
+            DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q4_K => 144,
+            DType::Q5_K => 176,
+            DType::Q6_K => 210,
+        }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        self.block_size() > 1
+    }
+
+    /// ggml's name of the type (`"q4_K"`, `"f16"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::Q8_0 => "q8_0",
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
+            DType::Q4_K => "q4_K",
+            DType::Q5_K => "q5_K",
+            DType::Q6_K => "q6_K",
+        }
+    }
+
+    /// Bytes that `n` elements take, or `None` when `n` is not a whole number of blocks
+    /// (or the size overflows).
+    pub fn byte_size(self, n: usize) -> Option<usize> {
+        if n % self.block_size() != 0 {
+            return None;
+        }
+        (n / self.block_size()).checked_mul(self.block_bytes())
+    }
 }
-pub fn to_f16(dtype: DType, _bytes: &[u8], _n: usize) -> Result<Vec<half::f16>> {
-    Err(Error::Unsupported(format!("{dtype:?}")))
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Converts `n` elements stored as `dtype` in `bytes` to f32.
+/// Errors when `n` is not a whole number of blocks or `bytes` is not exactly their size.
+pub fn to_f32(dtype: DType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
+    check_len(dtype, bytes, n)?;
+    let mut out = vec![0f32; n];
+    match dtype {
+        DType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        DType::F16 => {
+            par_chunks(&mut out, bytes, 1, 2, |dst, src| {
+                let mut tmp = [f16::ZERO; 4096];
+                for (d, s) in dst.chunks_mut(4096).zip(src.chunks(8192)) {
+                    let t = &mut tmp[..d.len()];
+                    for (x, c) in t.iter_mut().zip(s.chunks_exact(2)) {
+                        *x = f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+                    }
+                    t.convert_to_f32_slice(d);
+                }
+            });
+        }
+        DType::BF16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            }
+        }
+        q => par_chunks(&mut out, bytes, q.block_size(), q.block_bytes(), |dst, src| {
+            for (d, s) in dst.chunks_exact_mut(q.block_size()).zip(src.chunks_exact(q.block_bytes())) {
+                dequant_block(q, s, d);
+            }
+        }),
+    }
+    Ok(out)
+}
+
+/// Converts `n` elements stored as `dtype` in `bytes` to f16 (round to nearest even).
+/// Quantized types are dequantized to f32 first, exactly as [`to_f32`], then rounded.
+pub fn to_f16(dtype: DType, bytes: &[u8], n: usize) -> Result<Vec<f16>> {
+    check_len(dtype, bytes, n)?;
+    let mut out = vec![f16::ZERO; n];
+    match dtype {
+        DType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+            }
+        }
+        DType::F32 | DType::BF16 => {
+            let eb = dtype.block_bytes();
+            par_chunks(&mut out, bytes, 1, eb, |dst, src| {
+                let mut tmp = [0f32; 4096];
+                for (d, s) in dst.chunks_mut(4096).zip(src.chunks(4096 * eb)) {
+                    let t = &mut tmp[..d.len()];
+                    if eb == 4 {
+                        for (x, c) in t.iter_mut().zip(s.chunks_exact(4)) {
+                            *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        }
+                    } else {
+                        for (x, c) in t.iter_mut().zip(s.chunks_exact(2)) {
+                            *x = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+                        }
+                    }
+                    d.convert_from_f32_slice(t);
+                }
+            });
+        }
+        q => par_chunks(&mut out, bytes, q.block_size(), q.block_bytes(), |dst, src| {
+            let mut tmp = [0f32; QK_K];
+            let bs = q.block_size();
+            for (d, s) in dst.chunks_exact_mut(bs).zip(src.chunks_exact(q.block_bytes())) {
+                let t = &mut tmp[..bs];
+                dequant_block(q, s, t);
+                d.convert_from_f32_slice(t);
+            }
+        }),
+    }
+    Ok(out)
+}
+
+fn check_len(dtype: DType, bytes: &[u8], n: usize) -> Result<()> {
+    let Some(want) = dtype.byte_size(n) else {
+        return Err(Error::Mismatch(format!(
+            "{n} elements are not a whole number of {dtype} blocks of {}",
+            dtype.block_size()
+        )));
+    };
+    if bytes.len() != want {
+        return Err(Error::Mismatch(format!(
+            "{n} {dtype} elements take {want} bytes, got {}",
+            bytes.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Elements below which conversion stays on the calling thread.
+const PAR_MIN_ELEMS: usize = 1 << 16;
+
+/// Splits `dst` (elements) and `src` (bytes) at block boundaries over the available cores
+/// and runs `f` on each pair. `src` must hold exactly `dst.len() / block` blocks.
+fn par_chunks<T: Send>(
+    dst: &mut [T],
+    src: &[u8],
+    block: usize,
+    block_bytes: usize,
+    f: impl Fn(&mut [T], &[u8]) + Sync,
+) {
+    let blocks = dst.len() / block;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
+    if threads <= 1 || dst.len() < PAR_MIN_ELEMS {
+        f(dst, src);
+        return;
+    }
+    let per = blocks.div_ceil(threads);
+    std::thread::scope(|s| {
+        let f = &f;
+        for (d, b) in dst.chunks_mut(per * block).zip(src.chunks(per * block_bytes)) {
+            s.spawn(move || f(d, b));
+        }
+    });
+}
+
+#[inline(always)]
+fn rd_f16(b: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// Dequantizes one block `b` (exactly `block_bytes` long) into `y` (exactly `block_size` long).
+#[inline]
+fn dequant_block(t: DType, b: &[u8], y: &mut [f32]) {
+    match t {
+        DType::Q8_0 => {
+            let b: &[u8; 34] = b.try_into().unwrap();
+            let y: &mut [f32; 32] = y.try_into().unwrap();
+            let d = rd_f16(b, 0);
+            for j in 0..32 {
+                y[j] = (b[2 + j] as i8) as f32 * d;
+            }
+        }
+        DType::Q4_0 => {
+            let b: &[u8; 18] = b.try_into().unwrap();
+            let y: &mut [f32; 32] = y.try_into().unwrap();
+            let d = rd_f16(b, 0);
+            for j in 0..16 {
+                let q = b[2 + j];
+                y[j] = ((q & 0xF) as i32 - 8) as f32 * d;
+                y[j + 16] = ((q >> 4) as i32 - 8) as f32 * d;
+            }
+        }
+        DType::Q4_1 => {
+            let b: &[u8; 20] = b.try_into().unwrap();
+            let y: &mut [f32; 32] = y.try_into().unwrap();
+            let d = rd_f16(b, 0);
+            let m = rd_f16(b, 2);
+            for j in 0..16 {
+                let q = b[4 + j];
+                y[j] = (q & 0xF) as f32 * d + m;
+                y[j + 16] = (q >> 4) as f32 * d + m;
+            }
+        }
+        DType::Q5_0 => {
+            let b: &[u8; 22] = b.try_into().unwrap();
+            let y: &mut [f32; 32] = y.try_into().unwrap();
+            let d = rd_f16(b, 0);
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            for j in 0..16 {
+                let q = b[6 + j] as u32;
+                let h0 = ((qh >> j) << 4) & 0x10;
+                let h1 = (qh >> (j + 12)) & 0x10;
+                y[j] = (((q & 0xF) | h0) as i32 - 16) as f32 * d;
+                y[j + 16] = (((q >> 4) | h1) as i32 - 16) as f32 * d;
+            }
+        }
+        DType::Q5_1 => {
+            let b: &[u8; 24] = b.try_into().unwrap();
+            let y: &mut [f32; 32] = y.try_into().unwrap();
+            let d = rd_f16(b, 0);
+            let m = rd_f16(b, 2);
+            let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+            for j in 0..16 {
+                let q = b[8 + j] as u32;
+                let h0 = ((qh >> j) << 4) & 0x10;
+                let h1 = (qh >> (j + 12)) & 0x10;
+                y[j] = ((q & 0xF) | h0) as f32 * d + m;
+                y[j + 16] = ((q >> 4) | h1) as f32 * d + m;
+            }
+        }
+        DType::Q4_K => {
+            let b: &[u8; 144] = b.try_into().unwrap();
+            let y: &mut [f32; 256] = y.try_into().unwrap();
+            let d = rd_f16(b, 0);
+            let dmin = rd_f16(b, 2);
+            let scales: &[u8; 12] = b[4..16].try_into().unwrap();
+            let qs = &b[16..144];
+            for g in 0..4 {
+                let (sc1, m1) = scale_min_k4(2 * g, scales);
+                let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
+                let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
+                let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
+                let q = &qs[32 * g..32 * g + 32];
+                let out = &mut y[64 * g..64 * g + 64];
+                for l in 0..32 {
+                    out[l] = d1 * (q[l] & 0xF) as f32 - m1;
+                    out[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
+                }
+            }
+        }
+        DType::Q5_K => {
+            let b: &[u8; 176] = b.try_into().unwrap();
+            let y: &mut [f32; 256] = y.try_into().unwrap();
+            let d = rd_f16(b, 0);
+            let dmin = rd_f16(b, 2);
+            let scales: &[u8; 12] = b[4..16].try_into().unwrap();
+            let qh = &b[16..48];
+            let qs = &b[48..176];
+            for g in 0..4 {
+                let (sc1, m1) = scale_min_k4(2 * g, scales);
+                let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
+                let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
+                let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
+                let (u1, u2) = (1u8 << (2 * g), 2u8 << (2 * g));
+                let q = &qs[32 * g..32 * g + 32];
+                let out = &mut y[64 * g..64 * g + 64];
+                for l in 0..32 {
+                    let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
+                    let h2 = if qh[l] & u2 != 0 { 16 } else { 0 };
+                    out[l] = d1 * ((q[l] & 0xF) + h1) as f32 - m1;
+                    out[l + 32] = d2 * ((q[l] >> 4) + h2) as f32 - m2;
+                }
+            }
+        }
+        DType::Q6_K => {
+            let b: &[u8; 210] = b.try_into().unwrap();
+            let y: &mut [f32; 256] = y.try_into().unwrap();
+            let d = rd_f16(b, 208);
+            for half in 0..2 {
+                let ql = &b[64 * half..64 * half + 64];
+                let qh = &b[128 + 32 * half..128 + 32 * half + 32];
+                let sc = &b[192 + 8 * half..192 + 8 * half + 8];
+                let out = &mut y[128 * half..128 * half + 128];
+                for l in 0..32 {
+                    let is = l / 16;
+                    let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                    let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                    let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                    let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                    out[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+                    out[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+                    out[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+                    out[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+                }
+            }
+        }
+        DType::F32 | DType::F16 | DType::BF16 => unreachable!("float types are not block-quantized"),
+    }
+}
+
+/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block.
+#[inline(always)]
+fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dequant").join(name);
+        std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e} (run tools/make_dequant_fixtures.py)", p.display()))
+    }
+
+    fn le_f32(b: &[u8]) -> Vec<f32> {
+        b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+
+    fn le_f16(b: &[u8]) -> Vec<f16> {
+        b.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect()
+    }
+
+    const FIXTURES: [(DType, &str); 11] = [
+        (DType::F32, "f32"),
+        (DType::F16, "f16"),
+        (DType::BF16, "bf16"),
+        (DType::Q8_0, "q8_0"),
+        (DType::Q4_0, "q4_0"),
+        (DType::Q4_1, "q4_1"),
+        (DType::Q5_0, "q5_0"),
+        (DType::Q5_1, "q5_1"),
+        (DType::Q4_K, "q4_k"),
+        (DType::Q5_K, "q5_k"),
+        (DType::Q6_K, "q6_k"),
+    ];
+
+    /// Bit-exact against gguf-py's numpy dequantization (an independent implementation).
+    #[test]
+    fn dequant_matches_gguf_py() {
+        for (t, name) in FIXTURES {
+            let raw = fixture(&format!("{name}.bin"));
+            let want = le_f32(&fixture(&format!("{name}.f32")));
+            let got = to_f32(t, &raw, want.len()).unwrap();
+            assert_eq!(got.len(), want.len(), "{name}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "{name}[{i}]: got {g}, want {w}");
+            }
+            assert!(want.iter().any(|&x| x != 0.0), "{name}: degenerate fixture");
+        }
+    }
+
+    /// f16 output: at most 1 ulp from numpy's rounding of the f32 reference (exact in practice).
+    #[test]
+    fn to_f16_matches_gguf_py() {
+        for (t, name) in FIXTURES {
+            let raw = fixture(&format!("{name}.bin"));
+            let want = le_f16(&fixture(&format!("{name}.f16")));
+            let got = to_f16(t, &raw, want.len()).unwrap();
+            assert_eq!(got.len(), want.len(), "{name}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let (g, w) = (g.to_bits() as i32, w.to_bits() as i32);
+                assert!((g - w).abs() <= 1, "{name}[{i}]: got {g:#x}, want {w:#x}");
+            }
+        }
+    }
+
+    /// The multi-threaded path (large tensors) gives what the single-threaded one does.
+    #[test]
+    fn parallel_path_matches() {
+        for (t, name) in FIXTURES {
+            let raw = fixture(&format!("{name}.bin"));
+            let want = le_f32(&fixture(&format!("{name}.f32")));
+            let reps = PAR_MIN_ELEMS / want.len() * 3 + 7;
+            let big: Vec<u8> = raw.iter().copied().cycle().take(raw.len() * reps).collect();
+            let got = to_f32(t, &big, want.len() * reps).unwrap();
+            let got16 = to_f16(t, &big, want.len() * reps).unwrap();
+            for (r, (c, c16)) in got.chunks(want.len()).zip(got16.chunks(want.len())).enumerate() {
+                assert!(c.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} rep {r}");
+                assert!(c16.iter().zip(&want).all(|(a, b)| *a == f16::from_f32(*b)), "{name} rep {r} f16");
+            }
+        }
+    }
+
+    #[test]
+    fn length_mismatch_is_an_error() {
+        for t in DType::ALL {
+            let n = t.block_size() * 3;
+            let bytes = vec![0u8; t.block_bytes() * 3];
+            assert!(to_f32(t, &bytes, n).is_ok());
+            assert!(matches!(to_f32(t, &bytes[1..], n), Err(Error::Mismatch(_))), "{t}");
+            assert!(matches!(to_f16(t, &bytes, n + t.block_size()), Err(Error::Mismatch(_))), "{t}");
+            if t.is_quantized() {
+                assert!(matches!(to_f32(t, &bytes, n - 1), Err(Error::Mismatch(_))), "{t}");
+            }
+        }
+        assert!(to_f32(DType::Q4_K, &[], 0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn ggml_type_ids_round_trip() {
+        for t in DType::ALL {
+            assert_eq!(DType::from_ggml_type(t.ggml_type()), Some(t));
+        }
+        assert_eq!(DType::from_ggml_type(12), Some(DType::Q4_K));
+        assert_eq!(DType::from_ggml_type(30), Some(DType::BF16));
+        for id in [4, 5, 9, 10, 11, 15, 16, 29, 31, 1000, u32::MAX] {
+            assert_eq!(DType::from_ggml_type(id), None, "{id}");
+        }
+    }
 }

@@ -1,1 +1,280 @@
-//! (being written)
+//! Token sampling: the exact semantics, the counter-based RNG, the host implementation and
+//! the backend trait the device (WGSL) implementation plugs into.
+//!
+//! [`host::sample_row`] is the single source of truth; the WGSL kernel is its twin and is
+//! tested against it. Everything below is written so a kernel can follow it without a sort
+//! (thresholds are found by searching over float bit patterns) and without any dependence on
+//! thread, workgroup or subgroup counts.
+//!
+//! # Spec
+//!
+//! Input: one row of `V` logits `l[0..V)` (`f32`), a validated [`SamplingParams`], the decode
+//! `step` and the `row` index of the row in the logits matrix. Output: one token id `< V`
+//! (or 0 when `V = 0`).
+//!
+//! Every `f32` operation below is a single IEEE-754 operation rounded to nearest-even, with no
+//! fused multiply-add and no reassociation (Rust never contracts; see "Device parity").
+//!
+//! ## Parameters ([`SamplingParams::validate`], [`SamplingParams::prepare`])
+//! - `temperature`: finite, `0` or `≥ f32::MIN_POSITIVE` (a subnormal `T` would make `1/T`
+//!   overflow). `0` = greedy.
+//! - `top_k`: `0` = off; any `k ≥` the number of candidates keeps all of them.
+//! - `top_p ∈ (0, 1]`: `1` = off.
+//! - `min_p ∈ [0, 1)`: `0` = off.
+//! - NaN is rejected everywhere. `seed`: any `u64`.
+//!
+//! Derived once on the host, in [`PreparedParams`] (the per-row struct the kernel reads), so
+//! both sides use the identical bits: `inv_temperature = 1.0f32 / T` (correctly rounded `f32`
+//! division; WGSL division is not correctly rounded, so the kernel never divides) and
+//! `ln_min_p = f32(ln(f64(min_p)))` (`-inf` when `min_p = 0`).
+//!
+//! ## Greedy (`temperature == 0`)
+//! The lowest index `i` maximizing `l[i]`, comparing raw logits (no scaling), with NaN treated
+//! as `-inf`. Defined outcomes: ties → lowest index; `+inf` wins (the first `+inf`); a row that
+//! is all NaN/`-inf` (or empty) → token `0`.
+//!
+//! ## Sampling (`temperature > 0`)
+//! 1. **Scale**: `s[i] = l[i] * inv_temperature` (one `f32` multiply), then NaN → `-inf`.
+//!    Finite logits may overflow to `±inf` for tiny `T`. Comparisons of `s` are IEEE
+//!    comparisons (`-0 == +0`); a kernel mapping `s` to order-preserving `u32` keys must map
+//!    `-0` to `+0` first ([`host::order_key`]).
+//! 2. **Degenerate rows**: if some `s[i] == +inf`, the result is the lowest such `i` (no
+//!    randomness). Candidates are `C = {i : s[i] > -inf}`; if `C` is empty the result is `0`.
+//!    Otherwise `m = max over C of s` (finite) and `d[i] = s[i] - m` (one `f32` subtract,
+//!    `≤ 0`, `d = 0` for the maxima; `-inf` only when the subtraction overflows).
+//! 3. **Top-k**: if `0 < k < |C|`, `t_k` = the `k`-th largest value of `s` over `C` counted with
+//!    multiplicity, i.e. the largest `v` with `#{i ∈ C : s[i] ≥ v} ≥ k`; `K1 = {i ∈ C : s[i] ≥
+//!    t_k}`. Ties at the threshold are all kept, so `|K1|` may exceed `k`. Otherwise `K1 = C`.
+//!    A kernel finds `t_k` by a bit-by-bit search over the `u32` keys of `s` with integer counts:
+//!    exact, no rounding involved.
+//! 4. **Top-p**: weights `w[i] = exp(d[i])` (real numbers) and `Z = Σ_{K1} w`. If `top_p < 1`,
+//!    `t_p` = the largest `v ∈ {s[j] : j ∈ K1}` with `M(v) = Σ_{i ∈ K1, s[i] ≥ v} w[i] ≥ top_p ·
+//!    Z`; `K2 = {i ∈ K1 : s[i] ≥ t_p}`. Otherwise `K2 = K1` (`t_p = t_k`). This is the smallest
+//!    set of whole value levels, taken from the top, whose softmax mass (softmax over `K1`)
+//!    reaches `top_p`; tokens tied with the last level taken are all kept. Equivalently, with
+//!    `p = w / Z`: keep `p[i] ≥ τ` for the largest `τ` whose set has mass `≥ top_p`. `t_p` is
+//!    always one of the `s` values and `t_p ≥ t_k`; a kernel finds it by the same key search
+//!    with `M(v) ≥ top_p · Z` as the predicate.
+//! 5. **Min-p**: `K = {i ∈ K2 : d[i] ≥ ln_min_p}` (⇔ `p[i] ≥ min_p · p_max`); a per-token
+//!    predicate, no search. With `min_p = 0`, `ln_min_p = -inf` keeps everything. The maxima
+//!    (`d = 0`) are always in `K`.
+//! 6. **Draw** (Gumbel-max): the lowest index maximizing `key[i] = d[i] + g[i]` over `i ∈ K`
+//!    (one `f32` add), with `g[i] = gumbel(bits_to_unit(uniform_bits(seed, step, row, i)))`:
+//!    - `uniform_bits`: word `i & 3` of `philox4x32_10((i >> 2, row, step, 0), (seed as u32,
+//!      (seed >> 32) as u32))` ([`philox::philox4x32_10`], Random123-exact);
+//!    - `bits_to_unit(b) = (f32(b >> 9) + 0.5) * 2^-23`, exactly, in `[2^-24, 1 - 2^-24]`
+//!      (23 bits, not 24: see [`philox::bits_to_unit`]);
+//!    - `gumbel(u) = -ln(-ln(u))` with [`philox::ln_portable`], a fixed sequence of `f32`
+//!      operations (not the platform `ln`), so the WGSL twin gives identical bits.
+//!
+//! The draw gives token `i ∈ K` with probability `w[i] / Σ_K w` (up to the 23-bit uniform and
+//! `f32` rounding). The random bits of token `i` depend only on `(seed, step, row, i)`, not on
+//! which tokens the filters kept.
+//!
+//! **Order** is scale → top-k → top-p → min-p → draw. Top-p's softmax is over the top-k set;
+//! min-p is relative to the overall maximum, which every filter keeps.
+//!
+//! **Seed schedule**: the token sampled from the prompt's last position is `step = 0`; each
+//! decode step adds 1. `row` is the row's index in the logits matrix passed to the sampler.
+//! Without a user seed, use [`philox::random_seed`].
+//!
+//! # Host vs device
+//! The host evaluates the mass comparison of step 4 as accurately as it can: `w[i] =
+//! exp(f64(d[i]))` in `f64` and sums in `f64` (relative error < 1e-12 for any vocabulary).
+//! The device uses `f32` `exp` and `f32` tree sums (relative error ~1e-6), so `K2` can differ
+//! only when `M(t)` for some level `t` is within that rounding of `top_p · Z`: the level is in
+//! on one side and out on the other. Everything else (steps 1–3, 5, 6) is specified down to
+//! the bit. Hazards the kernel must handle to stay bit-exact:
+//! - **Contraction**: naga 30 emits no `NoContraction` and Metal compiles with fast math by
+//!   default, so a driver may fuse `l * inv_t - m` or the Horner steps of `ln_portable` into
+//!   FMAs. Keep `s` in memory between passes (or otherwise force rounding) and measure parity.
+//! - **Subnormals**: WGSL may flush them. They arise only for `|s| < 2^-126` (tiny logits or
+//!   huge `T`); `bits_to_unit` and `ln_portable`'s inputs are always normal.
+//!
+//! The accepted host/device parity is ≥ 99.9 % of tokens; mismatches should trace to the
+//! top-p boundary (or to contraction) as described above.
+
+pub mod host;
+pub mod philox;
+
+pub use host::{sample_row, sample_row_prepared};
+pub use philox::{bits_to_unit, gumbel, philox4x32_10, random_seed, uniform_bits};
+
+use crate::error::{Error, Result};
+
+/// Per-row sampling parameters as the user gives them. See the [module docs](self) for the
+/// exact semantics.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// `0` = greedy (argmax); otherwise logits are multiplied by `1/temperature`.
+    pub temperature: f32,
+    /// Keep the `top_k` highest-scoring tokens (plus ties at the threshold); `0` = off.
+    pub top_k: u32,
+    /// Nucleus: smallest top set of probability mass `≥ top_p`, ties kept; `1` = off.
+    pub top_p: f32,
+    /// Keep tokens with probability `≥ min_p · p_max`; `0` = off.
+    pub min_p: f32,
+    /// Philox key; the same seed, logits and steps give the same tokens.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    /// Plain sampling at temperature 1 with every filter off and seed 0.
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding (temperature 0).
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Whether this is greedy decoding (`temperature == 0`).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// Check every parameter's range ([module docs](self)); NaN is always rejected.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::InvalidArgument(msg));
+        let t = self.temperature;
+        if !t.is_finite() || t < 0.0 {
+            return bad(format!(
+                "temperature must be a finite number >= 0 (0 = greedy), got {t}"
+            ));
+        }
+        if t > 0.0 && t < f32::MIN_POSITIVE {
+            return bad(format!(
+                "temperature {t:e} is too small (below {:e}); use 0 for greedy",
+                f32::MIN_POSITIVE
+            ));
+        }
+        let p = self.top_p;
+        if p.is_nan() || p <= 0.0 || p > 1.0 {
+            return bad(format!("top_p must be in (0, 1] (1 = off), got {p}"));
+        }
+        let m = self.min_p;
+        if m.is_nan() || !(0.0..1.0).contains(&m) {
+            return bad(format!("min_p must be in [0, 1) (0 = off), got {m}"));
+        }
+        Ok(())
+    }
+
+    /// The derived per-row values both implementations use, for decode step `step`.
+    /// Call [`validate`](Self::validate) first; invalid parameters give unspecified (but
+    /// memory-safe) results.
+    pub fn prepare(&self, step: u32) -> PreparedParams {
+        let greedy = self.is_greedy();
+        PreparedParams {
+            mode: if greedy { MODE_GREEDY } else { MODE_SAMPLE },
+            inv_temperature: if greedy { 0.0 } else { 1.0 / self.temperature },
+            top_k: self.top_k,
+            top_p: self.top_p,
+            ln_min_p: if self.min_p > 0.0 {
+                (self.min_p as f64).ln() as f32
+            } else {
+                f32::NEG_INFINITY
+            },
+            seed_lo: self.seed as u32,
+            seed_hi: (self.seed >> 32) as u32,
+            step,
+        }
+    }
+}
+
+/// [`PreparedParams::mode`]: argmax of the raw logits.
+pub const MODE_GREEDY: u32 = 0;
+/// [`PreparedParams::mode`]: scale, filter, Gumbel-max draw.
+pub const MODE_SAMPLE: u32 = 1;
+
+/// One row's parameters in the form the kernel reads (32 bytes, eight 4-byte fields, no
+/// padding: a WGSL `struct` of `u32`/`f32` members in this order matches it), computed by
+/// [`SamplingParams::prepare`]. The host implementation reads the same struct, so derived
+/// values (`1/T`, `ln(min_p)`) are bit-identical on both sides.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct PreparedParams {
+    /// [`MODE_GREEDY`] or [`MODE_SAMPLE`].
+    pub mode: u32,
+    /// `1.0f32 / temperature` (0 in greedy mode).
+    pub inv_temperature: f32,
+    /// `0` = off.
+    pub top_k: u32,
+    /// `1` = off.
+    pub top_p: f32,
+    /// `f32(ln(f64(min_p)))`, `-inf` when off.
+    pub ln_min_p: f32,
+    /// Philox key word 0 (seed bits 0..32).
+    pub seed_lo: u32,
+    /// Philox key word 1 (seed bits 32..64).
+    pub seed_hi: u32,
+    /// Philox counter word 2.
+    pub step: u32,
+}
+
+impl PreparedParams {
+    /// The 64-bit seed these were prepared from.
+    pub fn seed(&self) -> u64 {
+        (u64::from(self.seed_hi) << 32) | u64::from(self.seed_lo)
+    }
+}
+
+/// A sampler: turns a `rows × vocab` matrix of `f32` logits into one `u32` token id per row,
+/// with one [`SamplingParams`] per row and a shared decode `step` (the Philox counter's step
+/// word; the row index is its row word).
+///
+/// The associated types say where logits and tokens live, so one trait covers:
+/// - [`HostSampler`]: `[f32]` in, `[u32]` out, on the CPU via [`host::sample_row`];
+/// - the device sampler (to come, wired by the GPU layer to `crate::gpu::Gpu`): `Logits` a GPU
+///   tensor and `Tokens` a GPU buffer; `sample` encodes one dispatch that reads the logits
+///   where they are and writes the ids, copying no logits to the host. Its per-row parameters
+///   are uploaded as an array of [`PreparedParams`];
+/// - a host fallback over GPU logits (reads the buffer back, then calls [`host::sample_row`]).
+pub trait SamplingBackend {
+    /// Where the logits are (row-major, `rows × vocab`).
+    type Logits: ?Sized;
+    /// Where the `rows` token ids go.
+    type Tokens: ?Sized;
+
+    /// Sample one token per row. `params.len()` is the number of rows. Errors on invalid
+    /// parameters or mismatched sizes.
+    fn sample(
+        &mut self,
+        logits: &Self::Logits,
+        vocab: usize,
+        params: &[SamplingParams],
+        step: u32,
+        tokens: &mut Self::Tokens,
+    ) -> Result<()>;
+}
+
+/// The CPU sampler: [`host::sample_row`] on each row of a host slice.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostSampler;
+
+impl SamplingBackend for HostSampler {
+    type Logits = [f32];
+    type Tokens = [u32];
+
+    fn sample(
+        &mut self,
+        logits: &[f32],
+        vocab: usize,
+        params: &[SamplingParams],
+        step: u32,
+        tokens: &mut [u32],
+    ) -> Result<()> {
+        host::sample_rows(logits, vocab, params, step, tokens)
+    }
+}
