@@ -171,11 +171,20 @@ pub fn to_f32(dtype: DType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
                 *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
             }
         }
-        q => par_chunks(&mut out, bytes, q.block_size(), q.block_bytes(), |dst, src| {
-            for (d, s) in dst.chunks_exact_mut(q.block_size()).zip(src.chunks_exact(q.block_bytes())) {
-                dequant_block(q, s, d);
-            }
-        }),
+        q => par_chunks(
+            &mut out,
+            bytes,
+            q.block_size(),
+            q.block_bytes(),
+            |dst, src| {
+                for (d, s) in dst
+                    .chunks_exact_mut(q.block_size())
+                    .zip(src.chunks_exact(q.block_bytes()))
+                {
+                    dequant_block(q, s, d);
+                }
+            },
+        ),
     }
     Ok(out)
 }
@@ -210,15 +219,24 @@ pub fn to_f16(dtype: DType, bytes: &[u8], n: usize) -> Result<Vec<f16>> {
                 }
             });
         }
-        q => par_chunks(&mut out, bytes, q.block_size(), q.block_bytes(), |dst, src| {
-            let mut tmp = [0f32; QK_K];
-            let bs = q.block_size();
-            for (d, s) in dst.chunks_exact_mut(bs).zip(src.chunks_exact(q.block_bytes())) {
-                let t = &mut tmp[..bs];
-                dequant_block(q, s, t);
-                d.convert_from_f32_slice(t);
-            }
-        }),
+        q => par_chunks(
+            &mut out,
+            bytes,
+            q.block_size(),
+            q.block_bytes(),
+            |dst, src| {
+                let mut tmp = [0f32; QK_K];
+                let bs = q.block_size();
+                for (d, s) in dst
+                    .chunks_exact_mut(bs)
+                    .zip(src.chunks_exact(q.block_bytes()))
+                {
+                    let t = &mut tmp[..bs];
+                    dequant_block(q, s, t);
+                    d.convert_from_f32_slice(t);
+                }
+            },
+        ),
     }
     Ok(out)
 }
@@ -252,7 +270,9 @@ fn par_chunks<T: Send>(
     f: impl Fn(&mut [T], &[u8]) + Sync,
 ) {
     let blocks = dst.len() / block;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16);
     if threads <= 1 || dst.len() < PAR_MIN_ELEMS {
         f(dst, src);
         return;
@@ -260,7 +280,10 @@ fn par_chunks<T: Send>(
     let per = blocks.div_ceil(threads);
     std::thread::scope(|s| {
         let f = &f;
-        for (d, b) in dst.chunks_mut(per * block).zip(src.chunks(per * block_bytes)) {
+        for (d, b) in dst
+            .chunks_mut(per * block)
+            .zip(src.chunks(per * block_bytes))
+        {
             s.spawn(move || f(d, b));
         }
     });
@@ -397,7 +420,9 @@ fn dequant_block(t: DType, b: &[u8], y: &mut [f32]) {
                 }
             }
         }
-        DType::F32 | DType::F16 | DType::BF16 => unreachable!("float types are not block-quantized"),
+        DType::F32 | DType::F16 | DType::BF16 => {
+            unreachable!("float types are not block-quantized")
+        }
     }
 }
 
@@ -420,16 +445,23 @@ mod tests {
     use std::path::PathBuf;
 
     fn fixture(name: &str) -> Vec<u8> {
-        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dequant").join(name);
-        std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e} (run tools/make_dequant_fixtures.py)", p.display()))
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/dequant")
+            .join(name);
+        std::fs::read(&p)
+            .unwrap_or_else(|e| panic!("{}: {e} (run tools/make_dequant_fixtures.py)", p.display()))
     }
 
     fn le_f32(b: &[u8]) -> Vec<f32> {
-        b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
     }
 
     fn le_f16(b: &[u8]) -> Vec<f16> {
-        b.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect()
+        b.chunks_exact(2)
+            .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+            .collect()
     }
 
     const FIXTURES: [(DType, &str); 11] = [
@@ -486,9 +518,19 @@ mod tests {
             let big: Vec<u8> = raw.iter().copied().cycle().take(raw.len() * reps).collect();
             let got = to_f32(t, &big, want.len() * reps).unwrap();
             let got16 = to_f16(t, &big, want.len() * reps).unwrap();
-            for (r, (c, c16)) in got.chunks(want.len()).zip(got16.chunks(want.len())).enumerate() {
-                assert!(c.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} rep {r}");
-                assert!(c16.iter().zip(&want).all(|(a, b)| *a == f16::from_f32(*b)), "{name} rep {r} f16");
+            for (r, (c, c16)) in got
+                .chunks(want.len())
+                .zip(got16.chunks(want.len()))
+                .enumerate()
+            {
+                assert!(
+                    c.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{name} rep {r}"
+                );
+                assert!(
+                    c16.iter().zip(&want).all(|(a, b)| *a == f16::from_f32(*b)),
+                    "{name} rep {r} f16"
+                );
             }
         }
     }
@@ -499,10 +541,22 @@ mod tests {
             let n = t.block_size() * 3;
             let bytes = vec![0u8; t.block_bytes() * 3];
             assert!(to_f32(t, &bytes, n).is_ok());
-            assert!(matches!(to_f32(t, &bytes[1..], n), Err(Error::Mismatch(_))), "{t}");
-            assert!(matches!(to_f16(t, &bytes, n + t.block_size()), Err(Error::Mismatch(_))), "{t}");
+            assert!(
+                matches!(to_f32(t, &bytes[1..], n), Err(Error::Mismatch(_))),
+                "{t}"
+            );
+            assert!(
+                matches!(
+                    to_f16(t, &bytes, n + t.block_size()),
+                    Err(Error::Mismatch(_))
+                ),
+                "{t}"
+            );
             if t.is_quantized() {
-                assert!(matches!(to_f32(t, &bytes, n - 1), Err(Error::Mismatch(_))), "{t}");
+                assert!(
+                    matches!(to_f32(t, &bytes, n - 1), Err(Error::Mismatch(_))),
+                    "{t}"
+                );
             }
         }
         assert!(to_f32(DType::Q4_K, &[], 0).unwrap().is_empty());
