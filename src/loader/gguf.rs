@@ -1,10 +1,1524 @@
-//! (being written by the loader work) GGUF v3.
+//! GGUF (v2 and v3): a bounds-checked parser over a memory map, the [`Checkpoint`] builder for
+//! GGUF files ([`open`]), and a writer ([`GgufWriter`]) for synthetic test/benchmark models.
+//!
+//! File layout (all little endian):
+//! ```text
+//! magic "GGUF" | version u32 | tensor_count u64 | kv_count u64
+//! kv_count × { key: string, value_type: u32, value }
+//! tensor_count × { name: string, n_dims: u32, ne: [u64; n_dims], ggml_type: u32, offset: u64 }
+//! padding to `general.alignment` (default 32) | tensor data (each offset relative to here)
+//! string = len u64 + UTF-8 bytes; array = elem_type u32 + count u64 + elems
+//! ```
+//! GGUF dims are ggml's `ne`, innermost first; [`GgufTensorInfo::shape`] is reversed to the
+//! crate's row-major, outermost-first convention (a linear weight is `[out, in]`).
+
+use super::{Checkpoint, DType, Fixup, StoredTensor, TokenizerSource};
 use crate::error::{Error, Result};
-use std::path::Path;
+use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
-#[derive(Clone, Debug, Default)]
-pub struct GgufTokenizerData {}
+pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+/// Version written by [`GgufWriter`].
+pub const GGUF_VERSION: u32 = 3;
+/// `general.alignment` when the key is absent.
+pub const DEFAULT_ALIGNMENT: usize = 32;
+/// ggml's `GGML_MAX_DIMS`.
+const MAX_DIMS: usize = 4;
+/// Arrays nested deeper than this are rejected (the spec allows nesting; nobody uses it).
+const MAX_NESTING: usize = 8;
 
-pub fn open(path: &Path) -> Result<super::Checkpoint> {
-    Err(Error::Unsupported(format!("{}", path.display())))
+// ---------------------------------------------------------------------------------------------
+// Metadata values
+// ---------------------------------------------------------------------------------------------
+
+/// A GGUF metadata value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GgufValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    /// All elements have one type (the writer panics otherwise); an empty array is written
+    /// as an array of u8.
+    Array(Vec<GgufValue>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+/// GGUF value type ids (`enum gguf_type`).
+pub mod value_type {
+    pub const U8: u32 = 0;
+    pub const I8: u32 = 1;
+    pub const U16: u32 = 2;
+    pub const I16: u32 = 3;
+    pub const U32: u32 = 4;
+    pub const I32: u32 = 5;
+    pub const F32: u32 = 6;
+    pub const BOOL: u32 = 7;
+    pub const STRING: u32 = 8;
+    pub const ARRAY: u32 = 9;
+    pub const U64: u32 = 10;
+    pub const I64: u32 = 11;
+    pub const F64: u32 = 12;
+}
+
+impl GgufValue {
+    /// The GGUF value type id.
+    pub fn type_id(&self) -> u32 {
+        use value_type as t;
+        match self {
+            GgufValue::U8(_) => t::U8,
+            GgufValue::I8(_) => t::I8,
+            GgufValue::U16(_) => t::U16,
+            GgufValue::I16(_) => t::I16,
+            GgufValue::U32(_) => t::U32,
+            GgufValue::I32(_) => t::I32,
+            GgufValue::F32(_) => t::F32,
+            GgufValue::Bool(_) => t::BOOL,
+            GgufValue::String(_) => t::STRING,
+            GgufValue::Array(_) => t::ARRAY,
+            GgufValue::U64(_) => t::U64,
+            GgufValue::I64(_) => t::I64,
+            GgufValue::F64(_) => t::F64,
+        }
+    }
+
+    /// Any integer value (not bool, not float) as i128-safe u64, if non-negative.
+    pub fn as_u64(&self) -> Option<u64> {
+        self.as_i128().and_then(|v| u64::try_from(v).ok())
+    }
+
+    /// Any integer value as i64, if it fits.
+    pub fn as_i64(&self) -> Option<i64> {
+        self.as_i128().and_then(|v| i64::try_from(v).ok())
+    }
+
+    fn as_i128(&self) -> Option<i128> {
+        Some(match *self {
+            GgufValue::U8(v) => v as i128,
+            GgufValue::I8(v) => v as i128,
+            GgufValue::U16(v) => v as i128,
+            GgufValue::I16(v) => v as i128,
+            GgufValue::U32(v) => v as i128,
+            GgufValue::I32(v) => v as i128,
+            GgufValue::U64(v) => v as i128,
+            GgufValue::I64(v) => v as i128,
+            _ => return None,
+        })
+    }
+
+    /// Any float or integer value as f64.
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            GgufValue::F32(v) => Some(v as f64),
+            GgufValue::F64(v) => Some(v),
+            _ => self.as_i128().map(|v| v as f64),
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            GgufValue::Bool(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            GgufValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[GgufValue]> {
+        match self {
+            GgufValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Short description for error messages: the type and, for scalars, the value.
+    fn describe(&self) -> String {
+        match self {
+            GgufValue::String(s) if s.len() > 40 => format!("string of {} bytes", s.len()),
+            GgufValue::Array(a) => format!("array of {}", a.len()),
+            v => format!("{v:?}"),
+        }
+    }
+}
+
+macro_rules! value_from {
+    ($($t:ty => $v:ident),*) => {$(
+        impl From<$t> for GgufValue {
+            fn from(x: $t) -> Self { GgufValue::$v(x) }
+        }
+        impl From<Vec<$t>> for GgufValue {
+            fn from(x: Vec<$t>) -> Self { GgufValue::Array(x.into_iter().map(GgufValue::$v).collect()) }
+        }
+        impl From<&[$t]> for GgufValue {
+            fn from(x: &[$t]) -> Self { GgufValue::Array(x.iter().cloned().map(GgufValue::$v).collect()) }
+        }
+    )*};
+}
+value_from!(u8 => U8, i8 => I8, u16 => U16, i16 => I16, u32 => U32, i32 => I32, f32 => F32,
+    bool => Bool, String => String, u64 => U64, i64 => I64, f64 => F64);
+
+impl From<&str> for GgufValue {
+    fn from(x: &str) -> Self {
+        GgufValue::String(x.to_string())
+    }
+}
+impl From<Vec<&str>> for GgufValue {
+    fn from(x: Vec<&str>) -> Self {
+        GgufValue::Array(x.into_iter().map(GgufValue::from).collect())
+    }
+}
+impl From<&[&str]> for GgufValue {
+    fn from(x: &[&str]) -> Self {
+        GgufValue::Array(x.iter().map(|s| GgufValue::from(*s)).collect())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parsed file
+// ---------------------------------------------------------------------------------------------
+
+/// One tensor's description.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    pub dtype: DType,
+    /// Row-major, outermost first (GGUF's `ne` reversed).
+    pub shape: Vec<usize>,
+    /// Absolute offset of the data in the file.
+    pub offset: usize,
+    /// Bytes of data.
+    pub len: usize,
+}
+
+/// The header of a GGUF file: metadata and tensor infos, all bounds-checked against the file.
+#[derive(Clone, Debug)]
+pub struct GgufFile {
+    pub version: u32,
+    /// In file order.
+    pub metadata: Vec<(String, GgufValue)>,
+    /// In file order.
+    pub tensors: Vec<GgufTensorInfo>,
+    pub alignment: usize,
+    /// Absolute offset of the tensor data section.
+    pub data_offset: usize,
+    key_index: HashMap<String, usize>,
+}
+
+impl GgufFile {
+    /// Parses and validates a whole GGUF file held in `bytes` (`path` only names it in errors).
+    /// Every tensor's data is checked to lie within `bytes`.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
+        let mut r = Reader {
+            buf: bytes,
+            pos: 0,
+            path,
+        };
+        let magic = r.take(4, "magic")?;
+        if magic != GGUF_MAGIC {
+            return Err(r.corrupt(format!(
+                "not a GGUF file (magic {magic:02x?}, want \"GGUF\")"
+            )));
+        }
+        let version = r.u32("version")?;
+        match version {
+            2 | 3 => {}
+            1 => {
+                return Err(Error::Unsupported(format!(
+                    "{}: GGUF version 1",
+                    path.display()
+                )))
+            }
+            v if v.swap_bytes() <= 3 => {
+                return Err(Error::Unsupported(format!(
+                    "{}: big-endian GGUF",
+                    path.display()
+                )))
+            }
+            v => {
+                return Err(Error::Unsupported(format!(
+                    "{}: GGUF version {v}",
+                    path.display()
+                )))
+            }
+        }
+        let n_tensors = r.u64("tensor count")?;
+        let n_kv = r.u64("metadata count")?;
+        // Each kv takes at least 13 bytes, each tensor info at least 24: reject absurd counts
+        // before allocating anything.
+        if n_kv > (r.remaining() / 13) as u64 {
+            return Err(r.corrupt(format!("metadata count {n_kv} does not fit in the file")));
+        }
+        if n_tensors > (r.remaining() / 24) as u64 {
+            return Err(r.corrupt(format!("tensor count {n_tensors} does not fit in the file")));
+        }
+
+        let mut metadata = Vec::with_capacity(n_kv as usize);
+        let mut key_index = HashMap::with_capacity(n_kv as usize);
+        for i in 0..n_kv as usize {
+            let key = r.string("metadata key")?;
+            let ty = r.u32("metadata value type")?;
+            let value = r.value(ty, &key, 0)?;
+            if key_index.insert(key.clone(), i).is_some() {
+                return Err(r.corrupt(format!("duplicate metadata key {key}")));
+            }
+            metadata.push((key, value));
+        }
+
+        let alignment = match metadata_get(&metadata, &key_index, "general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(v) => match v.as_u64() {
+                Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 30 => a as usize,
+                _ => return Err(r.corrupt(format!("bad general.alignment {}", v.describe()))),
+            },
+        };
+
+        struct RawInfo {
+            name: String,
+            dtype: DType,
+            shape: Vec<usize>,
+            rel: u64,
+            len: usize,
+        }
+        let mut raw = Vec::with_capacity(n_tensors as usize);
+        let mut names = HashMap::with_capacity(n_tensors as usize);
+        for _ in 0..n_tensors {
+            let name = r.string("tensor name")?;
+            let n_dims = r.u32("tensor dimension count")? as usize;
+            if n_dims > MAX_DIMS {
+                return Err(r.corrupt(format!(
+                    "tensor {name} has {n_dims} dimensions (at most {MAX_DIMS})"
+                )));
+            }
+            let mut ne = Vec::with_capacity(n_dims);
+            for _ in 0..n_dims {
+                ne.push(r.u64("tensor dimension")?);
+            }
+            let ty = r.u32("tensor type")?;
+            let rel = r.u64("tensor offset")?;
+            let dtype = DType::from_ggml_type(ty).ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "tensor {name} in {} has ggml type {ty} ({}), which this engine does not read",
+                    path.display(),
+                    ggml_type_name(ty)
+                ))
+            })?;
+            let mut numel: usize = 1;
+            for &d in &ne {
+                numel = usize::try_from(d)
+                    .ok()
+                    .and_then(|d| numel.checked_mul(d))
+                    .ok_or_else(|| {
+                        r.corrupt(format!("tensor {name} dimensions {ne:?} overflow"))
+                    })?;
+            }
+            let inner = ne.first().copied().unwrap_or(1);
+            if inner % dtype.block_size() as u64 != 0 {
+                return Err(r.corrupt(format!(
+                    "tensor {name}: row length {inner} is not a multiple of the {dtype} block size {}",
+                    dtype.block_size()
+                )));
+            }
+            let len = dtype
+                .byte_size(numel)
+                .ok_or_else(|| r.corrupt(format!("tensor {name} dimensions {ne:?} overflow")))?;
+            if names.insert(name.clone(), ()).is_some() {
+                return Err(r.corrupt(format!("duplicate tensor {name}")));
+            }
+            let shape = ne.iter().rev().map(|&d| d as usize).collect();
+            raw.push(RawInfo {
+                name,
+                dtype,
+                shape,
+                rel,
+                len,
+            });
+        }
+
+        let data_offset = r.pos.div_ceil(alignment) * alignment;
+        if !raw.is_empty() && data_offset > bytes.len() {
+            return Err(r.corrupt(format!(
+                "tensor data section starts at {data_offset}, past the end of the file ({} bytes)",
+                bytes.len()
+            )));
+        }
+        let mut tensors = Vec::with_capacity(raw.len());
+        for t in raw {
+            if t.rel % alignment as u64 != 0 {
+                return Err(r.corrupt(format!(
+                    "tensor {} offset {} is not a multiple of the alignment {alignment}",
+                    t.name, t.rel
+                )));
+            }
+            let start = usize::try_from(t.rel)
+                .ok()
+                .and_then(|o| o.checked_add(data_offset));
+            let end = start.and_then(|s| s.checked_add(t.len));
+            match (start, end) {
+                (Some(start), Some(end)) if end <= bytes.len() => tensors.push(GgufTensorInfo {
+                    name: t.name,
+                    dtype: t.dtype,
+                    shape: t.shape,
+                    offset: start,
+                    len: t.len,
+                }),
+                _ => {
+                    return Err(r.corrupt(format!(
+                        "tensor {} data ({} bytes at data offset {}) extends past the end of the file ({} bytes): truncated?",
+                        t.name,
+                        t.len,
+                        t.rel,
+                        bytes.len()
+                    )))
+                }
+            }
+        }
+        Ok(GgufFile {
+            version,
+            metadata,
+            tensors,
+            alignment,
+            data_offset,
+            key_index,
+        })
+    }
+
+    /// Memory-maps and parses a GGUF file (header only; tensor data stays in the map).
+    pub fn read(path: &Path) -> Result<(GgufFile, memmap2::Mmap)> {
+        let map = map_file(path)?;
+        let g = GgufFile::parse(&map, path)?;
+        Ok((g, map))
+    }
+
+    /// A metadata value by key.
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        metadata_get(&self.metadata, &self.key_index, key)
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&GgufTensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+fn metadata_get<'a>(
+    md: &'a [(String, GgufValue)],
+    index: &HashMap<String, usize>,
+    key: &str,
+) -> Option<&'a GgufValue> {
+    index.get(key).map(|&i| &md[i].1)
+}
+
+pub(crate) fn map_file(path: &Path) -> Result<memmap2::Mmap> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if len == 0 {
+        return Err(Error::corrupt(path, "empty file"));
+    }
+    // SAFETY: the map is read-only; like every mmap-based model loader, we rely on the file
+    // not being truncated or rewritten while the checkpoint is alive.
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))
+}
+
+/// ggml's name of a type id, for messages about types this engine does not read.
+fn ggml_type_name(id: u32) -> &'static str {
+    const NAMES: [&str; 42] = [
+        "f32",
+        "f16",
+        "q4_0",
+        "q4_1",
+        "q4_2 (removed)",
+        "q4_3 (removed)",
+        "q5_0",
+        "q5_1",
+        "q8_0",
+        "q8_1",
+        "q2_K",
+        "q3_K",
+        "q4_K",
+        "q5_K",
+        "q6_K",
+        "q8_K",
+        "iq2_xxs",
+        "iq2_xs",
+        "iq3_xxs",
+        "iq1_s",
+        "iq4_nl",
+        "iq3_s",
+        "iq2_s",
+        "iq4_xs",
+        "i8",
+        "i16",
+        "i32",
+        "i64",
+        "f64",
+        "iq1_m",
+        "bf16",
+        "q4_0_4_4 (removed)",
+        "q4_0_4_8 (removed)",
+        "q4_0_8_8 (removed)",
+        "tq1_0",
+        "tq2_0",
+        "iq4_nl_4_4 (removed)",
+        "iq4_nl_4_8 (removed)",
+        "iq4_nl_8_8 (removed)",
+        "mxfp4",
+        "nvfp4",
+        "?",
+    ];
+    NAMES.get(id as usize).copied().unwrap_or("unknown")
+}
+
+/// Bounds-checked little-endian cursor.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Reader<'a> {
+    fn corrupt(&self, msg: impl Into<String>) -> Error {
+        Error::corrupt(self.path, msg)
+    }
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        if n > self.remaining() {
+            return Err(self.corrupt(format!(
+                "truncated: {what} needs {n} bytes at offset {}, the file has {}",
+                self.pos,
+                self.buf.len()
+            )));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn arr<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        let s = self.take(N, what)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.arr(what)?))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.arr(what)?))
+    }
+    fn string(&mut self, what: &str) -> Result<String> {
+        let len = self.u64(what)?;
+        if len > self.remaining() as u64 {
+            return Err(self.corrupt(format!(
+                "truncated: {what} of {len} bytes at offset {} runs past the end of the file ({} bytes)",
+                self.pos,
+                self.buf.len()
+            )));
+        }
+        let b = self.take(len as usize, what)?;
+        // Strings should be UTF-8; a stray invalid byte in a vocabulary is not worth refusing
+        // the model over.
+        Ok(String::from_utf8_lossy(b).into_owned())
+    }
+
+    fn value(&mut self, ty: u32, key: &str, depth: usize) -> Result<GgufValue> {
+        use value_type as t;
+        Ok(match ty {
+            t::U8 => GgufValue::U8(self.arr::<1>(key)?[0]),
+            t::I8 => GgufValue::I8(self.arr::<1>(key)?[0] as i8),
+            t::U16 => GgufValue::U16(u16::from_le_bytes(self.arr(key)?)),
+            t::I16 => GgufValue::I16(i16::from_le_bytes(self.arr(key)?)),
+            t::U32 => GgufValue::U32(u32::from_le_bytes(self.arr(key)?)),
+            t::I32 => GgufValue::I32(i32::from_le_bytes(self.arr(key)?)),
+            t::F32 => GgufValue::F32(f32::from_le_bytes(self.arr(key)?)),
+            t::BOOL => match self.arr::<1>(key)?[0] {
+                0 => GgufValue::Bool(false),
+                1 => GgufValue::Bool(true),
+                b => return Err(self.corrupt(format!("metadata {key}: bool byte {b}"))),
+            },
+            t::STRING => GgufValue::String(self.string(key)?),
+            t::U64 => GgufValue::U64(u64::from_le_bytes(self.arr(key)?)),
+            t::I64 => GgufValue::I64(i64::from_le_bytes(self.arr(key)?)),
+            t::F64 => GgufValue::F64(f64::from_le_bytes(self.arr(key)?)),
+            t::ARRAY => {
+                if depth >= MAX_NESTING {
+                    return Err(self.corrupt(format!("metadata {key}: arrays nested too deep")));
+                }
+                let elem = self.u32(key)?;
+                let count = self.u64(key)?;
+                let min = match elem {
+                    t::U8 | t::I8 | t::BOOL => 1,
+                    t::U16 | t::I16 => 2,
+                    t::U32 | t::I32 | t::F32 => 4,
+                    t::U64 | t::I64 | t::F64 | t::STRING => 8,
+                    t::ARRAY => 12,
+                    other => {
+                        return Err(self.corrupt(format!(
+                            "metadata {key}: unknown array element type {other}"
+                        )))
+                    }
+                };
+                if count > (self.remaining() / min) as u64 {
+                    return Err(self.corrupt(format!(
+                        "truncated: metadata {key} array of {count} elements runs past the end of the file"
+                    )));
+                }
+                let mut v = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    v.push(self.value(elem, key, depth + 1)?);
+                }
+                GgufValue::Array(v)
+            }
+            other => {
+                return Err(self.corrupt(format!("metadata {key}: unknown value type {other}")))
+            }
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tokenizer data
+// ---------------------------------------------------------------------------------------------
+
+/// GGUF token types (`tokenizer.ggml.token_type`, llama.cpp's `llama_token_type`).
+pub mod token_type {
+    pub const UNDEFINED: i32 = 0;
+    pub const NORMAL: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
+    /// Special/control tokens (`<|im_end|>`, `<bos>`, ...): never produced by splitting text.
+    pub const CONTROL: i32 = 3;
+    pub const USER_DEFINED: i32 = 4;
+    pub const UNUSED: i32 = 5;
+    /// SentencePiece byte-fallback tokens `<0x00>`..`<0xFF>`.
+    pub const BYTE: i32 = 6;
+}
+
+/// Everything GGUF's `tokenizer.ggml.*` metadata says, as owned copies. The tokenizer is built
+/// from this (see `crate::tokenizer`). Ids are validated to be inside `tokens` when `tokens`
+/// is not empty.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GgufTokenizerData {
+    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE: SmolLM2, Qwen, Llama 3) or `"llama"`
+    /// (SentencePiece: Gemma, Llama 2). Empty when the file has no tokenizer.
+    pub model: String,
+    /// `tokenizer.ggml.pre`: the pre-tokenizer (regex split) name for BPE models, such as
+    /// `"smollm"`, `"qwen2"`, `"llama-bpe"`, `"default"`.
+    pub pre: Option<String>,
+    /// `tokenizer.ggml.tokens`: the vocabulary, indexed by token id.
+    pub tokens: Vec<String>,
+    /// `tokenizer.ggml.scores` (SentencePiece piece scores); empty when absent, else one per token.
+    pub scores: Vec<f32>,
+    /// `tokenizer.ggml.token_type` (see [`token_type`]); empty when absent, else one per token.
+    pub token_types: Vec<i32>,
+    /// `tokenizer.ggml.merges`: BPE merges in priority order, each `"left right"`.
+    pub merges: Vec<String>,
+    /// `tokenizer.ggml.bos_token_id`
+    pub bos_token_id: Option<u32>,
+    /// `tokenizer.ggml.eos_token_id`
+    pub eos_token_id: Option<u32>,
+    /// `tokenizer.ggml.eot_token_id` (end of turn)
+    pub eot_token_id: Option<u32>,
+    /// `tokenizer.ggml.eom_token_id` (end of message)
+    pub eom_token_id: Option<u32>,
+    /// `tokenizer.ggml.unknown_token_id`
+    pub unknown_token_id: Option<u32>,
+    /// `tokenizer.ggml.padding_token_id`
+    pub padding_token_id: Option<u32>,
+    /// `tokenizer.ggml.add_bos_token`, defaulted when absent: true for the `"llama"`
+    /// (SentencePiece) model and for Gemma 3, false otherwise.
+    pub add_bos_token: bool,
+    /// `tokenizer.ggml.add_eos_token` (default false).
+    pub add_eos_token: bool,
+    /// `tokenizer.ggml.add_space_prefix` (SentencePiece's "▁" prefix), if stated.
+    pub add_space_prefix: Option<bool>,
+}
+
+impl GgufTokenizerData {
+    /// The id of a token string, by linear search.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.tokens
+            .iter()
+            .position(|t| t == token)
+            .map(|i| i as u32)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint
+// ---------------------------------------------------------------------------------------------
+
+/// Token strings that end a turn in the chat templates of the supported families; their ids
+/// (when in the vocabulary) join `eos_token_ids`.
+pub(crate) const END_OF_TURN_TOKENS: [&str; 4] =
+    ["<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>"];
+
+/// Opens a GGUF checkpoint: parses and validates the file, builds the [`ModelConfig`] from the
+/// metadata and registers the tensors under their GGUF names.
+pub fn open(path: &Path) -> Result<Checkpoint> {
+    let map = map_file(path)?;
+    let g = GgufFile::parse(&map, path)?;
+    let (config, tok) = build_config(&g, path)?;
+
+    let mut fixups = HashMap::new();
+    if config.arch == Arch::Llama {
+        // llama.cpp's converter interleaves the rotary halves of Q and K rows (`permute`).
+        for i in 0..config.num_layers {
+            fixups.insert(
+                format!("blk.{i}.attn_q.weight"),
+                Fixup::UnpermuteRope {
+                    heads: config.num_heads,
+                },
+            );
+            fixups.insert(
+                format!("blk.{i}.attn_k.weight"),
+                Fixup::UnpermuteRope {
+                    heads: config.num_kv_heads,
+                },
+            );
+        }
+    }
+    let tensors: HashMap<String, StoredTensor> = g
+        .tensors
+        .iter()
+        .map(|t| {
+            let st = StoredTensor {
+                map: 0,
+                offset: t.offset,
+                len: t.len,
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+            };
+            (t.name.clone(), st)
+        })
+        .collect();
+    fixups.retain(|name, _| tensors.contains_key(name));
+
+    let token_str = |id: Option<u32>| id.and_then(|i| tok.tokens.get(i as usize)).cloned();
+    let bos_token = token_str(tok.bos_token_id);
+    let eos_token = token_str(tok.eos_token_id);
+    let chat_template = g
+        .get("tokenizer.chat_template")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
+
+    Ok(Checkpoint {
+        path: path.to_path_buf(),
+        config,
+        tokenizer: TokenizerSource::Gguf(tok),
+        chat_template,
+        bos_token,
+        eos_token,
+        tensors,
+        maps: vec![map],
+        fixups,
+    })
+}
+
+/// Typed metadata lookups with errors naming the key.
+struct Meta<'a> {
+    g: &'a GgufFile,
+    path: &'a Path,
+    arch: &'a str,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+    fn wrong(&self, key: &str, want: &str, v: &GgufValue) -> Error {
+        Error::corrupt(
+            self.path,
+            format!("metadata {key} should be {want}, is {}", v.describe()),
+        )
+    }
+    fn missing(&self, key: &str) -> Error {
+        Error::corrupt(self.path, format!("required metadata {key} is missing"))
+    }
+    fn opt_u64(&self, key: &str) -> Result<Option<u64>> {
+        match self.g.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "a non-negative integer", v)),
+        }
+    }
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.opt_u64(key)? {
+            None => Ok(None),
+            Some(v) => usize::try_from(v).map(Some).map_err(|_| {
+                Error::corrupt(self.path, format!("metadata {key} = {v} is too large"))
+            }),
+        }
+    }
+    fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
+        match self.opt_u64(key)? {
+            None => Ok(None),
+            Some(v) => u32::try_from(v).map(Some).map_err(|_| {
+                Error::corrupt(self.path, format!("metadata {key} = {v} is too large"))
+            }),
+        }
+    }
+    fn req_usize(&self, key: &str) -> Result<usize> {
+        self.opt_usize(key)?.ok_or_else(|| self.missing(key))
+    }
+    fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
+        match self.g.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() => Ok(Some(x as f32)),
+                _ => Err(self.wrong(key, "a finite number", v)),
+            },
+        }
+    }
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.g.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "a bool", v)),
+        }
+    }
+    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
+        match self.g.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "a string", v)),
+        }
+    }
+    fn opt_array(&self, key: &str) -> Result<Option<&[GgufValue]>> {
+        match self.g.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_array()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "an array", v)),
+        }
+    }
+    /// A count that llama.cpp allows to be per-layer (an array); this engine needs one value.
+    fn uniform_usize(&self, key: &str) -> Result<Option<usize>> {
+        let Some(v) = self.g.get(key) else {
+            return Ok(None);
+        };
+        if let Some(a) = v.as_array() {
+            let vals: Option<Vec<u64>> = a.iter().map(|x| x.as_u64()).collect();
+            let vals = vals.ok_or_else(|| self.wrong(key, "integers", v))?;
+            return match vals.split_first() {
+                Some((first, rest)) if rest.iter().all(|x| x == first) => Ok(Some(*first as usize)),
+                Some(_) => Err(Error::Unsupported(format!("per-layer {key} {vals:?}"))),
+                None => Err(self.wrong(key, "a non-empty array", v)),
+            };
+        }
+        self.opt_usize(key)
+    }
+}
+
+fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizerData)> {
+    let arch_name = match g.get("general.architecture") {
+        None => {
+            return Err(Error::corrupt(
+                path,
+                "required metadata general.architecture is missing",
+            ))
+        }
+        Some(v) => v.as_str().ok_or_else(|| {
+            Error::corrupt(path, format!("general.architecture is {}", v.describe()))
+        })?,
+    };
+    let arch = match arch_name {
+        "llama" => Arch::Llama,
+        "qwen2" => Arch::Qwen2,
+        "qwen3" => Arch::Qwen3,
+        "gemma3" => Arch::Gemma3,
+        other => {
+            return Err(Error::Unsupported(format!(
+                "architecture {other} (in {})",
+                path.display()
+            )))
+        }
+    };
+    let m = Meta {
+        g,
+        path,
+        arch: arch_name,
+    };
+    let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
+
+    let hidden = m.req_usize(&m.key("embedding_length"))?;
+    let num_layers = m.req_usize(&m.key("block_count"))?;
+    let ffn_key = m.key("feed_forward_length");
+    let intermediate = m
+        .uniform_usize(&ffn_key)?
+        .ok_or_else(|| m.missing(&ffn_key))?;
+    let heads_key = m.key("attention.head_count");
+    let num_heads = m
+        .uniform_usize(&heads_key)?
+        .ok_or_else(|| m.missing(&heads_key))?;
+    let num_kv_heads = m
+        .uniform_usize(&m.key("attention.head_count_kv"))?
+        .unwrap_or(num_heads);
+    let max_pos = m.req_usize(&m.key("context_length"))?;
+    for (what, v) in [
+        ("embedding_length", hidden),
+        ("block_count", num_layers),
+        ("feed_forward_length", intermediate),
+        ("attention.head_count", num_heads),
+        ("attention.head_count_kv", num_kv_heads),
+        ("context_length", max_pos),
+    ] {
+        if v == 0 {
+            return Err(mismatch(format!("{arch_name}.{what} is 0")));
+        }
+    }
+    if num_heads % num_kv_heads != 0 {
+        return Err(mismatch(format!(
+            "attention.head_count {num_heads} is not a multiple of attention.head_count_kv {num_kv_heads}"
+        )));
+    }
+    let head_dim = match m.opt_usize(&m.key("attention.key_length"))? {
+        Some(d) => d,
+        None => {
+            if hidden % num_heads != 0 {
+                return Err(mismatch(format!(
+                    "embedding_length {hidden} is not a multiple of attention.head_count {num_heads} \
+                     (and attention.key_length is absent)"
+                )));
+            }
+            hidden / num_heads
+        }
+    };
+    if let Some(vd) = m.opt_usize(&m.key("attention.value_length"))? {
+        if vd != head_dim {
+            return Err(Error::Unsupported(format!(
+                "attention.value_length {vd} different from attention.key_length {head_dim}"
+            )));
+        }
+    }
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(mismatch(format!(
+            "head dimension {head_dim} must be even and non-zero (RoPE)"
+        )));
+    }
+    if num_heads.checked_mul(head_dim).is_none() {
+        return Err(mismatch(format!(
+            "{num_heads} heads × {head_dim} overflows"
+        )));
+    }
+    let eps_key = m.key("attention.layer_norm_rms_epsilon");
+    let rms_norm_eps = m.opt_f32(&eps_key)?.ok_or_else(|| m.missing(&eps_key))?;
+    if rms_norm_eps.is_nan() || rms_norm_eps < 0.0 {
+        return Err(mismatch(format!("{eps_key} = {rms_norm_eps}")));
+    }
+    let rope_theta = m.opt_f32(&m.key("rope.freq_base"))?.unwrap_or(10_000.0);
+    if rope_theta <= 0.0 {
+        return Err(mismatch(format!("rope.freq_base = {rope_theta}")));
+    }
+    // RoPE scaling: llama.cpp reads `rope.scaling.factor`, else the older `rope.scale_linear`;
+    // the type defaults to linear.
+    let factor = match m.opt_f32(&m.key("rope.scaling.factor"))? {
+        Some(f) => Some(f),
+        None => m.opt_f32(&m.key("rope.scale_linear"))?,
+    };
+    let factor = factor.filter(|&f| f != 0.0 && f != 1.0);
+    let rope_scaling_factor = match (m.opt_str(&m.key("rope.scaling.type"))?, factor) {
+        (_, None) | (Some("none"), _) => 1.0,
+        (None | Some("linear"), Some(f)) if f > 0.0 => f,
+        (None | Some("linear"), Some(f)) => {
+            return Err(mismatch(format!("rope.scaling.factor = {f}")))
+        }
+        (Some(other), Some(f)) => {
+            return Err(Error::Unsupported(format!(
+                "RoPE scaling type {other} (factor {f})"
+            )));
+        }
+    };
+    if g.tensor("rope_freqs.weight").is_some() {
+        return Err(Error::Unsupported(
+            "per-dimension RoPE frequency factors (rope_freqs.weight, Llama 3.1-style scaling)"
+                .into(),
+        ));
+    }
+    let final_logit_softcapping = m
+        .opt_f32(&m.key("final_logit_softcapping"))?
+        .filter(|&c| c > 0.0);
+
+    // Tokenizer.
+    let tok = tokenizer_data(&m, arch)?;
+
+    let vocab_size = match g.tensor("token_embd.weight") {
+        Some(t) => {
+            let rows = t.shape.first().copied().unwrap_or(0);
+            if tok.tokens.len() > rows {
+                return Err(mismatch(format!(
+                    "the vocabulary has {} tokens but token_embd.weight only {rows} rows",
+                    tok.tokens.len()
+                )));
+            }
+            rows
+        }
+        None => tok.tokens.len(),
+    };
+    if vocab_size == 0 {
+        return Err(mismatch(
+            "no vocabulary (neither tokenizer.ggml.tokens nor token_embd.weight)".into(),
+        ));
+    }
+
+    let mut eos_token_ids = Vec::new();
+    let ends = [tok.eos_token_id, tok.eot_token_id, tok.eom_token_id];
+    let named = END_OF_TURN_TOKENS.iter().map(|t| tok.token_id(t));
+    for id in ends.into_iter().chain(named).flatten() {
+        if !eos_token_ids.contains(&id) {
+            eos_token_ids.push(id);
+        }
+    }
+
+    let attention_bias = g.tensor("blk.0.attn_q.bias").is_some();
+    let tie_word_embeddings = g.tensor("output.weight").is_none();
+    let mut config = ModelConfig {
+        arch,
+        vocab_size,
+        hidden_size: hidden,
+        intermediate_size: intermediate,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        rms_norm_eps,
+        rope_theta,
+        rope_local_theta: None,
+        rope_scaling_factor,
+        max_position_embeddings: max_pos,
+        layer_attention: vec![LayerAttention::Full; num_layers],
+        tie_word_embeddings,
+        attention_bias,
+        qk_norm: false,
+        sandwich_norm: false,
+        activation: Activation::SiluGated,
+        embedding_scale: 1.0,
+        attention_scale: 1.0 / (head_dim as f32).sqrt(),
+        final_logit_softcapping,
+        bos_token_id: tok.bos_token_id,
+        eos_token_ids,
+        add_bos: tok.add_bos_token,
+    };
+    match arch {
+        Arch::Llama | Arch::Qwen2 => {}
+        Arch::Qwen3 => config.qk_norm = true,
+        Arch::Gemma3 => {
+            config.qk_norm = true;
+            config.sandwich_norm = true;
+            config.activation = Activation::GeluTanhGated;
+            config.embedding_scale = (hidden as f32).sqrt();
+            // llama.cpp: query_pre_attn_scalar is head_dim except for the 27B model (62 layers),
+            // where it is hidden / heads.
+            let scalar = if num_layers == 62 {
+                hidden / num_heads
+            } else {
+                head_dim
+            };
+            config.attention_scale = 1.0 / (scalar as f32).sqrt();
+            config.rope_local_theta = Some(10_000.0);
+            let sw_key = m.key("attention.sliding_window");
+            let window = m.opt_u32(&sw_key)?.ok_or_else(|| m.missing(&sw_key))?;
+            if window == 0 {
+                return Err(mismatch(format!("{sw_key} is 0")));
+            }
+            // llama.cpp's hard-coded Gemma 3 pattern: every 6th layer is global.
+            for (i, a) in config.layer_attention.iter_mut().enumerate() {
+                if (i + 1) % 6 != 0 {
+                    *a = LayerAttention::Sliding { window };
+                }
+            }
+        }
+    }
+    validate_config(&config, path)?;
+    Ok((config, tok))
+}
+
+/// Checks that a config is self-consistent (both loaders call this).
+pub(crate) fn validate_config(c: &ModelConfig, path: &Path) -> Result<()> {
+    let bad = |msg: String| Err(Error::Mismatch(format!("{}: {msg}", path.display())));
+    for (what, v) in [
+        ("vocab size", c.vocab_size),
+        ("hidden size", c.hidden_size),
+        ("intermediate size", c.intermediate_size),
+        ("layer count", c.num_layers),
+        ("head count", c.num_heads),
+        ("kv head count", c.num_kv_heads),
+        ("head dimension", c.head_dim),
+        ("context length", c.max_position_embeddings),
+    ] {
+        if v == 0 {
+            return bad(format!("{what} is 0"));
+        }
+    }
+    if c.num_heads % c.num_kv_heads != 0 {
+        return bad(format!(
+            "{} attention heads are not a multiple of {} kv heads",
+            c.num_heads, c.num_kv_heads
+        ));
+    }
+    if c.head_dim % 2 != 0 {
+        return bad(format!(
+            "head dimension {} is odd (RoPE needs pairs)",
+            c.head_dim
+        ));
+    }
+    if c.num_heads.checked_mul(c.head_dim).is_none()
+        || c.vocab_size.checked_mul(c.hidden_size).is_none()
+    {
+        return bad("dimensions overflow".into());
+    }
+    if !(c.rms_norm_eps >= 0.0 && c.rms_norm_eps.is_finite()) {
+        return bad(format!("rms norm epsilon {}", c.rms_norm_eps));
+    }
+    for (what, v) in [
+        ("rope theta", c.rope_theta),
+        ("local rope theta", c.rope_local_theta.unwrap_or(1.0)),
+        ("rope scaling factor", c.rope_scaling_factor),
+        ("attention scale", c.attention_scale),
+        ("embedding scale", c.embedding_scale),
+        (
+            "final logit softcapping",
+            c.final_logit_softcapping.unwrap_or(1.0),
+        ),
+    ] {
+        if !(v > 0.0 && v.is_finite()) {
+            return bad(format!("{what} is {v}"));
+        }
+    }
+    if c.layer_attention.len() != c.num_layers {
+        return bad(format!(
+            "{} layer attention kinds for {} layers",
+            c.layer_attention.len(),
+            c.num_layers
+        ));
+    }
+    if c.layer_attention
+        .contains(&LayerAttention::Sliding { window: 0 })
+    {
+        return bad("sliding window of 0".into());
+    }
+    for id in c.bos_token_id.iter().chain(&c.eos_token_ids) {
+        if *id as usize >= c.vocab_size {
+            return bad(format!(
+                "special token id {id} is outside the vocabulary of {}",
+                c.vocab_size
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn tokenizer_data(m: &Meta, arch: Arch) -> Result<GgufTokenizerData> {
+    let path = m.path;
+    let strings = |key: &str| -> Result<Vec<String>> {
+        let Some(a) = m.opt_array(key)? else {
+            return Ok(Vec::new());
+        };
+        a.iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::corrupt(
+                    path,
+                    format!("metadata {key} should be an array of strings"),
+                )
+            })
+    };
+    let tokens = strings("tokenizer.ggml.tokens")?;
+    let merges = strings("tokenizer.ggml.merges")?;
+    let scores = match m.opt_array("tokenizer.ggml.scores")? {
+        None => Vec::new(),
+        Some(a) => a
+            .iter()
+            .map(|v| v.as_f64().map(|x| x as f32))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::corrupt(path, "metadata tokenizer.ggml.scores should be numbers")
+            })?,
+    };
+    let token_types = match m.opt_array("tokenizer.ggml.token_type")? {
+        None => Vec::new(),
+        Some(a) => a
+            .iter()
+            .map(|v| v.as_i64().and_then(|x| i32::try_from(x).ok()))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::corrupt(
+                    path,
+                    "metadata tokenizer.ggml.token_type should be integers",
+                )
+            })?,
+    };
+    for (what, n) in [("scores", scores.len()), ("token_type", token_types.len())] {
+        if n != 0 && n != tokens.len() {
+            return Err(Error::Mismatch(format!(
+                "{}: tokenizer.ggml.{what} has {n} entries for {} tokens",
+                path.display(),
+                tokens.len()
+            )));
+        }
+    }
+    let model = m
+        .opt_str("tokenizer.ggml.model")?
+        .unwrap_or_default()
+        .to_string();
+    let pre = m.opt_str("tokenizer.ggml.pre")?.map(str::to_string);
+    let n = tokens.len();
+    let id = |name: &str, strict: bool| -> Result<Option<u32>> {
+        let key = format!("tokenizer.ggml.{name}_token_id");
+        match m.opt_u32(&key)? {
+            Some(i) if n != 0 && i as usize >= n => {
+                if strict {
+                    Err(Error::Mismatch(format!(
+                        "{}: {key} = {i} is outside the {n}-token vocabulary",
+                        path.display()
+                    )))
+                } else {
+                    Ok(None)
+                }
+            }
+            other => Ok(other),
+        }
+    };
+    let default_add_bos = model == "llama" || arch == Arch::Gemma3;
+    Ok(GgufTokenizerData {
+        bos_token_id: id("bos", true)?,
+        eos_token_id: id("eos", true)?,
+        eot_token_id: id("eot", true)?,
+        eom_token_id: id("eom", true)?,
+        unknown_token_id: id("unknown", false)?,
+        padding_token_id: id("padding", false)?,
+        add_bos_token: m
+            .opt_bool("tokenizer.ggml.add_bos_token")?
+            .unwrap_or(default_add_bos),
+        add_eos_token: m.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+        add_space_prefix: m.opt_bool("tokenizer.ggml.add_space_prefix")?,
+        model,
+        pre,
+        tokens,
+        scores,
+        token_types,
+        merges,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+// ---------------------------------------------------------------------------------------------
+
+/// Builds a GGUF v3 file in memory: metadata, then tensors (row-major shapes, outermost first,
+/// as everywhere in this crate).
+///
+/// ```no_run
+/// use wgpu_llm::loader::gguf::GgufWriter;
+/// # fn main() -> wgpu_llm::error::Result<()> {
+/// let mut w = GgufWriter::new();
+/// w.add_metadata("general.architecture", "qwen2");
+/// w.add_metadata("qwen2.block_count", 1u32);
+/// w.add_f32("output_norm.weight", &[8], &[1.0; 8])?;
+/// w.add_f32_as_f16("token_embd.weight", &[16, 8], &vec![0.5; 128])?;
+/// w.write(std::path::Path::new("/tmp/tiny.gguf"))?;
+/// # Ok(()) }
+/// ```
+/// [`GgufWriter::add_model_config`] writes all the `{arch}.*` keys that [`open`] reads from a
+/// [`ModelConfig`], so a synthetic model needs only that plus its tensors.
+#[derive(Clone, Debug)]
+pub struct GgufWriter {
+    alignment: usize,
+    metadata: Vec<(String, GgufValue)>,
+    tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)>,
+}
+
+impl Default for GgufWriter {
+    fn default() -> Self {
+        GgufWriter::new()
+    }
+}
+
+impl GgufWriter {
+    pub fn new() -> GgufWriter {
+        GgufWriter {
+            alignment: DEFAULT_ALIGNMENT,
+            metadata: Vec::new(),
+            tensors: Vec::new(),
+        }
+    }
+
+    /// Data alignment (a power of two); written as `general.alignment` when not 32.
+    pub fn set_alignment(&mut self, alignment: usize) -> Result<&mut Self> {
+        if alignment == 0 || !alignment.is_power_of_two() || alignment > 1 << 30 {
+            return Err(Error::InvalidArgument(format!(
+                "GGUF alignment {alignment}"
+            )));
+        }
+        self.alignment = alignment;
+        if alignment != DEFAULT_ALIGNMENT {
+            self.add_metadata("general.alignment", alignment as u32);
+        }
+        Ok(self)
+    }
+
+    /// Sets a metadata key (replacing an earlier value of the same key).
+    pub fn add_metadata(
+        &mut self,
+        key: impl Into<String>,
+        value: impl Into<GgufValue>,
+    ) -> &mut Self {
+        let (key, value) = (key.into(), value.into());
+        match self.metadata.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.metadata.push((key, value)),
+        }
+        self
+    }
+
+    /// Removes a metadata key, if set.
+    pub fn remove_metadata(&mut self, key: &str) -> &mut Self {
+        self.metadata.retain(|(k, _)| k != key);
+        self
+    }
+
+    /// Adds a tensor from its stored bytes (any [`DType`], quantized blocks included).
+    /// `shape` is row-major, outermost first; its last dimension must be a whole number of blocks.
+    pub fn add_tensor(
+        &mut self,
+        name: impl Into<String>,
+        dtype: DType,
+        shape: &[usize],
+        bytes: impl Into<Vec<u8>>,
+    ) -> Result<&mut Self> {
+        let (name, bytes) = (name.into(), bytes.into());
+        if shape.len() > MAX_DIMS {
+            return Err(Error::InvalidArgument(format!(
+                "tensor {name}: {} dimensions",
+                shape.len()
+            )));
+        }
+        if shape.last().copied().unwrap_or(1) % dtype.block_size() != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "tensor {name}: row length {:?} is not a multiple of the {dtype} block size",
+                shape.last()
+            )));
+        }
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let want = numel.and_then(|n| dtype.byte_size(n));
+        if want != Some(bytes.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "tensor {name}: shape {shape:?} of {dtype} needs {want:?} bytes, got {}",
+                bytes.len()
+            )));
+        }
+        if self.tensors.iter().any(|t| t.0 == name) {
+            return Err(Error::InvalidArgument(format!("tensor {name} added twice")));
+        }
+        self.tensors.push((name, dtype, shape.to_vec(), bytes));
+        Ok(self)
+    }
+
+    /// Adds an f32 tensor.
+    pub fn add_f32(
+        &mut self,
+        name: impl Into<String>,
+        shape: &[usize],
+        data: &[f32],
+    ) -> Result<&mut Self> {
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.add_tensor(name, DType::F32, shape, bytes)
+    }
+
+    /// Adds an f16 tensor.
+    pub fn add_f16(
+        &mut self,
+        name: impl Into<String>,
+        shape: &[usize],
+        data: &[half::f16],
+    ) -> Result<&mut Self> {
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.add_tensor(name, DType::F16, shape, bytes)
+    }
+
+    /// Adds f32 data stored as f16.
+    pub fn add_f32_as_f16(
+        &mut self,
+        name: impl Into<String>,
+        shape: &[usize],
+        data: &[f32],
+    ) -> Result<&mut Self> {
+        let bytes: Vec<u8> = data
+            .iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect();
+        self.add_tensor(name, DType::F16, shape, bytes)
+    }
+
+    /// Writes `general.architecture` and every `{arch}.*` key [`open`] reads, from `cfg`.
+    /// Token ids (`bos_token_id`, the first of `eos_token_ids`) and `add_bos` go to the
+    /// `tokenizer.ggml.*` keys. Things GGUF cannot express are implied by the architecture
+    /// on reading (Gemma 3's layer pattern, scales, norms), so `open` reproduces `cfg` only when
+    /// `cfg` follows them. Note that `open` un-permutes Llama Q/K rows (see [`Fixup`]).
+    pub fn add_model_config(&mut self, cfg: &ModelConfig) -> &mut Self {
+        let a = cfg.arch.name();
+        let k = |s: &str| format!("{a}.{s}");
+        self.add_metadata("general.architecture", a);
+        self.add_metadata(k("context_length"), cfg.max_position_embeddings as u32);
+        self.add_metadata(k("embedding_length"), cfg.hidden_size as u32);
+        self.add_metadata(k("block_count"), cfg.num_layers as u32);
+        self.add_metadata(k("feed_forward_length"), cfg.intermediate_size as u32);
+        self.add_metadata(k("attention.head_count"), cfg.num_heads as u32);
+        self.add_metadata(k("attention.head_count_kv"), cfg.num_kv_heads as u32);
+        self.add_metadata(k("attention.key_length"), cfg.head_dim as u32);
+        self.add_metadata(k("attention.value_length"), cfg.head_dim as u32);
+        self.add_metadata(k("attention.layer_norm_rms_epsilon"), cfg.rms_norm_eps);
+        self.add_metadata(k("rope.freq_base"), cfg.rope_theta);
+        if cfg.rope_scaling_factor != 1.0 {
+            self.add_metadata(k("rope.scaling.type"), "linear");
+            self.add_metadata(k("rope.scaling.factor"), cfg.rope_scaling_factor);
+        }
+        if let Some(w) = cfg.layer_attention.iter().find_map(|l| match l {
+            LayerAttention::Sliding { window } => Some(*window),
+            LayerAttention::Full => None,
+        }) {
+            self.add_metadata(k("attention.sliding_window"), w);
+        }
+        if let Some(c) = cfg.final_logit_softcapping {
+            self.add_metadata(k("final_logit_softcapping"), c);
+        }
+        if let Some(b) = cfg.bos_token_id {
+            self.add_metadata("tokenizer.ggml.bos_token_id", b);
+        }
+        if let Some(&e) = cfg.eos_token_ids.first() {
+            self.add_metadata("tokenizer.ggml.eos_token_id", e);
+        }
+        self.add_metadata("tokenizer.ggml.add_bos_token", cfg.add_bos);
+        self
+    }
+
+    /// Writes the `tokenizer.ggml.*` keys of `t` (empty vectors and `None`s are left out).
+    pub fn add_tokenizer(&mut self, t: &GgufTokenizerData) -> &mut Self {
+        let p = |s: &str| format!("tokenizer.ggml.{s}");
+        if !t.model.is_empty() {
+            self.add_metadata(p("model"), t.model.as_str());
+        }
+        if let Some(pre) = &t.pre {
+            self.add_metadata(p("pre"), pre.as_str());
+        }
+        if !t.tokens.is_empty() {
+            self.add_metadata(p("tokens"), t.tokens.clone());
+        }
+        if !t.scores.is_empty() {
+            self.add_metadata(p("scores"), t.scores.clone());
+        }
+        if !t.token_types.is_empty() {
+            self.add_metadata(p("token_type"), t.token_types.clone());
+        }
+        if !t.merges.is_empty() {
+            self.add_metadata(p("merges"), t.merges.clone());
+        }
+        for (name, id) in [
+            ("bos", t.bos_token_id),
+            ("eos", t.eos_token_id),
+            ("eot", t.eot_token_id),
+            ("eom", t.eom_token_id),
+            ("unknown", t.unknown_token_id),
+            ("padding", t.padding_token_id),
+        ] {
+            match id {
+                Some(id) => self.add_metadata(p(&format!("{name}_token_id")), id),
+                None => self.remove_metadata(&p(&format!("{name}_token_id"))),
+            };
+        }
+        self.add_metadata(p("add_bos_token"), t.add_bos_token);
+        self.add_metadata(p("add_eos_token"), t.add_eos_token);
+        if let Some(s) = t.add_space_prefix {
+            self.add_metadata(p("add_space_prefix"), s);
+        }
+        self
+    }
+
+    /// The whole file.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&GGUF_MAGIC);
+        out.extend_from_slice(&GGUF_VERSION.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (k, v) in &self.metadata {
+            write_string(&mut out, k);
+            out.extend_from_slice(&v.type_id().to_le_bytes());
+            write_value(&mut out, v);
+        }
+        let align = |n: usize| n.div_ceil(self.alignment) * self.alignment;
+        let mut offset = 0usize;
+        for (name, dtype, shape, bytes) in &self.tensors {
+            write_string(&mut out, name);
+            out.extend_from_slice(&(shape.len() as u32).to_le_bytes());
+            for &d in shape.iter().rev() {
+                out.extend_from_slice(&(d as u64).to_le_bytes());
+            }
+            out.extend_from_slice(&dtype.ggml_type().to_le_bytes());
+            out.extend_from_slice(&(offset as u64).to_le_bytes());
+            offset = align(offset + bytes.len());
+        }
+        out.resize(align(out.len()), 0);
+        for (_, _, _, bytes) in &self.tensors {
+            out.extend_from_slice(bytes);
+            out.resize(align(out.len()), 0);
+        }
+        out
+    }
+
+    /// Writes the file.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, self.to_bytes()).map_err(|e| Error::io(PathBuf::from(path), e))
+    }
+}
+
+fn write_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn write_value(out: &mut Vec<u8>, v: &GgufValue) {
+    match v {
+        GgufValue::U8(x) => out.push(*x),
+        GgufValue::I8(x) => out.push(*x as u8),
+        GgufValue::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::Bool(x) => out.push(*x as u8),
+        GgufValue::String(s) => write_string(out, s),
+        GgufValue::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::Array(a) => {
+            // An empty array has no element to take the type from: call it u8.
+            let elem = a.first().map_or(value_type::U8, |e| e.type_id());
+            out.extend_from_slice(&elem.to_le_bytes());
+            out.extend_from_slice(&(a.len() as u64).to_le_bytes());
+            for e in a {
+                assert_eq!(e.type_id(), elem, "GGUF arrays hold elements of one type");
+                write_value(out, e);
+            }
+        }
+    }
 }

@@ -1,0 +1,1313 @@
+//! Loader integration tests (CPU only): GGUF writer/reader round trips, Hugging Face folders,
+//! every kind of bad input giving the right error (and never a panic), and, when the fetched
+//! real checkpoints are present under $WGPU_LLM_MODELS, their configs.
+
+use half::f16;
+use std::path::{Path, PathBuf};
+use wgpu_llm::error::Error;
+use wgpu_llm::loader::gguf::{self, GgufFile, GgufTokenizerData, GgufValue, GgufWriter};
+use wgpu_llm::loader::{unpermute_rope_rows, Checkpoint, DType, TokenizerSource};
+use wgpu_llm::model::config::{Activation, Arch, LayerAttention, ModelConfig};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// A fresh scratch path under the system temp dir, unique per test and process.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgpu-llm-loader-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    let _ = std::fs::remove_dir_all(&p);
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+fn write(path: &Path, bytes: &[u8]) -> PathBuf {
+    std::fs::write(path, bytes).unwrap();
+    path.to_path_buf()
+}
+
+fn err_of<T>(r: wgpu_llm::error::Result<T>) -> Error {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e,
+    }
+}
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn tiny_config(arch: Arch) -> ModelConfig {
+    ModelConfig {
+        arch,
+        vocab_size: 64,
+        hidden_size: 32,
+        intermediate_size: 64,
+        num_layers: 2,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 8,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_local_theta: None,
+        rope_scaling_factor: 1.0,
+        max_position_embeddings: 128,
+        layer_attention: vec![LayerAttention::Full; 2],
+        tie_word_embeddings: true,
+        attention_bias: false,
+        qk_norm: false,
+        sandwich_norm: false,
+        activation: Activation::SiluGated,
+        embedding_scale: 1.0,
+        attention_scale: 1.0 / 8f32.sqrt(),
+        final_logit_softcapping: None,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+        add_bos: false,
+    }
+}
+
+fn tiny_tokenizer(vocab: usize) -> GgufTokenizerData {
+    let mut tokens: Vec<String> = (0..vocab).map(|i| format!("tok{i}")).collect();
+    tokens[0] = "<unk>".into();
+    tokens[1] = "<|im_start|>".into();
+    tokens[2] = "<|im_end|>".into();
+    tokens[3] = "<|endoftext|>".into();
+    GgufTokenizerData {
+        model: "gpt2".into(),
+        pre: Some("smollm".into()),
+        scores: (0..vocab).map(|i| -(i as f32)).collect(),
+        token_types: (0..vocab).map(|i| if i < 4 { 3 } else { 1 }).collect(),
+        merges: vec!["t o".into(), "to k".into()],
+        tokens,
+        bos_token_id: Some(1),
+        eos_token_id: Some(2),
+        eot_token_id: None,
+        eom_token_id: None,
+        unknown_token_id: Some(0),
+        padding_token_id: None,
+        add_bos_token: false,
+        add_eos_token: false,
+        add_space_prefix: Some(false),
+    }
+}
+
+/// The tensors of a model with `cfg` (f32 norms, f16 matrices, Q8_0 embedding), row-major.
+fn add_model_tensors(w: &mut GgufWriter, cfg: &ModelConfig) {
+    let (h, q, kv, f, v) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+        cfg.vocab_size,
+    );
+    // Q8_0 embedding: scale 1/64, quants counting up.
+    let mut emb = Vec::new();
+    for b in 0..v * h / 32 {
+        emb.extend_from_slice(&f16::from_f32(1.0 / 64.0).to_le_bytes());
+        emb.extend((0..32).map(|j| ((b + j) % 50) as u8));
+    }
+    w.add_tensor("token_embd.weight", DType::Q8_0, &[v, h], emb)
+        .unwrap();
+    w.add_f32("output_norm.weight", &[h], &values(h, 1))
+        .unwrap();
+    if !cfg.tie_word_embeddings {
+        w.add_f32_as_f16("output.weight", &[v, h], &values(v * h, 2))
+            .unwrap();
+    }
+    for i in 0..cfg.num_layers {
+        let s = 100 * (i as u32 + 1);
+        w.add_f32(format!("blk.{i}.attn_norm.weight"), &[h], &values(h, s))
+            .unwrap();
+        w.add_f32_as_f16(
+            format!("blk.{i}.attn_q.weight"),
+            &[q, h],
+            &values(q * h, s + 1),
+        )
+        .unwrap();
+        w.add_f32_as_f16(
+            format!("blk.{i}.attn_k.weight"),
+            &[kv, h],
+            &values(kv * h, s + 2),
+        )
+        .unwrap();
+        w.add_f32_as_f16(
+            format!("blk.{i}.attn_v.weight"),
+            &[kv, h],
+            &values(kv * h, s + 3),
+        )
+        .unwrap();
+        w.add_f32_as_f16(
+            format!("blk.{i}.attn_output.weight"),
+            &[h, q],
+            &values(h * q, s + 4),
+        )
+        .unwrap();
+        w.add_f32(format!("blk.{i}.ffn_norm.weight"), &[h], &values(h, s + 5))
+            .unwrap();
+        w.add_f32_as_f16(
+            format!("blk.{i}.ffn_gate.weight"),
+            &[f, h],
+            &values(f * h, s + 6),
+        )
+        .unwrap();
+        w.add_f32_as_f16(
+            format!("blk.{i}.ffn_up.weight"),
+            &[f, h],
+            &values(f * h, s + 7),
+        )
+        .unwrap();
+        w.add_f32_as_f16(
+            format!("blk.{i}.ffn_down.weight"),
+            &[h, f],
+            &values(h * f, s + 8),
+        )
+        .unwrap();
+        if cfg.attention_bias {
+            w.add_f32(format!("blk.{i}.attn_q.bias"), &[q], &values(q, s + 9))
+                .unwrap();
+            w.add_f32(format!("blk.{i}.attn_k.bias"), &[kv], &values(kv, s + 10))
+                .unwrap();
+            w.add_f32(format!("blk.{i}.attn_v.bias"), &[kv], &values(kv, s + 11))
+                .unwrap();
+        }
+        if cfg.qk_norm {
+            let d = cfg.head_dim;
+            w.add_f32(
+                format!("blk.{i}.attn_q_norm.weight"),
+                &[d],
+                &values(d, s + 12),
+            )
+            .unwrap();
+            w.add_f32(
+                format!("blk.{i}.attn_k_norm.weight"),
+                &[d],
+                &values(d, s + 13),
+            )
+            .unwrap();
+        }
+        if cfg.sandwich_norm {
+            w.add_f32(
+                format!("blk.{i}.post_attention_norm.weight"),
+                &[h],
+                &values(h, s + 14),
+            )
+            .unwrap();
+            w.add_f32(
+                format!("blk.{i}.post_ffw_norm.weight"),
+                &[h],
+                &values(h, s + 15),
+            )
+            .unwrap();
+        }
+    }
+}
+
+fn tiny_gguf(cfg: &ModelConfig) -> GgufWriter {
+    let mut w = GgufWriter::new();
+    w.add_tokenizer(&tiny_tokenizer(cfg.vocab_size));
+    w.add_model_config(cfg);
+    w.add_metadata("tokenizer.chat_template", "{{ messages }}");
+    add_model_tensors(&mut w, cfg);
+    w
+}
+
+fn rounded_f16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// GGUF round trips
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn gguf_llama_round_trip() {
+    let cfg = tiny_config(Arch::Llama);
+    let path = tiny_gguf(&cfg).write_to(&scratch("llama.gguf"));
+    let ck = Checkpoint::open(&path).unwrap();
+
+    // eos ids: the GGUF eos plus <|endoftext|> found in the vocabulary.
+    let want = ModelConfig {
+        eos_token_ids: vec![2, 3],
+        ..cfg.clone()
+    };
+    assert_eq!(ck.config, want);
+    assert_eq!(ck.chat_template.as_deref(), Some("{{ messages }}"));
+    assert_eq!(ck.bos_token.as_deref(), Some("<|im_start|>"));
+    assert_eq!(ck.eos_token.as_deref(), Some("<|im_end|>"));
+    match &ck.tokenizer {
+        TokenizerSource::Gguf(t) => assert_eq!(*t, tiny_tokenizer(64)),
+        other => panic!("{other:?}"),
+    }
+
+    let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+    assert!(!ck.has("output.weight"));
+    assert_eq!(ck.f32("output_norm.weight", &[h]).unwrap(), values(h, 1));
+    assert_eq!(ck.raw("blk.1.ffn_down.weight").unwrap().shape, vec![h, 64]);
+    assert_eq!(ck.raw("blk.1.ffn_down.weight").unwrap().dtype, DType::F16);
+    let down = ck.f16("blk.0.ffn_down.weight", &[h, 64]).unwrap();
+    assert_eq!(
+        down,
+        values(h * 64, 108)
+            .iter()
+            .map(|&x| f16::from_f32(x))
+            .collect::<Vec<_>>()
+    );
+    // Q8_0 embedding: q * d.
+    let emb = ck.f32("token_embd.weight", &[64, h]).unwrap();
+    assert_eq!(emb[0], 0.0);
+    assert_eq!(emb[33], 2.0 / 64.0);
+    // Llama Q/K rows are un-permuted on reading, with q and kv head counts.
+    let q_stored = rounded_f16(&values(q * h, 101));
+    assert_eq!(
+        ck.f32("blk.0.attn_q.weight", &[q, h]).unwrap(),
+        unpermute_rope_rows(&q_stored, q, h, 4)
+    );
+    let k_stored = rounded_f16(&values(kv * h, 102));
+    let k = ck.f16("blk.0.attn_k.weight", &[kv, h]).unwrap();
+    let k: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
+    assert_eq!(k, unpermute_rope_rows(&k_stored, kv, h, 2));
+    assert_ne!(k, k_stored);
+    // ...and raw() gives the stored rows.
+    assert_eq!(
+        ck.raw("blk.0.attn_k.weight").unwrap().to_f32().unwrap(),
+        k_stored
+    );
+}
+
+#[test]
+fn gguf_qwen2_qwen3_gemma3_configs() {
+    // Qwen2: bias detected from blk.0.attn_q.bias; untied.
+    let cfg = ModelConfig {
+        attention_bias: true,
+        tie_word_embeddings: false,
+        ..tiny_config(Arch::Qwen2)
+    };
+    let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("qwen2.gguf"))).unwrap();
+    assert_eq!(
+        ck.config,
+        ModelConfig {
+            eos_token_ids: vec![2, 3],
+            ..cfg.clone()
+        }
+    );
+    let qb = ck.f32("blk.1.attn_q.bias", &[32]).unwrap();
+    assert_eq!(qb, values(32, 209));
+    // No permutation outside llama.
+    let q = ck.f32("blk.0.attn_q.weight", &[32, 32]).unwrap();
+    assert_eq!(q, rounded_f16(&values(32 * 32, 101)));
+
+    // Qwen3: q/k norm; rope scaling and softcapping read back.
+    let cfg = ModelConfig {
+        qk_norm: true,
+        head_dim: 16,
+        attention_scale: 0.25,
+        rope_scaling_factor: 4.0,
+        final_logit_softcapping: Some(30.0),
+        ..tiny_config(Arch::Qwen3)
+    };
+    let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("qwen3.gguf"))).unwrap();
+    assert_eq!(
+        ck.config,
+        ModelConfig {
+            eos_token_ids: vec![2, 3],
+            ..cfg.clone()
+        }
+    );
+    assert!(ck.f32("blk.0.attn_k_norm.weight", &[16]).is_ok());
+
+    // Gemma 3: 8 layers, every 6th global; the rest implied by the architecture.
+    let mut cfg = tiny_config(Arch::Gemma3);
+    cfg.num_layers = 8;
+    cfg.head_dim = 16;
+    cfg.layer_attention = (0..8)
+        .map(|i| {
+            if i == 5 {
+                LayerAttention::Full
+            } else {
+                LayerAttention::Sliding { window: 16 }
+            }
+        })
+        .collect();
+    cfg.qk_norm = true;
+    cfg.sandwich_norm = true;
+    cfg.activation = Activation::GeluTanhGated;
+    cfg.embedding_scale = 32f32.sqrt();
+    cfg.attention_scale = 0.25;
+    cfg.rope_local_theta = Some(10000.0);
+    cfg.rope_theta = 1e6;
+    cfg.rope_scaling_factor = 8.0;
+    cfg.add_bos = true;
+    let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("gemma3.gguf"))).unwrap();
+    assert_eq!(
+        ck.config,
+        ModelConfig {
+            eos_token_ids: vec![2, 3],
+            ..cfg.clone()
+        }
+    );
+    // GGUF Gemma norms already include the +1: no fixup.
+    assert_eq!(
+        ck.f32("blk.0.post_ffw_norm.weight", &[32]).unwrap(),
+        values(32, 115)
+    );
+}
+
+#[test]
+fn gguf_metadata_value_types_round_trip() {
+    let mut w = GgufWriter::new();
+    let vals: Vec<(&str, GgufValue)> = vec![
+        ("a.u8", 7u8.into()),
+        ("a.i8", (-7i8).into()),
+        ("a.u16", 700u16.into()),
+        ("a.i16", (-700i16).into()),
+        ("a.u32", 70000u32.into()),
+        ("a.i32", (-70000i32).into()),
+        ("a.f32", 1.5f32.into()),
+        ("a.bool", true.into()),
+        ("a.str", "héllo ▁ world".into()),
+        ("a.u64", (1u64 << 40).into()),
+        ("a.i64", (-(1i64 << 40)).into()),
+        ("a.f64", 2.25f64.into()),
+        ("a.strs", vec!["x", "", "zz"].into()),
+        ("a.f32s", vec![1.0f32, -2.0].into()),
+        ("a.empty", GgufValue::Array(vec![])),
+        (
+            "a.nested",
+            GgufValue::Array(vec![vec![1i32, 2].into(), vec![3i32].into()]),
+        ),
+    ];
+    for (k, v) in &vals {
+        w.add_metadata(*k, v.clone());
+    }
+    w.set_alignment(64).unwrap();
+    w.add_f32("t", &[3], &[1.0, 2.0, 3.0]).unwrap();
+    w.add_tensor("q", DType::Q4_K, &[2, 256], vec![0u8; 2 * 144])
+        .unwrap();
+    let bytes = w.to_bytes();
+    let g = GgufFile::parse(&bytes, Path::new("mem")).unwrap();
+    assert_eq!(g.version, 3);
+    assert_eq!(g.alignment, 64);
+    assert_eq!(g.data_offset % 64, 0);
+    for (k, v) in &vals {
+        assert_eq!(g.get(k), Some(v), "{k}");
+    }
+    assert_eq!(g.get("a.u32").unwrap().as_u64(), Some(70000));
+    assert_eq!(g.get("a.i8").unwrap().as_u64(), None);
+    assert_eq!(g.get("a.f32").unwrap().as_f64(), Some(1.5));
+    let t = g.tensor("q").unwrap();
+    assert_eq!(
+        (t.dtype, t.shape.clone(), t.len),
+        (DType::Q4_K, vec![2, 256], 288)
+    );
+    assert_eq!(t.offset % 64, 0);
+    let t = g.tensor("t").unwrap();
+    assert_eq!(&bytes[t.offset..t.offset + 4], &1f32.to_le_bytes());
+}
+
+#[test]
+fn gguf_v2_is_accepted() {
+    let mut bytes = tiny_gguf(&tiny_config(Arch::Qwen2)).to_bytes();
+    bytes[4..8].copy_from_slice(&2u32.to_le_bytes());
+    let ck = Checkpoint::open(&write(&scratch("v2.gguf"), &bytes)).unwrap();
+    assert_eq!(ck.config.arch, Arch::Qwen2);
+}
+
+#[test]
+fn gguf_writer_rejects_bad_tensors() {
+    let mut w = GgufWriter::new();
+    assert!(matches!(
+        err_of(w.add_f32("x", &[4], &[0.0; 3])),
+        Error::InvalidArgument(_)
+    ));
+    assert!(matches!(
+        err_of(w.add_tensor("x", DType::Q8_0, &[2, 16], vec![0; 34])),
+        Error::InvalidArgument(_)
+    ));
+    w.add_f32("x", &[2], &[0.0; 2]).unwrap();
+    assert!(matches!(
+        err_of(w.add_f32("x", &[2], &[0.0; 2])),
+        Error::InvalidArgument(_)
+    ));
+    assert!(w.set_alignment(48).is_err());
+}
+
+/// Extension used by these tests: write and return the path.
+trait WriteTo {
+    fn write_to(&self, path: &Path) -> PathBuf;
+}
+impl WriteTo for GgufWriter {
+    fn write_to(&self, path: &Path) -> PathBuf {
+        self.write(path).unwrap();
+        path.to_path_buf()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GGUF bad input
+// ---------------------------------------------------------------------------------------------
+
+/// Byte offset of the tensor-info fields that follow tensor `name`'s name:
+/// (n_dims at, type at, offset at).
+fn tensor_info_fields(bytes: &[u8], name: &str) -> (usize, usize, usize) {
+    let mut needle = (name.len() as u64).to_le_bytes().to_vec();
+    needle.extend_from_slice(name.as_bytes());
+    needle.extend_from_slice(&2u32.to_le_bytes()); // the test tensors are 2-D
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("tensor info")
+        + needle.len()
+        - 4;
+    (at, at + 4 + 16, at + 4 + 16 + 4)
+}
+
+#[test]
+fn missing_path_is_io_error() {
+    let e = err_of(Checkpoint::open(Path::new("/definitely/not/here.gguf")));
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    assert!(e.to_string().contains("/definitely/not/here.gguf"));
+}
+
+#[test]
+fn folder_without_config_is_io_error() {
+    let dir = scratch("empty-folder");
+    std::fs::create_dir_all(&dir).unwrap();
+    let e = err_of(Checkpoint::open(&dir));
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    assert!(e.to_string().contains("config.json"), "{e}");
+}
+
+#[test]
+fn bad_magic_is_corrupt() {
+    let mut bytes = tiny_gguf(&tiny_config(Arch::Llama)).to_bytes();
+    bytes[..4].copy_from_slice(b"GGML");
+    let e = err_of(Checkpoint::open(&write(&scratch("magic.gguf"), &bytes)));
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    let e = err_of(Checkpoint::open(&write(&scratch("empty.gguf"), b"")));
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+}
+
+#[test]
+fn unsupported_versions() {
+    for v in [1u32, 4, 3u32.swap_bytes()] {
+        let mut bytes = tiny_gguf(&tiny_config(Arch::Llama)).to_bytes();
+        bytes[4..8].copy_from_slice(&v.to_le_bytes());
+        let e = err_of(GgufFile::parse(&bytes, Path::new("mem")));
+        assert!(matches!(e, Error::Unsupported(_)), "{v}: {e}");
+    }
+}
+
+#[test]
+fn every_truncation_is_corrupt() {
+    let w = tiny_gguf(&tiny_config(Arch::Llama));
+    let bytes = w.to_bytes();
+    let g = GgufFile::parse(&bytes, Path::new("mem")).unwrap();
+    // Every cut inside the header, and a sample of cuts inside the tensor data.
+    let cuts = (0..g.data_offset).chain((g.data_offset..bytes.len()).step_by(97));
+    for cut in cuts {
+        let e = err_of(GgufFile::parse(&bytes[..cut], Path::new("mem")));
+        assert!(matches!(e, Error::Corrupt { .. }), "cut at {cut}: {e}");
+    }
+    // Through the file system: a file cut in the middle of the last tensor.
+    let path = write(&scratch("cut.gguf"), &bytes[..bytes.len() - 10]);
+    let e = err_of(Checkpoint::open(&path));
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains("past the end"), "{e}");
+}
+
+#[test]
+fn tensor_offset_beyond_file_is_corrupt() {
+    let mut bytes = tiny_gguf(&tiny_config(Arch::Llama)).to_bytes();
+    let (_, _, off) = tensor_info_fields(&bytes, "blk.0.attn_q.weight");
+    for bad in [bytes.len() as u64 / 32 * 32, u64::MAX / 64 * 32, 1u64 << 40] {
+        bytes[off..off + 8].copy_from_slice(&bad.to_le_bytes());
+        let e = err_of(Checkpoint::open(&write(&scratch("offset.gguf"), &bytes)));
+        assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("blk.0.attn_q.weight"), "{e}");
+    }
+    // Misaligned.
+    bytes[off..off + 8].copy_from_slice(&3u64.to_le_bytes());
+    let e = err_of(GgufFile::parse(&bytes, Path::new("mem")));
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+}
+
+#[test]
+fn unknown_ggml_type_is_unsupported() {
+    let mut bytes = tiny_gguf(&tiny_config(Arch::Llama)).to_bytes();
+    let (_, ty, _) = tensor_info_fields(&bytes, "blk.1.ffn_up.weight");
+    for id in [16u32, 39, 1234] {
+        bytes[ty..ty + 4].copy_from_slice(&id.to_le_bytes());
+        let e = err_of(Checkpoint::open(&write(&scratch("type.gguf"), &bytes)));
+        assert!(matches!(e, Error::Unsupported(_)), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("blk.1.ffn_up.weight") && msg.contains(&id.to_string()),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn bad_dims_are_corrupt() {
+    let bytes = tiny_gguf(&tiny_config(Arch::Llama)).to_bytes();
+    let (nd, _, _) = tensor_info_fields(&bytes, "blk.0.attn_v.weight");
+    let mut b = bytes.clone();
+    b[nd..nd + 4].copy_from_slice(&9u32.to_le_bytes());
+    assert!(matches!(
+        err_of(GgufFile::parse(&b, Path::new("m"))),
+        Error::Corrupt { .. }
+    ));
+    let mut b = bytes.clone();
+    b[nd + 4..nd + 12].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(matches!(
+        err_of(GgufFile::parse(&b, Path::new("m"))),
+        Error::Corrupt { .. }
+    ));
+}
+
+#[test]
+fn unknown_architecture_is_unsupported() {
+    let mut w = tiny_gguf(&tiny_config(Arch::Llama));
+    w.add_metadata("general.architecture", "mamba");
+    let e = err_of(Checkpoint::open(&w.write_to(&scratch("arch.gguf"))));
+    assert!(
+        matches!(&e, Error::Unsupported(m) if m.contains("architecture mamba")),
+        "{e}"
+    );
+}
+
+#[test]
+fn inconsistent_metadata_is_reported() {
+    let mut w = tiny_gguf(&tiny_config(Arch::Llama));
+    w.add_metadata("llama.attention.head_count_kv", 3u32);
+    let e = err_of(Checkpoint::open(&w.write_to(&scratch("kv.gguf"))));
+    assert!(matches!(e, Error::Mismatch(_)), "{e}");
+
+    let mut w = tiny_gguf(&tiny_config(Arch::Llama));
+    w.remove_metadata("llama.embedding_length");
+    let e = err_of(Checkpoint::open(&w.write_to(&scratch("missing.gguf"))));
+    assert!(
+        matches!(&e, Error::Corrupt { msg, .. } if msg.contains("embedding_length")),
+        "{e}"
+    );
+
+    let mut w = tiny_gguf(&tiny_config(Arch::Llama));
+    w.add_metadata("llama.block_count", "two");
+    let e = err_of(Checkpoint::open(&w.write_to(&scratch("type-key.gguf"))));
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+
+    let mut w = tiny_gguf(&tiny_config(Arch::Llama));
+    w.add_metadata("tokenizer.ggml.eos_token_id", 640u32);
+    let e = err_of(Checkpoint::open(&w.write_to(&scratch("eos.gguf"))));
+    assert!(matches!(e, Error::Mismatch(_)), "{e}");
+
+    let mut w = tiny_gguf(&tiny_config(Arch::Llama));
+    w.add_metadata("llama.rope.scaling.type", "yarn");
+    w.add_metadata("llama.rope.scaling.factor", 4.0f32);
+    let e = err_of(Checkpoint::open(&w.write_to(&scratch("yarn.gguf"))));
+    assert!(matches!(e, Error::Unsupported(_)), "{e}");
+}
+
+#[test]
+fn shape_mismatch_is_reported() {
+    let cfg = tiny_config(Arch::Qwen2);
+    let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("shape.gguf"))).unwrap();
+    // The config implies [ffn, hidden] for ffn_up; ask with a wrong config shape.
+    let e = err_of(ck.f16(
+        "blk.0.ffn_up.weight",
+        &[cfg.intermediate_size + 1, cfg.hidden_size],
+    ));
+    assert!(
+        matches!(&e, Error::Mismatch(m) if m.contains("blk.0.ffn_up.weight")),
+        "{e}"
+    );
+    assert!(ck
+        .f16(
+            "blk.0.ffn_up.weight",
+            &[cfg.intermediate_size, cfg.hidden_size]
+        )
+        .is_ok());
+    let e = err_of(ck.f32("blk.9.ffn_up.weight", &[1]));
+    assert!(matches!(e, Error::Mismatch(_)), "{e}");
+}
+
+/// Random corruption of a small valid file: parsing returns Ok or Err, never panics, and an
+/// Ok file's tensors all lie inside it.
+#[test]
+fn random_corruption_never_panics() {
+    let bytes = tiny_gguf(&ModelConfig {
+        num_layers: 1,
+        layer_attention: vec![LayerAttention::Full],
+        ..tiny_config(Arch::Llama)
+    })
+    .to_bytes();
+    let g = GgufFile::parse(&bytes, Path::new("m")).unwrap();
+    let header = g.data_offset;
+    let mut rng = 0x9e3779b9u32;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 17;
+        rng ^= rng << 5;
+        rng as usize
+    };
+    for _ in 0..3000 {
+        let mut b = bytes.clone();
+        for _ in 0..1 + next() % 4 {
+            let at = next() % header;
+            b[at] = match next() % 3 {
+                0 => next() as u8,
+                1 => 0xff,
+                _ => b[at] ^ (1 << (next() % 8)),
+            };
+        }
+        if let Ok(g) = GgufFile::parse(&b, Path::new("m")) {
+            for t in &g.tensors {
+                assert!(t.offset + t.len <= b.len());
+                let _ = wgpu_llm::loader::dtype::to_f32(
+                    t.dtype,
+                    &b[t.offset..t.offset + t.len],
+                    t.shape.iter().product(),
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hugging Face folders
+// ---------------------------------------------------------------------------------------------
+
+/// A safetensors file from (name, dtype, shape, bytes).
+fn safetensors(tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        let begin = data.len();
+        data.extend_from_slice(bytes);
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [begin, data.len()]}),
+        );
+    }
+    let mut h = serde_json::to_vec(&header).unwrap();
+    while (h.len() + 8) % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    out
+}
+
+fn f32_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+fn bf16_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter()
+        .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+        .collect()
+}
+fn f16_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter()
+        .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+        .collect()
+}
+
+/// HF tensors of a tiny model (hidden 32, 2 layers, 4/2 heads of 8, ffn 64, vocab 64).
+fn hf_tensors(
+    prefix: &str,
+    gemma: bool,
+    lm_head: bool,
+) -> Vec<(String, &'static str, Vec<usize>, Vec<u8>)> {
+    let mut t = vec![
+        (
+            format!("{prefix}embed_tokens.weight"),
+            "BF16",
+            vec![64, 32],
+            bf16_bytes(&values(64 * 32, 1)),
+        ),
+        (
+            format!("{prefix}norm.weight"),
+            "F32",
+            vec![32],
+            f32_bytes(&values(32, 2)),
+        ),
+    ];
+    if lm_head {
+        t.push((
+            "lm_head.weight".into(),
+            "F16",
+            vec![64, 32],
+            f16_bytes(&values(64 * 32, 3)),
+        ));
+    }
+    for i in 0..2 {
+        let p = format!("{prefix}layers.{i}.");
+        let s = 10 * (i as u32 + 1);
+        let mut add = |n: &str, shape: Vec<usize>, seed: u32| {
+            let n_el = shape.iter().product();
+            t.push((
+                format!("{p}{n}"),
+                "F32",
+                shape,
+                f32_bytes(&values(n_el, seed)),
+            ));
+        };
+        add("input_layernorm.weight", vec![32], s);
+        add("self_attn.q_proj.weight", vec![32, 32], s + 1);
+        add("self_attn.k_proj.weight", vec![16, 32], s + 2);
+        add("self_attn.v_proj.weight", vec![16, 32], s + 3);
+        add("self_attn.o_proj.weight", vec![32, 32], s + 4);
+        add("post_attention_layernorm.weight", vec![32], s + 5);
+        add("mlp.gate_proj.weight", vec![64, 32], s + 6);
+        add("mlp.up_proj.weight", vec![64, 32], s + 7);
+        add("mlp.down_proj.weight", vec![32, 64], s + 8);
+        if gemma {
+            add("self_attn.q_norm.weight", vec![8], s + 9);
+            add("self_attn.k_norm.weight", vec![8], s + 9);
+            add("pre_feedforward_layernorm.weight", vec![32], s + 10);
+            add("post_feedforward_layernorm.weight", vec![32], s + 11);
+        }
+    }
+    t
+}
+
+fn write_st(path: &Path, t: &[(String, &'static str, Vec<usize>, Vec<u8>)]) {
+    let refs: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = t
+        .iter()
+        .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
+        .collect();
+    std::fs::write(path, safetensors(&refs)).unwrap();
+}
+
+fn tokenizer_json(extra: &[(u32, &str)]) -> String {
+    let mut added = vec![
+        serde_json::json!({"id": 0, "content": "<pad>", "special": true}),
+        serde_json::json!({"id": 1, "content": "<eos>", "special": true}),
+        serde_json::json!({"id": 2, "content": "<bos>", "special": true}),
+    ];
+    for (id, s) in extra {
+        added.push(serde_json::json!({"id": id, "content": s, "special": true}));
+    }
+    serde_json::json!({
+        "version": "1.0",
+        "added_tokens": added,
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]},
+        "model": {"type": "BPE", "vocab": {"a": 3}, "merges": []}
+    })
+    .to_string()
+}
+
+#[test]
+fn hf_gemma3_multimodal_folder() {
+    let dir = scratch("hf-gemma3");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = serde_json::json!({
+        "model_type": "gemma3",
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "eos_token_id": [1, 60],
+        "text_config": {
+            "model_type": "gemma3_text", "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+            "vocab_size": 64, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"],
+            "query_pre_attn_scalar": 16, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "max_position_embeddings": 1024, "hidden_activation": "gelu_pytorch_tanh",
+            "final_logit_softcapping": null
+        }
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut t = hf_tensors("model.language_model.", true, false);
+    t.push((
+        "model.vision_tower.patch.weight".into(),
+        "I64",
+        vec![2],
+        vec![0; 16],
+    ));
+    write_st(&dir.join("model.safetensors"), &t);
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        tokenizer_json(&[(50, "<end_of_turn>")]),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({"bos_token": {"content": "<bos>"}, "eos_token": "<eos>", "add_bos_token": true,
+            "chat_template": "{{ bos_token }}"})
+        .to_string(),
+    )
+    .unwrap();
+
+    let ck = Checkpoint::open(&dir).unwrap();
+    let c = &ck.config;
+    assert_eq!(c.arch, Arch::Gemma3);
+    assert_eq!(
+        (
+            c.hidden_size,
+            c.num_layers,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim
+        ),
+        (32, 2, 4, 2, 8)
+    );
+    assert_eq!(
+        c.layer_attention,
+        vec![LayerAttention::Sliding { window: 16 }, LayerAttention::Full]
+    );
+    assert_eq!(
+        (c.rope_theta, c.rope_local_theta, c.rope_scaling_factor),
+        (1e6, Some(1e4), 8.0)
+    );
+    assert_eq!(c.attention_scale, 0.25);
+    assert_eq!(c.embedding_scale, 32f32.sqrt());
+    assert!(
+        c.qk_norm && c.sandwich_norm && c.tie_word_embeddings && !c.attention_bias && c.add_bos
+    );
+    assert_eq!(c.activation, Activation::GeluTanhGated);
+    assert_eq!(c.final_logit_softcapping, None);
+    assert_eq!(c.bos_token_id, Some(2));
+    assert_eq!(c.eos_token_ids, vec![1, 60, 50]);
+    assert_eq!(ck.bos_token.as_deref(), Some("<bos>"));
+    assert_eq!(ck.eos_token.as_deref(), Some("<eos>"));
+    assert_eq!(ck.chat_template.as_deref(), Some("{{ bos_token }}"));
+    assert!(matches!(&ck.tokenizer, TokenizerSource::Json(p) if p.ends_with("tokenizer.json")));
+
+    // Names mapped; Gemma's (1 + w) folded into every norm; post_attention_layernorm is the
+    // sandwich norm here.
+    let plus1 = |s: u32, n: usize| values(n, s).iter().map(|x| x + 1.0).collect::<Vec<_>>();
+    assert_eq!(ck.f32("output_norm.weight", &[32]).unwrap(), plus1(2, 32));
+    assert_eq!(
+        ck.f32("blk.1.attn_norm.weight", &[32]).unwrap(),
+        plus1(20, 32)
+    );
+    assert_eq!(
+        ck.f32("blk.1.post_attention_norm.weight", &[32]).unwrap(),
+        plus1(25, 32)
+    );
+    assert_eq!(
+        ck.f32("blk.1.ffn_norm.weight", &[32]).unwrap(),
+        plus1(30, 32)
+    );
+    assert_eq!(
+        ck.f32("blk.1.post_ffw_norm.weight", &[32]).unwrap(),
+        plus1(31, 32)
+    );
+    assert_eq!(
+        ck.f32("blk.0.attn_q_norm.weight", &[8]).unwrap(),
+        plus1(19, 8)
+    );
+    let f16n: Vec<f32> = ck
+        .f16("blk.0.attn_k_norm.weight", &[8])
+        .unwrap()
+        .iter()
+        .map(|x| x.to_f32())
+        .collect();
+    assert_eq!(f16n, rounded_f16(&plus1(19, 8)));
+    // Matrices untouched (no permutation for HF), BF16 embedding converted.
+    assert_eq!(
+        ck.f32("blk.0.attn_k.weight", &[16, 32]).unwrap(),
+        values(16 * 32, 12)
+    );
+    let emb = ck.f32("token_embd.weight", &[64, 32]).unwrap();
+    let want: Vec<f32> = values(64 * 32, 1)
+        .iter()
+        .map(|x| half::bf16::from_f32(*x).to_f32())
+        .collect();
+    assert_eq!(emb, want);
+    assert!(!ck.has("output.weight"));
+    assert!(ck.tensor_names().all(|n| !n.contains("vision")));
+}
+
+#[test]
+fn hf_sharded_llama_folder() {
+    let dir = scratch("hf-llama");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = serde_json::json!({
+        "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64, "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0, "max_position_embeddings": 512, "tie_word_embeddings": false,
+        "bos_token_id": 2, "eos_token_id": 1, "hidden_act": "silu", "rope_scaling": null
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let t = hf_tensors("model.", false, true);
+    let (a, b) = t.split_at(t.len() / 2);
+    write_st(&dir.join("model-00001-of-00002.safetensors"), a);
+    write_st(&dir.join("model-00002-of-00002.safetensors"), b);
+    let mut map = serde_json::Map::new();
+    for (n, ..) in a {
+        map.insert(n.clone(), "model-00001-of-00002.safetensors".into());
+    }
+    for (n, ..) in b {
+        map.insert(n.clone(), "model-00002-of-00002.safetensors".into());
+    }
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        tokenizer_json(&[(40, "<|eot_id|>")]),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"eos_token_id": [1, 7]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("chat_template.jinja"),
+        "{% for m in messages %}{{ m }}{% endfor %}",
+    )
+    .unwrap();
+
+    let ck = Checkpoint::open(&dir).unwrap();
+    let c = &ck.config;
+    assert_eq!(c.arch, Arch::Llama);
+    assert_eq!(
+        (c.head_dim, c.rope_theta, c.max_position_embeddings),
+        (8, 1e5, 512)
+    );
+    assert!(!c.tie_word_embeddings && !c.qk_norm && !c.sandwich_norm);
+    assert_eq!(c.layer_attention, vec![LayerAttention::Full; 2]);
+    assert_eq!(c.bos_token_id, Some(2));
+    assert_eq!(c.eos_token_ids, vec![1, 7, 40]);
+    // No add_bos_token anywhere: the tokenizer.json post-processor prepends <bos>.
+    assert!(c.add_bos);
+    assert_eq!(ck.bos_token.as_deref(), Some("<bos>"));
+    assert_eq!(ck.eos_token.as_deref(), Some("<eos>"));
+    assert!(ck.chat_template.as_deref().unwrap().starts_with("{% for"));
+    // Llama HF rows are already in rotate-half order; norms untouched.
+    assert_eq!(
+        ck.f32("blk.1.attn_q.weight", &[32, 32]).unwrap(),
+        values(32 * 32, 21)
+    );
+    assert_eq!(
+        ck.f32("blk.1.ffn_norm.weight", &[32]).unwrap(),
+        values(32, 25)
+    );
+    let out: Vec<f32> = ck
+        .f16("output.weight", &[64, 32])
+        .unwrap()
+        .iter()
+        .map(|x| x.to_f32())
+        .collect();
+    assert_eq!(out, rounded_f16(&values(64 * 32, 3)));
+
+    // A shard missing a tensor its index names.
+    write_st(&dir.join("model-00002-of-00002.safetensors"), &b[1..]);
+    assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Mismatch(_)));
+}
+
+/// A minimal valid Qwen2 folder, returned with its tensors so tests can break it.
+fn qwen2_folder(name: &str) -> (PathBuf, Vec<(String, &'static str, Vec<usize>, Vec<u8>)>) {
+    let dir = scratch(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = serde_json::json!({
+        "model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": true, "eos_token_id": 1, "use_sliding_window": false, "sliding_window": 32
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        tokenizer_json(&[(5, "<|im_end|>")]),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"add_bos_token": false, "bos_token": null}"#,
+    )
+    .unwrap();
+    let mut t = hf_tensors("model.", false, false);
+    for i in 0..2 {
+        for (p, n) in [("q", 32), ("k", 16), ("v", 16)] {
+            t.push((
+                format!("model.layers.{i}.self_attn.{p}_proj.bias"),
+                "F32",
+                vec![n],
+                f32_bytes(&values(n, 7)),
+            ));
+        }
+    }
+    write_st(&dir.join("model.safetensors"), &t);
+    (dir, t)
+}
+
+#[test]
+fn hf_qwen2_folder() {
+    let (dir, _) = qwen2_folder("hf-qwen2");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let c = &ck.config;
+    assert_eq!(c.arch, Arch::Qwen2);
+    assert!(c.attention_bias && c.tie_word_embeddings && !c.add_bos);
+    assert_eq!(c.rope_theta, 1e6);
+    assert_eq!(c.layer_attention, vec![LayerAttention::Full; 2]);
+    assert_eq!(c.eos_token_ids, vec![1, 5]);
+    assert_eq!(c.bos_token_id, None);
+    assert_eq!(ck.f32("blk.0.attn_k.bias", &[16]).unwrap(), values(16, 7));
+}
+
+#[test]
+fn hf_bad_inputs() {
+    // Corrupt header JSON.
+    let (dir, t) = qwen2_folder("hf-bad-json");
+    let mut st = std::fs::read(dir.join("model.safetensors")).unwrap();
+    st[8] = b'[';
+    std::fs::write(dir.join("model.safetensors"), &st).unwrap();
+    let e = err_of(Checkpoint::open(&dir));
+    assert!(
+        matches!(&e, Error::Corrupt { msg, .. } if msg.contains("JSON")),
+        "{e}"
+    );
+
+    // Header length past the end; file shorter than the length prefix.
+    let mut st2 = safetensors(&[("model.norm.weight", "F32", vec![2], vec![0; 8])]);
+    let n = st2.len() as u64;
+    st2[..8].copy_from_slice(&n.to_le_bytes());
+    std::fs::write(dir.join("model.safetensors"), &st2).unwrap();
+    assert!(matches!(
+        err_of(Checkpoint::open(&dir)),
+        Error::Corrupt { .. }
+    ));
+    std::fs::write(dir.join("model.safetensors"), [1u8, 2, 3]).unwrap();
+    assert!(matches!(
+        err_of(Checkpoint::open(&dir)),
+        Error::Corrupt { .. }
+    ));
+
+    // Offsets out of range (and inconsistent with the shape).
+    let json = serde_json::json!({"model.norm.weight": {"dtype": "F32", "shape": [32], "data_offsets": [0, 128]}})
+        .to_string();
+    let mut st3 = (json.len() as u64).to_le_bytes().to_vec();
+    st3.extend(json.as_bytes());
+    st3.extend([0u8; 64]);
+    std::fs::write(dir.join("model.safetensors"), &st3).unwrap();
+    let e = err_of(Checkpoint::open(&dir));
+    assert!(
+        matches!(&e, Error::Corrupt { msg, .. } if msg.contains("model.norm.weight")),
+        "{e}"
+    );
+    let json = serde_json::json!({"model.norm.weight": {"dtype": "F32", "shape": [32], "data_offsets": [0, 64]}})
+        .to_string();
+    let mut st4 = (json.len() as u64).to_le_bytes().to_vec();
+    st4.extend(json.as_bytes());
+    st4.extend([0u8; 64]);
+    std::fs::write(dir.join("model.safetensors"), &st4).unwrap();
+    assert!(matches!(
+        err_of(Checkpoint::open(&dir)),
+        Error::Corrupt { .. }
+    ));
+
+    // Truncated data.
+    let full = safetensors(
+        &t.iter()
+            .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
+            .collect::<Vec<_>>(),
+    );
+    std::fs::write(dir.join("model.safetensors"), &full[..full.len() - 4]).unwrap();
+    assert!(matches!(
+        err_of(Checkpoint::open(&dir)),
+        Error::Corrupt { .. }
+    ));
+    std::fs::write(dir.join("model.safetensors"), &full).unwrap();
+    assert!(Checkpoint::open(&dir).is_ok());
+
+    // Unsupported dtype on a used tensor.
+    let mut t2 = t.clone();
+    t2[1] = ("model.norm.weight".into(), "I64", vec![32], vec![0; 256]);
+    write_st(&dir.join("model.safetensors"), &t2);
+    let e = err_of(Checkpoint::open(&dir));
+    assert!(
+        matches!(&e, Error::Unsupported(m) if m.contains("I64") && m.contains("model.norm.weight")),
+        "{e}"
+    );
+
+    // Unknown model_type; bad config JSON; missing tokenizer; untied without lm_head.
+    write_st(&dir.join("model.safetensors"), &t);
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    std::fs::write(dir.join("config.json"), cfg.replace("qwen2", "bert")).unwrap();
+    assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Unsupported(m) if m.contains("bert")));
+    std::fs::write(dir.join("config.json"), "{not json").unwrap();
+    assert!(matches!(
+        err_of(Checkpoint::open(&dir)),
+        Error::Corrupt { .. }
+    ));
+    std::fs::write(
+        dir.join("config.json"),
+        cfg.replace(
+            "\"tie_word_embeddings\":true",
+            "\"tie_word_embeddings\":false",
+        ),
+    )
+    .unwrap();
+    assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Mismatch(m) if m.contains("lm_head")));
+    std::fs::write(
+        dir.join("config.json"),
+        cfg.replace("\"num_key_value_heads\":2", "\"num_key_value_heads\":3"),
+    )
+    .unwrap();
+    assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Mismatch(_)));
+    std::fs::write(dir.join("config.json"), &cfg).unwrap();
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Io { .. }));
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Io { .. }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real checkpoints (fetched by tools/fetch-model.sh into $WGPU_LLM_MODELS)
+// ---------------------------------------------------------------------------------------------
+
+fn real_model(rel: &str) -> Option<PathBuf> {
+    let Some(dir) = std::env::var_os("WGPU_LLM_MODELS") else {
+        eprintln!("skipping: WGPU_LLM_MODELS is not set");
+        return None;
+    };
+    let p = PathBuf::from(dir).join(rel);
+    if !p.is_file() {
+        eprintln!(
+            "skipping: {} is missing (tools/fetch-model.sh fetches it)",
+            p.display()
+        );
+        return None;
+    }
+    Some(p)
+}
+
+fn finite_sample(ck: &Checkpoint, name: &str, dtype: DType) {
+    let v = ck.raw(name).unwrap();
+    assert_eq!(v.dtype, dtype, "{name}");
+    let shape = v.shape.clone();
+    let x = ck.f32(name, &shape).unwrap();
+    assert_eq!(x.len(), shape.iter().product::<usize>());
+    assert!(x.iter().all(|v| v.is_finite()), "{name}");
+    assert!(x.iter().any(|&v| v != 0.0), "{name}");
+}
+
+#[test]
+fn real_smollm2() {
+    let Some(path) = real_model("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let ck = Checkpoint::open(&path).unwrap();
+    let c = &ck.config;
+    assert_eq!(c.arch, Arch::Llama);
+    assert_eq!(
+        (c.num_layers, c.hidden_size, c.intermediate_size),
+        (30, 576, 1536)
+    );
+    assert_eq!(
+        (c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size),
+        (9, 3, 64, 49152)
+    );
+    assert_eq!(c.rope_theta, 1e5);
+    assert!(c.tie_word_embeddings && !c.add_bos);
+    assert_eq!(c.eos_token_ids[0], 2);
+    assert_eq!(ck.eos_token.as_deref(), Some("<|im_end|>"));
+    assert!(ck
+        .chat_template
+        .as_deref()
+        .unwrap_or("")
+        .contains("im_start"));
+    let TokenizerSource::Gguf(t) = &ck.tokenizer else {
+        panic!()
+    };
+    assert_eq!((t.model.as_str(), t.tokens.len()), ("gpt2", 49152));
+    assert!(!t.merges.is_empty());
+    finite_sample(&ck, "blk.3.ffn_up.weight", DType::Q4_1);
+    finite_sample(&ck, "blk.0.attn_q.weight", DType::Q4_1);
+    finite_sample(&ck, "token_embd.weight", DType::Q8_0);
+}
+
+#[test]
+fn real_gemma3() {
+    let Some(path) = real_model("gemma3/gemma-3-270m-q4_k_m.gguf") else {
+        return;
+    };
+    let ck = Checkpoint::open(&path).unwrap();
+    let c = &ck.config;
+    assert_eq!(c.arch, Arch::Gemma3);
+    assert_eq!(
+        (
+            c.num_layers,
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim
+        ),
+        (18, 640, 4, 1, 256)
+    );
+    assert_eq!(
+        c.layer_attention[0],
+        LayerAttention::Sliding { window: 512 }
+    );
+    assert_eq!(c.layer_attention[5], LayerAttention::Full);
+    assert_eq!(c.layer_attention[11], LayerAttention::Full);
+    assert_eq!(
+        c.layer_attention
+            .iter()
+            .filter(|a| **a == LayerAttention::Full)
+            .count(),
+        3
+    );
+    assert_eq!(c.rope_local_theta, Some(10000.0));
+    assert!(c.tie_word_embeddings && c.add_bos && c.qk_norm && c.sandwich_norm);
+    assert_eq!(c.attention_scale, 1.0 / 16.0);
+    assert_eq!(ck.bos_token.as_deref(), Some("<bos>"));
+    assert!(c.eos_token_ids.contains(&1) && c.eos_token_ids.contains(&106));
+    finite_sample(&ck, "blk.0.attn_output.weight", DType::Q4_K);
+    finite_sample(&ck, "blk.0.ffn_down.weight", DType::Q6_K);
+    finite_sample(&ck, "blk.0.attn_q.weight", DType::Q5_0);
+    // GGUF Gemma norms already hold (1 + w): mostly well above zero.
+    let n = ck.f32("output_norm.weight", &[640]).unwrap();
+    assert!(n.iter().sum::<f32>() / 640.0 > 0.5);
+}
+
+#[test]
+fn real_qwen05() {
+    let Some(path) = real_model("qwen05/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
+        return;
+    };
+    let ck = Checkpoint::open(&path).unwrap();
+    let c = &ck.config;
+    assert_eq!(c.arch, Arch::Qwen2);
+    assert_eq!(
+        (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads),
+        (24, 896, 14, 2)
+    );
+    assert!(c.attention_bias && !c.tie_word_embeddings);
+    assert_eq!(c.rope_theta, 1e6);
+    assert!(c.eos_token_ids.contains(&151645));
+    finite_sample(&ck, "blk.0.attn_q.bias", DType::F32);
+    finite_sample(&ck, "blk.0.ffn_down.weight", DType::Q6_K);
+    finite_sample(&ck, "blk.0.attn_v.weight", DType::Q8_0);
+}
+
+#[test]
+fn gguf_inspect_reads_header_only() {
+    let p = tiny_gguf(&tiny_config(Arch::Llama)).write_to(&scratch("inspect.gguf"));
+    let (g, map) = GgufFile::read(&p).unwrap();
+    assert_eq!(map.len(), std::fs::metadata(&p).unwrap().len() as usize);
+    assert_eq!(
+        g.get("general.architecture").and_then(|v| v.as_str()),
+        Some("llama")
+    );
+    assert_eq!(g.tensors.len(), 1 + 1 + 2 * 9);
+    let _ = gguf::DEFAULT_ALIGNMENT;
+}
