@@ -42,6 +42,23 @@ impl Tensor {
     pub fn size_bytes(&self) -> u64 {
         self.ty.bytes(self.numel())
     }
+    /// A view of `shape` starting `elems` elements in (the byte offset must suit the device's
+    /// storage offset alignment, 256 bytes at most, when the view is bound).
+    pub fn view(&self, elems: usize, shape: &[usize]) -> Tensor {
+        assert!(self.ty != ElemType::F16 || elems % 2 == 0, "f16 views start on a u32 word");
+        let t = Tensor {
+            buffer: self.buffer.clone(),
+            offset: self.offset + self.ty.bytes(elems),
+            shape: shape.to_vec(),
+            ty: self.ty,
+        };
+        assert!(
+            t.offset + t.size_bytes() <= self.offset + self.size_bytes(),
+            "view out of range"
+        );
+        t
+    }
+
     pub fn binding(&self) -> wgpu::BindingResource<'_> {
         wgpu::BindingResource::Buffer(wgpu::BufferBinding {
             buffer: &self.buffer,
