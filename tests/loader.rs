@@ -689,6 +689,9 @@ fn random_corruption_never_panics() {
 // Hugging Face folders
 // ---------------------------------------------------------------------------------------------
 
+/// (name, dtype, shape, bytes) of a safetensors tensor.
+type StTensor = (String, &'static str, Vec<usize>, Vec<u8>);
+
 /// A safetensors file from (name, dtype, shape, bytes).
 fn safetensors(tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
     let mut header = serde_json::Map::new();
@@ -727,11 +730,7 @@ fn f16_bytes(x: &[f32]) -> Vec<u8> {
 }
 
 /// HF tensors of a tiny model (hidden 32, 2 layers, 4/2 heads of 8, ffn 64, vocab 64).
-fn hf_tensors(
-    prefix: &str,
-    gemma: bool,
-    lm_head: bool,
-) -> Vec<(String, &'static str, Vec<usize>, Vec<u8>)> {
+fn hf_tensors(prefix: &str, gemma: bool, lm_head: bool) -> Vec<StTensor> {
     let mut t = vec![
         (
             format!("{prefix}embed_tokens.weight"),
@@ -785,7 +784,7 @@ fn hf_tensors(
     t
 }
 
-fn write_st(path: &Path, t: &[(String, &'static str, Vec<usize>, Vec<u8>)]) {
+fn write_st(path: &Path, t: &[StTensor]) {
     let refs: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = t
         .iter()
         .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
@@ -1015,7 +1014,7 @@ fn hf_sharded_llama_folder() {
 }
 
 /// A minimal valid Qwen2 folder, returned with its tensors so tests can break it.
-fn qwen2_folder(name: &str) -> (PathBuf, Vec<(String, &'static str, Vec<usize>, Vec<u8>)>) {
+fn qwen2_folder(name: &str) -> (PathBuf, Vec<StTensor>) {
     let dir = scratch(name);
     std::fs::create_dir_all(&dir).unwrap();
     let config = serde_json::json!({
@@ -1310,4 +1309,43 @@ fn gguf_inspect_reads_header_only() {
     );
     assert_eq!(g.tensors.len(), 1 + 1 + 2 * 9);
     let _ = gguf::DEFAULT_ALIGNMENT;
+}
+
+#[test]
+fn gguf_writer_quantizes() {
+    let x = values(4 * 64, 77);
+    let mut w = GgufWriter::new();
+    for t in [
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::BF16,
+        DType::F16,
+    ] {
+        w.add_quantized(format!("w.{}", t.name()), t, &[4, 64], &x)
+            .unwrap();
+    }
+    assert!(w
+        .add_quantized("bad", DType::Q4_K, &[1, 256], &[0.0; 256])
+        .is_err());
+    assert!(w.add_quantized("bad", DType::Q8_0, &[2, 32], &x).is_err());
+    let g = GgufFile::parse(&w.to_bytes(), Path::new("m")).unwrap();
+    let bytes = w.to_bytes();
+    for t in &g.tensors {
+        let y = wgpu_llm::loader::dtype::to_f32(t.dtype, &bytes[t.offset..t.offset + t.len], 256)
+            .unwrap();
+        let tol = match t.dtype {
+            DType::Q4_0 | DType::Q4_1 => 0.15,
+            DType::Q5_0 | DType::Q5_1 => 0.07,
+            _ => 0.01,
+        };
+        let err = x
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(err < tol, "{}: {err}", t.name);
+    }
 }

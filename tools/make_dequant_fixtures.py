@@ -7,6 +7,7 @@ independent of the Rust code in src/loader/dtype.rs. For every type:
   <type>.bin  raw stored bytes (ggml block layout, little endian)
   <type>.f32  expected dequantized values, little-endian f32 (gguf.quants.dequantize)
   <type>.f16  the same rounded to f16 (numpy astype, round to nearest even)
+  <type>.src  for the types gguf-py quantizes: the f32 input it quantized (<type>.bin)
 
 Types gguf-py can quantize (BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) are quantized from random
 data with varied per-block scales and offsets; the k-quants (Q4_K, Q5_K, Q6_K), which gguf-py
@@ -77,7 +78,7 @@ def random_kquant_blocks(qtype: T, n_blocks: int) -> np.ndarray:
     return b
 
 
-def write(name: str, raw: np.ndarray, expected: np.ndarray) -> None:
+def write(name: str, raw: np.ndarray, expected: np.ndarray, src: np.ndarray | None = None) -> None:
     raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
     expected = np.ascontiguousarray(expected, dtype=np.float32).reshape(-1)
     assert np.all(np.isfinite(expected)), name
@@ -87,6 +88,9 @@ def write(name: str, raw: np.ndarray, expected: np.ndarray) -> None:
         f.write(expected.astype("<f4").tobytes())
     with open(os.path.join(OUT, f"{name}.f16"), "wb") as f:
         f.write(expected.astype("<f2").tobytes())
+    if src is not None:
+        with open(os.path.join(OUT, f"{name}.src"), "wb") as f:
+            f.write(np.ascontiguousarray(src, dtype="<f4").tobytes())
     print(f"{name}: {raw.size} bytes -> {expected.size} values")
 
 
@@ -97,9 +101,9 @@ def main() -> None:
     x = varied_data(8, 32)
     write("f32", x, quants.dequantize(x.view(np.uint8), T.F32))
     h = x.astype(np.float16)
-    write("f16", h, quants.dequantize(h.view(np.uint8), T.F16))
+    write("f16", h, quants.dequantize(h.view(np.uint8), T.F16), src=x)
     bf = quants.quantize(x, T.BF16)
-    write("bf16", bf, quants.dequantize(bf, T.BF16))
+    write("bf16", bf, quants.dequantize(bf, T.BF16), src=x)
 
     # Types gguf-py quantizes.
     for qtype, name in [(T.Q8_0, "q8_0"), (T.Q4_0, "q4_0"), (T.Q4_1, "q4_1"),
@@ -111,7 +115,7 @@ def main() -> None:
         # Sanity: the quantization is close to the data (so the fixture is not degenerate).
         err = np.abs(deq - data).max(axis=-1) / np.abs(data).max(axis=-1)
         assert np.all(err < 0.2), (name, err)
-        write(name, q, deq)
+        write(name, q, deq, src=data)
 
     # k-quants: gguf-py only dequantizes them, so random valid blocks.
     for qtype, name in [(T.Q4_K, "q4_k"), (T.Q5_K, "q5_k"), (T.Q6_K, "q6_k")]:

@@ -241,6 +241,109 @@ pub fn to_f16(dtype: DType, bytes: &[u8], n: usize) -> Result<Vec<f16>> {
     Ok(out)
 }
 
+/// Stores f32 values as `dtype`: the inverse of [`to_f32`], for building test and benchmark
+/// checkpoints (see `GgufWriter`). F32, F16, BF16 (round to nearest even) and the 32-element
+/// quants Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 with ggml's reference quantizers (bit-identical to
+/// gguf-py's); the k-quants are [`Error::Unsupported`]. `data.len()` must be a whole number of
+/// blocks.
+pub fn quantize(dtype: DType, data: &[f32]) -> Result<Vec<u8>> {
+    let Some(size) = dtype.byte_size(data.len()) else {
+        return Err(Error::InvalidArgument(format!(
+            "{} values are not a whole number of {dtype} blocks of {}",
+            data.len(),
+            dtype.block_size()
+        )));
+    };
+    let mut out = Vec::with_capacity(size);
+    match dtype {
+        DType::F32 => data
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        DType::F16 => data
+            .iter()
+            .for_each(|&x| out.extend_from_slice(&f16::from_f32(x).to_le_bytes())),
+        DType::BF16 => data
+            .iter()
+            .for_each(|&x| out.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes())),
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
+            for x in data.chunks_exact(32) {
+                quantize_block(dtype, x.try_into().unwrap(), &mut out);
+            }
+        }
+        DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+            return Err(Error::Unsupported(format!("quantizing to {dtype}")))
+        }
+    }
+    debug_assert_eq!(out.len(), size);
+    Ok(out)
+}
+
+/// ggml's `quantize_row_*_ref` for one block of 32.
+fn quantize_block(t: DType, x: &[f32; 32], out: &mut Vec<u8>) {
+    let inv = |d: f32| if d == 0.0 { 0.0 } else { 1.0 / d };
+    // The element of largest magnitude, with its sign (the first one on ties).
+    let signed_absmax = || {
+        x.iter()
+            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m })
+    };
+    let (min, max) = x
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        });
+    let nibbles = |q: &[u8; 32], out: &mut Vec<u8>| {
+        for j in 0..16 {
+            out.push((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+        }
+    };
+    let high_bits =
+        |q: &[u8; 32]| -> u32 { (0..32).fold(0u32, |h, j| h | (((q[j] as u32 >> 4) & 1) << j)) };
+    let mut q = [0u8; 32];
+    match t {
+        DType::Q8_0 => {
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = inv(d);
+            out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+            // roundf: half away from zero.
+            out.extend(x.iter().map(|&v| (v * id).round() as i8 as u8));
+        }
+        DType::Q4_0 | DType::Q5_0 => {
+            let (levels, offset) = if t == DType::Q4_0 {
+                (-8.0, 8.5)
+            } else {
+                (-16.0, 16.5)
+            };
+            let top = if t == DType::Q4_0 { 15 } else { 31 };
+            let d = signed_absmax() / levels;
+            let id = inv(d);
+            for (qj, &v) in q.iter_mut().zip(x) {
+                *qj = ((v * id + offset).trunc() as u8).min(top);
+            }
+            out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+            if t == DType::Q5_0 {
+                out.extend_from_slice(&high_bits(&q).to_le_bytes());
+            }
+            nibbles(&q, out);
+        }
+        DType::Q4_1 | DType::Q5_1 => {
+            let top = if t == DType::Q4_1 { 15u8 } else { 31 };
+            let d = (max - min) / top as f32;
+            let id = inv(d);
+            for (qj, &v) in q.iter_mut().zip(x) {
+                *qj = (((v - min) * id + 0.5).trunc() as u8).min(top);
+            }
+            out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+            out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
+            if t == DType::Q5_1 {
+                out.extend_from_slice(&high_bits(&q).to_le_bytes());
+            }
+            nibbles(&q, out);
+        }
+        _ => unreachable!("only 32-element quants"),
+    }
+}
+
 fn check_len(dtype: DType, bytes: &[u8], n: usize) -> Result<()> {
     let Some(want) = dtype.byte_size(n) else {
         return Err(Error::Mismatch(format!(
@@ -533,6 +636,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// quantize() reproduces gguf-py's quantizers bit for bit (and f16/bf16 rounding).
+    #[test]
+    fn quantize_matches_gguf_py() {
+        for (t, name) in FIXTURES {
+            let Ok(src) = std::fs::read(
+                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join(format!("tests/fixtures/dequant/{name}.src")),
+            ) else {
+                continue; // the k-quants and f32: no quantizer input
+            };
+            let got = quantize(t, &le_f32(&src)).unwrap();
+            assert_eq!(got, fixture(&format!("{name}.bin")), "{name}");
+        }
+        for t in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+            assert!(matches!(
+                quantize(t, &[0.0; 256]),
+                Err(Error::Unsupported(_))
+            ));
+        }
+        assert!(matches!(
+            quantize(DType::Q8_0, &[0.0; 33]),
+            Err(Error::InvalidArgument(_))
+        ));
+        let zeros = quantize(DType::Q4_1, &[0.0; 64]).unwrap();
+        assert_eq!(to_f32(DType::Q4_1, &zeros, 64).unwrap(), vec![0.0; 64]);
     }
 
     #[test]

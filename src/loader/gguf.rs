@@ -1369,6 +1369,27 @@ impl GgufWriter {
         self.add_tensor(name, DType::F16, shape, bytes)
     }
 
+    /// Adds f32 data quantized to `dtype` with [`super::dtype::quantize`] (F32, F16, BF16,
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
+    pub fn add_quantized(
+        &mut self,
+        name: impl Into<String>,
+        dtype: DType,
+        shape: &[usize],
+        data: &[f32],
+    ) -> Result<&mut Self> {
+        let name = name.into();
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if numel != Some(data.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "tensor {name}: shape {shape:?} does not hold {} values",
+                data.len()
+            )));
+        }
+        let bytes = super::dtype::quantize(dtype, data)?;
+        self.add_tensor(name, dtype, shape, bytes)
+    }
+
     /// Writes `general.architecture` and every `{arch}.*` key [`open`] reads, from `cfg`.
     /// Token ids (`bos_token_id`, the first of `eos_token_ids`) and `add_bos` go to the
     /// `tokenizer.ggml.*` keys. Things GGUF cannot express are implied by the architecture

@@ -472,10 +472,8 @@ impl Cfg<'_> {
         self.obj.get(key).filter(|v| !v.is_null())
     }
     fn wrong(&self, key: &str, want: &str) -> Error {
-        Error::corrupt(
-            self.path,
-            format!("{key} should be {want}, is {}", self.obj[key]),
-        )
+        let v = self.obj.get(key).unwrap_or(&Value::Null);
+        Error::corrupt(self.path, format!("{key} should be {want}, is {v}"))
     }
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
@@ -706,7 +704,7 @@ fn build_config(
         let s = c
             .opt_f32("query_pre_attn_scalar")?
             .unwrap_or(head_dim as f32);
-        if !(s > 0.0) {
+        if s.is_nan() || s <= 0.0 {
             return Err(Error::Mismatch(format!(
                 "{}: query_pre_attn_scalar {s}",
                 dir.display()
