@@ -13,7 +13,7 @@
 //! (or 0 when `V = 0`).
 //!
 //! Every `f32` operation below is a single IEEE-754 operation rounded to nearest-even, with no
-//! fused multiply-add and no reassociation (Rust never contracts; see "Device parity").
+//! fused multiply-add and no reassociation (Rust never contracts; see "Host vs device").
 //!
 //! ## Parameters ([`SamplingParams::validate`], [`SamplingParams::prepare`])
 //! - `temperature`: finite, `0` or `≥ f32::MIN_POSITIVE` (a subnormal `T` would make `1/T`
@@ -38,10 +38,12 @@
 //!    Finite logits may overflow to `±inf` for tiny `T`. Comparisons of `s` are IEEE
 //!    comparisons (`-0 == +0`); a kernel mapping `s` to order-preserving `u32` keys must map
 //!    `-0` to `+0` first ([`host::order_key`]).
-//! 2. **Degenerate rows**: if some `s[i] == +inf`, the result is the lowest such `i` (no
-//!    randomness). Candidates are `C = {i : s[i] > -inf}`; if `C` is empty the result is `0`.
-//!    Otherwise `m = max over C of s` (finite) and `d[i] = s[i] - m` (one `f32` subtract,
-//!    `≤ 0`, `d = 0` for the maxima; `-inf` only when the subtraction overflows).
+//! 2. **Degenerate rows**: if some `s[i] == +inf` (a `+inf` logit, or `l / T` overflowing for
+//!    a tiny `T`), the result is the greedy token `argmax(l)` (no randomness; scaling is
+//!    monotone, so that token has `s = +inf` too and this is the `T → 0` limit). Candidates
+//!    are `C = {i : s[i] > -inf}`; if `C` is empty the result is `0`. Otherwise `m = max
+//!    over C of s` (finite) and `d[i] = s[i] - m` (one `f32` subtract, `≤ 0`, `d = 0` for
+//!    the maxima; `-inf` only when the subtraction overflows).
 //! 3. **Top-k**: if `0 < k < |C|`, `t_k` = the `k`-th largest value of `s` over `C` counted with
 //!    multiplicity, i.e. the largest `v` with `#{i ∈ C : s[i] ≥ v} ≥ k`; `K1 = {i ∈ C : s[i] ≥
 //!    t_k}`. Ties at the threshold are all kept, so `|K1|` may exceed `k`. Otherwise `K1 = C`.
@@ -75,8 +77,9 @@
 //! min-p is relative to the overall maximum, which every filter keeps.
 //!
 //! **Seed schedule**: the token sampled from the prompt's last position is `step = 0`; each
-//! decode step adds 1. `row` is the row's index in the logits matrix passed to the sampler.
-//! Without a user seed, use [`philox::random_seed`].
+//! decode step adds 1. `row` is the row's index in the logits matrix passed to the sampler,
+//! so the same seed in a different row draws different tokens (the Philox counter words are
+//! `(i >> 2, row, step, 0)`). Without a user seed, use [`philox::random_seed`].
 //!
 //! # Host vs device
 //! The host evaluates the mass comparison of step 4 as accurately as it can: `w[i] =
@@ -85,9 +88,10 @@
 //! only when `M(t)` for some level `t` is within that rounding of `top_p · Z`: the level is in
 //! on one side and out on the other. Everything else (steps 1–3, 5, 6) is specified down to
 //! the bit. Hazards the kernel must handle to stay bit-exact:
-//! - **Contraction**: naga 30 emits no `NoContraction` and Metal compiles with fast math by
-//!   default, so a driver may fuse `l * inv_t - m` or the Horner steps of `ln_portable` into
-//!   FMAs. Keep `s` in memory between passes (or otherwise force rounding) and measure parity.
+//! - **Contraction**: naga 30 emits no `NoContraction` decorations and wgpu-hal 30 leaves
+//!   Metal's default (fast-math) compile options, so a driver may fuse `l * inv_t - m` or
+//!   the Horner steps of `ln_portable` into FMAs. Keep `s` in memory between passes (or
+//!   otherwise force rounding) and measure parity.
 //! - **Subnormals**: WGSL may flush them. They arise only for `|s| < 2^-126` (tiny logits or
 //!   huge `T`); `bits_to_unit` and `ln_portable`'s inputs are always normal.
 //!
