@@ -5,7 +5,8 @@
 
 use wgpu_llm::sampling::host::{self, distribution, kept_tokens, plan_row, RowPlan};
 use wgpu_llm::sampling::philox::{mulhilo32, mulhilo32_emulated, philox4x32_10};
-use wgpu_llm::sampling::{sample_row, HostSampler, SamplingBackend, SamplingParams};
+use wgpu_llm::sampling::host::sample_rows;
+use wgpu_llm::sampling::{sample_row, SamplingParams};
 use wgpu_llm::Error;
 
 // ---------------------------------------------------------------------------------------
@@ -382,7 +383,7 @@ fn same_seed_same_tokens_different_seeds_differ() {
 }
 
 #[test]
-fn host_sampler_rows_and_size_errors() {
+fn sample_rows_rows_and_size_errors() {
     let mut rng = Mix(4);
     let vocab = 33;
     let rows = 3;
@@ -393,18 +394,16 @@ fn host_sampler_rows_and_size_errors() {
         params(1.2, 0, 0.8, 0.02, 10),
     ];
     let mut out = [0u32; 3];
-    HostSampler.sample(&l, vocab, &ps, 17, &mut out).unwrap();
+    sample_rows(&l, vocab, &ps, 17, &mut out).unwrap();
     for r in 0..rows {
         let row = &l[r * vocab..(r + 1) * vocab];
         assert_eq!(out[r], sample_row(row, &ps[r], 17, r as u32));
     }
-    assert!(HostSampler.sample(&l, vocab + 1, &ps, 0, &mut out).is_err());
-    assert!(HostSampler
-        .sample(&l, vocab, &ps, 0, &mut out[..2])
-        .is_err());
+    assert!(sample_rows(&l, vocab + 1, &ps, 0, &mut out).is_err());
+    assert!(sample_rows(&l, vocab, &ps, 0, &mut out[..2]).is_err());
     let bad = [ps[0], ps[1], params(1.0, 0, 0.0, 0.0, 0)];
     assert!(matches!(
-        HostSampler.sample(&l, vocab, &bad, 0, &mut out),
+        sample_rows(&l, vocab, &bad, 0, &mut out),
         Err(Error::InvalidArgument(_))
     ));
 }

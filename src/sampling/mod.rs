@@ -105,6 +105,7 @@ pub use host::{sample_row, sample_row_prepared};
 pub use philox::{bits_to_unit, gumbel, philox4x32_10, random_seed, uniform_bits};
 
 use crate::error::{Error, Result};
+use crate::gpu::{Gpu, Tensor};
 
 /// Per-row sampling parameters as the user gives them. See the [module docs](self) for the
 /// exact semantics.
@@ -234,51 +235,52 @@ impl PreparedParams {
     }
 }
 
-/// A sampler: turns a `rows × vocab` matrix of `f32` logits into one `u32` token id per row,
-/// with one [`SamplingParams`] per row and a shared decode `step` (the Philox counter's step
-/// word; the row index is its row word).
+/// A sampling head: one token per row of last-position logits that live on the GPU, with one
+/// [`SamplingParams`] per row and a shared decode `step` (the Philox counter's step word; the
+/// row index is its row word).
 ///
-/// The associated types say where logits and tokens live, so one trait covers:
-/// - [`HostSampler`]: `[f32]` in, `[u32]` out, on the CPU via [`host::sample_row`];
-/// - the device sampler (to come, wired by the GPU layer to `crate::gpu::Gpu`): `Logits` a GPU
-///   tensor and `Tokens` a GPU buffer; `sample` encodes one dispatch that reads the logits
-///   where they are and writes the ids, copying no logits to the host. Its per-row parameters
-///   are uploaded as an array of [`PreparedParams`];
-/// - a host fallback over GPU logits (reads the buffer back, then calls [`host::sample_row`]).
+/// - [`HostSampler`] reads the logits back and runs [`host::sample_row`] on the CPU (the
+///   reference, and the comparison point for the device path);
+/// - the device sampler runs the same spec in WGSL: the logits never leave the GPU; the ids
+///   are written into a GPU buffer (usable as the next step's input) and only they are read.
+///
+/// `logits` is f32 `[rows, vocab]` (or `[vocab]` for one row), `rows = params.len()`.
 pub trait SamplingBackend {
-    /// Where the logits are (row-major, `rows × vocab`).
-    type Logits: ?Sized;
-    /// Where the `rows` token ids go.
-    type Tokens: ?Sized;
+    fn name(&self) -> &'static str;
 
-    /// Sample one token per row. `params.len()` is the number of rows. Errors on invalid
-    /// parameters or mismatched sizes.
-    fn sample(
-        &mut self,
-        logits: &Self::Logits,
-        vocab: usize,
-        params: &[SamplingParams],
-        step: u32,
-        tokens: &mut Self::Tokens,
-    ) -> Result<()>;
+    /// Samples one token per row. Errors on invalid parameters or mismatched sizes.
+    fn sample(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Vec<u32>>;
 }
 
-/// The CPU sampler: [`host::sample_row`] on each row of a host slice.
+/// Rows and vocabulary of `logits` for `params.len()` rows.
+pub fn logits_shape(logits: &Tensor, params: &[SamplingParams]) -> Result<(usize, usize)> {
+    let rows = params.len();
+    if rows == 0 || logits.numel() % rows != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{} logits do not split into {rows} rows",
+            logits.numel()
+        )));
+    }
+    Ok((rows, logits.numel() / rows))
+}
+
+/// The CPU sampler: reads the logits back, then [`host::sample_row`] on each row.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HostSampler;
 
 impl SamplingBackend for HostSampler {
-    type Logits = [f32];
-    type Tokens = [u32];
+    fn name(&self) -> &'static str {
+        "host"
+    }
 
-    fn sample(
-        &mut self,
-        logits: &[f32],
-        vocab: usize,
-        params: &[SamplingParams],
-        step: u32,
-        tokens: &mut [u32],
-    ) -> Result<()> {
-        host::sample_rows(logits, vocab, params, step, tokens)
+    fn sample(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Vec<u32>> {
+        let (rows, vocab) = logits_shape(logits, params)?;
+        for p in params {
+            p.validate()?;
+        }
+        let host_logits = gpu.read_f32(logits)?;
+        let mut tokens = vec![0u32; rows];
+        host::sample_rows(&host_logits, vocab, params, step, &mut tokens)?;
+        Ok(tokens)
     }
 }
