@@ -90,7 +90,7 @@ impl GgufValue {
         }
     }
 
-    /// Any integer value (not bool, not float) as i128-safe u64, if non-negative.
+    /// Any integer value (not bool, not float) as u64, if non-negative.
     pub fn as_u64(&self) -> Option<u64> {
         self.as_i128().and_then(|v| u64::try_from(v).ok())
     }
