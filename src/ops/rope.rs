@@ -1,1 +1,265 @@
-//! (being written)
+//! Rotary position embedding (`wgsl/rope.wgsl`), with the optional per-head q/k RMSNorm of
+//! Qwen3 and Gemma 3 fused in.
+//!
+//! Works in place on the `qkv` buffer of the fused QKV projection: each token row is
+//! `[q: H*D | k: Hkv*D | v: Hkv*D]`; the first `H + Hkv` heads are rotated, v is untouched.
+//! Token `t` of a pass is at position `step.pos + t` ([`StepParams`](super::StepParams)).
+
+use crate::error::Result;
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+
+/// Shape of one layer's RoPE.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    /// Query heads (H).
+    pub heads: usize,
+    /// Key/value heads (Hkv).
+    pub kv_heads: usize,
+    /// Head dimension D (even, ≤ 256 in practice).
+    pub head_dim: usize,
+    /// RoPE base.
+    pub theta: f32,
+    /// Linear scaling factor (positions divided by it); 1 = none.
+    pub scaling: f32,
+    /// Tokens per pass the kernel is recorded for (T); a step may use fewer (`step.n_tokens`).
+    pub n_tokens: usize,
+}
+
+/// `inv_freq[i] = 1 / theta^(2i/D) / scaling` for i < D/2, in f32 exactly as Hugging Face
+/// computes it (`1.0 / base ** (arange(0, D, 2).float() / D)`, then `inv_freq /= factor` for
+/// linear scaling); the angle of pair i at position p is then `f32(p) * inv_freq[i]`.
+pub fn inv_freq(head_dim: usize, theta: f32, scaling: f32) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| 1.0f32 / theta.powf((2 * i) as f32 / head_dim as f32) / scaling)
+        .collect()
+}
+
+/// Records RoPE (and with `qk_norm = Some((q_norm, k_norm, eps))`, the per-head RMSNorm before
+/// it: `x * rsqrt(mean(x²) + eps) * w`, q heads with `q_norm`, k heads with `k_norm`, both f32
+/// `[D]` with any Gemma `1 + w` already folded in) over the rows `t < step.n_tokens` of `qkv`
+/// (f32 `[T, (H + 2 Hkv) * D]`). `step` is the [`StepParams`](super::StepParams) uniform.
+pub fn rope(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    step: &wgpu::Buffer,
+    p: RopeParams,
+    qk_norm: Option<(&Tensor, &Tensor, f32)>,
+) -> Result<Kernel> {
+    let d = p.head_dim;
+    assert!(d >= 2 && d % 2 == 0, "rope: head_dim {d} must be even");
+    assert!(p.heads > 0 && p.kv_heads > 0 && p.n_tokens > 0);
+    assert_eq!(qkv.ty, ElemType::F32, "rope: qkv must be f32");
+    let row = (p.heads + 2 * p.kv_heads) * d;
+    assert!(
+        qkv.numel() >= p.n_tokens * row,
+        "rope: qkv holds fewer than T rows"
+    );
+    let heads = p.heads + p.kv_heads;
+    let table = gpu.upload_f32("rope.inv_freq", &[d / 2], &inv_freq(d, p.theta, p.scaling))?;
+    let eps = qk_norm.map_or(0.0, |n| n.2);
+    let params: [u32; 8] = [
+        heads as u32,
+        p.heads as u32,
+        row as u32,
+        p.n_tokens as u32,
+        eps.to_bits(),
+        0,
+        0,
+        0,
+    ];
+    let params = gpu.uniform("rope.params", &params);
+    // One pair per thread where possible: D/2 threads, clamped to 32..=128.
+    let wg = (d / 2).next_power_of_two().clamp(32, 128);
+    let macros = gpu
+        .macros()
+        .set("D", d)
+        .set("WG", wg)
+        .flag_if("QK_NORM", qk_norm.is_some());
+    let mut bindings = vec![
+        qkv.binding(),
+        table.binding(),
+        step.as_entire_binding(),
+        params.as_entire_binding(),
+    ];
+    if let Some((qn, kn, _)) = qk_norm {
+        assert!(
+            qn.ty == ElemType::F32 && kn.ty == ElemType::F32,
+            "rope: q/k norm weights must be f32"
+        );
+        assert!(
+            qn.numel() == d && kn.numel() == d,
+            "rope: q/k norm weights must have D elements"
+        );
+        bindings.push(qn.binding());
+        bindings.push(kn.binding());
+    }
+    gpu.kernel(
+        "rope",
+        "main",
+        &macros,
+        &bindings,
+        grid((p.n_tokens * heads) as u32),
+    )
+}
+
+pub mod cpu {
+    use super::RopeParams;
+
+    /// Reference RoPE (+ optional q/k RMSNorm) on rows `t < n_tokens` of `qkv` at positions
+    /// `pos + t`; cos/sin of the f32 angle are computed in f64.
+    pub fn rope(
+        qkv: &mut [f32],
+        pos: usize,
+        n_tokens: usize,
+        p: &RopeParams,
+        qk_norm: Option<(&[f32], &[f32], f32)>,
+    ) {
+        let d = p.head_dim;
+        let half = d / 2;
+        let row = (p.heads + 2 * p.kv_heads) * d;
+        let inv = super::inv_freq(d, p.theta, p.scaling);
+        for t in 0..n_tokens {
+            let position = (pos + t) as f32;
+            for h in 0..p.heads + p.kv_heads {
+                let x = &mut qkv[t * row + h * d..][..d];
+                if let Some((qn, kn, eps)) = qk_norm {
+                    let w = if h < p.heads { qn } else { kn };
+                    let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
+                    let r = 1.0 / (ms + eps).sqrt();
+                    x.iter_mut().zip(w).for_each(|(v, w)| *v = *v * r * w);
+                }
+                for i in 0..half {
+                    let a = (position * inv[i]) as f64;
+                    let (s, c) = (a.sin() as f32, a.cos() as f32);
+                    let (x1, x2) = (x[i], x[i + half]);
+                    x[i] = x1 * c - x2 * s;
+                    x[i + half] = x2 * c + x1 * s;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::tensor::test_util::*;
+    use crate::ops::StepParams;
+
+    fn check(gpu: &Gpu, p: RopeParams, steps: &[(usize, usize)], norm: bool, tol: f32) {
+        let d = p.head_dim;
+        let row = (p.heads + 2 * p.kv_heads) * d;
+        let data = random(p.n_tokens * row, 11 + d as u64, 2.0);
+        let qn: Vec<f32> = random(d, 12, 0.5).iter().map(|w| 1.0 + w).collect();
+        let kn: Vec<f32> = random(d, 13, 0.5).iter().map(|w| 1.0 + w).collect();
+        let qkv = gpu.upload_f32("qkv", &[p.n_tokens, row], &data).unwrap();
+        let qn_t = gpu.upload_f32("q_norm", &[d], &qn).unwrap();
+        let kn_t = gpu.upload_f32("k_norm", &[d], &kn).unwrap();
+        let eps = 1e-6;
+        let step = gpu.uniform("step", &StepParams::default());
+        let norms = norm.then_some((&qn_t, &kn_t, eps));
+        let k = rope(gpu, &qkv, &step, p, norms).unwrap();
+        for &(pos, n) in steps {
+            gpu.queue
+                .write_buffer(&qkv.buffer, 0, bytemuck::cast_slice(&data));
+            let sp = StepParams {
+                pos: pos as u32,
+                n_tokens: n as u32,
+                _pad: [0; 2],
+            };
+            gpu.queue.write_buffer(&step, 0, bytemuck::bytes_of(&sp));
+            gpu.run(&[&k]).unwrap();
+            let got = gpu.read_f32(&qkv).unwrap();
+            let mut want = data.clone();
+            cpu::rope(
+                &mut want,
+                pos,
+                n,
+                &p,
+                norm.then_some((&qn[..], &kn[..], eps)),
+            );
+            // rows past n_tokens are untouched, v is untouched
+            for t in 0..p.n_tokens {
+                let (g, w) = (&got[t * row..][..row], &want[t * row..][..row]);
+                let qk = (p.heads + p.kv_heads) * d;
+                assert_eq!(g[qk..], w[qk..], "v changed, t={t}");
+                if t >= n {
+                    assert_eq!(g, w, "row {t} >= n_tokens changed");
+                }
+            }
+            let (diff, at) = max_abs_diff(&got, &want);
+            assert!(
+                diff <= tol,
+                "rope {p:?} norm={norm} pos={pos} n={n} f16={}: max diff {diff} at {at} ({} vs {})",
+                gpu.caps.f16,
+                got[at],
+                want[at]
+            );
+        }
+    }
+
+    #[test]
+    fn rope_matches_cpu() {
+        for gpu in gpu_variants() {
+            for d in [64, 256] {
+                for norm in [false, true] {
+                    let p = RopeParams {
+                        heads: 4,
+                        kv_heads: 2,
+                        head_dim: d,
+                        theta: 10000.0,
+                        scaling: 1.0,
+                        n_tokens: 7,
+                    };
+                    check(
+                        &gpu,
+                        p,
+                        &[(0, 7), (37, 1), (10, 5)],
+                        norm,
+                        2e-6 * if norm { 4.0 } else { 2.0 },
+                    );
+                }
+            }
+            // Qwen-style large base with GQA 6:2, Gemma-style linear scaling.
+            let p = RopeParams {
+                heads: 6,
+                kv_heads: 2,
+                head_dim: 128,
+                theta: 1_000_000.0,
+                scaling: 1.0,
+                n_tokens: 3,
+            };
+            check(&gpu, p, &[(5, 3)], true, 1e-5);
+            let p = RopeParams {
+                theta: 1_000_000.0,
+                scaling: 8.0,
+                heads: 4,
+                kv_heads: 1,
+                ..p
+            };
+            check(&gpu, p, &[(1000, 3)], false, 1e-5);
+        }
+    }
+
+    /// Far positions: the angle reduction must stay accurate where the drivers' sin/cos are not.
+    #[test]
+    fn rope_far_positions() {
+        for gpu in gpu_variants() {
+            let p = RopeParams {
+                heads: 2,
+                kv_heads: 1,
+                head_dim: 64,
+                theta: 10000.0,
+                scaling: 1.0,
+                n_tokens: 4,
+            };
+            check(
+                &gpu,
+                p,
+                &[(4093, 4), (32764, 4), (131_000, 4), (1_000_000, 2)],
+                false,
+                4e-6,
+            );
+        }
+    }
+}

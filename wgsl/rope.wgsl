@@ -1,0 +1,113 @@
+// rope: rotary position embedding, NeoX / Hugging Face `rotate_half` style (pairs (i, i + D/2)),
+// in place on the first H + Hkv heads (q heads, then k heads) of each qkv row; token t of the
+// pass is at position step.pos + t. With QK_NORM, each head is first RMS-normalized over D with
+// its weight (q_norm for q heads, k_norm for k heads): Qwen3 / Gemma 3 q/k norm in the same pass.
+//
+// Angles as Hugging Face computes them, in f32: angle_i = f32(pos) * inv_freq_i, with inv_freq
+// (already divided by the linear scaling factor) from the host. sin/cos come from `sincos`
+// below, which is accurate at any position (the drivers' sin/cos are only specified on [-pi, pi]).
+//
+// Grid: one workgroup per (token, head), T * (H + Hkv) workgroups, 2-D folded (gpu/kernel.rs);
+// rows t >= step.n_tokens are skipped. Macros: D (head dim, even), WG (threads).
+#define WG 64
+
+struct Step {
+    pos: u32,
+    n_tokens: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+struct Params {
+    heads: u32,       // H + Hkv: heads rotated in each row
+    q_heads: u32,     // H: heads below this are q heads
+    row_stride: u32,  // (H + 2 Hkv) * D
+    n_rows: u32,      // T the kernel was recorded for
+    eps: f32,         // QK_NORM epsilon
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+const HALF: u32 = {{D}}u / 2u;
+
+@group(0) @binding(0) var<storage, read_write> qkv: array<f32>;  // (T, (H + 2 Hkv) * D): [q | k | v], q and k rotated in place
+@group(0) @binding(1) var<storage, read> inv_freq: array<f32>;   // (D / 2)
+@group(0) @binding(2) var<uniform> step: Step;
+@group(0) @binding(3) var<uniform> p: Params;
+#ifdef QK_NORM
+@group(0) @binding(4) var<storage, read> q_norm: array<f32>;     // (D)
+@group(0) @binding(5) var<storage, read> k_norm: array<f32>;     // (D)
+
+var<workgroup> red: array<f32, {{WG}}>;
+#endif
+
+// (sin a, cos a) for an f32 angle 0 <= a < 2^20, absolute error ~1e-7.
+// Range reduction is exact integer arithmetic (so fast-math cannot spoil it): a = n + fa with n
+// an integer; a / (2 pi) mod 1 as 32-bit fixed point (2^32 = one turn), using 1/(2 pi) in base
+// 4096 (digits 651, 3680, 3513, 913; the rest is below 2^-53 per unit of n). Then the nearest
+// quarter turn q and the remainder x in [-pi/4, pi/4], and minimax polynomials (Cephes sinf/cosf).
+fn sincos(a: f32) -> vec2<f32> {
+    let n = u32(a);
+    let fa = a - f32(n);
+    var f = ((n * 651u) << 20u) + ((n * 3680u) << 8u) + ((n * 3513u) >> 4u) + ((n * 913u) >> 16u);
+    f += u32(fa * 683565275.6); // fa / (2 pi) * 2^32
+    let q = (f + 0x20000000u) >> 30u;
+    let x = f32(bitcast<i32>(f - (q << 30u))) * 1.4629180793e-9; // 2 pi / 2^32
+    let z = x * x;
+    let s = x + x * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));
+    let c = 1.0 - 0.5 * z + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
+    switch (q & 3u) {
+        case 0u: { return vec2<f32>(s, c); }
+        case 1u: { return vec2<f32>(c, -s); }
+        case 2u: { return vec2<f32>(-s, -c); }
+        default: { return vec2<f32>(-c, s); }
+    }
+}
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let idx = wid.x + wid.y * nwg.x;
+    let t = idx / p.heads;
+    let head = idx % p.heads;
+    if (t >= step.n_tokens || t >= p.n_rows) {
+        return;
+    }
+    let base = t * p.row_stride + head * {{D}}u;
+    let pos = f32(step.pos + t);
+#ifdef QK_NORM
+    var ss = 0.0;
+    for (var i = lid; i < {{D}}u; i += {{WG}}u) {
+        let x = qkv[base + i];
+        ss += x * x;
+    }
+    red[lid] = ss;
+    workgroupBarrier();
+    for (var s = {{WG}}u / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let inv_rms = inverseSqrt(red[0] / f32({{D}}u) + p.eps);
+    let is_q = head < p.q_heads;
+#endif
+    for (var i = lid; i < HALF; i += {{WG}}u) {
+        var x1 = qkv[base + i];
+        var x2 = qkv[base + i + HALF];
+#ifdef QK_NORM
+        var w1 = k_norm[i];
+        var w2 = k_norm[i + HALF];
+        if (is_q) {
+            w1 = q_norm[i];
+            w2 = q_norm[i + HALF];
+        }
+        x1 = x1 * inv_rms * w1;
+        x2 = x2 * inv_rms * w2;
+#endif
+        let sc = sincos(pos * inv_freq[i]);
+        qkv[base + i] = x1 * sc.y - x2 * sc.x;
+        qkv[base + i + HALF] = x2 * sc.y + x1 * sc.x;
+    }
+}
