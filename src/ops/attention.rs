@@ -1,1 +1,730 @@
-//! (being written)
+//! Attention over the f16 KV cache: the cache write (`wgsl/kv_cache_write.wgsl`) and causal /
+//! sliding-window grouped-query attention (`wgsl/attention.wgsl`), one kernel for prefill and
+//! decode.
+//!
+//! Inputs are the rows of the fused QKV projection, `[q: H*D | k: Hkv*D | v: Hkv*D]` per token
+//! (q and k already roped); token `t` of a pass is at position `step.pos + t`
+//! ([`StepParams`](super::StepParams)). Each layer's K and V caches are f16 `[Hkv, max_ctx, D]`
+//! (see [`kv_cache`]).
+//!
+//! Tiling ([`Tiling`]): a workgroup takes `bq` rows, each a (token, query head) pair of one KV
+//! head, and walks its keys in tiles of `bk` staged in workgroup memory with an online softmax.
+//! When there are few row blocks (decode, short chunks) the keys are also split over `nsplit`
+//! workgroups (flash decoding) and a second dispatch merges the partial results.
+
+use crate::error::{Error, Result};
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+
+/// Shape of one layer's attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    /// Query heads (H).
+    pub heads: usize,
+    /// Key/value heads (Hkv); divides H.
+    pub kv_heads: usize,
+    /// Head dimension D (even, ≤ 256).
+    pub head_dim: usize,
+    /// Positions the KV cache holds.
+    pub max_ctx: usize,
+    /// Sliding window (keys `p + 1 - window ..= p`); 0 = full causal.
+    pub window: usize,
+    /// Score scale: 1/sqrt(D), or Gemma's query_pre_attn_scalar^-0.5.
+    pub scale: f32,
+    /// Tokens per pass the kernels are recorded for (T); a step may use fewer (`step.n_tokens`).
+    pub n_tokens: usize,
+    /// Key splits (flash decoding); 0 = choose from the shape.
+    pub splits: usize,
+}
+
+impl AttnParams {
+    fn row_stride(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+    fn check(&self, qkv: &Tensor, k_cache: &Tensor, v_cache: &Tensor) {
+        let d = self.head_dim;
+        assert!(
+            d >= 2 && d % 2 == 0 && d <= 256,
+            "attention: head_dim {d} must be even and <= 256"
+        );
+        assert!(
+            self.kv_heads > 0 && self.heads % self.kv_heads == 0,
+            "attention: Hkv must divide H"
+        );
+        assert!(self.n_tokens > 0 && self.max_ctx > 0);
+        assert_eq!(qkv.ty, ElemType::F32, "attention: qkv must be f32");
+        assert!(
+            qkv.numel() >= self.n_tokens * self.row_stride(),
+            "attention: qkv holds fewer than T rows"
+        );
+        for c in [k_cache, v_cache] {
+            assert_eq!(c.ty, ElemType::F16, "attention: KV cache must be f16");
+            assert_eq!(
+                c.numel(),
+                self.kv_heads * self.max_ctx * d,
+                "attention: KV cache must be [Hkv, max_ctx, D]"
+            );
+        }
+    }
+}
+
+/// Allocates one layer's K and V caches, f16 `[Hkv, max_ctx, D]` (zeroed).
+pub fn kv_cache(gpu: &Gpu, label: &str, p: &AttnParams) -> Result<(Tensor, Tensor)> {
+    let shape = [p.kv_heads, p.max_ctx, p.head_dim];
+    Ok((
+        gpu.empty(&format!("{label}.k"), &shape, ElemType::F16)?,
+        gpu.empty(&format!("{label}.v"), &shape, ElemType::F16)?,
+    ))
+}
+
+/// Records the copy of the k and v parts of `qkv` rows `t < step.n_tokens` into the caches at
+/// positions `step.pos + t`, rounded to f16 (nearest even, the same bits on every device).
+/// Positions at or past `max_ctx` are dropped: the caller keeps `pos + n_tokens <= max_ctx`.
+pub fn kv_cache_write(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    step: &wgpu::Buffer,
+    p: AttnParams,
+) -> Result<Kernel> {
+    p.check(qkv, k_cache, v_cache);
+    let half = p.head_dim / 2;
+    let params: [u32; 8] = [
+        p.kv_heads as u32,
+        half as u32,
+        (p.heads * p.head_dim) as u32,
+        p.row_stride() as u32,
+        p.max_ctx as u32,
+        p.n_tokens as u32,
+        0,
+        0,
+    ];
+    let params = gpu.uniform("kv_cache_write.params", &params);
+    let threads = (p.n_tokens * p.kv_heads * half) as u32;
+    gpu.kernel(
+        "kv_cache_write",
+        "main",
+        &gpu.macros(),
+        &[
+            qkv.binding(),
+            k_cache.binding(),
+            v_cache.binding(),
+            step.as_entire_binding(),
+            params.as_entire_binding(),
+        ],
+        grid(threads.div_ceil(256)),
+    )
+}
+
+/// How [`attention`] cuts the work (see `wgsl/attention.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tiling {
+    /// Rows ((token, query head) pairs of one KV head) per workgroup.
+    pub bq: usize,
+    /// Lanes (threads) per row; the workgroup has `bq * lpr` threads.
+    pub lpr: usize,
+    /// Keys per tile.
+    pub bk: usize,
+    /// Workgroups sharing one row block's keys (1: no merge pass).
+    pub nsplit: usize,
+}
+
+impl Tiling {
+    fn workgroup_bytes(bq: usize, lpr: usize, bk: usize, d: usize) -> usize {
+        let row = d / 2 + 1;
+        4 * (2 * bq * row + bk * row + bq * (bk + 1) + 2 * bq * lpr)
+    }
+
+    /// The tiling for `p` on `gpu`: up to 16 rows per workgroup (fewer when T * G is smaller,
+    /// as in decode), 128 threads where the rows allow, 32-key tiles (16 when D = 256 and 16
+    /// rows: workgroup memory stays under 28 KiB), and key splits when there are fewer than
+    /// 128 workgroups otherwise.
+    pub fn choose(gpu: &Gpu, p: &AttnParams) -> Result<Tiling> {
+        let g = p.heads / p.kv_heads;
+        let d = p.head_dim;
+        let budget =
+            (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10) - (4 << 10);
+        let mut bq = (p.n_tokens * g).next_power_of_two().min(16);
+        let (lpr, bk) = loop {
+            let lpr = (128 / bq).clamp(8, 32);
+            let mut bk = 32;
+            while Self::workgroup_bytes(bq, lpr, bk, d) > budget && bk > lpr {
+                bk /= 2;
+            }
+            if Self::workgroup_bytes(bq, lpr, bk, d) <= budget {
+                break (lpr, bk);
+            }
+            if bq == 1 {
+                return Err(Error::Gpu(format!(
+                    "attention: head_dim {d} does not fit the device's workgroup memory"
+                )));
+            }
+            bq /= 2;
+        };
+        let blocks = (p.n_tokens * g).div_ceil(bq) * p.kv_heads;
+        let nsplit = if p.splits > 0 {
+            p.splits
+        } else if blocks >= 128 {
+            1
+        } else {
+            // about 256 workgroups, each with at least 4 tiles of keys at full context
+            256usize
+                .div_ceil(blocks)
+                .min(p.max_ctx.div_ceil(4 * bk))
+                .clamp(1, 256)
+        };
+        // The partial results must fit a binding.
+        let max_bytes = (gpu.limits.max_storage_buffer_binding_size as usize).min(64 << 20);
+        let per_split = 4 * p.n_tokens * p.heads * d;
+        let nsplit = nsplit.min(max_bytes / per_split).max(1);
+        Ok(Tiling {
+            bq,
+            lpr,
+            bk,
+            nsplit,
+        })
+    }
+}
+
+/// Records attention for the rows `t < step.n_tokens` of `qkv` (f32 `[T, (H + 2 Hkv) * D]`,
+/// q and k roped, this pass's k and v already in the caches by [`kv_cache_write`]) into `out`
+/// (f32 `[T, H * D]`). One kernel, or two when the keys are split (the second merges).
+pub fn attention(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    out: &Tensor,
+    step: &wgpu::Buffer,
+    p: AttnParams,
+) -> Result<Vec<Kernel>> {
+    p.check(qkv, k_cache, v_cache);
+    assert_eq!(out.ty, ElemType::F32, "attention: out must be f32");
+    assert!(
+        out.numel() >= p.n_tokens * p.heads * p.head_dim,
+        "attention: out holds fewer than T rows"
+    );
+    let tiling = Tiling::choose(gpu, &p)?;
+    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling)
+}
+
+/// [`attention`] with a given tiling (tests, benchmarks).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_with(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    out: &Tensor,
+    step: &wgpu::Buffer,
+    p: AttnParams,
+    tl: Tiling,
+) -> Result<Vec<Kernel>> {
+    p.check(qkv, k_cache, v_cache);
+    let Tiling {
+        bq,
+        lpr,
+        bk,
+        nsplit,
+    } = tl;
+    assert!(bq.is_power_of_two() && bq <= 16 && bk % lpr == 0 && nsplit >= 1);
+    let (d, g) = (p.head_dim, p.heads / p.kv_heads);
+    let half = d / 2;
+    let params: [u32; 8] = [
+        p.heads as u32,
+        p.kv_heads as u32,
+        p.max_ctx as u32,
+        p.window as u32,
+        p.scale.to_bits(),
+        p.n_tokens as u32,
+        0,
+        0,
+    ];
+    let params = gpu.uniform("attention.params", &params);
+    let macros = gpu
+        .macros()
+        .set("D", d)
+        .set("G", g)
+        .set("BQ", bq)
+        .set("LPR", lpr)
+        .set("WG", bq * lpr)
+        .set("BK", bk)
+        .set("KPL", bk / lpr)
+        .set("NW", half.div_ceil(lpr))
+        .set("NSPLIT", nsplit)
+        .set("Q_WORDS", bq * (half + 1))
+        .set("KV_WORDS", bk * (half + 1))
+        .set("P_WORDS", bq * (bk + 1));
+    let blocks = (p.n_tokens * g).div_ceil(bq) as u32;
+    let wgs = [blocks, p.kv_heads as u32, nsplit as u32];
+    let mut bindings = vec![
+        qkv.binding(),
+        k_cache.binding(),
+        v_cache.binding(),
+        step.as_entire_binding(),
+        params.as_entire_binding(),
+    ];
+    if nsplit == 1 {
+        bindings.push(out.binding());
+        return Ok(vec![gpu.kernel(
+            "attention",
+            "main",
+            &macros,
+            &bindings,
+            wgs,
+        )?]);
+    }
+    let rows = p.n_tokens * p.heads;
+    let part_o = gpu.empty("attention.part_o", &[nsplit, rows, d], ElemType::F32)?;
+    let part_ml = gpu.empty("attention.part_ml", &[nsplit, rows, 2], ElemType::F32)?;
+    bindings.push(part_o.binding());
+    bindings.push(part_ml.binding());
+    let main = gpu.kernel(
+        "attention",
+        "main",
+        &macros.clone().flag("SPLIT"),
+        &bindings,
+        wgs,
+    )?;
+    let merge = gpu.kernel(
+        "attention",
+        "main",
+        &macros.flag("MERGE"),
+        &[
+            part_o.binding(),
+            part_ml.binding(),
+            out.binding(),
+            step.as_entire_binding(),
+            params.as_entire_binding(),
+        ],
+        grid(rows as u32),
+    )?;
+    Ok(vec![main, merge])
+}
+
+pub mod cpu {
+    use super::AttnParams;
+    use half::f16;
+
+    /// Reference cache write of rows `t < n_tokens` at positions `pos + t`.
+    pub fn kv_cache_write(
+        qkv: &[f32],
+        k_cache: &mut [f16],
+        v_cache: &mut [f16],
+        pos: usize,
+        n_tokens: usize,
+        p: &AttnParams,
+    ) {
+        let d = p.head_dim;
+        let row = p.row_stride();
+        for t in 0..n_tokens {
+            for g in 0..p.kv_heads {
+                let src = t * row + p.heads * d + g * d;
+                let vsrc = src + p.kv_heads * d;
+                let dst = (g * p.max_ctx + pos + t) * d;
+                for i in 0..d {
+                    k_cache[dst + i] = f16::from_f32(qkv[src + i]);
+                    v_cache[dst + i] = f16::from_f32(qkv[vsrc + i]);
+                }
+            }
+        }
+    }
+
+    /// Reference attention (f64 accumulation) of rows `t < n_tokens` at positions `pos + t`:
+    /// returns `[n_tokens, H * D]`.
+    pub fn attention(
+        qkv: &[f32],
+        k_cache: &[f16],
+        v_cache: &[f16],
+        pos: usize,
+        n_tokens: usize,
+        p: &AttnParams,
+    ) -> Vec<f32> {
+        let d = p.head_dim;
+        let g = p.heads / p.kv_heads;
+        let row = p.row_stride();
+        let mut out = vec![0f32; n_tokens * p.heads * d];
+        for t in 0..n_tokens {
+            let q_pos = pos + t;
+            let lo = if p.window > 0 {
+                (q_pos + 1).saturating_sub(p.window)
+            } else {
+                0
+            };
+            for h in 0..p.heads {
+                let kv = h / g;
+                let q = &qkv[t * row + h * d..][..d];
+                let scores: Vec<f64> = (lo..=q_pos)
+                    .map(|j| {
+                        let k = &k_cache[(kv * p.max_ctx + j) * d..][..d];
+                        let dot: f64 = q.iter().zip(k).map(|(a, b)| *a as f64 * b.to_f64()).sum();
+                        dot * p.scale as f64
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let l: f64 = e.iter().sum();
+                let o = &mut out[(t * p.heads + h) * d..][..d];
+                for (i, o) in o.iter_mut().enumerate() {
+                    let acc: f64 = (lo..=q_pos)
+                        .zip(&e)
+                        .map(|(j, w)| w * v_cache[(kv * p.max_ctx + j) * d + i].to_f64())
+                        .sum();
+                    *o = (acc / l) as f32;
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::tensor::test_util::*;
+    use crate::ops::StepParams;
+    use half::f16;
+
+    const SENTINEL: f32 = 12345.0;
+
+    /// GPU state of one layer plus its CPU mirror.
+    struct Layer {
+        p: AttnParams,
+        k: Tensor,
+        v: Tensor,
+        k_cpu: Vec<f16>,
+        v_cpu: Vec<f16>,
+        step: wgpu::Buffer,
+    }
+
+    impl Layer {
+        fn new(gpu: &Gpu, p: AttnParams) -> Layer {
+            let (k, v) = kv_cache(gpu, "cache", &p).unwrap();
+            let n = p.kv_heads * p.max_ctx * p.head_dim;
+            Layer {
+                p,
+                k,
+                v,
+                k_cpu: vec![f16::ZERO; n],
+                v_cpu: vec![f16::ZERO; n],
+                step: gpu.uniform("step", &StepParams::default()),
+            }
+        }
+
+        /// Runs a pass of `n` tokens at `pos` with kernels recorded for `record_t` tokens and
+        /// `splits`; checks the caches bit for bit and the output against the CPU; returns the
+        /// output rows.
+        fn pass(
+            &mut self,
+            gpu: &Gpu,
+            pos: usize,
+            n: usize,
+            record_t: usize,
+            tiling: Option<Tiling>,
+            seed: u64,
+        ) -> Vec<f32> {
+            let p = AttnParams {
+                n_tokens: record_t,
+                ..self.p
+            };
+            let row = p.row_stride();
+            // Random rows for the whole recorded T; rows >= n must be ignored.
+            let mut data = random(record_t * row, seed, 1.0);
+            // Sharper softmax: larger q.
+            for t in 0..record_t {
+                data[t * row..][..p.heads * p.head_dim]
+                    .iter_mut()
+                    .for_each(|x| *x *= 3.0);
+            }
+            let qkv = gpu.upload_f32("qkv", &[record_t, row], &data).unwrap();
+            let out_len = record_t * p.heads * p.head_dim;
+            let out = gpu
+                .upload_f32(
+                    "out",
+                    &[record_t, p.heads * p.head_dim],
+                    &vec![SENTINEL; out_len],
+                )
+                .unwrap();
+            let sp = StepParams {
+                pos: pos as u32,
+                n_tokens: n as u32,
+                _pad: [0; 2],
+            };
+            gpu.queue
+                .write_buffer(&self.step, 0, bytemuck::bytes_of(&sp));
+            let write = kv_cache_write(gpu, &qkv, &self.k, &self.v, &self.step, p).unwrap();
+            let tiling = tiling.unwrap_or_else(|| Tiling::choose(gpu, &p).unwrap());
+            let attn =
+                attention_with(gpu, &qkv, &self.k, &self.v, &out, &self.step, p, tiling).unwrap();
+            let mut ks = vec![&write];
+            ks.extend(attn.iter());
+            gpu.run(&ks).unwrap();
+
+            cpu::kv_cache_write(&data, &mut self.k_cpu, &mut self.v_cpu, pos, n, &p);
+            assert!(
+                gpu.read_f16(&self.k).unwrap() == self.k_cpu,
+                "K cache differs"
+            );
+            assert!(
+                gpu.read_f16(&self.v).unwrap() == self.v_cpu,
+                "V cache differs"
+            );
+
+            let mut got = gpu.read_f32(&out).unwrap();
+            let want = cpu::attention(&data, &self.k_cpu, &self.v_cpu, pos, n, &p);
+            let valid = n * p.heads * p.head_dim;
+            assert!(
+                got[valid..].iter().all(|&x| x == SENTINEL),
+                "rows >= n_tokens were written"
+            );
+            let (diff, at) = max_abs_diff(&got[..valid], &want);
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            assert!(
+                diff <= 2e-5 * scale.max(1.0),
+                "{p:?} {tiling:?} pos={pos} n={n}: max diff {diff} at {at} ({} vs {})",
+                got[at],
+                want[at]
+            );
+            got.truncate(valid);
+            got
+        }
+    }
+
+    fn params(
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        max_ctx: usize,
+        window: usize,
+    ) -> AttnParams {
+        AttnParams {
+            heads,
+            kv_heads,
+            head_dim,
+            max_ctx,
+            window,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            n_tokens: 1,
+            splits: 0,
+        }
+    }
+
+    #[test]
+    fn prefill_then_decode() {
+        for gpu in gpu_variants() {
+            for (h, hkv, d) in [
+                (4, 2, 64),
+                (4, 1, 64),
+                (6, 2, 64),
+                (4, 1, 256),
+                (6, 2, 256),
+                (2, 2, 128),
+            ] {
+                let mut l = Layer::new(&gpu, params(h, hkv, d, 64, 0));
+                l.pass(&gpu, 0, 7, 7, None, 1);
+                let mut l = Layer::new(&gpu, params(h, hkv, d, 64, 0));
+                l.pass(&gpu, 0, 37, 37, None, 2);
+                l.pass(&gpu, 37, 1, 1, None, 3);
+                l.pass(&gpu, 38, 1, 1, None, 4);
+            }
+        }
+    }
+
+    #[test]
+    fn key_splits() {
+        for gpu in gpu_variants() {
+            for (h, hkv, d) in [(4, 1, 64), (6, 2, 256)] {
+                let p = params(h, hkv, d, 128, 0);
+                let t = Tiling::choose(&gpu, &AttnParams { n_tokens: 1, ..p }).unwrap();
+                let mut l = Layer::new(&gpu, p);
+                l.pass(&gpu, 0, 70, 70, Some(Tiling { nsplit: 3, ..t }), 5);
+                for (pos, splits) in [(70, 1), (71, 2), (72, 7), (73, 64)] {
+                    l.pass(
+                        &gpu,
+                        pos,
+                        1,
+                        1,
+                        Some(Tiling {
+                            nsplit: splits,
+                            ..t
+                        }),
+                        6 + pos as u64,
+                    );
+                }
+                // chunk of 5 after 74 positions, split
+                let t5 = Tiling::choose(&gpu, &AttnParams { n_tokens: 5, ..p }).unwrap();
+                l.pass(&gpu, 74, 5, 5, Some(Tiling { nsplit: 4, ..t5 }), 9);
+            }
+        }
+    }
+
+    #[test]
+    fn sliding_window() {
+        for gpu in gpu_variants() {
+            for (h, hkv, d) in [(4, 2, 64), (4, 1, 256)] {
+                let p = params(h, hkv, d, 64, 5);
+                let mut l = Layer::new(&gpu, p);
+                l.pass(&gpu, 0, 20, 20, None, 10);
+                let windowed = l.pass(&gpu, 20, 1, 1, None, 11);
+                // the same keys with full attention differ
+                let mut full = Layer::new(&gpu, AttnParams { window: 0, ..p });
+                full.pass(&gpu, 0, 20, 20, None, 10);
+                let all = full.pass(&gpu, 20, 1, 1, None, 11);
+                assert!(
+                    max_abs_diff(&windowed, &all).0 > 1e-3,
+                    "window had no effect"
+                );
+                // windowed prefill chunk (the window moves inside the block), split and not
+                l.pass(&gpu, 21, 8, 8, None, 12);
+                let t = Tiling::choose(&gpu, &AttnParams { n_tokens: 8, ..p }).unwrap();
+                l.pass(&gpu, 29, 8, 8, Some(Tiling { nsplit: 3, ..t }), 13);
+                l.pass(&gpu, 37, 8, 8, Some(Tiling { nsplit: 1, ..t }), 14);
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_prefill_equals_single() {
+        for gpu in gpu_variants() {
+            for (h, hkv, d) in [(4, 2, 64), (6, 2, 256)] {
+                let p = params(h, hkv, d, 32, 0);
+                let row = p.row_stride();
+                let width = h * d;
+                // the same 15 tokens: rows 0..10 then 10..15 of one random block
+                let seed = 21;
+                let mut single = Layer::new(&gpu, p);
+                let all = single.pass(&gpu, 0, 15, 15, None, seed);
+                let data = {
+                    let mut x = random(15 * row, seed, 1.0);
+                    for t in 0..15 {
+                        x[t * row..][..width].iter_mut().for_each(|v| *v *= 3.0);
+                    }
+                    x
+                };
+                let chunked = Layer::new(&gpu, p);
+                let step = &chunked.step;
+                let mk = |rows: std::ops::Range<usize>| {
+                    let mut x = data[rows.start * row..rows.end * row].to_vec();
+                    x.resize(10 * row, 0.5); // recorded T = 10; the tail is ignored
+                    gpu.upload_f32("qkv", &[10, row], &x).unwrap()
+                };
+                let out = gpu.empty("out", &[10, width], ElemType::F32).unwrap();
+                let q1 = mk(0..10);
+                let q2 = mk(10..15);
+                let pp = AttnParams { n_tokens: 10, ..p };
+                let mut got = Vec::new();
+                for (qkv, pos, n) in [(&q1, 0, 10), (&q2, 10, 5)] {
+                    let sp = StepParams {
+                        pos,
+                        n_tokens: n,
+                        _pad: [0; 2],
+                    };
+                    gpu.queue.write_buffer(step, 0, bytemuck::bytes_of(&sp));
+                    let w = kv_cache_write(&gpu, qkv, &chunked.k, &chunked.v, step, pp).unwrap();
+                    let a = attention(&gpu, qkv, &chunked.k, &chunked.v, &out, step, pp).unwrap();
+                    let mut ks = vec![&w];
+                    ks.extend(a.iter());
+                    gpu.run(&ks).unwrap();
+                    got.extend_from_slice(&gpu.read_f32(&out).unwrap()[..n as usize * width]);
+                }
+                assert!(gpu.read_f16(&chunked.k).unwrap() == single.k_cpu);
+                assert!(gpu.read_f16(&chunked.v).unwrap() == single.v_cpu);
+                let (diff, at) = max_abs_diff(&got, &all);
+                assert!(diff <= 2e-5, "chunked vs single d={d}: {diff} at {at}");
+            }
+        }
+    }
+
+    /// Every rounding case of the f32 -> f16 conversion (ties, subnormals, overflow, inf, NaN).
+    #[test]
+    fn cache_write_rounds_to_nearest_even() {
+        let gpu = gpu();
+        let mut vals: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            65504.0,
+            65519.0,
+            65520.0,
+            -65520.0,
+            1e9,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            6.1035156e-5,
+            6.097555e-5,
+            5.9604645e-8,
+            2.9802322e-8,
+            2.9802326e-8,
+            1.0e-8,
+            -4.5e-6,
+            1.0009766,
+            1.0004883,
+            1.0014648,
+            2049.0,
+            2051.0,
+            0.1,
+            1.0 / 3.0,
+        ];
+        vals.extend(random(900, 31, 8.0).iter().map(|x| x * x * x * 1e-3));
+        // exact ties between neighbouring halves (normal and subnormal, even and odd), and the
+        // f32 values just below and above them
+        for b in [
+            0x0000u16, 0x0001, 0x0002, 0x03fe, 0x03ff, 0x0400, 0x3c00, 0x3c01, 0x7bfe, 0x7bff,
+        ] {
+            let lo = f16::from_bits(b).to_f64();
+            let hi = if b == 0x7bff {
+                65536.0
+            } else {
+                f16::from_bits(b + 1).to_f64()
+            };
+            let tie = ((lo + hi) / 2.0) as f32;
+            for x in [
+                tie,
+                f32::from_bits(tie.to_bits() - 1),
+                f32::from_bits(tie.to_bits() + 1),
+            ] {
+                vals.push(x);
+                vals.push(-x);
+            }
+        }
+        let p = AttnParams {
+            n_tokens: 8,
+            ..params(2, 2, 64, 8, 0)
+        };
+        let row = p.row_stride();
+        let mut data = random(8 * row, 32, 1.0);
+        let ks = p.heads * p.head_dim;
+        for t in 0..8 {
+            for i in 0..2 * p.kv_heads * p.head_dim {
+                data[t * row + ks + i] = vals[(t * 256 + i) % vals.len()];
+            }
+        }
+        let mut l = Layer::new(&gpu, p);
+        let qkv = gpu.upload_f32("qkv", &[8, row], &data).unwrap();
+        let sp = StepParams {
+            pos: 0,
+            n_tokens: 8,
+            _pad: [0; 2],
+        };
+        gpu.queue.write_buffer(&l.step, 0, bytemuck::bytes_of(&sp));
+        let k = kv_cache_write(&gpu, &qkv, &l.k, &l.v, &l.step, p).unwrap();
+        gpu.run(&[&k]).unwrap();
+        cpu::kv_cache_write(&data, &mut l.k_cpu, &mut l.v_cpu, 0, 8, &p);
+        let got = gpu.read_f16(&l.k).unwrap();
+        for (i, (a, b)) in got.iter().zip(&l.k_cpu).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "K[{i}]: {a} vs {b}");
+        }
+        let got = gpu.read_f16(&l.v).unwrap();
+        for (i, (a, b)) in got.iter().zip(&l.v_cpu).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "V[{i}]: {a} vs {b}");
+        }
+        // NaN stays NaN
+        let nan = gpu
+            .upload_f32("nan", &[8, row], &vec![f32::NAN; 8 * row])
+            .unwrap();
+        let k = kv_cache_write(&gpu, &nan, &l.k, &l.v, &l.step, p).unwrap();
+        gpu.run(&[&k]).unwrap();
+        assert!(gpu.read_f16(&l.k).unwrap()[..64].iter().all(|x| x.is_nan()));
+    }
+}

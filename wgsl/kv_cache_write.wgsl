@@ -1,0 +1,83 @@
+// kv_cache_write: copies the k and v parts of qkv rows t < step.n_tokens into the f16 K/V caches
+// at position step.pos + t. One thread per pair of halves (one u32 word of each cache).
+// f32 -> f16 is done in integer arithmetic with round-to-nearest-even (as torch's .half()), so the
+// stored bits are the same on every device (drivers may round pack2x16float either way).
+// Grid: ceil(T * Hkv * D/2 / WG) workgroups, 2-D folded (gpu/kernel.rs).
+#define WG 256
+
+struct Step {
+    pos: u32,
+    n_tokens: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+struct Params {
+    kv_heads: u32,    // Hkv
+    half_dim: u32,    // D / 2
+    q_dim: u32,       // H * D: offset of k in a qkv row
+    row_stride: u32,  // (H + 2 Hkv) * D
+    max_ctx: u32,
+    n_rows: u32,      // T the kernel was recorded for
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<storage, read> qkv: array<f32>;            // (T, (H + 2 Hkv) * D): [q | k | v]
+@group(0) @binding(1) var<storage, read_write> k_cache: array<u32>;  // (Hkv, max_ctx, D) f16, packed pairs
+@group(0) @binding(2) var<storage, read_write> v_cache: array<u32>;  // (Hkv, max_ctx, D) f16, packed pairs
+@group(0) @binding(3) var<uniform> step: Step;
+@group(0) @binding(4) var<uniform> p: Params;
+
+// IEEE binary16 bits of x, round to nearest even; overflow -> inf, NaN stays NaN.
+fn f16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if (a >= 0x7f800000u) {
+        return sign | 0x7c00u | select(0u, 0x200u, a > 0x7f800000u);
+    }
+    if (a >= 0x477ff000u) { // >= 65520 rounds to inf
+        return sign | 0x7c00u;
+    }
+    if (a >= 0x38800000u) { // normal half: rebias the exponent (127 -> 15), round 13 bits away
+        let m = a - 0x38000000u;
+        return sign | ((m + 0xfffu + ((m >> 13u) & 1u)) >> 13u);
+    }
+    if (a < 0x33000000u) { // below 2^-25 (2^-25 itself is a tie to 0)
+        return sign;
+    }
+    // subnormal half: units of 2^-24
+    let e = a >> 23u;
+    let mant = (a & 0x7fffffu) | 0x800000u;
+    let shift = 126u - e; // 14..24
+    let q = mant >> shift;
+    let rem = mant & ((1u << shift) - 1u);
+    let halfway = 1u << (shift - 1u);
+    let up = rem > halfway || (rem == halfway && (q & 1u) == 1u);
+    return sign | (q + select(0u, 1u, up));
+}
+
+fn pack_rne(a: f32, b: f32) -> u32 {
+    return f16_bits(a) | (f16_bits(b) << 16u);
+}
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
+    let per_token = p.kv_heads * p.half_dim;
+    let t = i / per_token;
+    let r = i % per_token;
+    let pos = step.pos + t;
+    if (t >= step.n_tokens || t >= p.n_rows || pos >= p.max_ctx) {
+        return;
+    }
+    let g = r / p.half_dim;
+    let w = r % p.half_dim;
+    let src = t * p.row_stride + p.q_dim + 2u * r; // k head g, dims 2w, 2w + 1
+    let vsrc = src + p.kv_heads * p.half_dim * 2u;
+    let dst = (g * p.max_ctx + pos) * p.half_dim + w;
+    k_cache[dst] = pack_rne(qkv[src], qkv[src + 1u]);
+    v_cache[dst] = pack_rne(qkv[vsrc], qkv[vsrc + 1u]);
+}
