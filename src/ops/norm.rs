@@ -1,1 +1,355 @@
-//! (being written)
+//! RMSNorm (`wgsl/rms_norm.wgsl`): `out = x * rsqrt(mean(x²) + eps) * w` per row.
+//!
+//! Gemma's `(1 + w)` is folded into `w` at load, so one kernel serves every architecture. Three
+//! forms, all one workgroup per row:
+//! - [`rms_norm`]: `out = norm(x)` (pre-attention / pre-MLP norms, the final norm);
+//! - `accumulate = true`: `out += norm(x)` (Gemma's post-attention / post-MLP sandwich norms fused
+//!   with the residual add: `x_resid += rms_norm(tmp) * w`);
+//! - [`rms_norm_in_place`]: `x = norm(x)` (per-head q/k norms).
+//!
+//! Rows may be strided ([`RowLayout`]), and `x`/`out` may be views (a [`Tensor`] with an offset
+//! aligned to the device's `min_storage_buffer_offset_alignment`, 256 bytes at most), e.g. the
+//! final norm of the last token only.
+
+use crate::error::{Error, Result};
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+
+/// Which elements form the rows: row `r` is `x[r * x_stride .. r * x_stride + n]`, written to
+/// `out[r * out_stride ..][..n]` (strides in elements).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLayout {
+    pub rows: u32,
+    pub n: u32,
+    pub x_stride: u32,
+    pub out_stride: u32,
+}
+
+impl RowLayout {
+    /// Contiguous rows of `n` (strides = n).
+    pub fn contiguous(rows: u32, n: u32) -> Self {
+        RowLayout {
+            rows,
+            n,
+            x_stride: n,
+            out_stride: n,
+        }
+    }
+}
+
+/// WGSL twin: `struct Params` of `wgsl/rms_norm.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    rows: u32,
+    n: u32,
+    x_stride: u32,
+    out_stride: u32,
+    eps: f32,
+    _pad: [u32; 3],
+}
+
+fn check(gpu: &Gpu, what: &str, t: &Tensor, rows: u32, n: u32, stride: u32) -> Result<()> {
+    if t.ty != ElemType::F32 {
+        return Err(Error::InvalidArgument(format!(
+            "rms_norm: {what} must be f32, is {:?}",
+            t.ty
+        )));
+    }
+    let need = if rows == 0 {
+        0
+    } else {
+        (rows as usize - 1) * stride as usize + n as usize
+    };
+    if t.numel() < need {
+        return Err(Error::InvalidArgument(format!(
+            "rms_norm: {what} has {} elements, the row layout needs {need}",
+            t.numel()
+        )));
+    }
+    let align = gpu.limits.min_storage_buffer_offset_alignment as u64;
+    if t.offset % align != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "rms_norm: {what} view offset {} is not a multiple of {align} bytes",
+            t.offset
+        )));
+    }
+    Ok(())
+}
+
+fn checks(gpu: &Gpu, x: &Tensor, w: &Tensor, out: Option<&Tensor>, l: &RowLayout) -> Result<()> {
+    if l.n == 0 || l.x_stride < l.n || (out.is_some() && l.out_stride < l.n) {
+        return Err(Error::InvalidArgument(format!(
+            "rms_norm: bad row layout {l:?}"
+        )));
+    }
+    check(gpu, "x", x, l.rows, l.n, l.x_stride)?;
+    check(gpu, "w", w, 1, l.n, l.n)?;
+    if let Some(out) = out {
+        check(gpu, "out", out, l.rows, l.n, l.out_stride)?;
+    }
+    Ok(())
+}
+
+fn params(gpu: &Gpu, l: &RowLayout, eps: f32) -> wgpu::Buffer {
+    gpu.uniform(
+        "rms_norm.params",
+        &Params {
+            rows: l.rows,
+            n: l.n,
+            x_stride: l.x_stride,
+            out_stride: l.out_stride,
+            eps,
+            _pad: [0; 3],
+        },
+    )
+}
+
+/// `out[r, :] = x[r, :] * rsqrt(mean(x[r, :]²) + eps) * w` over contiguous rows of `n = w.numel()`
+/// (rows = `x.numel() / n`); with `accumulate`, `out[r, :] += …` instead. `x` and `out` must not
+/// share a buffer (use [`rms_norm_in_place`]).
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    eps: f32,
+    accumulate: bool,
+) -> Result<Kernel> {
+    let n = w.numel() as u32;
+    if n == 0 || x.numel() % n as usize != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "rms_norm: x has {} elements, not a whole number of rows of {n}",
+            x.numel()
+        )));
+    }
+    let layout = RowLayout::contiguous((x.numel() / n as usize) as u32, n);
+    rms_norm_rows(gpu, x, w, out, layout, eps, accumulate)
+}
+
+/// [`rms_norm`] over an explicit (possibly strided) [`RowLayout`].
+pub fn rms_norm_rows(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    layout: RowLayout,
+    eps: f32,
+    accumulate: bool,
+) -> Result<Kernel> {
+    checks(gpu, x, w, Some(out), &layout)?;
+    let p = params(gpu, &layout, eps);
+    gpu.kernel(
+        "rms_norm",
+        "main",
+        &gpu.macros().flag_if("ACCUMULATE", accumulate),
+        &[
+            x.binding(),
+            w.binding(),
+            out.binding(),
+            p.as_entire_binding(),
+        ],
+        grid(layout.rows),
+    )
+}
+
+/// `x[r * stride ..][..n] = norm(x[r * stride ..][..n]) * w` in place (`layout.out_stride` is
+/// ignored), e.g. the per-head q/k norm with rows = tokens × heads and n = head_dim.
+pub fn rms_norm_in_place(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &Tensor,
+    layout: RowLayout,
+    eps: f32,
+) -> Result<Kernel> {
+    checks(gpu, x, w, None, &layout)?;
+    let p = params(gpu, &layout, eps);
+    gpu.kernel(
+        "rms_norm",
+        "main",
+        &gpu.macros().flag("IN_PLACE"),
+        &[x.binding(), w.binding(), p.as_entire_binding()],
+        grid(layout.rows),
+    )
+}
+
+pub mod cpu {
+    use super::RowLayout;
+
+    /// Reference of [`super::rms_norm_rows`] (computed in f64, rounded to f32 at the end).
+    pub fn rms_norm_rows(
+        x: &[f32],
+        w: &[f32],
+        out: &mut [f32],
+        l: RowLayout,
+        eps: f32,
+        accumulate: bool,
+    ) {
+        let n = l.n as usize;
+        for r in 0..l.rows as usize {
+            let row = &x[r * l.x_stride as usize..][..n];
+            let scale = rms_scale(row, eps);
+            let o = &mut out[r * l.out_stride as usize..][..n];
+            for i in 0..n {
+                let v = (row[i] as f64 * scale * w[i] as f64) as f32;
+                if accumulate {
+                    o[i] += v;
+                } else {
+                    o[i] = v;
+                }
+            }
+        }
+    }
+
+    /// Contiguous rows of `w.len()`.
+    pub fn rms_norm(x: &[f32], w: &[f32], out: &mut [f32], eps: f32, accumulate: bool) {
+        let n = w.len() as u32;
+        let l = RowLayout::contiguous(x.len() as u32 / n, n);
+        rms_norm_rows(x, w, out, l, eps, accumulate);
+    }
+
+    /// Reference of [`super::rms_norm_in_place`].
+    pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], l: RowLayout, eps: f32) {
+        let n = l.n as usize;
+        for r in 0..l.rows as usize {
+            let row = &mut x[r * l.x_stride as usize..][..n];
+            let scale = rms_scale(row, eps);
+            for i in 0..n {
+                row[i] = (row[i] as f64 * scale * w[i] as f64) as f32;
+            }
+        }
+    }
+
+    fn rms_scale(row: &[f32], eps: f32) -> f64 {
+        let ss: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
+        1.0 / (ss / row.len() as f64 + eps as f64).sqrt()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::tensor::test_util::*;
+
+    /// Max error relative to the row's scale: |got - want| / (max |want| + 1e-30), per case.
+    fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+        let (d, _) = max_abs_diff(got, want);
+        let m = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        d / (m + 1e-30)
+    }
+
+    /// f32 accumulation of n ≤ 8192 squares and inverseSqrt (≤ 2 ulp in WGSL) against an f64
+    /// reference: ≤ 2e-7 of the row's max observed on lavapipe; the bound leaves margin for other
+    /// reduction orders and fast-math rsqrt.
+    const TOL: f32 = 2e-6;
+
+    #[test]
+    fn rms_norm_matches_cpu() {
+        for gpu in gpu_variants() {
+            for (case, &n) in [64usize, 576, 640, 1000, 8192].iter().enumerate() {
+                let rows = if n == 8192 { 2 } else { 5 };
+                let xs = random(rows * n, 10 + case as u64, 4.0);
+                let ws = random(n, 20 + case as u64, 1.5);
+                let init = random(rows * n, 30 + case as u64, 2.0);
+                for accumulate in [false, true] {
+                    let x = gpu.upload_f32("x", &[rows, n], &xs).unwrap();
+                    let w = gpu.upload_f32("w", &[n], &ws).unwrap();
+                    let out = gpu.upload_f32("out", &[rows, n], &init).unwrap();
+                    let k = rms_norm(&gpu, &x, &w, &out, 1e-6, accumulate).unwrap();
+                    gpu.run(&[&k]).unwrap();
+                    let got = gpu.read_f32(&out).unwrap();
+                    let mut want = init.clone();
+                    cpu::rms_norm(&xs, &ws, &mut want, 1e-6, accumulate);
+                    let e = rel_err(&got, &want);
+                    eprintln!(
+                        "rms_norm n={n} acc={accumulate} subgroups={}: rel err {e:e}",
+                        gpu.caps.subgroups
+                    );
+                    assert!(
+                        e < TOL,
+                        "n={n} acc={accumulate} subgroups={} rel err {e}",
+                        gpu.caps.subgroups
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rms_norm_strided_and_views() {
+        for gpu in gpu_variants() {
+            let n = 576usize;
+            let rows = 4usize;
+            // x: rows of stride 640 (padding never read); out: stride 600 (padding never written).
+            let (xs_stride, out_stride) = (640usize, 600usize);
+            let xs = random(rows * xs_stride, 41, 3.0);
+            let ws = random(n, 42, 1.0);
+            let init = random(rows * out_stride, 43, 1.0);
+            let layout = RowLayout {
+                rows: rows as u32,
+                n: n as u32,
+                x_stride: xs_stride as u32,
+                out_stride: out_stride as u32,
+            };
+            for accumulate in [false, true] {
+                let x = gpu.upload_f32("x", &[rows, xs_stride], &xs).unwrap();
+                let w = gpu.upload_f32("w", &[n], &ws).unwrap();
+                let out = gpu.upload_f32("out", &[rows, out_stride], &init).unwrap();
+                let k = rms_norm_rows(&gpu, &x, &w, &out, layout, 1e-6, accumulate).unwrap();
+                gpu.run(&[&k]).unwrap();
+                let got = gpu.read_f32(&out).unwrap();
+                let mut want = init.clone();
+                cpu::rms_norm_rows(&xs, &ws, &mut want, layout, 1e-6, accumulate);
+                assert!(rel_err(&got, &want) < TOL, "strided acc={accumulate}");
+                // Padding untouched.
+                for r in 0..rows {
+                    assert_eq!(
+                        got[r * out_stride + n..(r + 1) * out_stride],
+                        init[r * out_stride + n..(r + 1) * out_stride]
+                    );
+                }
+            }
+
+            // The final norm on the last row only: x is a view (offset 3 * 640 * 4 = 7680 bytes,
+            // a multiple of 256), out a 1-row tensor.
+            let x_full = gpu.upload_f32("x", &[rows, xs_stride], &xs).unwrap();
+            let x_last = x_full.view((rows - 1) * xs_stride, &[1, n]);
+            let w = gpu.upload_f32("w", &[n], &ws).unwrap();
+            let out = gpu.upload_f32("out", &[1, n], &init[..n]).unwrap();
+            let k = rms_norm(&gpu, &x_last, &w, &out, 1e-6, false).unwrap();
+            gpu.run(&[&k]).unwrap();
+            let got = gpu.read_f32(&out).unwrap();
+            let mut want = vec![0.0; n];
+            cpu::rms_norm(
+                &xs[(rows - 1) * xs_stride..][..n],
+                &ws,
+                &mut want,
+                1e-6,
+                false,
+            );
+            assert!(rel_err(&got, &want) < TOL, "last-row view");
+
+            // A misaligned view is an error, not a device validation failure.
+            let bad = x_full.view(1, &[1, n]);
+            assert!(rms_norm(&gpu, &bad, &w, &out, 1e-6, false).is_err());
+        }
+    }
+
+    #[test]
+    fn rms_norm_in_place_matches_cpu() {
+        for gpu in gpu_variants() {
+            // Per-head norm: 3 tokens x 4 heads of 64 (q of a fused qkv row would use strides).
+            let (rows, n) = (12usize, 64usize);
+            let xs = random(rows * n, 51, 5.0);
+            let ws = random(n, 52, 1.0);
+            let x = gpu.upload_f32("x", &[rows, n], &xs).unwrap();
+            let w = gpu.upload_f32("w", &[n], &ws).unwrap();
+            let layout = RowLayout::contiguous(rows as u32, n as u32);
+            let k = rms_norm_in_place(&gpu, &x, &w, layout, 1e-6).unwrap();
+            gpu.run(&[&k]).unwrap();
+            let got = gpu.read_f32(&x).unwrap();
+            let mut want = xs.clone();
+            cpu::rms_norm_in_place(&mut want, &ws, layout, 1e-6);
+            assert!(rel_err(&got, &want) < TOL);
+        }
+    }
+}

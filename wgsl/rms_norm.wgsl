@@ -1,0 +1,100 @@
+// rms_norm: for each of `rows` rows of n f32,
+//   out[r, i] = x[r, i] * inverseSqrt(mean_i(x[r, i]^2) + eps) * w[i]
+// (Gemma's (1 + w) is folded into w at load). With ACCUMULATE: out[r, i] += that instead
+// (Gemma's sandwich norms: x_resid += rms_norm(tmp) * w). With IN_PLACE: x is normalized in
+// place (binding 0 is both input and output; there is no out binding; out_stride is ignored).
+//
+// Row r starts at element r * x_stride of x and r * out_stride of out, so x and out may be
+// strided (or views: Tensor.offset, 256-byte aligned).
+// Grid: one workgroup per row, 2-D folded (see gpu/kernel.rs); WG threads stride over the row.
+// Sum of squares: per-thread partial sums, then a workgroup reduction (subgroupAdd per subgroup
+// + shared memory under SUBGROUP, a shared-memory tree otherwise).
+#define WG 256
+
+struct Params {
+    rows: u32,
+    n: u32,
+    x_stride: u32,
+    out_stride: u32,
+    eps: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+#ifdef IN_PLACE
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;  // (rows, x_stride) normalized in place
+@group(0) @binding(1) var<storage, read> w: array<f32>;        // (n)
+@group(0) @binding(2) var<uniform> p: Params;
+#else
+@group(0) @binding(0) var<storage, read> x: array<f32>;        // (rows, x_stride) first n of each row used
+@group(0) @binding(1) var<storage, read> w: array<f32>;        // (n)
+@group(0) @binding(2) var<storage, read_write> out: array<f32>; // (rows, out_stride) first n of each row written
+@group(0) @binding(3) var<uniform> p: Params;
+#endif
+
+// One slot per thread: enough for any subgroup count (subgroup size >= 1).
+var<workgroup> partial: array<f32, {{WG}}>;
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32
+#ifdef SUBGROUP
+        , @builtin(subgroup_invocation_id) sg_lane: u32
+        , @builtin(subgroup_id) sg_id: u32
+        , @builtin(num_subgroups) sg_count: u32
+#endif
+        ) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {
+        return;  // uniform across the workgroup
+    }
+    let n = p.n;
+    let xb = row * p.x_stride;
+
+    var s = 0.0;
+    for (var i = lid; i < n; i += {{WG}}u) {
+        let v = x[xb + i];
+        s += v * v;
+    }
+
+#ifdef SUBGROUP
+    // Never assume a subgroup size: one partial per subgroup, summed by every thread.
+    let sg_sum = subgroupAdd(s);
+    if (sg_lane == 0u) {
+        partial[sg_id] = sg_sum;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var k = 0u; k < sg_count; k++) {
+        total += partial[k];
+    }
+#else
+    partial[lid] = s;
+    workgroupBarrier();
+    for (var stride = {{WG}}u / 2u; stride > 0u; stride >>= 1u) {
+        if (lid < stride) {
+            partial[lid] += partial[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    let total = partial[0];
+#endif
+
+    let scale = inverseSqrt(total / f32(n) + p.eps);
+#ifdef IN_PLACE
+    for (var i = lid; i < n; i += {{WG}}u) {
+        x[xb + i] = x[xb + i] * scale * w[i];
+    }
+#else
+    let ob = row * p.out_stride;
+    for (var i = lid; i < n; i += {{WG}}u) {
+        let v = x[xb + i] * scale * w[i];
+#ifdef ACCUMULATE
+        out[ob + i] += v;
+#else
+        out[ob + i] = v;
+#endif
+    }
+#endif
+}
