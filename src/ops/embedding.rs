@@ -1,1 +1,269 @@
-//! (being written)
+//! Token embedding (`wgsl/embedding.wgsl`): `out[t, :] = table[ids[t], :] * scale`, and the
+//! general helper that splits a large f16 matrix into row chunks that each fit one storage binding.
+//!
+//! A vocabulary table can exceed the device's max storage binding (Qwen2.5: 151936 × 896 f16 =
+//! 272 MB; lavapipe binds at most 128 MiB), so big tables are uploaded as row chunks
+//! ([`upload_row_chunks`]), one [`Tensor`] each, and the model records one [`embedding`] dispatch
+//! per chunk: each writes only the tokens whose id falls in its rows. The tied / untied lm_head
+//! uses the same chunks (the same helper): chunk row counts are multiples of
+//! [`CHUNK_ROW_ALIGN`] = 64, so a chunk's slice of an f32 logits row starts at a multiple of
+//! 256 bytes and can be bound as a view.
+
+use crate::error::{Error, Result};
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+use std::ops::Range;
+
+/// Row counts of chunks (all but the last) are multiples of this.
+pub const CHUNK_ROW_ALIGN: usize = 64;
+
+/// WGSL twin: `struct Params` of `wgsl/embedding.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    n_tokens: u32,
+    cols: u32,
+    row_start: u32,
+    chunk_rows: u32,
+    scale: f32,
+    _pad: [u32; 3],
+}
+
+/// Gathers rows of one table chunk: for every token `t` with
+/// `row_start <= ids[t] < row_start + chunk_rows`, `out[t, :] = table_chunk[ids[t] - row_start, :] * scale`.
+/// Other rows of `out` are left as they are (other chunks' dispatches write them; an id ≥ vocab
+/// is written by none, so the host must validate ids).
+///
+/// `table_chunk`: f16 `[chunk_rows, C]` (from [`upload_row_chunks`]; a whole table is the chunk
+/// with `row_start` 0); `ids`: u32 `[T]`; `out`: f32 `[T, C]`.
+pub fn embedding(
+    gpu: &Gpu,
+    table_chunk: &Tensor,
+    row_start: u32,
+    ids: &Tensor,
+    out: &Tensor,
+    scale: f32,
+) -> Result<Kernel> {
+    let bad = |msg: String| Err(Error::InvalidArgument(format!("embedding: {msg}")));
+    if table_chunk.ty != ElemType::F16 || table_chunk.shape.len() != 2 {
+        return bad(format!(
+            "table must be f16 [rows, C], is {:?} {:?}",
+            table_chunk.ty, table_chunk.shape
+        ));
+    }
+    let (chunk_rows, cols) = (table_chunk.shape[0], table_chunk.shape[1]);
+    if ids.ty != ElemType::U32 {
+        return bad(format!("ids must be u32, are {:?}", ids.ty));
+    }
+    let n_tokens = ids.numel();
+    if out.ty != ElemType::F32 || out.numel() != n_tokens * cols {
+        return bad(format!(
+            "out must be f32 [{n_tokens}, {cols}], is {:?} {:?}",
+            out.ty, out.shape
+        ));
+    }
+    let n = n_tokens as u64 * cols as u64;
+    if n > u32::MAX as u64 {
+        return bad(format!(
+            "{n_tokens} tokens × {cols} columns overflow u32 indexing"
+        ));
+    }
+    let p = gpu.uniform(
+        "embedding.params",
+        &Params {
+            n_tokens: n_tokens as u32,
+            cols: cols as u32,
+            row_start,
+            chunk_rows: chunk_rows as u32,
+            scale,
+            _pad: [0; 3],
+        },
+    );
+    gpu.kernel(
+        "embedding",
+        "main",
+        &gpu.macros(),
+        &[
+            table_chunk.binding(),
+            ids.binding(),
+            out.binding(),
+            p.as_entire_binding(),
+        ],
+        grid((n as u32).div_ceil(256)),
+    )
+}
+
+/// Splits `rows` rows of `row_bytes` bytes into balanced chunks of at most `max_bytes` bytes,
+/// each (but the last) a multiple of [`CHUNK_ROW_ALIGN`] rows. One chunk when everything fits.
+pub fn plan_row_chunks(rows: usize, row_bytes: u64, max_bytes: u64) -> Result<Vec<Range<usize>>> {
+    let fits = max_bytes
+        .checked_div(row_bytes)
+        .map_or(rows, |n| n as usize);
+    if rows <= fits {
+        return Ok(std::iter::once(0..rows).collect());
+    }
+    let max_rows = fits / CHUNK_ROW_ALIGN * CHUNK_ROW_ALIGN;
+    if max_rows == 0 {
+        return Err(Error::Unsupported(format!(
+            "{CHUNK_ROW_ALIGN} rows of {row_bytes} bytes exceed the max storage binding of {max_bytes} bytes"
+        )));
+    }
+    let n_chunks = rows.div_ceil(max_rows);
+    let chunk = rows
+        .div_ceil(n_chunks)
+        .next_multiple_of(CHUNK_ROW_ALIGN)
+        .min(max_rows);
+    Ok((0..rows)
+        .step_by(chunk)
+        .map(|s| s..(s + chunk).min(rows))
+        .collect())
+}
+
+/// Uploads the f16 matrix `data` (`[rows, cols]`, row-major) as row chunks that each fit the
+/// device's max storage binding (and max buffer size): `(first row, tensor [chunk_rows, cols])`.
+/// General: the embedding table and the lm_head (tied or not) both use it.
+pub fn upload_row_chunks(
+    gpu: &Gpu,
+    label: &str,
+    data: &[half::f16],
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<(u32, Tensor)>> {
+    let max = gpu
+        .limits
+        .max_storage_buffer_binding_size
+        .min(gpu.limits.max_buffer_size);
+    upload_row_chunks_max(gpu, label, data, rows, cols, max)
+}
+
+/// [`upload_row_chunks`] with an explicit byte limit per chunk (tests force small chunks).
+pub fn upload_row_chunks_max(
+    gpu: &Gpu,
+    label: &str,
+    data: &[half::f16],
+    rows: usize,
+    cols: usize,
+    max_bytes: u64,
+) -> Result<Vec<(u32, Tensor)>> {
+    if data.len() != rows * cols {
+        return Err(Error::Mismatch(format!(
+            "{label}: {} values for [{rows}, {cols}]",
+            data.len()
+        )));
+    }
+    // A chunk of odd size is padded to a whole u32; the row bytes bound that with cols*2 + 2 / rows.
+    let row_bytes = 2 * cols as u64;
+    let plan = plan_row_chunks(rows, row_bytes, max_bytes.saturating_sub(2))?;
+    let many = plan.len() > 1;
+    plan.into_iter()
+        .map(|r| {
+            let name = if many {
+                format!("{label}[{}..{}]", r.start, r.end)
+            } else {
+                label.to_string()
+            };
+            let t = gpu.upload_f16(&name, &[r.len(), cols], &data[r.start * cols..r.end * cols])?;
+            Ok((r.start as u32, t))
+        })
+        .collect()
+}
+
+pub mod cpu {
+    /// Reference: `out[t, :] = table[ids[t], :] * scale` (f16 table `[rows, cols]`); ids out of
+    /// range leave their row of `out` as is.
+    pub fn embedding(table: &[half::f16], cols: usize, ids: &[u32], out: &mut [f32], scale: f32) {
+        let rows = table.len() / cols;
+        for (t, &id) in ids.iter().enumerate() {
+            if (id as usize) < rows {
+                let src = &table[id as usize * cols..][..cols];
+                for (o, v) in out[t * cols..][..cols].iter_mut().zip(src) {
+                    *o = v.to_f32() * scale;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::tensor::test_util::*;
+    use half::f16;
+
+    #[test]
+    fn plan_is_balanced_and_aligned() {
+        // Qwen2.5's table on a 128 MiB binding: 3 chunks of ~50k rows.
+        let plan = plan_row_chunks(151936, 2 * 896, 128 << 20).unwrap();
+        assert_eq!(plan.len(), 3);
+        assert!(plan
+            .iter()
+            .all(|r| r.start % CHUNK_ROW_ALIGN == 0 && r.len() as u64 * 1792 <= 128 << 20));
+        assert_eq!(plan.last().unwrap().end, 151936);
+        assert!(plan.windows(2).all(|w| w[0].end == w[1].start));
+        assert_eq!(
+            plan_row_chunks(1000, 100, 1 << 20).unwrap(),
+            std::iter::once(0..1000).collect::<Vec<_>>()
+        );
+        assert!(plan_row_chunks(1000, 100, 6399).is_err());
+    }
+
+    #[test]
+    fn embedding_matches_cpu_across_chunks() {
+        for gpu in gpu_variants() {
+            // Odd column count too: rows do not start on a u32 boundary.
+            for cols in [64usize, 896, 75] {
+                let rows = 300usize;
+                let table: Vec<f16> = random(rows * cols, 61 + cols as u64, 2.0)
+                    .into_iter()
+                    .map(f16::from_f32)
+                    .collect();
+                // At most 128 rows per chunk: chunks [0, 128), [128, 256), [256, 300).
+                let max = (128 * 2 * cols) as u64 + 2;
+                let chunks = upload_row_chunks_max(&gpu, "emb", &table, rows, cols, max).unwrap();
+                assert!(chunks.len() >= 2, "cols={cols}: {} chunk(s)", chunks.len());
+                let ids: Vec<u32> = vec![0, 299, 5, 128, 127, 200, 64, 1, 299, 17, 256, 255];
+                for (k, (start, t)) in chunks.iter().enumerate() {
+                    assert_eq!(*start as usize % CHUNK_ROW_ALIGN, 0);
+                    assert!(k + 1 == chunks.len() || t.shape[0] % CHUNK_ROW_ALIGN == 0);
+                }
+                let init = random(ids.len() * cols, 62, 1.0);
+                let ids_t = gpu.upload_u32("ids", &[ids.len()], &ids).unwrap();
+                let out = gpu.upload_f32("out", &[ids.len(), cols], &init).unwrap();
+                let scale = 29.93;
+                let ks: Vec<Kernel> = chunks
+                    .iter()
+                    .map(|(start, t)| embedding(&gpu, t, *start, &ids_t, &out, scale).unwrap())
+                    .collect();
+                gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
+                let got = gpu.read_f32(&out).unwrap();
+                let mut want = init.clone();
+                cpu::embedding(&table, cols, &ids, &mut want, scale);
+                // f16 → f32 is exact; one f32 multiply: bit-exact up to rounding mode (≤ 1 ulp).
+                let (d, i) = max_abs_diff(&got, &want);
+                assert!(d <= want[i].abs() * 1.2e-7, "cols={cols}: diff {d} at {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn embedding_skips_ids_out_of_range() {
+        for gpu in gpu_variants() {
+            let (rows, cols) = (70usize, 32usize);
+            let table: Vec<f16> = random(rows * cols, 71, 1.0)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            let t = gpu.upload_f16("emb", &[rows, cols], &table).unwrap();
+            let ids = [3u32, 70, u32::MAX, 69];
+            let init = random(ids.len() * cols, 72, 1.0);
+            let ids_t = gpu.upload_u32("ids", &[ids.len()], &ids).unwrap();
+            let out = gpu.upload_f32("out", &[ids.len(), cols], &init).unwrap();
+            let k = embedding(&gpu, &t, 0, &ids_t, &out, 1.0).unwrap();
+            gpu.run(&[&k]).unwrap();
+            let got = gpu.read_f32(&out).unwrap();
+            let mut want = init.clone();
+            cpu::embedding(&table, cols, &ids, &mut want, 1.0);
+            assert_eq!(got, want);
+            assert_eq!(got[cols..3 * cols], init[cols..3 * cols]);
+        }
+    }
+}
