@@ -1,7 +1,9 @@
-//! Elementwise ops: residual add (`wgsl/add.wgsl`).
+//! Elementwise ops: residual add (`wgsl/add.wgsl`) and the gated MLP activation
+//! (`wgsl/gated_act.wgsl`).
 
-use crate::error::Result;
-use crate::gpu::{kernel::grid, Gpu, Kernel, Tensor};
+use crate::error::{Error, Result};
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+use crate::model::config::Activation;
 
 /// `x += y` over all elements (f32).
 pub fn add(gpu: &Gpu, x: &Tensor, y: &Tensor) -> Result<Kernel> {
@@ -17,9 +19,69 @@ pub fn add(gpu: &Gpu, x: &Tensor, y: &Tensor) -> Result<Kernel> {
     )
 }
 
+/// `out[t, f] = act(gu[t, f]) * gu[t, F + f]`: the activation after the fused gate+up
+/// projection. `gu`: f32 `[T, 2F]` (each row `[gate: F | up: F]`); `out`: f32 `[T, F]`.
+/// `act` = SiLU or PyTorch's `gelu(approximate='tanh')`, both computed as `x * sigmoid(y)` (see
+/// `wgsl/gated_act.wgsl`; NaN-free for any finite input).
+pub fn gated_act(gpu: &Gpu, gu: &Tensor, out: &Tensor, act: Activation) -> Result<Kernel> {
+    let f = *out.shape.last().unwrap_or(&0);
+    let n_tokens = out.numel().checked_div(f).unwrap_or(0);
+    if gu.ty != ElemType::F32 || out.ty != ElemType::F32 || f == 0 || gu.numel() != 2 * out.numel()
+    {
+        return Err(Error::InvalidArgument(format!(
+            "gated_act: need f32 gu [T, 2F] and out [T, F], got {:?} {:?} and {:?} {:?}",
+            gu.ty, gu.shape, out.ty, out.shape
+        )));
+    }
+    let n = out.numel() as u32;
+    let params = gpu.uniform("gated_act.params", &[n_tokens as u32, f as u32, 0, 0]);
+    let macros = match act {
+        Activation::SiluGated => gpu.macros().flag("SILU"),
+        Activation::GeluTanhGated => gpu.macros().flag("GELU_TANH"),
+    };
+    gpu.kernel(
+        "gated_act",
+        "main",
+        &macros,
+        &[gu.binding(), out.binding(), params.as_entire_binding()],
+        grid(n.div_ceil(256)),
+    )
+}
+
 pub mod cpu {
+    use crate::model::config::Activation;
+
     pub fn add(x: &mut [f32], y: &[f32]) {
         x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+    }
+
+    /// `x * sigmoid(x)`, in f64.
+    pub fn silu(x: f32) -> f32 {
+        let x = x as f64;
+        (x / (1.0 + (-x).exp())) as f32
+    }
+
+    /// PyTorch's `gelu(x, approximate='tanh')` = `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`,
+    /// in f64, evaluated as `x * sigmoid(2z)` (the same function: `1 + tanh(z) = 2 sigmoid(2z)`)
+    /// so that the negative tail is accurate.
+    pub fn gelu_tanh(x: f32) -> f32 {
+        let x = x as f64;
+        let z = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+        (x / (1.0 + (-2.0 * z).exp())) as f32
+    }
+
+    /// `out[t, f] = act(gu[t, f]) * gu[t, F + f]` with `F = out.len() / T`, rows of `gu` = `[gate | up]`.
+    pub fn gated_act(gu: &[f32], out: &mut [f32], f: usize, act: Activation) {
+        let a = match act {
+            Activation::SiluGated => silu,
+            Activation::GeluTanhGated => gelu_tanh,
+        };
+        for (o_row, gu_row) in out.chunks_mut(f).zip(gu.chunks(2 * f)) {
+            let (g, u) = gu_row.split_at(f);
+            for ((o, &g), &u) in o_row.iter_mut().zip(g).zip(u) {
+                *o = (a(g) as f64 * u as f64) as f32;
+            }
+        }
     }
 }
 
@@ -42,6 +104,75 @@ mod tests {
                 let mut want = a.clone();
                 cpu::add(&mut want, &b);
                 assert_eq!(got, want, "n={n}");
+            }
+        }
+    }
+
+    #[test]
+    fn gelu_tanh_reference_is_the_pytorch_formula() {
+        // The literal formula in f64 (accurate where 1 + tanh does not cancel, i.e. x > -3).
+        let literal = |x: f64| {
+            0.5 * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+        };
+        for i in -3000..=30000 {
+            let x = i as f32 * 1e-3;
+            let want = literal(x as f64);
+            let got = cpu::gelu_tanh(x) as f64;
+            assert!(
+                (got - want).abs() <= 1e-7 * want.abs() + 1e-12,
+                "x={x}: {got} vs {want}"
+            );
+        }
+        assert_eq!(cpu::gelu_tanh(-30.0), 0.0);
+        assert_eq!(cpu::gelu_tanh(30.0), 30.0);
+    }
+
+    /// Relative error bound of the GPU activations against the f64 references: exp is allowed
+    /// 3 + 2|y| ulp in Vulkan (and is similar in Metal's fast math), so for |y| ≤ 60 (inputs to ±30)
+    /// up to ~1e-5; observed on lavapipe: see the assertion message. Absolute floor 1e-30 for
+    /// results the exp clamp sends to ~1e-34 instead of 0.
+    const ACT_RTOL: f64 = 2e-5;
+
+    #[test]
+    fn gated_act_matches_cpu() {
+        for gpu in gpu_variants() {
+            for act in [Activation::SiluGated, Activation::GeluTanhGated] {
+                for (t, f) in [(1usize, 64usize), (3, 1000), (5, 4099)] {
+                    let mut gu = random(t * 2 * f, 7 + f as u64, 4.0);
+                    // Large |gate|: saturated and deep negative tails (NaN-prone tanh/exp).
+                    for (i, v) in [-30.0f32, 30.0, -15.0, 15.0, -9.0, 9.0, -88.0, 100.0, 0.0]
+                        .iter()
+                        .enumerate()
+                    {
+                        gu[i * 7 % f] = *v;
+                    }
+                    let x = gpu.upload_f32("gu", &[t, 2 * f], &gu).unwrap();
+                    let out = gpu
+                        .upload_f32("out", &[t, f], &random(t * f, 3, 1.0))
+                        .unwrap();
+                    let k = gated_act(&gpu, &x, &out, act).unwrap();
+                    gpu.run(&[&k]).unwrap();
+                    let got = gpu.read_f32(&out).unwrap();
+                    let mut want = vec![0.0; t * f];
+                    cpu::gated_act(&gu, &mut want, f, act);
+                    let mut worst = 0.0f64;
+                    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                        assert!(g.is_finite(), "{act:?} T={t} F={f}: {g} at {i}");
+                        let err = (g as f64 - w as f64).abs();
+                        assert!(
+                            err <= ACT_RTOL * (w as f64).abs() + 1e-30,
+                            "{act:?} T={t} F={f}: {g} vs {w} at {i}"
+                        );
+                        if w.abs() > 1e-30 {
+                            worst = worst.max(err / (w as f64).abs());
+                        }
+                    }
+                    eprintln!(
+                        "gated_act {act:?} T={t} F={f} subgroups={}: max rel err {worst:e}",
+                        gpu.caps.subgroups
+                    );
+                }
             }
         }
     }
