@@ -22,7 +22,6 @@
 use crate::error::{Error, Result};
 use crate::loader::gguf::GgufTokenizerData;
 use crate::loader::TokenizerSource;
-use tokenizers as tk;
 use tk::decoders::byte_fallback::ByteFallback;
 use tk::decoders::fuse::Fuse;
 use tk::decoders::sequence::Sequence as DecoderSequence;
@@ -36,16 +35,10 @@ use tk::pre_tokenizers::sequence::Sequence as PreSequence;
 use tk::pre_tokenizers::split::{Split, SplitPattern};
 use tk::pre_tokenizers::PreTokenizerWrapper;
 use tk::{AddedToken, SplitDelimiterBehavior};
+use tokenizers as tk;
 
 /// GGUF `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
-pub mod token_type {
-    pub const NORMAL: i32 = 1;
-    pub const UNKNOWN: i32 = 2;
-    pub const CONTROL: i32 = 3;
-    pub const USER_DEFINED: i32 = 4;
-    pub const UNUSED: i32 = 5;
-    pub const BYTE: i32 = 6;
-}
+pub use crate::loader::gguf::token_type;
 
 /// Qwen2's pre-tokenizer split (its tokenizer.json).
 pub const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -86,7 +79,11 @@ impl Tokenizer {
     /// BOS token in front of a prompt (GGUF `tokenizer.ggml.add_bos_token`, Hugging Face
     /// `add_bos_token`), `bos_id` which token that is; for a GGUF source a `None` `bos_id` falls back
     /// to the file's `tokenizer.ggml.bos_token_id`.
-    pub fn from_source(source: &TokenizerSource, add_bos: bool, bos_id: Option<u32>) -> Result<Self> {
+    pub fn from_source(
+        source: &TokenizerSource,
+        add_bos: bool,
+        bos_id: Option<u32>,
+    ) -> Result<Self> {
         let mut t = match source {
             TokenizerSource::Json(path) => Self::from_json_file(path)?,
             TokenizerSource::Gguf(data) => Self::from_gguf_data(data)?,
@@ -131,9 +128,21 @@ impl Tokenizer {
     }
 
     /// Builds the tokenizer a GGUF file's metadata describes (see the module docs).
-    pub fn from_gguf_data(_d: &GgufTokenizerData) -> Result<Self> {
-        // TEMPORARY until loader::gguf::GgufTokenizerData has its fields.
-        Err(Error::Unsupported("GGUF tokenizer data not available yet".into()))
+    pub fn from_gguf_data(d: &GgufTokenizerData) -> Result<Self> {
+        let v = GgufVocab {
+            model: &d.model,
+            pre: d.pre.as_deref(),
+            tokens: &d.tokens,
+            scores: (!d.scores.is_empty()).then_some(&d.scores[..]),
+            token_types: (!d.token_types.is_empty()).then_some(&d.token_types[..]),
+            merges: (!d.merges.is_empty()).then_some(&d.merges[..]),
+            add_space_prefix: d.add_space_prefix,
+        };
+        let mut t = Self::from_gguf_vocab(&v)?;
+        t.add_bos = d.add_bos_token;
+        t.bos_id = d.bos_token_id;
+        t.eos_id = d.eos_token_id;
+        Ok(t)
     }
 
     /// Builds from a borrowed view of GGUF metadata. BOS/EOS are unset: see
@@ -186,7 +195,10 @@ impl Tokenizer {
     /// [`add_bos`](Self::add_bos)) and the text does not already start with it; pass `true` for a
     /// raw prompt and `false` for a rendered chat template (templates write BOS themselves).
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode_fast(text, false).map_err(tk_err("encode"))?;
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(tk_err("encode"))?;
         let mut ids = enc.get_ids().to_vec();
         if add_bos && self.add_bos {
             if let Some(bos) = self.bos_id {
@@ -304,7 +316,9 @@ impl<'t> StreamDecoder<'t> {
         if self.read == self.ids.len() {
             return Ok(None);
         }
-        let prefix_text = self.tok.decode_skip_special(&self.ids[self.prefix..self.read])?;
+        let prefix_text = self
+            .tok
+            .decode_skip_special(&self.ids[self.prefix..self.read])?;
         let text = self.tok.decode_skip_special(&self.ids[self.prefix..])?;
         let held = self.ids.len() - self.read;
         if !flush && text.ends_with('\u{FFFD}') && held < MAX_HELD {
@@ -363,7 +377,9 @@ fn add_typed_tokens(
             continue;
         }
         match type_of(v, i) {
-            token_type::CONTROL => special.push(AddedToken::from(t.clone(), true).normalized(false)),
+            token_type::CONTROL => {
+                special.push(AddedToken::from(t.clone(), true).normalized(false))
+            }
             token_type::USER_DEFINED => {
                 user.push(AddedToken::from(spell(t), false).normalized(normalized_user))
             }
@@ -380,9 +396,9 @@ fn add_typed_tokens(
 
 /// Byte-level BPE (`tokenizer.ggml.model = "gpt2"`).
 fn build_byte_level(v: &GgufVocab) -> Result<tk::Tokenizer> {
-    let merges_src = v
-        .merges
-        .ok_or_else(|| Error::Tokenizer("byte-level BPE GGUF has no tokenizer.ggml.merges".into()))?;
+    let merges_src = v.merges.ok_or_else(|| {
+        Error::Tokenizer("byte-level BPE GGUF has no tokenizer.ggml.merges".into())
+    })?;
     let vocab = vocab_map(v.tokens, |_, t| t.to_owned());
     let mut merges = Vec::with_capacity(merges_src.len());
     for (i, m) in merges_src.iter().enumerate() {
@@ -407,21 +423,22 @@ fn build_byte_level(v: &GgufVocab) -> Result<tk::Tokenizer> {
         .map_err(tk_err("split regex"))?
         .into())
     };
-    let (normalizer, pre): (Option<NormalizerWrapper>, PreTokenizerWrapper) = match v.pre.unwrap_or("default") {
-        "qwen2" | "deepseek-r1-qwen" => (
-            Some(NFC.into()),
-            PreSequence::new(vec![split(QWEN2_SPLIT)?, byte_level(false).into()]).into(),
-        ),
-        "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" => (
-            None,
-            PreSequence::new(vec![split(LLAMA3_SPLIT)?, byte_level(false).into()]).into(),
-        ),
-        "smollm" => (
-            None,
-            PreSequence::new(vec![Digits::new(true).into(), byte_level(true).into()]).into(),
-        ),
-        _ => (None, byte_level(true).into()),
-    };
+    let (normalizer, pre): (Option<NormalizerWrapper>, PreTokenizerWrapper) =
+        match v.pre.unwrap_or("default") {
+            "qwen2" | "deepseek-r1-qwen" => (
+                Some(NFC.into()),
+                PreSequence::new(vec![split(QWEN2_SPLIT)?, byte_level(false).into()]).into(),
+            ),
+            "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" => (
+                None,
+                PreSequence::new(vec![split(LLAMA3_SPLIT)?, byte_level(false).into()]).into(),
+            ),
+            "smollm" => (
+                None,
+                PreSequence::new(vec![Digits::new(true).into(), byte_level(true).into()]).into(),
+            ),
+            _ => (None, byte_level(true).into()),
+        };
     tok.with_normalizer(normalizer);
     tok.with_pre_tokenizer(Some(pre));
     tok.with_decoder(Some(ByteLevel::default()));
@@ -544,7 +561,10 @@ mod tests {
 
     #[test]
     fn spm_merges_follow_scores() {
-        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"].iter().map(|s| s.to_string()).collect();
+        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let vocab = vocab_map(&tokens, |_, t| t.to_owned());
         // "bc" scores higher than "ab"; "abc" splits as ("ab","c") and ("a","bc"): longer left first.
         let scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0];
