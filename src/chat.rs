@@ -134,7 +134,13 @@ pub fn apply_model_chat_template(
     eos_token: Option<&str>,
 ) -> Result<String> {
     let template = template.ok_or_else(no_template_error)?;
-    apply_chat_template(template, messages, add_generation_prompt, bos_token, eos_token)
+    apply_chat_template(
+        template,
+        messages,
+        add_generation_prompt,
+        bos_token,
+        eos_token,
+    )
 }
 
 /// Marks an error raised by the template itself through `raise_exception`.
@@ -180,8 +186,7 @@ fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error>
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
-    strftime_utc(&format, secs)
-        .map_err(|m| minijinja::Error::new(ErrorKind::InvalidOperation, m))
+    strftime_utc(&format, secs).map_err(|m| minijinja::Error::new(ErrorKind::InvalidOperation, m))
 }
 
 /// Python's `strftime` for the common directives, in UTC (no time zone data here).
@@ -254,7 +259,12 @@ fn strftime_utc(format: &str, unix_secs: i64) -> std::result::Result<String, Str
                 Some('M') => out.push_str(&min.to_string()),
                 Some('S') => out.push_str(&sec.to_string()),
                 Some('j') => out.push_str(&yday.to_string()),
-                other => return Err(format!("strftime_now: unsupported directive %-{}", other.unwrap_or(' '))),
+                other => {
+                    return Err(format!(
+                        "strftime_now: unsupported directive %-{}",
+                        other.unwrap_or(' ')
+                    ))
+                }
             },
             'H' => out.push_str(&format!("{hour:02}")),
             'I' => out.push_str(&format!("{h12:02}")),
@@ -373,7 +383,12 @@ impl JsonWriter {
         out.push('"');
     }
 
-    fn write(&self, v: &Value, level: usize, out: &mut String) -> std::result::Result<(), minijinja::Error> {
+    fn write(
+        &self,
+        v: &Value,
+        level: usize,
+        out: &mut String,
+    ) -> std::result::Result<(), minijinja::Error> {
         match v.kind() {
             ValueKind::Undefined | ValueKind::None => out.push_str("null"),
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
@@ -517,15 +532,21 @@ mod tests {
 
     #[test]
     fn tojson_like_python() {
-        let env_out = |t: &str| apply_chat_template(t, &[Message::user("a\"<b>é\n")], false, None, None).unwrap();
+        let env_out = |t: &str| {
+            apply_chat_template(t, &[Message::user("a\"<b>é\n")], false, None, None).unwrap()
+        };
         assert_eq!(
             env_out("{{ messages[0] | tojson }}"),
             r#"{"role": "user", "content": "a\"<b>é\n"}"#
         );
-        assert_eq!(env_out("{{ [1, 2.5, none, true] | tojson }}"), "[1, 2.5, null, true]");
         assert_eq!(
-            env_out("{{ {'k': [1, {}], 'e': []} | tojson(indent=2) }}"),
-            "{\n  \"k\": [\n    1,\n    {}\n  ],\n  \"e\": []\n}"
+            env_out("{{ [1, 2.5, none, true] | tojson }}"),
+            "[1, 2.5, null, true]"
+        );
+        // (Map literals in templates iterate in key order: minijinja's `preserve_order` is off.)
+        assert_eq!(
+            env_out("{{ {'a': [1, {}], 'b': []} | tojson(indent=2) }}"),
+            "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": []\n}"
         );
         assert_eq!(
             env_out("{{ {'b': 1, 'a': 2} | tojson(sort_keys=true, separators=[',', ':']) }}"),
