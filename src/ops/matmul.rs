@@ -1,1 +1,841 @@
-//! (being written)
+//! Linear layers `y = x · Wᵀ (+ bias)`, or `y += x · Wᵀ (+ bias)` with
+//! [`LinearOpts::accumulate`] (the residual add fused into an output/down projection).
+//!
+//! W is f16 `[N, K]` row-major (a linear weight as HF/GGUF store it, packed two per u32), x is f32
+//! `[T, K]`, y is f32 `[T, N]`, bias f32 `[N]`; accumulation is f32. [`linear`] picks the kernel:
+//! - T = 1 (decode): `wgsl/matvec.wgsl`, bandwidth-bound, streams each W row with 16-byte loads;
+//! - T > 1 (prefill): `wgsl/matmul.wgsl`, tiled in workgroup memory.
+//!
+//! Output views: a weight too large for one storage binding (a 262144-row lm_head) is split into
+//! row chunks, each its own tensor, each writing its columns of one logits buffer `[T, V]`. For
+//! the chunk starting at row `r0` pass `y` = a view of the logits with `offset` = logits.offset +
+//! 4·r0 (aligned to the device's storage offset alignment: r0 a multiple of 64 does it) and shape
+//! `[T, N_chunk]`, and `ld_out = Some(V)`: row t of the chunk's output lands at
+//! `y[t·ld_out + n]`. The kernel binds `(T-1)·ld_out + N` elements from the view's offset, which
+//! must lie inside the buffer.
+
+use crate::error::Result;
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+
+/// Options of [`linear`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinearOpts {
+    /// `y += x · Wᵀ (+ bias)` instead of `y = ...`.
+    pub accumulate: bool,
+    /// Row stride of `y` in elements (default N): see the module docs on output views.
+    pub ld_out: Option<usize>,
+}
+
+/// The dimensions of one linear layer, as checked by [`check_shapes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearShape {
+    /// Tokens (rows of x and y).
+    pub t: usize,
+    /// Output features (rows of W).
+    pub n: usize,
+    /// Input features (columns of W and x).
+    pub k: usize,
+    /// Row stride of y, in elements.
+    pub ld_out: usize,
+}
+
+impl LinearShape {
+    /// Elements of y's buffer, from its offset, that the kernel may touch.
+    pub fn out_span(&self) -> usize {
+        (self.t - 1) * self.ld_out + self.n
+    }
+}
+
+/// Checks the operands of [`linear`] and returns their dimensions. Panics with a message naming
+/// the operand on any mismatch: shapes are fixed by the model, so a mismatch is a bug.
+pub fn check_shapes(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+) -> LinearShape {
+    assert_eq!(w.ty, ElemType::F16, "linear: W must be f16, got {:?}", w.ty);
+    assert_eq!(
+        w.shape.len(),
+        2,
+        "linear: W must be [N, K], got {:?}",
+        w.shape
+    );
+    let (n, k) = (w.shape[0], w.shape[1]);
+    assert!(n > 0 && k > 0, "linear: empty W {:?}", w.shape);
+    assert!(
+        k % 2 == 0,
+        "linear: K = {k} must be even (W rows are whole u32 words)"
+    );
+    assert_eq!(x.ty, ElemType::F32, "linear: x must be f32, got {:?}", x.ty);
+    assert!(
+        x.shape.len() == 2 && x.shape[1] == k,
+        "linear: x must be [T, K = {k}], got {:?}",
+        x.shape
+    );
+    let t = x.shape[0];
+    assert!(t > 0, "linear: x has no rows");
+    assert_eq!(y.ty, ElemType::F32, "linear: y must be f32, got {:?}", y.ty);
+    assert!(
+        y.shape == [t, n],
+        "linear: y must be [T = {t}, N = {n}], got {:?}",
+        y.shape
+    );
+    if let Some(b) = bias {
+        assert_eq!(
+            b.ty,
+            ElemType::F32,
+            "linear: bias must be f32, got {:?}",
+            b.ty
+        );
+        assert!(
+            b.shape == [n],
+            "linear: bias must be [N = {n}], got {:?}",
+            b.shape
+        );
+    }
+    let ld_out = opts.ld_out.unwrap_or(n);
+    assert!(ld_out >= n, "linear: ld_out = {ld_out} < N = {n}");
+    let s = LinearShape { t, n, k, ld_out };
+    let end = y.offset + 4 * s.out_span() as u64;
+    assert!(
+        end <= y.buffer.size(),
+        "linear: y rows of stride {ld_out} from byte {} reach byte {end}, past its buffer ({} bytes)",
+        y.offset,
+        y.buffer.size()
+    );
+    assert!(
+        s.out_span() < u32::MAX as usize
+            && n * k / 2 < u32::MAX as usize
+            && t * k < u32::MAX as usize,
+        "linear: {s:?} overflows 32-bit indexing"
+    );
+    s
+}
+
+/// Up to this many tokens, [`linear`] runs matvec (once per token over the same W rows, which stay
+/// in cache) rather than the tiled matmul, whose 64-row tiles would be mostly padding.
+pub const MATVEC_MAX_T: usize = 8;
+
+/// Records `y (+)= x · Wᵀ (+ bias)`: matvec for one token (or up to [`MATVEC_MAX_T`]), the tiled
+/// matmul for more.
+pub fn linear(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    let s = check_shapes(x, w, bias, y, opts);
+    if s.t <= MATVEC_MAX_T {
+        matvec(gpu, x, w, bias, y, &s, opts, MatvecConfig::new(gpu, s.k))
+    } else {
+        matmul(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
+    }
+}
+
+/// y's binding: `out_span` elements from its offset (more than its own shape when ld_out > N).
+fn out_binding<'a>(gpu: &Gpu, y: &'a Tensor, s: &LinearShape) -> wgpu::BindingResource<'a> {
+    let align = gpu.limits.min_storage_buffer_offset_alignment as u64;
+    assert!(
+        y.offset % align == 0,
+        "linear: y's offset {} is not a multiple of the storage offset alignment {align}",
+        y.offset
+    );
+    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+        buffer: &y.buffer,
+        offset: y.offset,
+        size: std::num::NonZeroU64::new(4 * s.out_span() as u64),
+    })
+}
+
+fn common_macros(gpu: &Gpu, bias: bool, accumulate: bool) -> crate::gpu::Macros {
+    gpu.macros()
+        .flag_if("BIAS", bias)
+        .flag_if("ACCUMULATE", accumulate)
+}
+
+const MATVEC_WG: u32 = 256;
+
+/// How matvec runs for one K on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MatvecConfig {
+    /// u32 words (2 halves each) per W load: 4, 2 or 1, the widest that divides a row.
+    vec: u32,
+    /// Threads per workgroup.
+    wg: u32,
+    /// Threads per row group (a power of two dividing the workgroup).
+    tpr: u32,
+    /// Rows per row group (each lane reuses its x chunk over them).
+    rows: u32,
+    /// Reduce with subgroup operations.
+    subgroups: bool,
+}
+
+impl MatvecConfig {
+    fn new(gpu: &Gpu, k: usize) -> Self {
+        let vec = if k % 8 == 0 {
+            4
+        } else if k % 4 == 0 {
+            2
+        } else {
+            1
+        };
+        let loads = (k / (2 * vec as usize)) as u32;
+        // A row group must cover whole subgroups, of any size the device may pick.
+        let sg_max = gpu.caps.subgroup_max_size.max(1).next_power_of_two();
+        let subgroups = gpu.caps.subgroups && sg_max <= MATVEC_WG;
+        let min_tpr = if subgroups { sg_max.max(4) } else { 4 };
+        // Measured on an H100 (lm_head shapes, 151936 × 896 and 262144 × 640, at 2.9-3.0 TB/s):
+        // four rows per row group (four 16-byte loads in flight per lane) and a row group about
+        // as wide as a row's loads, at most 128 (more lanes idle in the reduction).
+        let rows = 4;
+        let tpr = loads.next_power_of_two().clamp(min_tpr, min_tpr.max(128));
+        MatvecConfig {
+            vec,
+            wg: MATVEC_WG,
+            tpr,
+            rows,
+            subgroups,
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matvec(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+    cfg: MatvecConfig,
+) -> Result<Kernel> {
+    assert!(s.k % (2 * cfg.vec as usize) == 0);
+    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0 && cfg.tpr >= 4);
+    assert!(matches!(cfg.rows, 1 | 2 | 4));
+    let loads = (s.k / (2 * cfg.vec as usize)) as u32;
+    let mut macros = common_macros(gpu, bias.is_some(), opts.accumulate)
+        .flag_if("VEC4", cfg.vec == 4)
+        .flag_if("VEC2", cfg.vec == 2)
+        .set("WG", cfg.wg)
+        .set("TPR", cfg.tpr)
+        .set("ROWS", cfg.rows)
+        .flag_if("ROWS2", cfg.rows == 2)
+        .flag_if("ROWS4", cfg.rows == 4);
+    if !cfg.subgroups {
+        macros.0.remove("SUBGROUP");
+    }
+    let rows_per_wg = cfg.rows * cfg.wg / cfg.tpr;
+    let params = gpu.uniform(
+        "matvec.params",
+        &[s.n as u32, loads, s.t as u32, s.ld_out as u32],
+    );
+    let mut bindings = vec![
+        w.binding(),
+        x.binding(),
+        out_binding(gpu, y, s),
+        params.as_entire_binding(),
+    ];
+    if let Some(b) = bias {
+        bindings.push(b.binding());
+    }
+    gpu.kernel(
+        "matvec",
+        "main",
+        &macros,
+        &bindings,
+        grid((s.n as u32).div_ceil(rows_per_wg)),
+    )
+}
+
+/// Matmul tile: the workgroup is 16 × 16 threads, each computing tile × tile outputs of a
+/// 16·tile (tokens) × 16·tile (features) block of y; K advances bk at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MatmulConfig {
+    tile: u32,
+    bk: u32,
+}
+
+impl MatmulConfig {
+    fn new(s: &LinearShape) -> Self {
+        // The 128×128 tile does twice the work per staged word, but makes 4× fewer workgroups:
+        // worth it once they fill a large GPU (measured on an H100, 132 SMs: 21 vs 10 TFLOP/s
+        // at 2048 × 4096 × 4096, 512 workgroups; 7.7 vs 11.8 at 512 × 2048 × 2048, 64).
+        if s.t.div_ceil(128) * s.n.div_ceil(128) >= 128 {
+            MatmulConfig { tile: 8, bk: 16 }
+        } else {
+            MatmulConfig { tile: 4, bk: 32 }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+    cfg: MatmulConfig,
+) -> Result<Kernel> {
+    let MatmulConfig { tile, bk } = cfg;
+    // Staging: every thread loads the same number of words of each tile.
+    assert!(matches!(tile, 4 | 8) && bk % 2 == 0 && (16 * tile * bk / 2) % 256 == 0);
+    let macros = common_macros(gpu, bias.is_some(), opts.accumulate)
+        .set("TILE", tile)
+        .flag_if("TILE8", tile == 8)
+        .set("BK", bk);
+    let params = gpu.uniform(
+        "matmul.params",
+        &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32],
+    );
+    let mut bindings = vec![
+        w.binding(),
+        x.binding(),
+        out_binding(gpu, y, s),
+        params.as_entire_binding(),
+    ];
+    if let Some(b) = bias {
+        bindings.push(b.binding());
+    }
+    let groups = [
+        (s.n as u32).div_ceil(16 * tile),
+        (s.t as u32).div_ceil(16 * tile),
+        1,
+    ];
+    gpu.kernel("matmul", "main", &macros, &bindings, groups)
+}
+
+pub mod cpu {
+    /// `y (+)= x · Wᵀ (+ bias)` with x `[T, K]`, w `[N, K]` (f32, e.g. the f16 weight widened),
+    /// y `[T, N]`; sums in f64, so it serves as the exact reference.
+    pub fn linear(
+        x: &[f32],
+        w: &[f32],
+        k: usize,
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        accumulate: bool,
+    ) {
+        assert!(k > 0 && x.len() % k == 0 && w.len() % k == 0);
+        let (t, n) = (x.len() / k, w.len() / k);
+        assert_eq!(y.len(), t * n);
+        for ti in 0..t {
+            let xr = &x[ti * k..(ti + 1) * k];
+            for ni in 0..n {
+                let wr = &w[ni * k..(ni + 1) * k];
+                let mut s: f64 = xr.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                if let Some(b) = bias {
+                    s += b[ni] as f64;
+                }
+                let o = &mut y[ti * n + ni];
+                *o = if accumulate {
+                    (*o as f64 + s) as f32
+                } else {
+                    s as f32
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::tensor::test_util::*;
+    use half::f16;
+
+    /// Random f16 weights `[n, k]` and the same values widened to f32 for the reference.
+    fn weights(n: usize, k: usize, seed: u64) -> (Vec<f16>, Vec<f32>) {
+        let h: Vec<f16> = random(n * k, seed, 1.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let f = h.iter().map(|v| v.to_f32()).collect();
+        (h, f)
+    }
+
+    /// Reference result and the per-element tolerance of `y (+)= x·Wᵀ (+ bias)`.
+    ///
+    /// Tolerance: the reference sums in f64 over the same (f16-rounded) weights, so the only
+    /// error is the kernel's f32 rounding. Each addition of a K-term sum errs by at most
+    /// eps = 2^-24 ≈ 6e-8 of the running sum, which is at most S = Σ|terms| (Σ_k |x_k·w_k| plus
+    /// |bias| and |y_old|). The kernels sum in various orders (strided lanes, subgroup and tree
+    /// reductions, k-blocks), and rounding errors of random sign grow like sqrt(K), so the
+    /// expected error is ~eps·sqrt(K)·S / few. We allow 4·eps·sqrt(K)·S: with terms ~U(-1,1)²
+    /// (S ≈ K/4), K = 1536 gives 3.6e-3 against outputs of size ~sqrt(K)/3 ≈ 13 (~3e-4
+    /// relative), still far below one term's typical magnitude (~0.25), so a dropped, doubled or
+    /// misplaced term fails.
+    fn reference(
+        x: &[f32],
+        w: &[f32],
+        k: usize,
+        bias: Option<&[f32]>,
+        y0: &[f32],
+        accumulate: bool,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let mut want = y0.to_vec();
+        cpu::linear(x, w, k, bias, &mut want, accumulate);
+        let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+        let mut mag = abs(y0);
+        let ab = bias.map(abs);
+        cpu::linear(&abs(x), &abs(w), k, ab.as_deref(), &mut mag, accumulate);
+        let eps = f32::EPSILON / 2.0;
+        let tol = mag
+            .iter()
+            .map(|m| 4.0 * eps * (k as f32).sqrt() * m)
+            .collect();
+        (want, tol)
+    }
+
+    /// Asserts |got - want| <= tol elementwise; returns the worst error/tolerance ratio.
+    fn check(got: &[f32], want: &[f32], tol: &[f32], what: &str) -> f32 {
+        assert_eq!(got.len(), want.len(), "{what}");
+        let mut worst = 0.0f32;
+        for (i, ((g, w), t)) in got.iter().zip(want).zip(tol).enumerate() {
+            let d = (g - w).abs();
+            assert!(
+                d <= *t,
+                "{what}: element {i}: got {g}, want {w} (|diff| {d} > tol {t})"
+            );
+            worst = worst.max(d / t);
+        }
+        worst
+    }
+
+    /// Which kernel a test case runs.
+    #[derive(Clone, Copy, Debug)]
+    enum Path {
+        /// matvec, even for many tokens.
+        Matvec,
+        /// The tiled matmul with a given tile, even for one token.
+        Matmul(MatmulConfig),
+    }
+    const TILE4: MatmulConfig = MatmulConfig { tile: 4, bk: 32 };
+    const TILE8: MatmulConfig = MatmulConfig { tile: 8, bk: 16 };
+
+    /// Runs one linear layer on fresh random operands and checks it against the reference.
+    #[allow(clippy::too_many_arguments)]
+    fn run_case(
+        gpu: &Gpu,
+        t: usize,
+        n: usize,
+        k: usize,
+        with_bias: bool,
+        accumulate: bool,
+        path: Path,
+        seed: u64,
+    ) -> f32 {
+        let what = format!(
+            "T={t} N={n} K={k} bias={with_bias} acc={accumulate} {path:?} f16={} sg={}",
+            gpu.caps.f16, gpu.caps.subgroups
+        );
+        let xv = random(t * k, seed, 1.0);
+        let (wh, wf) = weights(n, k, seed + 1);
+        let bv = random(n, seed + 2, 1.0);
+        let y0 = random(t * n, seed + 3, 1.0);
+        let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
+        let w = gpu.upload_f16("w", &[n, k], &wh).unwrap();
+        let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
+        let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
+        let bias = with_bias.then_some(&b);
+        let opts = LinearOpts {
+            accumulate,
+            ld_out: None,
+        };
+        let s = check_shapes(&x, &w, bias, &y, opts);
+        let kern = match path {
+            Path::Matvec => matvec(gpu, &x, &w, bias, &y, &s, opts, MatvecConfig::new(gpu, k)),
+            Path::Matmul(cfg) => matmul(gpu, &x, &w, bias, &y, &s, opts, cfg),
+        }
+        .unwrap();
+        gpu.run(&[&kern]).unwrap();
+        let got = gpu.read_f32(&y).unwrap();
+        let (want, tol) = reference(&xv, &wf, k, with_bias.then_some(&bv[..]), &y0, accumulate);
+        check(&got, &want, &tol, &what)
+    }
+
+    #[test]
+    fn linear_matches_cpu() {
+        let mut worst = 0.0f32;
+        for gpu in gpu_variants() {
+            let mut seed = 10;
+            for t in [1usize, 3, 67] {
+                // (100, 70): K % 4 == 2 (one-word loads); (130, 68): K % 8 == 4 (two-word loads).
+                for (n, k) in [(64usize, 64usize), (100, 70), (130, 68), (576, 1536)] {
+                    // Bias and accumulate only change the epilogue: every combination on the small
+                    // shapes, both on at once on the large one (slow on lavapipe).
+                    let epilogues: &[(bool, bool)] = if n * k > 100_000 {
+                        &[(true, true)]
+                    } else {
+                        &[(false, false), (true, false), (false, true), (true, true)]
+                    };
+                    for &(with_bias, accumulate) in epilogues {
+                        // Both kernels for every T (`linear` picks by T: the split-view test
+                        // goes through it).
+                        for path in [Path::Matvec, Path::Matmul(TILE4)] {
+                            seed += 10;
+                            worst = worst
+                                .max(run_case(&gpu, t, n, k, with_bias, accumulate, path, seed));
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!("linear_matches_cpu: worst |error| / tolerance = {worst:.3}");
+    }
+
+    #[test]
+    fn large_tiles_match_cpu() {
+        // The 128×128 tile (picked for large T·N), with sizes off the tile edges.
+        for gpu in gpu_variants() {
+            run_case(&gpu, 130, 260, 96, true, true, Path::Matmul(TILE8), 7);
+            run_case(&gpu, 20, 100, 70, false, false, Path::Matmul(TILE8), 8);
+        }
+    }
+
+    #[test]
+    fn split_weight_writes_logit_views() {
+        // A [V = 192, K] weight split into row chunks of 128 and 64, each its own tensor, writing
+        // its columns of one [T, V] logits buffer through a view with ld_out = V.
+        for gpu in gpu_variants() {
+            // T = 1 and 5 run matvec, T = 12 the tiled matmul.
+            for (t, k, accumulate) in [
+                (1usize, 70usize, false),
+                (5, 64, false),
+                (12, 70, true),
+                (1, 64, true),
+            ] {
+                let v = 192;
+                let chunks = [(0usize, 128usize), (128, 64)];
+                let xv = random(t * k, 3, 1.0);
+                let (wh, wf) = weights(v, k, 4);
+                let bv = random(v, 5, 1.0);
+                let y0 = random(t * v, 6, 1.0);
+                let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
+                let logits = gpu.upload_f32("logits", &[t, v], &y0).unwrap();
+                let mut keep = Vec::new();
+                for (r0, rows) in chunks {
+                    let w = gpu
+                        .upload_f16("w chunk", &[rows, k], &wh[r0 * k..(r0 + rows) * k])
+                        .unwrap();
+                    let b = gpu
+                        .upload_f32("bias chunk", &[rows], &bv[r0..r0 + rows])
+                        .unwrap();
+                    let view = Tensor {
+                        buffer: logits.buffer.clone(),
+                        offset: logits.offset + 4 * r0 as u64,
+                        shape: vec![t, rows],
+                        ty: ElemType::F32,
+                    };
+                    let opts = LinearOpts {
+                        accumulate,
+                        ld_out: Some(v),
+                    };
+                    keep.push(linear(&gpu, &x, &w, Some(&b), &view, opts).unwrap());
+                }
+                gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();
+                let got = gpu.read_f32(&logits).unwrap();
+                let (want, tol) = reference(&xv, &wf, k, Some(&bv), &y0, accumulate);
+                check(
+                    &got,
+                    &want,
+                    &tol,
+                    &format!("split T={t} K={k} acc={accumulate}"),
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn matvec_folded_grid() {
+        // One row per (small) workgroup: 70001 workgroups fold into a 2-D grid of 2 × 35001, one
+        // of them padding.
+        for gpu in gpu_variants() {
+            let (n, k) = (70_001usize, 8usize);
+            let xv = random(k, 1, 1.0);
+            let (wh, wf) = weights(n, k, 2);
+            let y0 = random(n, 3, 1.0);
+            let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
+            let w = gpu.upload_f16("w", &[n, k], &wh).unwrap();
+            let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
+            let opts = LinearOpts::default();
+            let s = check_shapes(&x, &w, None, &y, opts);
+            let mut cfg = MatvecConfig::new(&gpu, k);
+            cfg.tpr = if cfg.subgroups {
+                gpu.caps.subgroup_max_size.max(8)
+            } else {
+                8
+            };
+            cfg.wg = cfg.tpr;
+            cfg.rows = 1;
+            let kern = matvec(&gpu, &x, &w, None, &y, &s, opts, cfg).unwrap();
+            assert!(kern.workgroups[1] > 1, "{:?}", kern.workgroups);
+            gpu.run(&[&kern]).unwrap();
+            let got = gpu.read_f32(&y).unwrap();
+            let (want, tol) = reference(&xv, &wf, k, None, &y0, false);
+            check(&got, &want, &tol, "folded grid");
+        }
+    }
+
+    /// One thread per output row, reading W one u32 at a time: the baseline for `bench_matvec`.
+    const NAIVE_MATVEC: &str = "
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> x: array<vec2<f32>>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> p: vec4<u32>;  // (n, k / 2)
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+    let row = g.x;
+    if (row >= p.x) { return; }
+    var acc = 0.0;
+    for (var i = 0u; i < p.y; i++) {
+        acc += dot(unpack2x16float(w[row * p.y + i]), x[i]);
+    }
+    y[row] = acc;
+}
+";
+
+    /// Seconds per call of `encode`, averaged over a batch encoded into one compute pass (sized
+    /// to take about 0.3 s, after a warm-up).
+    fn time_per_call(gpu: &Gpu, encode: &dyn Fn(&mut wgpu::ComputePass<'_>)) -> f64 {
+        let batch = |r: usize| {
+            let t0 = std::time::Instant::now();
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for _ in 0..r {
+                    encode(&mut pass);
+                }
+            }
+            gpu.queue.submit([enc.finish()]);
+            gpu.wait().unwrap();
+            t0.elapsed().as_secs_f64()
+        };
+        batch(2);
+        let one = batch(3) / 3.0;
+        let reps = ((0.3 / one) as usize).clamp(3, 2000);
+        batch(reps) / reps as f64
+    }
+
+    #[test]
+    #[ignore = "timing: cargo test --lib ops::matmul::tests::bench_matvec -- --ignored --nocapture"]
+    fn bench_matvec() {
+        let (n, k) = (2048usize, 2048usize);
+        for gpu in gpu_variants() {
+            let xv = random(k, 1, 1.0);
+            let (wh, wf) = weights(n, k, 2);
+            let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
+            let w = gpu.upload_f16("w", &[n, k], &wh).unwrap();
+            let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
+            let y_naive = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
+
+            let kern = linear(&gpu, &x, &w, None, &y, LinearOpts::default()).unwrap();
+            let t_fast = time_per_call(&gpu, &|pass| kern.encode(pass));
+
+            let module = gpu
+                .device
+                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some("naive matvec"),
+                    source: wgpu::ShaderSource::Wgsl(NAIVE_MATVEC.into()),
+                });
+            let pipeline = gpu
+                .device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some("naive matvec"),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                });
+            let params = gpu.uniform("naive.params", &[n as u32, (k / 2) as u32, 0, 0]);
+            let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: w.binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: x.binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: y_naive.binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 3,
+                        resource: params.as_entire_binding(),
+                    },
+                ],
+            });
+            let t_naive = time_per_call(&gpu, &|pass| {
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bind, &[]);
+                pass.dispatch_workgroups((n as u32).div_ceil(64), 1, 1);
+            });
+
+            let (want, tol) = reference(&xv, &wf, k, None, &vec![0.0; n], false);
+            check(&gpu.read_f32(&y).unwrap(), &want, &tol, "bench matvec");
+            check(&gpu.read_f32(&y_naive).unwrap(), &want, &tol, "bench naive");
+            let gbs = |t: f64| (n * k * 2) as f64 / t / 1e9;
+            eprintln!(
+                "{} f16={} sg={} N=K={n}: matvec {:.3} ms ({:.2} GB/s of W, {:?}), naive {:.3} ms ({:.2} GB/s): {:.1}x",
+                gpu.info.name,
+                gpu.caps.f16,
+                gpu.caps.subgroups,
+                t_fast * 1e3,
+                gbs(t_fast),
+                MatvecConfig::new(&gpu, k),
+                t_naive * 1e3,
+                gbs(t_naive),
+                t_naive / t_fast
+            );
+        }
+    }
+
+    #[test]
+    #[ignore = "timing: cargo test --lib ops::matmul::tests::bench_sweep -- --ignored --nocapture"]
+    fn bench_sweep() {
+        // Decode shapes (N, K): square, Qwen2-0.5B-like MLP and lm_head, Gemma-3-270M lm_head.
+        let gpu = gpu();
+        let big = gpu.info.device_type != wgpu::DeviceType::Cpu;
+        let matvec_shapes: &[(usize, usize)] = if big {
+            &[
+                (2048, 2048),
+                (4096, 4096),
+                (4864, 896),
+                (896, 4864),
+                (151936, 896),
+                (262144, 640),
+            ]
+        } else {
+            &[(2048, 2048)]
+        };
+        let opts = LinearOpts::default();
+        for g in gpu_variants() {
+            for &(n, k) in matvec_shapes {
+                let xv = random(k, 1, 1.0);
+                let (wh, wf) = weights(n, k, 2);
+                let x = g.upload_f32("x", &[1, k], &xv).unwrap();
+                let w = g.upload_f16("w", &[n, k], &wh).unwrap();
+                let y = g.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
+                let (want, tol) = reference(&xv, &wf, k, None, &vec![0.0; n], false);
+                let s = check_shapes(&x, &w, None, &y, opts);
+                let auto = MatvecConfig::new(&g, k);
+                let mut cfgs = vec![auto];
+                for rows in [2, 4] {
+                    for tpr in [32, 64, 128, 256] {
+                        if tpr >= g.caps.subgroup_max_size || !auto.subgroups {
+                            cfgs.push(MatvecConfig { rows, tpr, ..auto });
+                        }
+                    }
+                }
+                cfgs.push(auto);
+                let mut line = format!("matvec sg={} N={n} K={k}:", auto.subgroups);
+                for (i, c) in cfgs.iter().enumerate() {
+                    let kern = matvec(&g, &x, &w, None, &y, &s, opts, *c).unwrap();
+                    let t = time_per_call(&g, &|pass| kern.encode(pass));
+                    check(&g.read_f32(&y).unwrap(), &want, &tol, "sweep");
+                    let name = if i == 0 || i == cfgs.len() - 1 {
+                        format!("auto(r{} t{})", c.rows, c.tpr)
+                    } else {
+                        format!("r{} t{}", c.rows, c.tpr)
+                    };
+                    line += &format!(
+                        " {name} {:.1}us {:.0}GB/s;",
+                        t * 1e6,
+                        (n * k * 2) as f64 / t / 1e9
+                    );
+                }
+                eprintln!("{line}");
+            }
+        }
+        // Few tokens: matvec per token vs the 64×64 tile.
+        let few: &[(usize, usize)] = if big {
+            &[(2048, 2048), (4864, 896), (151936, 896)]
+        } else {
+            &[(576, 1536)]
+        };
+        for &(n, k) in few {
+            let w = gpu.upload_f16("w", &[n, k], &weights(n, k, 2).0).unwrap();
+            for t in [2usize, 4, 8, 16, 32] {
+                let x = gpu
+                    .upload_f32("x", &[t, k], &random(t * k, 1, 1.0))
+                    .unwrap();
+                let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
+                let s = check_shapes(&x, &w, None, &y, opts);
+                let kv =
+                    matvec(&gpu, &x, &w, None, &y, &s, opts, MatvecConfig::new(&gpu, k)).unwrap();
+                let tv = time_per_call(&gpu, &|pass| kv.encode(pass));
+                let a = gpu.read_f32(&y).unwrap();
+                let km = matmul(&gpu, &x, &w, None, &y, &s, opts, TILE4).unwrap();
+                let tm = time_per_call(&gpu, &|pass| km.encode(pass));
+                let (d, _) = max_abs_diff(&a, &gpu.read_f32(&y).unwrap());
+                assert!(d < 1e-2, "matvec and matmul disagree by {d}");
+                eprintln!(
+                    "few tokens T={t} N={n} K={k}: matvec {:.1} us, matmul {:.1} us",
+                    tv * 1e6,
+                    tm * 1e6
+                );
+            }
+        }
+        let matmul_shapes: &[(usize, usize, usize)] = if big {
+            &[
+                (16, 2048, 2048),
+                (128, 2048, 2048),
+                (512, 2048, 2048),
+                (512, 4864, 896),
+                (2048, 4096, 4096),
+            ]
+        } else {
+            &[(67, 576, 1536)]
+        };
+        for &(t, n, k) in matmul_shapes {
+            let x = gpu
+                .upload_f32("x", &[t, k], &random(t * k, 1, 1.0))
+                .unwrap();
+            let w = gpu.upload_f16("w", &[n, k], &weights(n, k, 2).0).unwrap();
+            let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
+            let s = check_shapes(&x, &w, None, &y, opts);
+            let mut outs = Vec::new();
+            for cfg in [TILE4, TILE8] {
+                let kern = matmul(&gpu, &x, &w, None, &y, &s, opts, cfg).unwrap();
+                let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                outs.push(gpu.read_f32(&y).unwrap());
+                eprintln!(
+                    "matmul T={t} N={n} K={k} tile {}{}: {:.1} us, {:.2} TFLOP/s",
+                    cfg.tile,
+                    if cfg == MatmulConfig::new(&s) {
+                        " (auto)"
+                    } else {
+                        ""
+                    },
+                    tm * 1e6,
+                    (2 * t * n * k) as f64 / tm / 1e12
+                );
+            }
+            let (d, _) = max_abs_diff(&outs[0], &outs[1]);
+            assert!(d < 1e-2, "tiles disagree by {d}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "x must be [T, K = 64]")]
+    fn shape_mismatch_panics() {
+        let gpu = gpu();
+        let x = gpu.empty("x", &[2, 32], ElemType::F32).unwrap();
+        let w = gpu.empty("w", &[16, 64], ElemType::F16).unwrap();
+        let y = gpu.empty("y", &[2, 16], ElemType::F32).unwrap();
+        let _ = linear(&gpu, &x, &w, None, &y, LinearOpts::default());
+    }
+}
