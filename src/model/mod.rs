@@ -1,2 +1,6 @@
 //! Model description and the layer loop.
 pub mod config;
+pub mod forward;
+pub mod weights;
+
+pub use forward::{Model, Plan};

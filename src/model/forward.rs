@@ -1,0 +1,299 @@
+//! The one layer loop. A [`Plan`] is the recorded forward pass for T tokens: its activation
+//! buffers, bind groups and dispatches are made once and replayed; what changes per call (the
+//! token ids and the [`StepParams`] uniform) is written with `queue.write_buffer`.
+//!
+//! Per layer (10 dispatches, 12 with sandwich norms):
+//! rms_norm → qkv linear (+bias) → rope (+q/k norm) → kv_cache_write → attention →
+//! o linear (+= residual | → tmp, rms_norm += residual) → rms_norm → gate_up linear →
+//! gated_act → down linear (+= residual | → tmp, rms_norm += residual).
+//! Then the last row: output rms_norm → lm_head (one dispatch per row chunk) → logits (vocab).
+
+use super::config::ModelConfig;
+use super::weights::{self, Weights};
+use crate::error::{Error, Result};
+use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
+use crate::loader::Checkpoint;
+use crate::ops::attention::{attention, kv_cache_write, AttnParams};
+use crate::ops::elementwise::gated_act;
+use crate::ops::embedding::embedding;
+use crate::ops::matmul::{linear, LinearOpts};
+use crate::ops::norm::rms_norm;
+use crate::ops::rope::{rope, RopeParams};
+use crate::ops::StepParams;
+use std::collections::HashMap;
+
+/// Default maximum tokens per prefill pass: longer prompts run in chunks of this size.
+pub const PREFILL_CHUNK: usize = 512;
+
+enum Item {
+    Kernel(Kernel),
+    /// Copy of `bytes` between buffers (ends the compute pass).
+    Copy { src: Tensor, dst: Tensor },
+}
+
+/// The recorded forward pass for `t` tokens.
+pub struct Plan {
+    pub t: usize,
+    /// Token ids in, u32 [t].
+    pub ids: Tensor,
+    /// Last-position logits out, f32 [vocab].
+    pub logits: Tensor,
+    items: Vec<Item>,
+    /// Activation buffers, kept alive for the bind groups.
+    _acts: Vec<Tensor>,
+}
+
+impl Plan {
+    pub fn dispatches(&self) -> usize {
+        self.items.iter().filter(|i| matches!(i, Item::Kernel(_))).count()
+    }
+
+    /// Encodes the pass into `enc` (compute passes split around copies).
+    pub fn encode(&self, enc: &mut wgpu::CommandEncoder) {
+        let mut i = 0;
+        while i < self.items.len() {
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("forward"),
+                    timestamp_writes: None,
+                });
+                while let Some(Item::Kernel(k)) = self.items.get(i) {
+                    k.encode(&mut pass);
+                    i += 1;
+                }
+            }
+            while let Some(Item::Copy { src, dst }) = self.items.get(i) {
+                enc.copy_buffer_to_buffer(&src.buffer, src.offset, &dst.buffer, dst.offset, src.size_bytes());
+                i += 1;
+            }
+        }
+    }
+}
+
+pub struct Model {
+    pub gpu: Gpu,
+    pub config: ModelConfig,
+    pub weights: Weights,
+    /// (K, V) cache per layer, f16 [Hkv, max_ctx, D] each.
+    kv: Vec<(Tensor, Tensor)>,
+    pub max_ctx: usize,
+    /// The [`StepParams`] uniform.
+    step: wgpu::Buffer,
+    plans: HashMap<usize, Plan>,
+    /// Tokens already in the KV cache.
+    pub pos: usize,
+    pub prefill_chunk: usize,
+}
+
+impl Model {
+    /// Uploads the checkpoint's weights and allocates a KV cache of `ctx` positions (default:
+    /// the model's maximum, capped at 4096).
+    pub fn load(gpu: &Gpu, ck: &Checkpoint, ctx: Option<usize>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
+        let config = ck.config.clone();
+        let max_ctx = ctx.unwrap_or(config.max_position_embeddings.min(4096));
+        if max_ctx == 0 || max_ctx > config.max_position_embeddings {
+            return Err(Error::InvalidArgument(format!(
+                "context length {max_ctx} is outside 1..={} for this model",
+                config.max_position_embeddings
+            )));
+        }
+        let weights = weights::load(gpu, ck, progress)?;
+        let kv_shape = [config.num_kv_heads, max_ctx, config.head_dim];
+        let kv = (0..config.num_layers)
+            .map(|l| {
+                Ok((
+                    gpu.empty(&format!("k_cache.{l}"), &kv_shape, ElemType::F16)?,
+                    gpu.empty(&format!("v_cache.{l}"), &kv_shape, ElemType::F16)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let step = gpu.uniform("step", &StepParams::default());
+        Ok(Model {
+            gpu: gpu.clone(),
+            config,
+            weights,
+            kv,
+            max_ctx,
+            step,
+            plans: HashMap::new(),
+            pos: 0,
+            prefill_chunk: PREFILL_CHUNK,
+        })
+    }
+
+    /// Forgets the sequence (the KV cache is overwritten from position 0).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// The plan for `t` tokens, recorded on first use.
+    pub fn plan(&mut self, t: usize) -> Result<&Plan> {
+        if !self.plans.contains_key(&t) {
+            let p = self.record(t)?;
+            self.plans.insert(t, p);
+        }
+        Ok(&self.plans[&t])
+    }
+
+    /// Runs `tokens` at positions `pos..pos + len` and leaves the last position's logits on the
+    /// GPU (returned: f32 [vocab]). Work is submitted, not waited for.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Tensor> {
+        if tokens.is_empty() {
+            return Err(Error::InvalidArgument("no tokens to run".into()));
+        }
+        if self.pos + tokens.len() > self.max_ctx {
+            return Err(Error::InvalidArgument(format!(
+                "{} tokens at position {} exceed the context of {} tokens (raise --ctx, up to {})",
+                tokens.len(),
+                self.pos,
+                self.max_ctx,
+                self.config.max_position_embeddings
+            )));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(Error::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary ({})",
+                self.config.vocab_size
+            )));
+        }
+        let mut logits = None;
+        for chunk in tokens.chunks(self.prefill_chunk) {
+            let pos = self.pos as u32;
+            self.plan(chunk.len())?;
+            let plan = &self.plans[&chunk.len()];
+            let q = &self.gpu.queue;
+            q.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(chunk));
+            let step = StepParams {
+                pos,
+                n_tokens: chunk.len() as u32,
+                _pad: [0; 2],
+            };
+            q.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            plan.encode(&mut enc);
+            q.submit([enc.finish()]);
+            logits = Some(plan.logits.clone());
+            self.pos += chunk.len();
+        }
+        self.gpu.check()?;
+        Ok(logits.expect("at least one chunk"))
+    }
+
+    fn record(&self, t: usize) -> Result<Plan> {
+        let g = &self.gpu;
+        let c = &self.config;
+        let w = &self.weights;
+        let (h, f) = (c.hidden_size, c.intermediate_size);
+        let qkv_dim = c.q_dim() + 2 * c.kv_dim();
+        let f32t = |name: &str, shape: &[usize]| g.empty(name, shape, ElemType::F32);
+        let ids = g.empty("ids", &[t], ElemType::U32)?;
+        let x = f32t("x", &[t, h])?;
+        let xn = f32t("xn", &[t, h])?;
+        let qkv = f32t("qkv", &[t, qkv_dim])?;
+        let attn = f32t("attn", &[t, c.q_dim()])?;
+        let gu = f32t("gate_up", &[t, 2 * f])?;
+        let act = f32t("act", &[t, f])?;
+        let tmp = f32t("tmp", &[t, h])?;
+        let last = f32t("last", &[1, h])?;
+        let last_n = f32t("last_norm", &[1, h])?;
+        let logits = f32t("logits", &[c.vocab_size])?;
+
+        let mut items = Vec::new();
+        let mut k = |kernel: Kernel| items.push(Item::Kernel(kernel));
+        for (row_start, chunk) in &w.embed {
+            k(embedding(g, chunk, *row_start, &ids, &x, c.embedding_scale)?);
+        }
+        let norm = |x: &Tensor, wt: &Tensor, out: &Tensor, accumulate: bool| {
+            rms_norm(g, x, wt, out, c.rms_norm_eps, accumulate)
+        };
+        let plain = LinearOpts {
+            accumulate: false,
+            ld_out: None,
+        };
+        let residual = LinearOpts {
+            accumulate: true,
+            ld_out: None,
+        };
+        for (l, lw) in w.layers.iter().enumerate() {
+            let (kc, vc) = &self.kv[l];
+            let sliding = match c.layer_attention[l] {
+                super::config::LayerAttention::Full => None,
+                super::config::LayerAttention::Sliding { window } => Some(window),
+            };
+            k(norm(&x, &lw.attn_norm, &xn, false)?);
+            k(linear(g, &xn, &lw.qkv, lw.qkv_bias.as_ref(), &qkv, plain)?);
+            let rp = RopeParams {
+                heads: c.num_heads,
+                kv_heads: c.num_kv_heads,
+                head_dim: c.head_dim,
+                theta: if sliding.is_some() {
+                    c.rope_local_theta.unwrap_or(c.rope_theta)
+                } else {
+                    c.rope_theta
+                },
+                scaling: if sliding.is_some() { 1.0 } else { c.rope_scaling_factor },
+                n_tokens: t,
+            };
+            let qk = lw.qk_norm.as_ref().map(|(q, kk)| (q, kk, c.rms_norm_eps));
+            k(rope(g, &qkv, &self.step, rp, qk)?);
+            let ap = AttnParams {
+                heads: c.num_heads,
+                kv_heads: c.num_kv_heads,
+                head_dim: c.head_dim,
+                max_ctx: self.max_ctx,
+                window: sliding.unwrap_or(0) as usize,
+                scale: c.attention_scale,
+                n_tokens: t,
+                splits: 0,
+            };
+            k(kv_cache_write(g, &qkv, kc, vc, &self.step, ap)?);
+            for kernel in attention(g, &qkv, kc, vc, &attn, &self.step, ap)? {
+                k(kernel);
+            }
+            match &lw.post_attn_norm {
+                Some(pn) => {
+                    k(linear(g, &attn, &lw.attn_out, None, &tmp, plain)?);
+                    k(norm(&tmp, pn, &x, true)?);
+                }
+                None => k(linear(g, &attn, &lw.attn_out, None, &x, residual)?),
+            }
+            k(norm(&x, &lw.ffn_norm, &xn, false)?);
+            k(linear(g, &xn, &lw.gate_up, None, &gu, plain)?);
+            k(gated_act(g, &gu, &act, c.activation)?);
+            match &lw.post_ffw_norm {
+                Some(pn) => {
+                    k(linear(g, &act, &lw.down, None, &tmp, plain)?);
+                    k(norm(&tmp, pn, &x, true)?);
+                }
+                None => k(linear(g, &act, &lw.down, None, &x, residual)?),
+            }
+        }
+        // The last row only: output norm and lm_head.
+        let last_row = if t == 1 {
+            x.clone()
+        } else {
+            items.push(Item::Copy {
+                src: x.view((t - 1) * h, &[1, h]),
+                dst: last.clone(),
+            });
+            last.clone()
+        };
+        let mut k = |kernel: Kernel| items.push(Item::Kernel(kernel));
+        k(rms_norm(g, &last_row, &w.output_norm, &last_n, c.rms_norm_eps, false)?);
+        for (row_start, chunk) in &w.lm_head {
+            let rows = chunk.shape[0];
+            let out = logits.view(*row_start as usize, &[1, rows]);
+            k(linear(g, &last_n, chunk, None, &out, plain)?);
+        }
+        if c.final_logit_softcapping.is_some() {
+            return Err(Error::Unsupported("final logit soft-capping".into()));
+        }
+        Ok(Plan {
+            t,
+            ids,
+            logits,
+            items,
+            _acts: vec![x, xn, qkv, attn, gu, act, tmp, last, last_n],
+        })
+    }
+}
