@@ -10,6 +10,7 @@
 
 pub mod chat;
 pub mod error;
+pub mod generate;
 pub mod gpu;
 pub mod loader;
 pub mod model;
