@@ -85,7 +85,63 @@ def fix_tokenizer(tok, meta: dict) -> list[str]:
               "tokenizer falls back to GPT-2 ByteLevel without the digit split)")
         return ["tokenizer.ggml.pre 'smollm': pre-tokenizer set to Digits(individual_digits) + ByteLevel "
                 "as in SmolLM2's tokenizer.json (transformers' GGUF tokenizer lacks the digit split)"]
+    if pre == "qwen2":
+        from tokenizers import normalizers
+        tok.backend_tokenizer.normalizer = normalizers.NFC()
+        print("tokenizer: pre 'qwen2' -> NFC normalizer added (as in Qwen2's tokenizer.json)")
+        return ["tokenizer.ggml.pre 'qwen2': NFC normalizer added as in Qwen2's tokenizer.json "
+                "(transformers' GGUF tokenizer has none; no effect on ASCII prompts)"]
     return []
+
+
+def sentencepiece_ids(gguf_path: str, text: str) -> list[int] | None:
+    """Cross-check for sentencepiece-vocabulary GGUFs (Gemma): rebuild a sentencepiece BPE model from
+    the GGUF pieces/scores/types and encode `text` (no BOS; control tokens split out first). Returns
+    None if sentencepiece is not installed."""
+    try:
+        import sentencepiece as spm
+        import sentencepiece.sentencepiece_model_pb2 as pb
+    except ImportError:
+        return None
+    r = GGUFReader(gguf_path)
+
+    def arr(key):
+        f = r.fields[key]
+        return [f.parts[i] for i in f.data]
+
+    tokens = [bytes(x).decode("utf-8") for x in arr("tokenizer.ggml.tokens")]
+    scores = [float(x[0]) for x in arr("tokenizer.ggml.scores")]
+    types = [int(x[0]) for x in arr("tokenizer.ggml.token_type")]
+    m = pb.ModelProto()
+    m.trainer_spec.model_type = pb.TrainerSpec.BPE
+    m.trainer_spec.byte_fallback = True
+    m.trainer_spec.unk_id = types.index(2) if 2 in types else 3
+    m.normalizer_spec.name = "identity"
+    m.normalizer_spec.add_dummy_prefix = False
+    m.normalizer_spec.remove_extra_whitespaces = False
+    m.normalizer_spec.escape_whitespaces = True
+    for t, sc, ty in zip(tokens, scores, types):
+        piece = m.pieces.add()
+        piece.piece = t.replace(" ", "\u2581") if ty == 4 else t  # llama.cpp spells space runs with " "
+        piece.score = sc
+        piece.type = ty
+    sp = spm.SentencePieceProcessor(model_proto=m.SerializeToString())
+    control = sorted({t for t, ty in zip(tokens, types) if ty == 3 and t}, key=len, reverse=True)
+    index = {t: i for i, t in enumerate(tokens)}
+    ids, i, start = [], 0, 0
+    while i < len(text):
+        hit = next((c for c in control if text.startswith(c, i)), None)
+        if hit:
+            if start < i:
+                ids += sp.encode(text[start:i])
+            ids.append(index[hit])
+            i += len(hit)
+            start = i
+        else:
+            i += 1
+    if start < len(text):
+        ids += sp.encode(text[start:])
+    return ids
 
 
 def rope_theta_of(config, layer_type: str | None = None):
@@ -254,6 +310,17 @@ def main() -> None:
             ids = tok(templated, add_special_tokens=False).input_ids
         else:
             ids = tok(prompt_text).input_ids
+        if meta.get("tokenizer.ggml.model") == "llama":
+            # a plain prompt gets BOS from the tokenizer; a templated one carries it as text
+            body = ids[1:] if templated is None and ids[:1] == [tok.bos_token_id] else ids
+            spm_ids = sentencepiece_ids(gguf, templated if templated is not None else prompt_text)
+            if spm_ids is None:
+                print("tokenizer: sentencepiece not installed, cross-check skipped")
+            elif spm_ids != body:
+                raise SystemExit("transformers and sentencepiece tokenize the prompt differently")
+            else:
+                print("tokenizer: sentencepiece rebuilt from the GGUF gives the same prompt ids")
+                notes.append("prompt ids cross-checked with sentencepiece (BPE model rebuilt from the GGUF)")
     print(f"prompt: {len(ids)} tokens; first ids {ids[:12]}{' ...' if len(ids) > 12 else ''}")
     if templated is not None:
         print("templated prompt:\n" + templated)
