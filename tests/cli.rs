@@ -1,0 +1,144 @@
+//! The binary on bad input: a clear `error: …` on stderr, a non-zero exit, never a panic.
+//! And once on good input: a real model answers through `wgpu-llm generate`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use wgpu_llm::loader::gguf::GgufWriter;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_wgpu-llm"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgpu-llm-cli-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Asserts a clean failure whose message contains every one of `needles` (case-insensitive).
+fn fails_with(out: Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(!out.status.success(), "expected failure, got success; stderr:\n{err}");
+    assert_eq!(out.status.code(), Some(1), "exit code; stderr:\n{err}");
+    assert!(!err.contains("panicked"), "panic:\n{err}");
+    assert!(err.contains("error:"), "no error line:\n{err}");
+    for n in needles {
+        assert!(err.contains(&n.to_lowercase()), "stderr lacks {n:?}:\n{err}");
+    }
+}
+
+fn generate(model: &std::path::Path, extra: &[&str]) -> Output {
+    bin()
+        .args(["generate", "--quiet", "--max-tokens", "4", "--prompt", "hi", "--model"])
+        .arg(model)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn missing_model_path() {
+    let p = scratch("does-not-exist.gguf");
+    fails_with(generate(&p, &[]), &["does-not-exist.gguf", "no such file"]);
+}
+
+#[test]
+fn corrupt_gguf() {
+    let p = scratch("garbage.gguf");
+    std::fs::write(&p, b"this is not a gguf file at all, just text").unwrap();
+    fails_with(generate(&p, &[]), &["corrupt", "garbage.gguf"]);
+}
+
+#[test]
+fn truncated_real_gguf() {
+    let real = std::fs::read(common::model("smollm2")).unwrap();
+    let p = scratch("truncated.gguf");
+    std::fs::write(&p, &real[..real.len() / 2]).unwrap();
+    fails_with(generate(&p, &[]), &["corrupt", "truncated.gguf"]);
+}
+
+#[test]
+fn unknown_architecture() {
+    let p = scratch("mamba.gguf");
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", "mamba");
+    w.write(&p).unwrap();
+    fails_with(generate(&p, &[]), &["unsupported", "mamba"]);
+}
+
+#[test]
+fn hf_folder_without_config() {
+    let d = scratch("empty-hf");
+    std::fs::create_dir_all(&d).unwrap();
+    fails_with(generate(&d, &[]), &["config.json"]);
+}
+
+#[test]
+fn out_of_range_sampling_parameters() {
+    // Rejected before any file is opened or GPU touched.
+    let p = scratch("unused.gguf");
+    for (flag, value, name) in [
+        ("--temperature", "-1", "temperature"),
+        ("--temperature", "NaN", "temperature"),
+        ("--top-p", "0", "top_p"),
+        ("--top-p", "1.5", "top_p"),
+        ("--min-p", "1", "min_p"),
+        ("--min-p", "-0.1", "min_p"),
+    ] {
+        fails_with(generate(&p, &[&format!("{flag}={value}")]), &[name]);
+    }
+}
+
+#[test]
+fn no_adapter_for_backend() {
+    // This machine has Vulkan (lavapipe) but never Metal.
+    if cfg!(target_os = "macos") {
+        return;
+    }
+    let p = common::model("smollm2");
+    fails_with(generate(&p, &["--backend", "metal"]), &["no usable gpu adapter"]);
+    fails_with(generate(&p, &["--adapter", "99"]), &["--adapter 99"]);
+}
+
+#[test]
+fn prompt_beyond_context() {
+    let p = common::model("smollm2");
+    let long = "word ".repeat(40);
+    let out = bin()
+        .args(["generate", "--quiet", "--temperature", "0", "--ctx", "16", "--prompt", &long, "--model"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    fails_with(out, &["context"]);
+    let out = bin()
+        .args(["generate", "--quiet", "--ctx", "100000", "--prompt", "hi", "--model"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    fails_with(out, &["context length 100000"]);
+}
+
+#[test]
+fn chat_without_template() {
+    // Gemma 3 270m's GGUF ships no chat template.
+    let p = common::model("gemma3");
+    fails_with(generate(&p, &["--chat"]), &["no chat template"]);
+}
+
+#[test]
+fn real_model_answers() {
+    let p = common::model("smollm2");
+    let out = bin()
+        .args(["generate", "--temperature", "0", "--max-tokens", "16", "--chat", "--prompt", "What is 2+3? Answer briefly.", "--model"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr:\n{stderr}");
+    // transformers' greedy answer from the same weights (tests/fixtures/reference/smollm2_chat.json).
+    assert_eq!(stdout.trim(), "The answer is 5.", "stderr:\n{stderr}");
+    assert!(stderr.contains("prefill") && stderr.contains("decode") && stderr.contains("stop: Eos"), "{stderr}");
+}
