@@ -6,23 +6,23 @@
 // no K tail exists (K is even): VEC4 (K % 8 == 0), VEC2 (K % 4 == 0) or neither (one u32).
 //
 // Work split: a workgroup of WG threads is cut into WG / TPR row groups of TPR threads; a row
-// group computes ROWS consecutive output rows. Lane l of a row group reads loads l, l + TPR, ...
-// of each of its rows (consecutive lanes read consecutive 16-byte words: coalesced), takes the
-// matching x chunk once into registers and uses it for all ROWS rows. The TPR partial sums of a
-// row are then reduced: with SUBGROUP by subgroupAdd, then the per-subgroup sums through
+// group computes 4 consecutive output rows. Lane l of a row group reads loads l, l + TPR, ... of
+// each of its 4 rows (consecutive lanes read consecutive 16-byte words: coalesced), unpacks them
+// once and meets them with the matching x chunk of each of TOK tokens (TOK = 1, or 4 with the flag
+// TOK4), so it keeps 4 loads in flight and 4·TOK sums in registers. The TPR partial sums of an
+// output are then reduced: with SUBGROUP by subgroupAdd, then the per-subgroup sums through
 // workgroup memory (the host guarantees TPR is a multiple of every possible subgroup size, and
-// subgroups are assumed to be contiguous runs of local_invocation_index); without, by a
-// workgroup-memory tree.
-// Several tokens: the workgroup repeats this for each token over the same rows, so only the first
-// token's pass streams W from memory (a workgroup's rows, ROWS · K · 2 bytes per row group, stay
-// in cache for the others).
-// Grid: ceil(N / (ROWS · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N
-// (last workgroup, folded grid padding) read a clamped row and store nothing, so every thread
-// reaches the barriers.
+// subgroups are assumed to be contiguous runs of local_invocation_index); without, in two levels
+// of 8 and TPR / 8 through workgroup memory (TPR >= 8). Lane r + 4·j of the row group stores row
+// r of token j.
+// More than TOK tokens: the workgroup repeats this over the same rows for each TOK tokens, so
+// only the first pass streams W from memory (a row group's 4 rows, 8·K bytes, stay in cache).
+// Grid: ceil(N / (4 · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N (last
+// workgroup, folded grid padding) and tokens past T (last pass) read a clamped row or token and
+// store nothing, so every thread reaches the barriers.
 #define WG 256
 #define TPR 64
-// ROWS (rows per row group) is 1, 2 or 4, with the flag ROWS2 or ROWS4 set to match.
-#define ROWS 1
+#define TOK 1
 
 struct Params {
     n: u32,       // N, output rows
@@ -32,16 +32,19 @@ struct Params {
 }
 
 #ifdef VEC4
-alias WVec = vec4<u32>;  // 8 halves
-alias XVec = vec4<f32>;  // 2 of these per load
-const XPL: u32 = 2u;     // XVec per load
+alias WVec = vec4<u32>;           // one load: 8 halves
+alias WF = array<vec4<f32>, 2>;   // a load unpacked
+alias XVec = vec4<f32>;
+const XPL: u32 = 2u;              // XVec per load
 #else
 #ifdef VEC2
-alias WVec = vec2<u32>;  // 4 halves
+alias WVec = vec2<u32>;           // 4 halves
+alias WF = vec4<f32>;
 alias XVec = vec4<f32>;
 const XPL: u32 = 1u;
 #else
-alias WVec = u32;        // 2 halves
+alias WVec = u32;                 // 2 halves
+alias WF = vec2<f32>;
 alias XVec = vec2<f32>;
 const XPL: u32 = 1u;
 #endif
@@ -57,37 +60,41 @@ const XPL: u32 = 1u;
 
 const NGROUPS: u32 = {{WG}}u / {{TPR}}u;
 
-// Partial sums of a workgroup, component r for row r of a row group.
-var<workgroup> red: array<vec4<f32>, {{WG}}>;
+// Partial sums: slot s of a workgroup holds TOK vec4 at [s · TOK + j] (token j, component r for
+// row r of a row group).
+var<workgroup> red: array<vec4<f32>, {{WG}} * {{TOK}}>;
 
-// The slice of x that load i of a W row meets (xi = i · XPL + the token's first XVec), and its
-// dot product with that load.
 #ifdef VEC4
-fn x_chunk(xi: u32) -> array<vec4<f32>, 2> {
-    return array<vec4<f32>, 2>(x[xi], x[xi + 1u]);
+fn unpack(wv: vec4<u32>) -> WF {
+    return WF(vec4<f32>(unpack2x16float(wv.x), unpack2x16float(wv.y)),
+              vec4<f32>(unpack2x16float(wv.z), unpack2x16float(wv.w)));
 }
-fn dot_chunk(wv: vec4<u32>, xc: array<vec4<f32>, 2>) -> f32 {
-    let w0 = vec4<f32>(unpack2x16float(wv.x), unpack2x16float(wv.y));
-    let w1 = vec4<f32>(unpack2x16float(wv.z), unpack2x16float(wv.w));
-    return dot(w0, xc[0]) + dot(w1, xc[1]);
+// xi: the first XVec of the chunk.
+fn dot_x(u: WF, xi: u32) -> f32 {
+    return dot(u[0], x[xi]) + dot(u[1], x[xi + 1u]);
 }
 #else
 #ifdef VEC2
-fn x_chunk(xi: u32) -> vec4<f32> {
-    return x[xi];
+fn unpack(wv: vec2<u32>) -> WF {
+    return vec4<f32>(unpack2x16float(wv.x), unpack2x16float(wv.y));
 }
-fn dot_chunk(wv: vec2<u32>, xc: vec4<f32>) -> f32 {
-    return dot(vec4<f32>(unpack2x16float(wv.x), unpack2x16float(wv.y)), xc);
+fn dot_x(u: WF, xi: u32) -> f32 {
+    return dot(u, x[xi]);
 }
 #else
-fn x_chunk(xi: u32) -> vec2<f32> {
-    return x[xi];
+fn unpack(wv: u32) -> WF {
+    return unpack2x16float(wv);
 }
-fn dot_chunk(wv: u32, xc: vec2<f32>) -> f32 {
-    return dot(unpack2x16float(wv), xc);
+fn dot_x(u: WF, xi: u32) -> f32 {
+    return dot(u, x[xi]);
 }
 #endif
 #endif
+
+// The 4 rows' loads against one token's x chunk.
+fn dot4(u0: WF, u1: WF, u2: WF, u3: WF, xi: u32) -> vec4<f32> {
+    return vec4<f32>(dot_x(u0, xi), dot_x(u1, xi), dot_x(u2, xi), dot_x(u3, xi));
+}
 
 // Writes output `row` of token `t`.
 fn store(t: u32, row: u32, v: f32) {
@@ -111,59 +118,98 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let wg = wid.x + wid.y * nwg.x;
     let grp = lid / {{TPR}}u;
     let lane = lid % {{TPR}}u;
-    let row0 = (wg * NGROUPS + grp) * {{ROWS}}u;
+    let row0 = (wg * NGROUPS + grp) * 4u;
     let kv = p.kv;
     // First load of each of the row group's rows (clamped: rows past N compute garbage, unstored).
     let base = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u)) * kv;
+    // The output this lane stores after the reduction: row r of token j of the pass.
+    let out_r = lane % 4u;
+    let out_j = lane / 4u;
 
-    for (var t = 0u; t < p.t; t++) {
-        let xrow = t * kv * XPL;
-        // Component r accumulates row row0 + r (ROWS of the 4 are used; explicit, not an
-        // indexed array, so that it stays in registers on every compiler).
-        var acc = vec4<f32>(0.0);
-        for (var i = lane; i < kv; i += {{TPR}}u) {
-            let xc = x_chunk(xrow + i * XPL);
-            acc.x += dot_chunk(w[base.x + i], xc);
-#ifdef ROWS2
-            acc.y += dot_chunk(w[base.y + i], xc);
+    for (var t0 = 0u; t0 < p.t; t0 += {{TOK}}u) {
+        // First XVec of each token's x row (clamped: tokens past T compute garbage, unstored).
+        let xr = min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.t - 1u)) * kv * XPL;
+        // acc_j: token j, component r for row r (named vectors, not an indexed array, so that
+        // they stay in registers on every compiler).
+        var acc0 = vec4<f32>(0.0);
+#ifdef TOK4
+        var acc1 = vec4<f32>(0.0);
+        var acc2 = vec4<f32>(0.0);
+        var acc3 = vec4<f32>(0.0);
 #endif
-#ifdef ROWS4
-            acc.y += dot_chunk(w[base.y + i], xc);
-            acc.z += dot_chunk(w[base.z + i], xc);
-            acc.w += dot_chunk(w[base.w + i], xc);
+        for (var i = lane; i < kv; i += {{TPR}}u) {
+            let u0 = unpack(w[base.x + i]);
+            let u1 = unpack(w[base.y + i]);
+            let u2 = unpack(w[base.z + i]);
+            let u3 = unpack(w[base.w + i]);
+            let xo = i * XPL;
+            acc0 += dot4(u0, u1, u2, u3, xr.x + xo);
+#ifdef TOK4
+            acc1 += dot4(u0, u1, u2, u3, xr.y + xo);
+            acc2 += dot4(u0, u1, u2, u3, xr.z + xo);
+            acc3 += dot4(u0, u1, u2, u3, xr.w + xo);
 #endif
         }
 
 #ifdef SUBGROUP
-        // One sum per subgroup, then lane r of the row group adds its row's TPR / sg_size sums.
-        let s = subgroupAdd(acc);
+        // One sum per subgroup, then each storing lane adds its output's TPR / sg_size sums.
+        let s0 = subgroupAdd(acc0);
+#ifdef TOK4
+        let s1 = subgroupAdd(acc1);
+        let s2 = subgroupAdd(acc2);
+        let s3 = subgroupAdd(acc3);
+#endif
         if (sg_lane == 0u) {
-            red[lid / sg_size] = s;
+            let slot = (lid / sg_size) * {{TOK}}u;
+            red[slot] = s0;
+#ifdef TOK4
+            red[slot + 1u] = s1;
+            red[slot + 2u] = s2;
+            red[slot + 3u] = s3;
+#endif
         }
         workgroupBarrier();
         let per_group = {{TPR}}u / sg_size;
-        if (lane < {{ROWS}}u && row0 + lane < p.n) {
-            let first = grp * per_group;
-            var sum = 0.0;
-            for (var j = 0u; j < per_group; j++) {
-                sum += red[first + j][lane];
+        var sum = 0.0;
+        if (out_j < {{TOK}}u) {
+            for (var g = 0u; g < per_group; g++) {
+                sum += red[(grp * per_group + g) * {{TOK}}u + out_j][out_r];
             }
-            store(t, row0 + lane, sum);
         }
 #else
-        red[lid] = acc;
+        // Two levels through workgroup memory: lane l < TPR / 8 adds the 8 slots from 8·l of its
+        // row group into slot 8·l, then each storing lane adds the TPR / 8 of them.
+        let slot = lid * {{TOK}}u;
+        red[slot] = acc0;
+#ifdef TOK4
+        red[slot + 1u] = acc1;
+        red[slot + 2u] = acc2;
+        red[slot + 3u] = acc3;
+#endif
         workgroupBarrier();
-        for (var s = {{TPR}}u / 2u; s > 0u; s >>= 1u) {
-            if (lane < s) {
-                red[lid] += red[lid + s];
+        let first = grp * {{TPR}}u;
+        if (lane < {{TPR}}u / 8u) {
+            let s8 = (first + 8u * lane) * {{TOK}}u;
+            for (var j = 0u; j < {{TOK}}u; j++) {
+                var v = red[s8 + j];
+                for (var m = 1u; m < 8u; m++) {
+                    v += red[s8 + m * {{TOK}}u + j];
+                }
+                red[s8 + j] = v;
             }
-            workgroupBarrier();
         }
-        if (lane < {{ROWS}}u && row0 + lane < p.n) {
-            store(t, row0 + lane, red[grp * {{TPR}}u][lane]);
+        workgroupBarrier();
+        var sum = 0.0;
+        if (out_j < {{TOK}}u) {
+            for (var g = 0u; g < {{TPR}}u / 8u; g++) {
+                sum += red[(first + 8u * g) * {{TOK}}u + out_j][out_r];
+            }
         }
 #endif
-        // `red` is rewritten by the next token.
+        if (out_j < {{TOK}}u && row0 + out_r < p.n && t0 + out_j < p.t) {
+            store(t0 + out_j, row0 + out_r, sum);
+        }
+        // `red` is rewritten by the next pass.
         workgroupBarrier();
     }
 }

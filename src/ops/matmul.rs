@@ -3,8 +3,9 @@
 //!
 //! W is f16 `[N, K]` row-major (a linear weight as HF/GGUF store it, packed two per u32), x is f32
 //! `[T, K]`, y is f32 `[T, N]`, bias f32 `[N]`; accumulation is f32. [`linear`] picks the kernel:
-//! - T = 1 (decode): `wgsl/matvec.wgsl`, bandwidth-bound, streams each W row with 16-byte loads;
-//! - T > 1 (prefill): `wgsl/matmul.wgsl`, tiled in workgroup memory.
+//! - T = 1 (decode) and up to [`MATVEC_MAX_T`] tokens: `wgsl/matvec.wgsl`, bandwidth-bound,
+//!   streams W rows with 16-byte loads (2.8-2.95 TB/s on an H100's ~3.0 for lm_head shapes);
+//! - more tokens (prefill): `wgsl/matmul.wgsl`, tiled in workgroup memory.
 //!
 //! Output views: a weight too large for one storage binding (a 262144-row lm_head) is split into
 //! row chunks, each its own tensor, each writing its columns of one logits buffer `[T, V]`. For
@@ -114,9 +115,11 @@ pub fn check_shapes(
     s
 }
 
-/// Up to this many tokens, [`linear`] runs matvec (once per token over the same W rows, which stay
-/// in cache) rather than the tiled matmul, whose 64-row tiles would be mostly padding.
-pub const MATVEC_MAX_T: usize = 8;
+/// Up to this many tokens, [`linear`] runs matvec (passes of 4 tokens over the same W rows, which
+/// stay in cache after the first) rather than the tiled matmul, which has few workgroups when
+/// T·N is small. Measured on an H100 (T = 64): 60 vs 239 us at N = K = 2048, 67 vs 107 us at
+/// 4864 × 896, 1.66 vs 1.62 ms at 151936 × 896.
+pub const MATVEC_MAX_T: usize = 64;
 
 /// Records `y (+)= x · Wᵀ (+ bias)`: matvec for one token (or up to [`MATVEC_MAX_T`]), the tiled
 /// matmul for more.
@@ -130,7 +133,7 @@ pub fn linear(
 ) -> Result<Kernel> {
     let s = check_shapes(x, w, bias, y, opts);
     if s.t <= MATVEC_MAX_T {
-        matvec(gpu, x, w, bias, y, &s, opts, MatvecConfig::new(gpu, s.k))
+        matvec(gpu, x, w, bias, y, &s, opts, MatvecConfig::new(gpu, &s))
     } else {
         matmul(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
     }
@@ -166,38 +169,47 @@ struct MatvecConfig {
     vec: u32,
     /// Threads per workgroup.
     wg: u32,
-    /// Threads per row group (a power of two dividing the workgroup).
+    /// Threads per row group of 4 rows (a power of two dividing the workgroup).
     tpr: u32,
-    /// Rows per row group (each lane reuses its x chunk over them).
-    rows: u32,
+    /// Tokens per pass over W: 1 or 4 (each lane meets its unpacked W loads with this many x
+    /// rows).
+    tok: u32,
     /// Reduce with subgroup operations.
     subgroups: bool,
 }
 
 impl MatvecConfig {
-    fn new(gpu: &Gpu, k: usize) -> Self {
-        let vec = if k % 8 == 0 {
+    fn new(gpu: &Gpu, s: &LinearShape) -> Self {
+        let vec = if s.k % 8 == 0 {
             4
-        } else if k % 4 == 0 {
+        } else if s.k % 4 == 0 {
             2
         } else {
             1
         };
-        let loads = (k / (2 * vec as usize)) as u32;
+        let loads = (s.k / (2 * vec as usize)) as u32;
         // A row group must cover whole subgroups, of any size the device may pick.
         let sg_max = gpu.caps.subgroup_max_size.max(1).next_power_of_two();
         let subgroups = gpu.caps.subgroups && sg_max <= MATVEC_WG;
-        let min_tpr = if subgroups { sg_max.max(4) } else { 4 };
-        // Measured on an H100 (lm_head shapes, 151936 × 896 and 262144 × 640, at 2.9-3.0 TB/s):
-        // four rows per row group (four 16-byte loads in flight per lane) and a row group about
-        // as wide as a row's loads, at most 128 (more lanes idle in the reduction).
-        let rows = 4;
-        let tpr = loads.next_power_of_two().clamp(min_tpr, min_tpr.max(128));
+        // Several tokens go in passes of 4 (measured on an H100: 1.5-3× faster than one token
+        // per pass from T = 4 on, as fast at T = 2).
+        let tok = if s.t >= 2 { 4 } else { 1 };
+        // Every output of a pass (4 rows × tok tokens) has a storing lane, and the reduction
+        // without subgroups folds 8 lanes first.
+        let min_tpr = (4 * tok).max(8).max(if subgroups { sg_max } else { 1 });
+        // Measured on an H100 (2.8-3.0 TB/s on lm_head shapes 151936 × 896 and 262144 × 640,
+        // the roofline being ~3.0): narrow row groups where rows are many (less reduction per
+        // row, which matters most without subgroups), wide where they are few, so that about
+        // 64k lanes stream W; never wider than a row's loads, nor than 256.
+        let groups = s.n.div_ceil(4) as u32;
+        let want = 65536u32.div_ceil(groups).next_power_of_two();
+        let widest = loads.next_power_of_two().min(MATVEC_WG).max(min_tpr);
+        let tpr = want.clamp(min_tpr.max(16).min(widest), widest);
         MatvecConfig {
             vec,
             wg: MATVEC_WG,
             tpr,
-            rows,
+            tok,
             subgroups,
         }
     }
@@ -215,21 +227,21 @@ fn matvec(
     cfg: MatvecConfig,
 ) -> Result<Kernel> {
     assert!(s.k % (2 * cfg.vec as usize) == 0);
-    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0 && cfg.tpr >= 4);
-    assert!(matches!(cfg.rows, 1 | 2 | 4));
+    assert!(matches!(cfg.tok, 1 | 4));
+    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
+    assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
     let loads = (s.k / (2 * cfg.vec as usize)) as u32;
     let mut macros = common_macros(gpu, bias.is_some(), opts.accumulate)
         .flag_if("VEC4", cfg.vec == 4)
         .flag_if("VEC2", cfg.vec == 2)
         .set("WG", cfg.wg)
         .set("TPR", cfg.tpr)
-        .set("ROWS", cfg.rows)
-        .flag_if("ROWS2", cfg.rows == 2)
-        .flag_if("ROWS4", cfg.rows == 4);
+        .set("TOK", cfg.tok)
+        .flag_if("TOK4", cfg.tok == 4);
     if !cfg.subgroups {
         macros.0.remove("SUBGROUP");
     }
-    let rows_per_wg = cfg.rows * cfg.wg / cfg.tpr;
+    let rows_per_wg = 4 * cfg.wg / cfg.tpr;
     let params = gpu.uniform(
         "matvec.params",
         &[s.n as u32, loads, s.t as u32, s.ld_out as u32],
@@ -285,8 +297,8 @@ fn matmul(
     cfg: MatmulConfig,
 ) -> Result<Kernel> {
     let MatmulConfig { tile, bk } = cfg;
-    // Staging: every thread loads the same number of words of each tile.
-    assert!(matches!(tile, 4 | 8) && bk % 2 == 0 && (16 * tile * bk / 2) % 256 == 0);
+    // Staging: every thread loads the same number of words of each tile, in groups of 4 pairs.
+    assert!(matches!(tile, 4 | 8) && bk % 8 == 0 && (16 * tile * bk / 2) % 256 == 0);
     let macros = common_macros(gpu, bias.is_some(), opts.accumulate)
         .set("TILE", tile)
         .flag_if("TILE8", tile == 8)
@@ -451,7 +463,7 @@ mod tests {
         };
         let s = check_shapes(&x, &w, bias, &y, opts);
         let kern = match path {
-            Path::Matvec => matvec(gpu, &x, &w, bias, &y, &s, opts, MatvecConfig::new(gpu, k)),
+            Path::Matvec => matvec(gpu, &x, &w, bias, &y, &s, opts, MatvecConfig::new(gpu, &s)),
             Path::Matmul(cfg) => matmul(gpu, &x, &w, bias, &y, &s, opts, cfg),
         }
         .unwrap();
@@ -466,9 +478,14 @@ mod tests {
         let mut worst = 0.0f32;
         for gpu in gpu_variants() {
             let mut seed = 10;
-            for t in [1usize, 3, 67] {
+            // matvec takes T = 1 alone, T = 2 and 3 in one pass of 4 tokens (padded), T = 67 in
+            // 17 passes.
+            for t in [1usize, 2, 3, 67] {
                 // (100, 70): K % 4 == 2 (one-word loads); (130, 68): K % 8 == 4 (two-word loads).
                 for (n, k) in [(64usize, 64usize), (100, 70), (130, 68), (576, 1536)] {
+                    if t == 2 && n * k > 100_000 {
+                        continue;
+                    }
                     // Bias and accumulate only change the epilogue: every combination on the small
                     // shapes, both on at once on the large one (slow on lavapipe).
                     let epilogues: &[(bool, bool)] = if n * k > 100_000 {
@@ -505,11 +522,11 @@ mod tests {
         // A [V = 192, K] weight split into row chunks of 128 and 64, each its own tensor, writing
         // its columns of one [T, V] logits buffer through a view with ld_out = V.
         for gpu in gpu_variants() {
-            // T = 1 and 5 run matvec, T = 12 the tiled matmul.
+            // T = 1 and 5 run matvec, T = 70 the tiled matmul.
             for (t, k, accumulate) in [
                 (1usize, 70usize, false),
                 (5, 64, false),
-                (12, 70, true),
+                (70, 70, true),
                 (1, 64, true),
             ] {
                 let v = 192;
@@ -555,10 +572,10 @@ mod tests {
 
     #[test]
     fn matvec_folded_grid() {
-        // One row per (small) workgroup: 70001 workgroups fold into a 2-D grid of 2 × 35001, one
-        // of them padding.
+        // One row group (4 rows) per (small) workgroup: 65537 workgroups fold into a 2-D grid of
+        // 32769 × 2, one of them padding.
         for gpu in gpu_variants() {
-            let (n, k) = (70_001usize, 8usize);
+            let (n, k) = (262_145usize, 8usize);
             let xv = random(k, 1, 1.0);
             let (wh, wf) = weights(n, k, 2);
             let y0 = random(n, 3, 1.0);
@@ -567,14 +584,13 @@ mod tests {
             let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
             let opts = LinearOpts::default();
             let s = check_shapes(&x, &w, None, &y, opts);
-            let mut cfg = MatvecConfig::new(&gpu, k);
+            let mut cfg = MatvecConfig::new(&gpu, &s);
             cfg.tpr = if cfg.subgroups {
                 gpu.caps.subgroup_max_size.max(8)
             } else {
                 8
             };
             cfg.wg = cfg.tpr;
-            cfg.rows = 1;
             let kern = matvec(&gpu, &x, &w, None, &y, &s, opts, cfg).unwrap();
             assert!(kern.workgroups[1] > 1, "{:?}", kern.workgroups);
             gpu.run(&[&kern]).unwrap();
@@ -602,8 +618,8 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 }
 ";
 
-    /// Seconds per call of `encode`, averaged over a batch encoded into one compute pass (sized
-    /// to take about 0.3 s, after a warm-up).
+    /// Seconds per call of `encode`: the best of 3 batches encoded into one compute pass (each
+    /// sized to about 0.1 s), after 0.3 s of warm-up (the GPU's clocks ramp up).
     fn time_per_call(gpu: &Gpu, encode: &dyn Fn(&mut wgpu::ComputePass<'_>)) -> f64 {
         let batch = |r: usize| {
             let t0 = std::time::Instant::now();
@@ -618,10 +634,16 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
             gpu.wait().unwrap();
             t0.elapsed().as_secs_f64()
         };
-        batch(2);
-        let one = batch(3) / 3.0;
-        let reps = ((0.3 / one) as usize).clamp(3, 2000);
-        batch(reps) / reps as f64
+        let warm = std::time::Instant::now();
+        let mut one = batch(2) / 2.0;
+        while warm.elapsed().as_secs_f64() < 0.3 {
+            let r = ((0.05 / one) as usize).clamp(1, 2000);
+            one = batch(r) / r as f64;
+        }
+        let reps = ((0.1 / one) as usize).clamp(3, 2000);
+        (0..3)
+            .map(|_| batch(reps) / reps as f64)
+            .fold(f64::INFINITY, f64::min)
     }
 
     #[test]
@@ -695,7 +717,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
                 gpu.caps.subgroups,
                 t_fast * 1e3,
                 gbs(t_fast),
-                MatvecConfig::new(&gpu, k),
+                MatvecConfig::new(&gpu, &check_shapes(&x, &w, None, &y, LinearOpts::default())),
                 t_naive * 1e3,
                 gbs(t_naive),
                 t_naive / t_fast
@@ -731,15 +753,14 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
                 let y = g.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
                 let (want, tol) = reference(&xv, &wf, k, None, &vec![0.0; n], false);
                 let s = check_shapes(&x, &w, None, &y, opts);
-                let auto = MatvecConfig::new(&g, k);
+                let auto = MatvecConfig::new(&g, &s);
                 let mut cfgs = vec![auto];
-                for rows in [2, 4] {
-                    for tpr in [32, 64, 128, 256] {
-                        if tpr >= g.caps.subgroup_max_size || !auto.subgroups {
-                            cfgs.push(MatvecConfig { rows, tpr, ..auto });
-                        }
+                for tpr in [16, 32, 64, 128, 256] {
+                    if tpr >= g.caps.subgroup_max_size || !auto.subgroups {
+                        cfgs.push(MatvecConfig { tpr, ..auto });
                     }
                 }
+                // Measured first and last: the first run after a large upload is slow.
                 cfgs.push(auto);
                 let mut line = format!("matvec sg={} N={n} K={k}:", auto.subgroups);
                 for (i, c) in cfgs.iter().enumerate() {
@@ -747,9 +768,9 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
                     let t = time_per_call(&g, &|pass| kern.encode(pass));
                     check(&g.read_f32(&y).unwrap(), &want, &tol, "sweep");
                     let name = if i == 0 || i == cfgs.len() - 1 {
-                        format!("auto(r{} t{})", c.rows, c.tpr)
+                        format!("auto(tpr {})", c.tpr)
                     } else {
-                        format!("r{} t{}", c.rows, c.tpr)
+                        format!("tpr {}", c.tpr)
                     };
                     line += &format!(
                         " {name} {:.1}us {:.0}GB/s;",
@@ -760,7 +781,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
                 eprintln!("{line}");
             }
         }
-        // Few tokens: matvec per token vs the 64×64 tile.
+        // Few tokens: matvec (4 tokens per pass over W, and 1) vs the tiled matmul.
         let few: &[(usize, usize)] = if big {
             &[(2048, 2048), (4864, 896), (151936, 896)]
         } else {
@@ -768,25 +789,36 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
         };
         for &(n, k) in few {
             let w = gpu.upload_f16("w", &[n, k], &weights(n, k, 2).0).unwrap();
-            for t in [2usize, 4, 8, 16, 32] {
+            for t in [2usize, 4, 8, 16, 32, 64, 128] {
                 let x = gpu
                     .upload_f32("x", &[t, k], &random(t * k, 1, 1.0))
                     .unwrap();
                 let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
                 let s = check_shapes(&x, &w, None, &y, opts);
-                let kv =
-                    matvec(&gpu, &x, &w, None, &y, &s, opts, MatvecConfig::new(&gpu, k)).unwrap();
-                let tv = time_per_call(&gpu, &|pass| kv.encode(pass));
-                let a = gpu.read_f32(&y).unwrap();
-                let km = matmul(&gpu, &x, &w, None, &y, &s, opts, TILE4).unwrap();
+                let mut line = format!("few tokens T={t} N={n} K={k}:");
+                let mut outs = Vec::new();
+                let auto = MatvecConfig::new(&gpu, &s);
+                let tok4 = MatvecConfig {
+                    tok: 4,
+                    tpr: auto.tpr.max(16),
+                    ..auto
+                };
+                let tok1 = MatvecConfig { tok: 1, ..auto };
+                for (name, cfg) in [("matvec tok 4", tok4), ("matvec tok 1", tok1)] {
+                    let kern = matvec(&gpu, &x, &w, None, &y, &s, opts, cfg).unwrap();
+                    let tv = time_per_call(&gpu, &|pass| kern.encode(pass));
+                    outs.push(gpu.read_f32(&y).unwrap());
+                    line += &format!(" {name} {:.1} us;", tv * 1e6);
+                }
+                let km = matmul(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
                 let tm = time_per_call(&gpu, &|pass| km.encode(pass));
-                let (d, _) = max_abs_diff(&a, &gpu.read_f32(&y).unwrap());
-                assert!(d < 1e-2, "matvec and matmul disagree by {d}");
-                eprintln!(
-                    "few tokens T={t} N={n} K={k}: matvec {:.1} us, matmul {:.1} us",
-                    tv * 1e6,
-                    tm * 1e6
-                );
+                outs.push(gpu.read_f32(&y).unwrap());
+                line += &format!(" matmul {:.1} us", tm * 1e6);
+                for o in &outs[1..] {
+                    let (d, _) = max_abs_diff(&outs[0], o);
+                    assert!(d < 1e-2, "kernels disagree by {d}");
+                }
+                eprintln!("{line}");
             }
         }
         let matmul_shapes: &[(usize, usize, usize)] = if big {
