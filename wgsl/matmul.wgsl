@@ -12,6 +12,9 @@
 // 4·(r + BM·(q / 4)): 4 consecutive threads read 32 contiguous bytes of a row (whole memory
 // sectors), and the k-major stores of a warp (4 pairs × 8 rows) land in 32 distinct banks, since
 // a k-row of xs is padded to BM + 4 words (8·q + r mod 32).
+// Each thread stages 4 pairs of x and 4 of W per slice (BM·BK/2 = 1024 for both tiles), and loads
+// the next slice's into registers right after the barrier, before computing the current one, so
+// that the global loads' latency hides behind the compute.
 // Everything out of range (T, N, K tails) is staged as 0 and not stored.
 // Workgroup memory: BK · (BM + 4 + BN + 4) f32 words: 17 KiB for TILE 4, BK 32 (64×64 tile);
 // 16.5 KiB for TILE 8, BK 16 (128×128 tile).
@@ -40,8 +43,6 @@ const BN: u32 = 16u * {{TILE}}u;
 const BKP: u32 = {{BK}}u / 2u;          // K pairs (u32 words of W, vec2 of x) per slice
 const XS4: u32 = BM / 4u + 1u;          // padded k-row of xs, in vec4
 const WS4: u32 = BN / 4u + 1u;          // padded k-row of ws, in vec4
-const X_LOADS: u32 = BM * BKP / 256u;   // staging loads per thread
-const W_LOADS: u32 = BN * BKP / 256u;
 
 var<workgroup> xs: array<vec4<f32>, {{BK}} * (4 * {{TILE}} + 1)>;  // [k][m / 4], k-major
 var<workgroup> ws: array<vec4<f32>, {{BK}} * (4 * {{TILE}} + 1)>;  // [k][n / 4], k-major
@@ -74,6 +75,40 @@ fn stage_pos(e: u32, rows: u32) -> vec2<u32> {
     return vec2<u32>(r, q);
 }
 
+// Staging load s (of 4) of this thread: the x pair and the W pair of the K slice from pair kp0.
+fn load_x(lid: u32, s: u32, m0: u32, kp0: u32) -> vec2<f32> {
+    let rq = stage_pos(lid + s * 256u, BM);
+    let m = m0 + rq.x;
+    let kp = kp0 + rq.y;
+    let kp_total = p.k / 2u;
+    if (m < p.t && kp < kp_total) {
+        return x[m * kp_total + kp];
+    }
+    return vec2<f32>(0.0);
+}
+fn load_w(lid: u32, s: u32, n0: u32, kp0: u32) -> vec2<f32> {
+    let rq = stage_pos(lid + s * 256u, BN);
+    let n = n0 + rq.x;
+    let kp = kp0 + rq.y;
+    let kp_total = p.k / 2u;
+    if (n < p.n && kp < kp_total) {
+        return unpack2x16float(w[n * kp_total + kp]);
+    }
+    return vec2<f32>(0.0);
+}
+fn store_x(lid: u32, s: u32, v: vec2<f32>) {
+    let rq = stage_pos(lid + s * 256u, BM);
+    let at = 2u * rq.y * XS4 + rq.x / 4u;
+    xs[at][rq.x % 4u] = v.x;
+    xs[at + XS4][rq.x % 4u] = v.y;
+}
+fn store_w(lid: u32, s: u32, v: vec2<f32>) {
+    let rq = stage_pos(lid + s * 256u, BN);
+    let at = 2u * rq.y * WS4 + rq.x / 4u;
+    ws[at][rq.x % 4u] = v.x;
+    ws[at + WS4][rq.x % 4u] = v.y;
+}
+
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -102,33 +137,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: 
     var c71 = vec4<f32>(0.0);
 #endif
 
+    // The next slice's staging loads, in registers: issued before the current slice's compute so
+    // that their latency hides behind it.
+    var x0 = load_x(lid, 0u, m0, 0u);
+    var x1 = load_x(lid, 1u, m0, 0u);
+    var x2 = load_x(lid, 2u, m0, 0u);
+    var x3 = load_x(lid, 3u, m0, 0u);
+    var w0 = load_w(lid, 0u, n0, 0u);
+    var w1 = load_w(lid, 1u, n0, 0u);
+    var w2 = load_w(lid, 2u, n0, 0u);
+    var w3 = load_w(lid, 3u, n0, 0u);
+
     for (var kp0 = 0u; kp0 < kp_total; kp0 += BKP) {
-        // Stage x[m0.., kp0..] and W[n0.., kp0..].
-        for (var s = 0u; s < X_LOADS; s++) {
-            let rq = stage_pos(lid + s * 256u, BM);
-            let m = m0 + rq.x;
-            let kp = kp0 + rq.y;
-            var v = vec2<f32>(0.0);
-            if (m < p.t && kp < kp_total) {
-                v = x[m * kp_total + kp];
-            }
-            let at = 2u * rq.y * XS4 + rq.x / 4u;
-            xs[at][rq.x % 4u] = v.x;
-            xs[at + XS4][rq.x % 4u] = v.y;
-        }
-        for (var s = 0u; s < W_LOADS; s++) {
-            let rq = stage_pos(lid + s * 256u, BN);
-            let n = n0 + rq.x;
-            let kp = kp0 + rq.y;
-            var v = vec2<f32>(0.0);
-            if (n < p.n && kp < kp_total) {
-                v = unpack2x16float(w[n * kp_total + kp]);
-            }
-            let at = 2u * rq.y * WS4 + rq.x / 4u;
-            ws[at][rq.x % 4u] = v.x;
-            ws[at + WS4][rq.x % 4u] = v.y;
-        }
+        store_x(lid, 0u, x0);
+        store_x(lid, 1u, x1);
+        store_x(lid, 2u, x2);
+        store_x(lid, 3u, x3);
+        store_w(lid, 0u, w0);
+        store_w(lid, 1u, w1);
+        store_w(lid, 2u, w2);
+        store_w(lid, 3u, w3);
         workgroupBarrier();
+        let next = kp0 + BKP;
+        if (next < kp_total) {
+            x0 = load_x(lid, 0u, m0, next);
+            x1 = load_x(lid, 1u, m0, next);
+            x2 = load_x(lid, 2u, m0, next);
+            x3 = load_x(lid, 3u, m0, next);
+            w0 = load_w(lid, 0u, n0, next);
+            w1 = load_w(lid, 1u, n0, next);
+            w2 = load_w(lid, 2u, n0, next);
+            w3 = load_w(lid, 3u, n0, next);
+        }
 
         for (var kk = 0u; kk < {{BK}}u; kk++) {
             let a0 = xs[kk * XS4 + l.y];

@@ -117,9 +117,10 @@ pub fn check_shapes(
 
 /// Up to this many tokens, [`linear`] runs matvec (passes of 4 tokens over the same W rows, which
 /// stay in cache after the first) rather than the tiled matmul, which has few workgroups when
-/// T·N is small. Measured on an H100 (T = 64): 60 vs 239 us at N = K = 2048, 67 vs 107 us at
-/// 4864 × 896, 1.66 vs 1.62 ms at 151936 × 896.
-pub const MATVEC_MAX_T: usize = 64;
+/// T·N is small. Measured on an H100 at T = 32: 32 vs 180 us at N = K = 2048, 36 vs 82 us at
+/// 4864 × 896, 0.83 vs 1.15 ms at 151936 × 896; at T = 64 matvec still wins the first two, not
+/// the third.
+pub const MATVEC_MAX_T: usize = 32;
 
 /// Records `y (+)= x · Wᵀ (+ bias)`: matvec for one token (or up to [`MATVEC_MAX_T`]), the tiled
 /// matmul for more.
@@ -191,8 +192,8 @@ impl MatvecConfig {
         // A row group must cover whole subgroups, of any size the device may pick.
         let sg_max = gpu.caps.subgroup_max_size.max(1).next_power_of_two();
         let subgroups = gpu.caps.subgroups && sg_max <= MATVEC_WG;
-        // Several tokens go in passes of 4 (measured on an H100: 1.5-3× faster than one token
-        // per pass from T = 4 on, as fast at T = 2).
+        // Several tokens go in passes of 4 (measured on an H100: 1.3-2.6× faster than one token
+        // per pass from T = 4 on, about as fast at T = 2).
         let tok = if s.t >= 2 { 4 } else { 1 };
         // Every output of a pass (4 rows × tok tokens) has a storing lane, and the reduction
         // without subgroups folds 8 lanes first.
@@ -275,8 +276,9 @@ struct MatmulConfig {
 impl MatmulConfig {
     fn new(s: &LinearShape) -> Self {
         // The 128×128 tile does twice the work per staged word, but makes 4× fewer workgroups:
-        // worth it once they fill a large GPU (measured on an H100, 132 SMs: 21 vs 10 TFLOP/s
-        // at 2048 × 4096 × 4096, 512 workgroups; 7.7 vs 11.8 at 512 × 2048 × 2048, 64).
+        // worth it once they fill a large GPU (measured on an H100, 132 SMs: 29.6 vs 17.3
+        // TFLOP/s at 2048 × 4096 × 4096, 512 workgroups; 17.0 vs 14.2 at 512 × 4864 × 896, 152;
+        // 11.7 vs 17.0 at 512 × 2048 × 2048, 64).
         if s.t.div_ceil(128) * s.n.div_ceil(128) >= 128 {
             MatmulConfig { tile: 8, bk: 16 }
         } else {
@@ -297,8 +299,8 @@ fn matmul(
     cfg: MatmulConfig,
 ) -> Result<Kernel> {
     let MatmulConfig { tile, bk } = cfg;
-    // Staging: every thread loads the same number of words of each tile, in groups of 4 pairs.
-    assert!(matches!(tile, 4 | 8) && bk % 8 == 0 && (16 * tile * bk / 2) % 256 == 0);
+    // Staging: every thread loads 4 K pairs of each tile, and a K slice is whole groups of 4.
+    assert!(matches!(tile, 4 | 8) && bk % 8 == 0 && 16 * tile * bk / 2 == 4 * 256);
     let macros = common_macros(gpu, bias.is_some(), opts.accumulate)
         .set("TILE", tile)
         .flag_if("TILE8", tile == 8)
