@@ -11,18 +11,24 @@
 // of BK keys staged in workgroup memory as packed f16 (K, then V in the same buffer), with a
 // flash-attention online softmax (running max m and sum l per row, accumulator rescaled when m
 // grows). Threads: WG = BQ * LPR, thread (r, j) = (tid / LPR, tid % LPR):
-//   scores:  lane j of row r computes keys j + LPR * i (KPL = BK / LPR of them), full dot over D;
+//   scores:  lane j of row r computes keys j + LPR * i, i < KPL (= BK / LPR <= 4), dot over D;
 //   softmax: per-row max and sum through workgroup memory (no subgroup size is assumed);
-//   P V:     lane j owns dim pairs j + LPR * i (NW = ceil(D / 2 / LPR) of them) in registers.
+//   P V:     lane j owns the 4-dim units j + LPR * s, s < NW (<= 8), accumulated in registers.
+// Global loads are 16-byte vectors, LD (<= 8) per thread per tile, all issued before any is
+// used, and early: the next K tile during this tile's P V, the V tile during the softmax.
+// Per-thread state is named registers (slots 0..7 behind constant guards, which the compilers
+// fold), never a dynamically indexed array: naga's loops are not unrolled by the drivers, and
+// such an array would live in slow local memory.
 // Masked scores are a finite NEG sentinel and masked probabilities exactly 0 (no infinities:
-// fast-math compilers may assume there are none); K/V words past the range are loaded as 0.
+// fast-math compilers may assume there are none); K/V past the range are loaded as 0.
 //
 // SPLIT (NSPLIT > 1, flash decoding): the block's key range is cut into NSPLIT parts of whole
 // tiles, one per workgroup z; each writes its unnormalized accumulator and (m, l), and the MERGE
 // entry (this file compiled with MERGE) combines them. Without SPLIT the output is written here.
 //
-// Macros: D (even), G, BQ, LPR, WG (= BQ * LPR), BK (multiple of LPR), KPL, NW, NSPLIT, and the
-// workgroup array sizes Q_WORDS (BQ * (D/2 + 1)), KV_WORDS (BK * (D/2 + 1)), P_WORDS (BQ * (BK + 1)).
+// Macros: D (multiple of 16, <= 256), G, BQ, LPR, WG (= BQ * LPR), BK (= KPL * LPR), KPL, NW
+// (= ceil(D / 4 / LPR)), LD (= ceil(BK * D / 8 / WG)), QL (= ceil(BQ * D / 4 / WG)), NSPLIT.
+// All <= 8 where slots are used.
 
 struct Step {
     pos: u32,
@@ -43,75 +49,206 @@ struct Params {
 }
 
 const NEG: f32 = -1.0e30;
-const HD: u32 = {{D}}u / 2u; // words (f16 pairs) per head
+const DU: u32 = {{D}}u / 4u; // 4-dim units per head (vec4<f32> of q, vec2<u32> of f16)
 
 #ifdef MERGE
-// ---- merge of the NSPLIT partials: one workgroup per (token, head) row, R = T * H rows ----
-@group(0) @binding(0) var<storage, read> part_o: array<vec2<f32>>;   // (NSPLIT, T * H, D) unnormalized outputs, as pairs
-@group(0) @binding(1) var<storage, read> part_ml: array<vec2<f32>>;  // (NSPLIT, T * H) (running max m, sum l)
-@group(0) @binding(2) var<storage, read_write> out: array<vec2<f32>>; // (T, H * D) as pairs
+// ---- merge of the NSPLIT partials: one workgroup per (token, head) row and 8-unit (32-dim)
+// chunk of it. Each workgroup reads the row's NSPLIT (m, l) in parallel, then its chunk's
+// partial outputs as (unit, split group) pairs, 4 independent loads per step, and reduces over
+// the 16 split groups.
+@group(0) @binding(0) var<storage, read> part_o: array<vec4<f32>>;    // (NSPLIT, T * H, D) unnormalized outputs
+@group(0) @binding(1) var<storage, read> part_ml: array<vec2<f32>>;   // (NSPLIT, T * H) (running max m, sum l)
+@group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>; // (T, H * D)
 @group(0) @binding(3) var<uniform> step: Step;
 @group(0) @binding(4) var<uniform> p: Params;
 
-var<workgroup> weight: array<f32, {{NSPLIT}}>;
+const MW: u32 = 128u;               // threads
+const CU: u32 = 8u;                 // units per chunk
+const NCH: u32 = (DU + CU - 1u) / CU; // chunks per row
+const SG: u32 = MW / CU;            // split groups
 
-@compute @workgroup_size(64)
+var<workgroup> weight: array<f32, {{NSPLIT}}>;
+var<workgroup> red: array<f32, MW>;
+var<workgroup> o_s: array<vec4<f32>, MW>;
+
+fn part(s: u32, n_rows: u32, row: u32, u: u32) -> vec4<f32> {
+    var o = vec4<f32>(0.0);
+    if (s < {{NSPLIT}}u) {
+        o = part_o[(s * n_rows + row) * DU + u] * weight[s];
+    }
+    return o;
+}
+
+@compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let row = wid.x + wid.y * nwg.x;
+    let idx = wid.x + wid.y * nwg.x;
+    let row = idx / NCH;
     let n_rows = p.n_rows * p.heads;
     if (row >= n_rows || row / p.heads >= min(step.n_tokens, p.n_rows)) {
         return;
     }
     var mx = NEG;
-    for (var s = 0u; s < {{NSPLIT}}u; s++) {
+    for (var s = lid; s < {{NSPLIT}}u; s += MW) {
         mx = max(mx, part_ml[s * n_rows + row].x);
     }
-    var l = 0.0;
-    for (var s = 0u; s < {{NSPLIT}}u; s++) {
-        let ml = part_ml[s * n_rows + row];
-        l += ml.y * exp(ml.x - mx);
-    }
-    for (var s = lid; s < {{NSPLIT}}u; s += 64u) {
-        weight[s] = exp(part_ml[s * n_rows + row].x - mx);
-    }
+    red[lid] = mx;
     workgroupBarrier();
-    let inv = select(0.0, 1.0 / l, l > 0.0);
-    for (var w = lid; w < HD; w += 64u) {
-        var o = vec2<f32>(0.0);
-        for (var s = 0u; s < {{NSPLIT}}u; s++) {
-            o += part_o[(s * n_rows + row) * HD + w] * weight[s];
+    for (var k = MW / 2u; k > 0u; k >>= 1u) {
+        if (lid < k) {
+            red[lid] = max(red[lid], red[lid + k]);
         }
-        out[row * HD + w] = o * inv;
+        workgroupBarrier();
+    }
+    mx = red[0];
+    workgroupBarrier();
+    var l = 0.0;
+    for (var s = lid; s < {{NSPLIT}}u; s += MW) {
+        let ml = part_ml[s * n_rows + row];
+        let w = exp(ml.x - mx);
+        weight[s] = w;
+        l += ml.y * w;
+    }
+    red[lid] = l;
+    workgroupBarrier();
+    for (var k = MW / 2u; k > 0u; k >>= 1u) {
+        if (lid < k) {
+            red[lid] += red[lid + k];
+        }
+        workgroupBarrier();
+    }
+    let inv = select(0.0, 1.0 / red[0], red[0] > 0.0);
+    let u = min((idx % NCH) * CU + lid % CU, DU - 1u);
+    let grp = lid / CU;
+    var o = vec4<f32>(0.0);
+    for (var s = grp; s < {{NSPLIT}}u; s += 4u * SG) {
+        o += (part(s, n_rows, row, u) + part(s + SG, n_rows, row, u))
+            + (part(s + 2u * SG, n_rows, row, u) + part(s + 3u * SG, n_rows, row, u));
+    }
+    o_s[lid] = o;
+    workgroupBarrier();
+    for (var k = SG / 2u; k > 0u; k >>= 1u) {
+        if (grp < k) {
+            o_s[lid] += o_s[lid + k * CU];
+        }
+        workgroupBarrier();
+    }
+    if (grp == 0u && (idx % NCH) * CU + lid < DU) {
+        out[row * DU + u] = o_s[lid] * inv;
     }
 }
 
 #else
 // ---- attention ----
-@group(0) @binding(0) var<storage, read> qkv: array<f32>;      // (T, (H + 2 Hkv) * D): [q | k | v], q roped
-@group(0) @binding(1) var<storage, read> k_cache: array<u32>;  // (Hkv, max_ctx, D) f16, packed pairs
-@group(0) @binding(2) var<storage, read> v_cache: array<u32>;  // (Hkv, max_ctx, D) f16, packed pairs
+@group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;     // (T, (H + 2 Hkv) * D): [q | k | v], q roped
+@group(0) @binding(1) var<storage, read> k_cache: array<vec4<u32>>; // (Hkv, max_ctx, D) f16, 8 per vec4
+@group(0) @binding(2) var<storage, read> v_cache: array<vec4<u32>>; // (Hkv, max_ctx, D) f16, 8 per vec4
 @group(0) @binding(3) var<uniform> step: Step;
 @group(0) @binding(4) var<uniform> p: Params;
 #ifdef SPLIT
-@group(0) @binding(5) var<storage, read_write> part_o: array<vec2<f32>>;  // (NSPLIT, T * H, D) unnormalized, as pairs
+@group(0) @binding(5) var<storage, read_write> part_o: array<vec4<f32>>;  // (NSPLIT, T * H, D) unnormalized
 @group(0) @binding(6) var<storage, read_write> part_ml: array<vec2<f32>>; // (NSPLIT, T * H) (m, l)
 #else
-@group(0) @binding(5) var<storage, read_write> out: array<vec2<f32>>;     // (T, H * D) as pairs
+@group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;     // (T, H * D)
 #endif
 
-const QS: u32 = {{D}}u / 2u + 1u; // padded row stride of q_s (vec2) and kv_s (u32): no bank conflicts
-const PS: u32 = {{BK}}u + 1u;     // padded row stride of p_s
+const QS: u32 = DU + 1u;           // padded row stride of q_s and kv_s (in units): no bank conflicts
+const PS: u32 = {{BK}}u / 4u + 1u; // padded row stride of p_s (in vec4)
+const RS: u32 = {{LPR}}u / 4u;     // row stride of red_m, red_l (in vec4)
+const DV: u32 = {{D}}u / 8u;   // vec4<u32> per cache row
 
-var<workgroup> q_s: array<vec2<f32>, {{Q_WORDS}}>; // (BQ, D/2 + 1) the block's queries
-var<workgroup> kv_s: array<u32, {{KV_WORDS}}>;     // (BK, D/2 + 1) K tile, then V tile, f16 pairs
-var<workgroup> p_s: array<f32, {{P_WORDS}}>;       // (BQ, BK + 1) probabilities of the tile
-var<workgroup> red_m: array<f32, {{WG}}>;          // (BQ, LPR) per-lane max
-var<workgroup> red_l: array<f32, {{WG}}>;          // (BQ, LPR) per-lane sum
+var<workgroup> q_s: array<vec4<f32>, {{BQ}} * QS>;  // (BQ, D) the block's queries
+var<workgroup> kv_s: array<vec2<u32>, {{BK}} * QS>; // (BK, D) K tile, then V tile, f16
+var<workgroup> p_s: array<vec4<f32>, {{BQ}} * PS>;  // (BQ, BK) probabilities of the tile
+var<workgroup> red_m: array<vec4<f32>, {{WG}} / 4>; // (BQ, LPR) per-lane max
+var<workgroup> red_l: array<vec4<f32>, {{WG}} / 4>; // (BQ, LPR) per-lane sum
 
 // First key position visible from position pos.
 fn key_lo(pos: u32) -> u32 {
     return select(0u, pos + 1u - p.window, p.window > 0u && pos + 1u > p.window);
+}
+
+fn unpack4(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+// Slot s of this thread's share of a tile: 8 halves of key e / DV, starting at key `base` of the
+// cache (rows past `nk` are zeros).
+fn load_k(s: u32, tid: u32, base: u32, nk: u32) -> vec4<u32> {
+    let e = tid + {{WG}}u * s;
+    var v = vec4<u32>(0u);
+    if (e / DV < nk) {
+        v = k_cache[(base + e / DV) * DV + e % DV];
+    }
+    return v;
+}
+
+fn load_v(s: u32, tid: u32, base: u32, nk: u32) -> vec4<u32> {
+    let e = tid + {{WG}}u * s;
+    var v = vec4<u32>(0u);
+    if (e / DV < nk) {
+        v = v_cache[(base + e / DV) * DV + e % DV];
+    }
+    return v;
+}
+
+fn store_kv(s: u32, tid: u32, v: vec4<u32>) {
+    let e = tid + {{WG}}u * s;
+    if (e < {{BK}}u * DV) {
+        let i = (e / DV) * QS + 2u * (e % DV);
+        kv_s[i] = v.xy;
+        kv_s[i + 1u] = v.zw;
+    }
+}
+
+// Slot s of this thread's share of the block's queries (zeros for rows past the tokens).
+fn load_q(s: u32, tid: u32, row0: u32, g: u32, n_tok: u32, stride: u32) -> vec4<f32> {
+    let e = tid + {{WG}}u * s;
+    let rw = row0 + e / DU;
+    let t = rw / {{G}}u;
+    var q = vec4<f32>(0.0);
+    if (e < {{BQ}}u * DU && t < n_tok) {
+        q = qkv[t * stride + (g * {{G}}u + rw % {{G}}u) * DU + e % DU];
+    }
+    return q;
+}
+
+fn store_q(s: u32, tid: u32, q: vec4<f32>) {
+    let e = tid + {{WG}}u * s;
+    if (e < {{BQ}}u * DU) {
+        q_s[(e / DU) * QS + e % DU] = q;
+    }
+}
+
+// Score of slot i (key kb + j + LPR * i) for a row seeing keys [lo, hi]: scaled dot, or NEG.
+fn masked(d: f32, i: u32, live: bool, j: u32, kb: u32, nk: u32, lo: u32, hi: u32) -> f32 {
+    let k = j + {{LPR}}u * i;
+    let ok = i < {{KPL}}u && live && k < nk && kb + k >= lo && kb + k <= hi;
+    return select(NEG, d * p.scale, ok);
+}
+
+fn prob(d: f32, m: f32) -> f32 {
+    return select(0.0, exp(d - m), d > 0.5 * NEG);
+}
+
+// q . k over 4 units (16 dims) from q_s row unit q and kv_s key unit k.
+fn kdot(q: u32, k: u32) -> f32 {
+    return (dot(q_s[q], unpack4(kv_s[k])) + dot(q_s[q + 1u], unpack4(kv_s[k + 1u])))
+        + (dot(q_s[q + 2u], unpack4(kv_s[k + 2u])) + dot(q_s[q + 3u], unpack4(kv_s[k + 3u])));
+}
+
+// sum_i p[i] v_(k + i) of one unit over 4 keys, from kv_s unit i of key k.
+fn pv4(pk: vec4<f32>, i: u32) -> vec4<f32> {
+    return (pk.x * unpack4(kv_s[i]) + pk.y * unpack4(kv_s[i + QS]))
+        + (pk.z * unpack4(kv_s[i + 2u * QS]) + pk.w * unpack4(kv_s[i + 3u * QS]));
+}
+
+fn vmax(v: vec4<f32>) -> f32 {
+    return max(max(v.x, v.y), max(v.z, v.w));
+}
+
+fn set_p(r: u32, k: u32, e: f32) {
+    p_s[r * PS + k / 4u][k % 4u] = e;
 }
 
 @compute @workgroup_size({{WG}})
@@ -143,109 +280,183 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t = row / {{G}}u;
     let h = g * {{G}}u + row % {{G}}u;
     let live = t < n_tok;
-    let q_pos = step.pos + t;
-    let lo = key_lo(q_pos);
-    let stride = (p.heads + 2u * p.kv_heads) * {{D}}u;
-
-    // The block's queries.
-    for (var i = tid; i < {{BQ}}u * HD; i += {{WG}}u) {
-        let rr = i / HD;
-        let w = i % HD;
-        let rw = row0 + rr;
-        let tt = rw / {{G}}u;
-        var q = vec2<f32>(0.0);
-        if (tt < n_tok) {
-            let b = tt * stride + (g * {{G}}u + rw % {{G}}u) * {{D}}u + 2u * w;
-            q = vec2<f32>(qkv[b], qkv[b + 1u]);
-        }
-        q_s[rr * QS + w] = q;
-    }
-
+    let hi = step.pos + t;
+    let lo = key_lo(hi);
     let kv_base = g * p.max_ctx;
+    // PV units of this lane (clamped: lanes past D/4 duplicate the last unit, never written)
+    let u0 = min(j, DU - 1u);
+    let u1 = min(j + {{LPR}}u, DU - 1u);
+    let u2 = min(j + 2u * {{LPR}}u, DU - 1u);
+    let u3 = min(j + 3u * {{LPR}}u, DU - 1u);
+    let u4 = min(j + 4u * {{LPR}}u, DU - 1u);
+    let u5 = min(j + 5u * {{LPR}}u, DU - 1u);
+    let u6 = min(j + 6u * {{LPR}}u, DU - 1u);
+    let u7 = min(j + 7u * {{LPR}}u, DU - 1u);
+
+    // Queries, and the first K tile, all loads in flight together.
+    let stride = (p.heads + 2u * p.kv_heads) * DU;
+    var q0 = load_q(0u, tid, row0, g, n_tok, stride);
+    var q1 = vec4<f32>(0.0);
+    var q2 = vec4<f32>(0.0);
+    var q3 = vec4<f32>(0.0);
+    var q4 = vec4<f32>(0.0);
+    var q5 = vec4<f32>(0.0);
+    var q6 = vec4<f32>(0.0);
+    var q7 = vec4<f32>(0.0);
+    if ({{QL}}u > 1u) { q1 = load_q(1u, tid, row0, g, n_tok, stride); }
+    if ({{QL}}u > 2u) { q2 = load_q(2u, tid, row0, g, n_tok, stride); }
+    if ({{QL}}u > 3u) { q3 = load_q(3u, tid, row0, g, n_tok, stride); }
+    if ({{QL}}u > 4u) { q4 = load_q(4u, tid, row0, g, n_tok, stride); }
+    if ({{QL}}u > 5u) { q5 = load_q(5u, tid, row0, g, n_tok, stride); }
+    if ({{QL}}u > 6u) { q6 = load_q(6u, tid, row0, g, n_tok, stride); }
+    if ({{QL}}u > 7u) { q7 = load_q(7u, tid, row0, g, n_tok, stride); }
+    var r0 = vec4<u32>(0u);
+    var r1 = vec4<u32>(0u);
+    var r2 = vec4<u32>(0u);
+    var r3 = vec4<u32>(0u);
+    var r4 = vec4<u32>(0u);
+    var r5 = vec4<u32>(0u);
+    var r6 = vec4<u32>(0u);
+    var r7 = vec4<u32>(0u);
+    if (k_begin < k_end) {
+        let base = kv_base + k_begin;
+        let nk = min({{BK}}u, k_end - k_begin);
+        r0 = load_k(0u, tid, base, nk);
+        if ({{LD}}u > 1u) { r1 = load_k(1u, tid, base, nk); }
+        if ({{LD}}u > 2u) { r2 = load_k(2u, tid, base, nk); }
+        if ({{LD}}u > 3u) { r3 = load_k(3u, tid, base, nk); }
+        if ({{LD}}u > 4u) { r4 = load_k(4u, tid, base, nk); }
+        if ({{LD}}u > 5u) { r5 = load_k(5u, tid, base, nk); }
+        if ({{LD}}u > 6u) { r6 = load_k(6u, tid, base, nk); }
+        if ({{LD}}u > 7u) { r7 = load_k(7u, tid, base, nk); }
+    }
+    store_q(0u, tid, q0);
+    if ({{QL}}u > 1u) { store_q(1u, tid, q1); }
+    if ({{QL}}u > 2u) { store_q(2u, tid, q2); }
+    if ({{QL}}u > 3u) { store_q(3u, tid, q3); }
+    if ({{QL}}u > 4u) { store_q(4u, tid, q4); }
+    if ({{QL}}u > 5u) { store_q(5u, tid, q5); }
+    if ({{QL}}u > 6u) { store_q(6u, tid, q6); }
+    if ({{QL}}u > 7u) { store_q(7u, tid, q7); }
+
     var m_run = NEG;
     var l_run = 0.0;
-    var acc: array<vec2<f32>, {{NW}}>;
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    var a4 = vec4<f32>(0.0);
+    var a5 = vec4<f32>(0.0);
+    var a6 = vec4<f32>(0.0);
+    var a7 = vec4<f32>(0.0);
     for (var kb = k_begin; kb < k_end; kb += {{BK}}u) {
         let nk = min({{BK}}u, k_end - kb);
-        // K tile.
-        for (var i = tid; i < {{BK}}u * HD; i += {{WG}}u) {
-            let k = i / HD;
-            let w = i % HD;
-            var v = 0u;
-            if (k < nk) {
-                v = k_cache[(kv_base + kb + k) * HD + w];
-            }
-            kv_s[k * QS + w] = v;
-        }
+        // K tile (loaded during the previous tile) into workgroup memory.
+        store_kv(0u, tid, r0);
+        if ({{LD}}u > 1u) { store_kv(1u, tid, r1); }
+        if ({{LD}}u > 2u) { store_kv(2u, tid, r2); }
+        if ({{LD}}u > 3u) { store_kv(3u, tid, r3); }
+        if ({{LD}}u > 4u) { store_kv(4u, tid, r4); }
+        if ({{LD}}u > 5u) { store_kv(5u, tid, r5); }
+        if ({{LD}}u > 6u) { store_kv(6u, tid, r6); }
+        if ({{LD}}u > 7u) { store_kv(7u, tid, r7); }
         workgroupBarrier();
 
         // Scores of this lane's keys.
-        var dots: array<f32, {{KPL}}>;
-        for (var w = 0u; w < HD; w++) {
-            let q = q_s[r * QS + w];
-            for (var i = 0u; i < {{KPL}}u; i++) {
-                let kv = unpack2x16float(kv_s[(j + {{LPR}}u * i) * QS + w]);
-                dots[i] += q.x * kv.x + q.y * kv.y;
-            }
+        var d0 = 0.0;
+        var d1 = 0.0;
+        var d2 = 0.0;
+        var d3 = 0.0;
+        for (var u = 0u; u < DU; u += 4u) {
+            let qu = r * QS + u;
+            d0 += kdot(qu, j * QS + u);
+            if ({{KPL}}u > 1u) { d1 += kdot(qu, (j + {{LPR}}u) * QS + u); }
+            if ({{KPL}}u > 2u) { d2 += kdot(qu, (j + 2u * {{LPR}}u) * QS + u); }
+            if ({{KPL}}u > 3u) { d3 += kdot(qu, (j + 3u * {{LPR}}u) * QS + u); }
         }
-        var valid = 0u;
-        var lmax = NEG;
-        for (var i = 0u; i < {{KPL}}u; i++) {
-            let k = j + {{LPR}}u * i;
-            let key = kb + k;
-            if (live && k < nk && key >= lo && key <= q_pos) {
-                valid |= 1u << i;
-                dots[i] *= p.scale;
-                lmax = max(lmax, dots[i]);
-            }
-        }
-        red_m[tid] = lmax;
+        d0 = masked(d0, 0u, live, j, kb, nk, lo, hi);
+        d1 = masked(d1, 1u, live, j, kb, nk, lo, hi);
+        d2 = masked(d2, 2u, live, j, kb, nk, lo, hi);
+        d3 = masked(d3, 3u, live, j, kb, nk, lo, hi);
+        red_m[tid / 4u][tid % 4u] = max(max(d0, d1), max(d2, d3));
         workgroupBarrier();
 
-        // Online softmax update of the row; probabilities to p_s; V tile over the K tile.
+        // V tile loads in flight during the softmax.
+        let base = kv_base + kb;
+        r0 = load_v(0u, tid, base, nk);
+        if ({{LD}}u > 1u) { r1 = load_v(1u, tid, base, nk); }
+        if ({{LD}}u > 2u) { r2 = load_v(2u, tid, base, nk); }
+        if ({{LD}}u > 3u) { r3 = load_v(3u, tid, base, nk); }
+        if ({{LD}}u > 4u) { r4 = load_v(4u, tid, base, nk); }
+        if ({{LD}}u > 5u) { r5 = load_v(5u, tid, base, nk); }
+        if ({{LD}}u > 6u) { r6 = load_v(6u, tid, base, nk); }
+        if ({{LD}}u > 7u) { r7 = load_v(7u, tid, base, nk); }
+        // Online softmax: the row's new max, this tile's probabilities.
         var m_new = m_run;
-        for (var i = 0u; i < {{LPR}}u; i++) {
-            m_new = max(m_new, red_m[r * {{LPR}}u + i]);
+        for (var i = 0u; i < RS; i += 2u) {
+            m_new = max(m_new, max(vmax(red_m[r * RS + i]), vmax(red_m[r * RS + i + 1u])));
         }
         let alpha = exp(m_run - m_new);
-        var lsum = 0.0;
-        for (var i = 0u; i < {{KPL}}u; i++) {
-            var e = 0.0;
-            if ((valid & (1u << i)) != 0u) {
-                e = exp(dots[i] - m_new);
-            }
-            p_s[r * PS + j + {{LPR}}u * i] = e;
-            lsum += e;
-        }
-        red_l[tid] = lsum;
-        for (var i = tid; i < {{BK}}u * HD; i += {{WG}}u) {
-            let k = i / HD;
-            let w = i % HD;
-            var v = 0u;
-            if (k < nk) {
-                v = v_cache[(kv_base + kb + k) * HD + w];
-            }
-            kv_s[k * QS + w] = v;
-        }
+        let e0 = prob(d0, m_new);
+        let e1 = prob(d1, m_new);
+        let e2 = prob(d2, m_new);
+        let e3 = prob(d3, m_new);
+        set_p(r, j, e0);
+        if ({{KPL}}u > 1u) { set_p(r, j + {{LPR}}u, e1); }
+        if ({{KPL}}u > 2u) { set_p(r, j + 2u * {{LPR}}u, e2); }
+        if ({{KPL}}u > 3u) { set_p(r, j + 3u * {{LPR}}u, e3); }
+        red_l[tid / 4u][tid % 4u] = (e0 + e1) + (e2 + e3);
+        store_kv(0u, tid, r0);
+        if ({{LD}}u > 1u) { store_kv(1u, tid, r1); }
+        if ({{LD}}u > 2u) { store_kv(2u, tid, r2); }
+        if ({{LD}}u > 3u) { store_kv(3u, tid, r3); }
+        if ({{LD}}u > 4u) { store_kv(4u, tid, r4); }
+        if ({{LD}}u > 5u) { store_kv(5u, tid, r5); }
+        if ({{LD}}u > 6u) { store_kv(6u, tid, r6); }
+        if ({{LD}}u > 7u) { store_kv(7u, tid, r7); }
         workgroupBarrier();
 
+        // Next K tile loads in flight during P V.
+        let kn = kb + {{BK}}u;
+        if (kn < k_end) {
+            let nbase = kv_base + kn;
+            let nkn = min({{BK}}u, k_end - kn);
+            r0 = load_k(0u, tid, nbase, nkn);
+            if ({{LD}}u > 1u) { r1 = load_k(1u, tid, nbase, nkn); }
+            if ({{LD}}u > 2u) { r2 = load_k(2u, tid, nbase, nkn); }
+            if ({{LD}}u > 3u) { r3 = load_k(3u, tid, nbase, nkn); }
+            if ({{LD}}u > 4u) { r4 = load_k(4u, tid, nbase, nkn); }
+            if ({{LD}}u > 5u) { r5 = load_k(5u, tid, nbase, nkn); }
+            if ({{LD}}u > 6u) { r6 = load_k(6u, tid, nbase, nkn); }
+            if ({{LD}}u > 7u) { r7 = load_k(7u, tid, nbase, nkn); }
+        }
         var bsum = 0.0;
-        for (var i = 0u; i < {{LPR}}u; i++) {
-            bsum += red_l[r * {{LPR}}u + i];
+        for (var i = 0u; i < RS; i += 2u) {
+            let v = red_l[r * RS + i] + red_l[r * RS + i + 1u];
+            bsum += (v.x + v.y) + (v.z + v.w);
         }
         l_run = l_run * alpha + bsum;
         m_run = m_new;
-        for (var i = 0u; i < {{NW}}u; i++) {
-            acc[i] *= alpha;
-        }
-        for (var k = 0u; k < nk; k++) {
-            let pk = p_s[r * PS + k];
-            for (var i = 0u; i < {{NW}}u; i++) {
-                let w = j + {{LPR}}u * i;
-                if (w < HD) {
-                    acc[i] += pk * unpack2x16float(kv_s[k * QS + w]);
-                }
-            }
+        a0 *= alpha;
+        if ({{NW}}u > 1u) { a1 *= alpha; }
+        if ({{NW}}u > 2u) { a2 *= alpha; }
+        if ({{NW}}u > 3u) { a3 *= alpha; }
+        if ({{NW}}u > 4u) { a4 *= alpha; }
+        if ({{NW}}u > 5u) { a5 *= alpha; }
+        if ({{NW}}u > 6u) { a6 *= alpha; }
+        if ({{NW}}u > 7u) { a7 *= alpha; }
+        // keys past nk have p = 0 and zero V rows: whole groups of 4
+        for (var k = 0u; k < nk; k += 4u) {
+            let pk = p_s[r * PS + k / 4u];
+            let vr = k * QS;
+            a0 += pv4(pk, vr + u0);
+            if ({{NW}}u > 1u) { a1 += pv4(pk, vr + u1); }
+            if ({{NW}}u > 2u) { a2 += pv4(pk, vr + u2); }
+            if ({{NW}}u > 3u) { a3 += pv4(pk, vr + u3); }
+            if ({{NW}}u > 4u) { a4 += pv4(pk, vr + u4); }
+            if ({{NW}}u > 5u) { a5 += pv4(pk, vr + u5); }
+            if ({{NW}}u > 6u) { a6 += pv4(pk, vr + u6); }
+            if ({{NW}}u > 7u) { a7 += pv4(pk, vr + u7); }
         }
         workgroupBarrier();
     }
@@ -253,26 +464,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (!live) {
         return;
     }
-    let out_row = t * p.heads + h;
 #ifdef SPLIT
-    let prow = split * p.n_rows * p.heads + out_row;
-    for (var i = 0u; i < {{NW}}u; i++) {
-        let w = j + {{LPR}}u * i;
-        if (w < HD) {
-            part_o[prow * HD + w] = acc[i];
-        }
-    }
+    let orow = (split * p.n_rows * p.heads + t * p.heads + h) * DU;
     if (j == 0u) {
-        part_ml[prow] = vec2<f32>(m_run, l_run);
+        part_ml[split * p.n_rows * p.heads + t * p.heads + h] = vec2<f32>(m_run, l_run);
     }
+    let scale = 1.0;
 #else
-    let inv = select(0.0, 1.0 / l_run, l_run > 0.0);
-    for (var i = 0u; i < {{NW}}u; i++) {
-        let w = j + {{LPR}}u * i;
-        if (w < HD) {
-            out[out_row * HD + w] = acc[i] * inv;
-        }
-    }
+    let orow = (t * p.heads + h) * DU;
+    let scale = select(0.0, 1.0 / l_run, l_run > 0.0);
+#endif
+    if (j < DU) { write_out(orow + j, a0 * scale); }
+    if ({{NW}}u > 1u && j + {{LPR}}u < DU) { write_out(orow + j + {{LPR}}u, a1 * scale); }
+    if ({{NW}}u > 2u && j + 2u * {{LPR}}u < DU) { write_out(orow + j + 2u * {{LPR}}u, a2 * scale); }
+    if ({{NW}}u > 3u && j + 3u * {{LPR}}u < DU) { write_out(orow + j + 3u * {{LPR}}u, a3 * scale); }
+    if ({{NW}}u > 4u && j + 4u * {{LPR}}u < DU) { write_out(orow + j + 4u * {{LPR}}u, a4 * scale); }
+    if ({{NW}}u > 5u && j + 5u * {{LPR}}u < DU) { write_out(orow + j + 5u * {{LPR}}u, a5 * scale); }
+    if ({{NW}}u > 6u && j + 6u * {{LPR}}u < DU) { write_out(orow + j + 6u * {{LPR}}u, a6 * scale); }
+    if ({{NW}}u > 7u && j + 7u * {{LPR}}u < DU) { write_out(orow + j + 7u * {{LPR}}u, a7 * scale); }
+}
+
+fn write_out(i: u32, v: vec4<f32>) {
+#ifdef SPLIT
+    part_o[i] = v;
+#else
+    out[i] = v;
 #endif
 }
 #endif

@@ -22,7 +22,7 @@ pub struct AttnParams {
     pub heads: usize,
     /// Key/value heads (Hkv); divides H.
     pub kv_heads: usize,
-    /// Head dimension D (even, ≤ 256).
+    /// Head dimension D (a multiple of 16, ≤ 256).
     pub head_dim: usize,
     /// Positions the KV cache holds.
     pub max_ctx: usize,
@@ -43,8 +43,8 @@ impl AttnParams {
     fn check(&self, qkv: &Tensor, k_cache: &Tensor, v_cache: &Tensor) {
         let d = self.head_dim;
         assert!(
-            d >= 2 && d % 2 == 0 && d <= 256,
-            "attention: head_dim {d} must be even and <= 256"
+            d >= 16 && d % 16 == 0 && d <= 256,
+            "attention: head_dim {d} must be a multiple of 16, at most 256"
         );
         assert!(
             self.kv_heads > 0 && self.heads % self.kv_heads == 0,
@@ -130,48 +130,81 @@ pub struct Tiling {
 }
 
 impl Tiling {
-    fn workgroup_bytes(bq: usize, lpr: usize, bk: usize, d: usize) -> usize {
-        let row = d / 2 + 1;
-        4 * (2 * bq * row + bk * row + bq * (bk + 1) + 2 * bq * lpr)
+    /// Workgroup memory of a tiling (see the arrays of `wgsl/attention.wgsl`).
+    pub fn workgroup_bytes(&self, d: usize) -> usize {
+        let row = d / 4 + 1;
+        16 * self.bq * row
+            + 8 * self.bk * row
+            + 4 * self.bq * (self.bk + 1)
+            + 8 * self.bq * self.lpr
     }
 
-    /// The tiling for `p` on `gpu`: up to 16 rows per workgroup (fewer when T * G is smaller,
-    /// as in decode), 128 threads where the rows allow, 32-key tiles (16 when D = 256 and 16
-    /// rows: workgroup memory stays under 28 KiB), and key splits when there are fewer than
-    /// 128 workgroups otherwise.
+    /// Per-thread counts of the kernel's unrolled register slots: (keys per lane, 4-dim output
+    /// units per lane, 16-byte loads per K/V tile, 16-byte loads of the queries).
+    fn slots(&self, d: usize) -> (usize, usize, usize, usize) {
+        let wg = self.bq * self.lpr;
+        (
+            self.bk / self.lpr,
+            (d / 4).div_ceil(self.lpr),
+            (self.bk * d / 8).div_ceil(wg),
+            (self.bq * d / 4).div_ceil(wg),
+        )
+    }
+
+    fn valid(&self, d: usize, budget: usize) -> bool {
+        let (kpl, nw, ld, ql) = self.slots(d);
+        self.bk % self.lpr == 0
+            && (1..=4).contains(&kpl)
+            && nw <= 8
+            && ld <= 8
+            && ql <= 8
+            && self.workgroup_bytes(d) <= budget
+    }
+
+    /// The tiling for `p` on `gpu`: 128 threads; 4, 8 or 16 rows per workgroup (as T * G
+    /// allows: 4 in decode), 32, 16 or 8 lanes per row; the largest key tile up to 64 that
+    /// fits the register slots and 28 KiB of workgroup memory; and, when there are fewer than
+    /// 128 row blocks, key splits for about 512 workgroups, at most 128 splits and one tile
+    /// per split at full context (or window). Tuned on an H100 (see `tests::bench`).
     pub fn choose(gpu: &Gpu, p: &AttnParams) -> Result<Tiling> {
         let g = p.heads / p.kv_heads;
         let d = p.head_dim;
         let budget =
             (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10) - (4 << 10);
-        let mut bq = (p.n_tokens * g).next_power_of_two().min(16);
-        let (lpr, bk) = loop {
-            let lpr = (128 / bq).clamp(8, 32);
-            let mut bk = 32;
-            while Self::workgroup_bytes(bq, lpr, bk, d) > budget && bk > lpr {
-                bk /= 2;
-            }
-            if Self::workgroup_bytes(bq, lpr, bk, d) <= budget {
-                break (lpr, bk);
-            }
-            if bq == 1 {
-                return Err(Error::Gpu(format!(
+        let bq = (p.n_tokens * g).next_power_of_two().clamp(4, 16);
+        let lpr = 128 / bq;
+        let bk = [64, 32, 16, 8]
+            .into_iter()
+            .find(|&bk| {
+                Tiling {
+                    bq,
+                    lpr,
+                    bk,
+                    nsplit: 1,
+                }
+                .valid(d, budget)
+            })
+            .ok_or_else(|| {
+                Error::Gpu(format!(
                     "attention: head_dim {d} does not fit the device's workgroup memory"
-                )));
-            }
-            bq /= 2;
-        };
+                ))
+            })?;
         let blocks = (p.n_tokens * g).div_ceil(bq) * p.kv_heads;
         let nsplit = if p.splits > 0 {
             p.splits
         } else if blocks >= 128 {
             1
         } else {
-            // about 256 workgroups, each with at least 4 tiles of keys at full context
-            256usize
+            // keys one row block can see at most
+            let span = if p.window > 0 {
+                p.max_ctx.min(p.window + p.n_tokens)
+            } else {
+                p.max_ctx
+            };
+            512usize
                 .div_ceil(blocks)
-                .min(p.max_ctx.div_ceil(4 * bk))
-                .clamp(1, 256)
+                .min(span.div_ceil(bk))
+                .clamp(1, 128)
         };
         // The partial results must fit a binding.
         let max_bytes = (gpu.limits.max_storage_buffer_binding_size as usize).min(64 << 20);
@@ -227,9 +260,13 @@ pub fn attention_with(
         bk,
         nsplit,
     } = tl;
-    assert!(bq.is_power_of_two() && bq <= 16 && bk % lpr == 0 && nsplit >= 1);
     let (d, g) = (p.head_dim, p.heads / p.kv_heads);
-    let half = d / 2;
+    let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
+    assert!(
+        tl.valid(d, limit) && bq * lpr <= 256 && nsplit >= 1,
+        "attention: invalid tiling {tl:?} for D = {d}"
+    );
+    let (kpl, nw, ld, ql) = tl.slots(d);
     let params: [u32; 8] = [
         p.heads as u32,
         p.kv_heads as u32,
@@ -249,12 +286,11 @@ pub fn attention_with(
         .set("LPR", lpr)
         .set("WG", bq * lpr)
         .set("BK", bk)
-        .set("KPL", bk / lpr)
-        .set("NW", half.div_ceil(lpr))
-        .set("NSPLIT", nsplit)
-        .set("Q_WORDS", bq * (half + 1))
-        .set("KV_WORDS", bk * (half + 1))
-        .set("P_WORDS", bq * (bk + 1));
+        .set("KPL", kpl)
+        .set("NW", nw)
+        .set("LD", ld)
+        .set("QL", ql)
+        .set("NSPLIT", nsplit);
     let blocks = (p.n_tokens * g).div_ceil(bq) as u32;
     let wgs = [blocks, p.kv_heads as u32, nsplit as u32];
     let mut bindings = vec![
@@ -297,7 +333,8 @@ pub fn attention_with(
             step.as_entire_binding(),
             params.as_entire_binding(),
         ],
-        grid(rows as u32),
+        // one workgroup per row and 32 dims of it
+        grid((rows * d.div_ceil(32)) as u32),
     )?;
     Ok(vec![main, merge])
 }
@@ -558,6 +595,43 @@ mod tests {
         }
     }
 
+    /// Every valid tiling on a causal prefill and a decode step (sliding window, GQA 3:1).
+    #[test]
+    fn all_tilings() {
+        for gpu in gpu_variants() {
+            let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
+            for d in [64, 256] {
+                let p = params(6, 2, d, 128, 40);
+                let mut l = Layer::new(&gpu, p);
+                let mut seed = 50;
+                let mut pos = 0;
+                for bq in [4, 8, 16] {
+                    for bk in [8, 16, 32, 64, 128] {
+                        for nsplit in [1, 3] {
+                            let tl = Tiling {
+                                bq,
+                                lpr: 128 / bq,
+                                bk,
+                                nsplit,
+                            };
+                            if !tl.valid(d, limit) {
+                                continue;
+                            }
+                            seed += 1;
+                            if pos + 9 > p.max_ctx {
+                                l = Layer::new(&gpu, p);
+                                pos = 0;
+                            }
+                            l.pass(&gpu, pos, 8, 8, Some(tl), seed);
+                            l.pass(&gpu, pos + 8, 1, 1, Some(tl), seed + 1000);
+                            pos += 9;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn sliding_window() {
         for gpu in gpu_variants() {
@@ -726,5 +800,178 @@ mod tests {
         let k = kv_cache_write(&gpu, &nan, &l.k, &l.v, &l.step, p).unwrap();
         gpu.run(&[&k]).unwrap();
         assert!(gpu.read_f16(&l.k).unwrap()[..64].iter().all(|x| x.is_nan()));
+    }
+
+    /// Timings on the default adapter (not a check):
+    /// `cargo test --lib ops::attention::tests::bench -- --ignored --nocapture`.
+    /// Each case runs the attention kernels `iters` times in one pass; per-run time is the wall
+    /// time of the pass over `iters`.
+    #[test]
+    #[ignore]
+    fn bench() {
+        let gpu = gpu();
+        eprintln!("adapter: {} ({:?})", gpu.info.name, gpu.info.backend);
+        let time = |kernels: &[&Kernel], iters: usize| -> f64 {
+            gpu.run(kernels).unwrap();
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for _ in 0..iters {
+                    for k in kernels {
+                        k.encode(&mut pass);
+                    }
+                }
+            }
+            let t0 = std::time::Instant::now();
+            gpu.queue.submit([enc.finish()]);
+            gpu.wait().unwrap();
+            t0.elapsed().as_secs_f64() / iters as f64
+        };
+        // best of 5 passes of about 10 ms
+        let time = |kernels: &[&Kernel]| -> f64 {
+            let once = time(kernels, 3);
+            let iters = ((0.01 / once) as usize).clamp(3, 300);
+            (0..5)
+                .map(|_| time(kernels, iters))
+                .fold(f64::INFINITY, f64::min)
+        };
+        let only: Option<String> = std::env::var("BENCH_ONLY").ok();
+        // name, H, Hkv, D, context after the pass, T, window
+        let cases: &[(&str, usize, usize, usize, usize, usize, usize)] = &[
+            ("llama3-8b decode", 32, 8, 128, 1024, 1, 0),
+            ("llama3-8b decode", 32, 8, 128, 4096, 1, 0),
+            ("llama3-8b decode", 32, 8, 128, 16384, 1, 0),
+            ("qwen2.5-0.5b decode", 14, 2, 64, 4096, 1, 0),
+            ("gemma3-1b decode", 4, 1, 256, 4096, 1, 0),
+            ("gemma3-1b decode", 4, 1, 256, 32768, 1, 0),
+            ("gemma3-1b decode sliding", 4, 1, 256, 32768, 1, 512),
+            ("llama3-8b prefill", 32, 8, 128, 512, 512, 0),
+            ("llama3-8b prefill", 32, 8, 128, 2048, 2048, 0),
+            ("llama3-8b chunk", 32, 8, 128, 4096, 64, 0),
+            ("gemma3-1b prefill", 4, 1, 256, 2048, 2048, 0),
+            ("gemma3-4b prefill sliding", 8, 4, 256, 4096, 4096, 1024),
+        ];
+        for &(name, h, hkv, d, ctx, t, window) in cases {
+            if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+                continue;
+            }
+            let p = AttnParams {
+                n_tokens: t,
+                window,
+                ..params(h, hkv, d, ctx, 0)
+            };
+            let n = hkv * ctx * d;
+            let kv: Vec<f16> = random(n, 41, 1.0)
+                .iter()
+                .map(|x| f16::from_f32(*x))
+                .collect();
+            let kc = gpu.upload_f16("k", &[hkv, ctx, d], &kv).unwrap();
+            let vc = gpu.upload_f16("v", &[hkv, ctx, d], &kv).unwrap();
+            let qkv = gpu
+                .upload_f32(
+                    "qkv",
+                    &[t, p.row_stride()],
+                    &random(t * p.row_stride(), 42, 1.0),
+                )
+                .unwrap();
+            let out = gpu.empty("out", &[t, h * d], ElemType::F32).unwrap();
+            let sp = StepParams {
+                pos: (ctx - t) as u32,
+                n_tokens: t as u32,
+                _pad: [0; 2],
+            };
+            let step = gpu.uniform("step", &sp);
+            let auto = Tiling::choose(&gpu, &p).unwrap();
+            let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
+            let mut tilings = vec![auto];
+            let splits: &[usize] = if t <= 64 {
+                &[1, 16, 32, 64, 128, 256]
+            } else {
+                &[1]
+            };
+            let bqs: &[usize] = if t <= 64 { &[4] } else { &[16, 8] };
+            for &bq in bqs {
+                for bk in [16, 32, 64, 128] {
+                    for &nsplit in splits {
+                        let tl = Tiling {
+                            bq,
+                            lpr: 128 / bq,
+                            bk,
+                            nsplit,
+                        };
+                        if tl.valid(d, limit) && !tilings.contains(&tl) {
+                            tilings.push(tl);
+                        }
+                    }
+                }
+            }
+            // keys visited (per query head), and bytes of K/V read once
+            let keys: usize = (ctx - t..ctx)
+                .map(|q| if window > 0 { window.min(q + 1) } else { q + 1 })
+                .sum();
+            let flops = 4.0 * (h * d * keys) as f64;
+            let span = if window > 0 { window.min(ctx) + t } else { ctx };
+            let bytes = (2 * hkv * span.min(ctx) * d * 2) as f64;
+            for tl in tilings {
+                let ks = attention_with(&gpu, &qkv, &kc, &vc, &out, &step, p, tl).unwrap();
+                let refs: Vec<&Kernel> = ks.iter().collect();
+                let s = time(&refs);
+                let parts = if refs.len() > 1 {
+                    format!(
+                        "  (main {:.1} us, merge {:.1} us)",
+                        time(&refs[..1]) * 1e6,
+                        time(&refs[1..]) * 1e6
+                    )
+                } else {
+                    String::new()
+                };
+                eprintln!(
+                    "{name:28} H={h:2} Hkv={hkv} D={d} ctx={ctx:5} T={t:4} w={window:4} {:?}: {:8.1} us  {:6.0} GB/s  {:6.2} TFLOP/s{}{}",
+                    tl,
+                    s * 1e6,
+                    bytes / s * 1e-9,
+                    flops / s * 1e-12,
+                    if tl == auto { "  (auto)" } else { "" },
+                    parts
+                );
+            }
+        }
+        // rope and the cache write, for scale
+        for t in [1usize, 2048] {
+            let p = AttnParams {
+                n_tokens: t,
+                ..params(32, 8, 128, 4096, 0)
+            };
+            let (kc, vc) = kv_cache(&gpu, "c", &p).unwrap();
+            let qkv = gpu
+                .upload_f32(
+                    "qkv",
+                    &[t, p.row_stride()],
+                    &random(t * p.row_stride(), 43, 1.0),
+                )
+                .unwrap();
+            let sp = StepParams {
+                pos: 0,
+                n_tokens: t as u32,
+                _pad: [0; 2],
+            };
+            let step = gpu.uniform("step", &sp);
+            let w = kv_cache_write(&gpu, &qkv, &kc, &vc, &step, p).unwrap();
+            let rp = crate::ops::rope::RopeParams {
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                theta: 5e5,
+                scaling: 1.0,
+                n_tokens: t,
+            };
+            let nw = gpu.upload_f32("n", &[128], &[1.0; 128]).unwrap();
+            let r = crate::ops::rope::rope(&gpu, &qkv, &step, rp, Some((&nw, &nw, 1e-6))).unwrap();
+            eprintln!(
+                "T={t:4}: kv_cache_write {:7.1} us, rope+qk_norm {:7.1} us",
+                time(&[&w]) * 1e6,
+                time(&[&r]) * 1e6
+            );
+        }
     }
 }
