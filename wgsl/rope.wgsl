@@ -7,8 +7,12 @@
 // (already divided by the linear scaling factor) from the host. sin/cos come from `sincos`
 // below, which is accurate at any position (the drivers' sin/cos are only specified on [-pi, pi]).
 //
+// KV_WRITE: also writes the rotated k head and its v head to the f16 KV caches at position
+// step.pos + t (what kv_cache_write does, fused to save a dispatch per layer).
+//
 // Grid: one workgroup per (token, head), T * (H + Hkv) workgroups, 2-D folded (gpu/kernel.rs);
-// rows t >= step.n_tokens are skipped. Macros: D (head dim, even), WG (threads).
+// rows t >= step.n_tokens are skipped. Macros: D (head dim, even), WG (threads); with KV_WRITE,
+// KC and VC (binding numbers of the caches).
 #define WG 64
 
 struct Step {
@@ -24,7 +28,7 @@ struct Params {
     row_stride: u32,  // (H + 2 Hkv) * D
     n_rows: u32,      // T the kernel was recorded for
     eps: f32,         // QK_NORM epsilon
-    _pad0: u32,
+    max_ctx: u32,     // KV_WRITE: positions in the caches
     _pad1: u32,
     _pad2: u32,
 }
@@ -40,6 +44,14 @@ const HALF: u32 = {{D}}u / 2u;
 @group(0) @binding(5) var<storage, read> k_norm: array<f32>;     // (D)
 
 var<workgroup> red: array<f32, {{WG}}>;
+#endif
+#ifdef KV_WRITE
+@group(0) @binding({{KC}}) var<storage, read_write> k_cache: array<u32>; // (Hkv, max_ctx, D) f16, packed pairs
+@group(0) @binding({{VC}}) var<storage, read_write> v_cache: array<u32>; // (Hkv, max_ctx, D) f16, packed pairs
+
+var<workgroup> row_s: array<f32, {{D}}>; // the rotated head
+
+#include "attention_f16"
 #endif
 
 // (sin a, cos a) for an f32 angle 0 <= a < 2^20, absolute error ~1e-7.
@@ -107,7 +119,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         x2 = x2 * inv_rms * w2;
 #endif
         let sc = sincos(pos * inv_freq[i]);
-        qkv[base + i] = x1 * sc.y - x2 * sc.x;
-        qkv[base + i + HALF] = x2 * sc.y + x1 * sc.x;
+        let y1 = x1 * sc.y - x2 * sc.x;
+        let y2 = x2 * sc.y + x1 * sc.x;
+        qkv[base + i] = y1;
+        qkv[base + i + HALF] = y2;
+#ifdef KV_WRITE
+        row_s[i] = y1;
+        row_s[i + HALF] = y2;
+#endif
     }
+#ifdef KV_WRITE
+    if (head >= p.q_heads) {
+        workgroupBarrier();
+        let g = head - p.q_heads;
+        let kv_pos = step.pos + t;
+        let vbase = base + (p.heads - p.q_heads) * {{D}}u; // v head g follows the k heads
+        if (kv_pos < p.max_ctx) {
+            let dst = (g * p.max_ctx + kv_pos) * HALF;
+            for (var w = lid; w < HALF; w += {{WG}}u) {
+                k_cache[dst + w] = pack_rne(row_s[2u * w], row_s[2u * w + 1u]);
+                v_cache[dst + w] = pack_rne(qkv[vbase + 2u * w], qkv[vbase + 2u * w + 1u]);
+            }
+        }
+    }
+#endif
 }

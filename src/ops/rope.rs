@@ -45,6 +45,32 @@ pub fn rope(
     p: RopeParams,
     qk_norm: Option<(&Tensor, &Tensor, f32)>,
 ) -> Result<Kernel> {
+    record(gpu, qkv, step, p, qk_norm, None)
+}
+
+/// [`rope`] fused with [`kv_cache_write`](super::attention::kv_cache_write): also writes the
+/// rotated k and the v of rows `t < step.n_tokens` to the f16 caches `[Hkv, max_ctx, D]` at
+/// positions `step.pos + t` (same bits as the separate kernel), saving one dispatch per layer.
+pub fn rope_kv_write(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    step: &wgpu::Buffer,
+    p: RopeParams,
+    qk_norm: Option<(&Tensor, &Tensor, f32)>,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+) -> Result<Kernel> {
+    record(gpu, qkv, step, p, qk_norm, Some((k_cache, v_cache)))
+}
+
+fn record(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    step: &wgpu::Buffer,
+    p: RopeParams,
+    qk_norm: Option<(&Tensor, &Tensor, f32)>,
+    cache: Option<(&Tensor, &Tensor)>,
+) -> Result<Kernel> {
     let d = p.head_dim;
     assert!(d >= 2 && d % 2 == 0, "rope: head_dim {d} must be even");
     assert!(p.heads > 0 && p.kv_heads > 0 && p.n_tokens > 0);
@@ -57,13 +83,14 @@ pub fn rope(
     let heads = p.heads + p.kv_heads;
     let table = gpu.upload_f32("rope.inv_freq", &[d / 2], &inv_freq(d, p.theta, p.scaling))?;
     let eps = qk_norm.map_or(0.0, |n| n.2);
+    let max_ctx = cache.map_or(0, |(k, _)| k.shape[1]);
     let params: [u32; 8] = [
         heads as u32,
         p.heads as u32,
         row as u32,
         p.n_tokens as u32,
         eps.to_bits(),
-        0,
+        max_ctx as u32,
         0,
         0,
     ];
@@ -92,6 +119,23 @@ pub fn rope(
         );
         bindings.push(qn.binding());
         bindings.push(kn.binding());
+    }
+    let mut macros = macros;
+    if let Some((kc, vc)) = cache {
+        for c in [kc, vc] {
+            assert_eq!(c.ty, ElemType::F16, "rope: KV cache must be f16");
+            assert!(
+                c.shape.len() == 3 && c.shape[0] == p.kv_heads && c.shape[2] == d,
+                "rope: KV cache must be [Hkv, max_ctx, D]"
+            );
+        }
+        assert_eq!(kc.shape, vc.shape);
+        macros = macros
+            .flag("KV_WRITE")
+            .set("KC", bindings.len())
+            .set("VC", bindings.len() + 1);
+        bindings.push(kc.binding());
+        bindings.push(vc.binding());
     }
     gpu.kernel(
         "rope",
@@ -260,6 +304,70 @@ mod tests {
                 false,
                 4e-6,
             );
+        }
+    }
+
+    /// The fused kernel leaves qkv and the caches exactly as rope followed by kv_cache_write.
+    #[test]
+    fn rope_kv_write_equals_separate() {
+        use crate::ops::attention::{kv_cache, kv_cache_write, AttnParams};
+        for gpu in gpu_variants() {
+            for (d, norm) in [(64, false), (256, true)] {
+                let p = RopeParams {
+                    heads: 6,
+                    kv_heads: 2,
+                    head_dim: d,
+                    theta: 10000.0,
+                    scaling: 1.0,
+                    n_tokens: 5,
+                };
+                let ap = AttnParams {
+                    heads: 6,
+                    kv_heads: 2,
+                    head_dim: d,
+                    max_ctx: 16,
+                    window: 0,
+                    scale: 1.0,
+                    n_tokens: 5,
+                    splits: 0,
+                };
+                let row = (p.heads + 2 * p.kv_heads) * d;
+                let data = random(5 * row, 77, 2.0);
+                let qn: Vec<f32> = random(d, 78, 0.5).iter().map(|w| 1.0 + w).collect();
+                let qn = gpu.upload_f32("q_norm", &[d], &qn).unwrap();
+                let norms = norm.then_some((&qn, &qn, 1e-6));
+                let step = gpu.uniform(
+                    "step",
+                    &StepParams {
+                        pos: 9,
+                        n_tokens: 4,
+                        _pad: [0; 2],
+                    },
+                );
+                // separate
+                let a = gpu.upload_f32("qkv", &[5, row], &data).unwrap();
+                let (ka, va) = kv_cache(&gpu, "a", &ap).unwrap();
+                let r = rope(&gpu, &a, &step, p, norms).unwrap();
+                let w = kv_cache_write(&gpu, &a, &ka, &va, &step, ap).unwrap();
+                gpu.run(&[&r, &w]).unwrap();
+                // fused
+                let b = gpu.upload_f32("qkv", &[5, row], &data).unwrap();
+                let (kb, vb) = kv_cache(&gpu, "b", &ap).unwrap();
+                let f = rope_kv_write(&gpu, &b, &step, p, norms, &kb, &vb).unwrap();
+                gpu.run(&[&f]).unwrap();
+                assert_eq!(gpu.read_f32(&a).unwrap(), gpu.read_f32(&b).unwrap());
+                let (ka, kb) = (gpu.read_f16(&ka).unwrap(), gpu.read_f16(&kb).unwrap());
+                let (va, vb) = (gpu.read_f16(&va).unwrap(), gpu.read_f16(&vb).unwrap());
+                assert!(
+                    ka.iter().zip(&kb).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "K d={d}"
+                );
+                assert!(
+                    va.iter().zip(&vb).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "V d={d}"
+                );
+                assert!(ka.iter().any(|x| x.to_f32() != 0.0), "nothing written");
+            }
         }
     }
 }
