@@ -162,7 +162,7 @@ fn devices(backend: BackendChoice) -> Result<()> {
 
 fn sampler(choice: SamplerChoice, gpu: &Gpu) -> Result<Box<dyn SamplingBackend>> {
     Ok(match choice {
-        SamplerChoice::Host => Box::new(HostSampler::default()),
+        SamplerChoice::Host => Box::new(HostSampler),
         SamplerChoice::Device => anyhow::bail!("the device sampler is not built yet; use --sampler host ({})", gpu.info.name),
     })
 }

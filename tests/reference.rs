@@ -100,6 +100,11 @@ fn smollm2_long_prompt() {
 }
 
 #[test]
+fn qwen05_chat() {
+    check("qwen05", "qwen05_chat");
+}
+
+#[test]
 fn gemma3_plain() {
     check("gemma3", "gemma3_plain");
 }

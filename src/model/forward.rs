@@ -2,8 +2,8 @@
 //! buffers, bind groups and dispatches are made once and replayed; what changes per call (the
 //! token ids and the [`StepParams`] uniform) is written with `queue.write_buffer`.
 //!
-//! Per layer (10 dispatches, 12 with sandwich norms):
-//! rms_norm → qkv linear (+bias) → rope (+q/k norm) → kv_cache_write → attention →
+//! Per layer (9 dispatches, +1 when attention splits its keys, +2 with sandwich norms):
+//! rms_norm → qkv linear (+bias) → rope (+q/k norm) and KV-cache write → attention →
 //! o linear (+= residual | → tmp, rms_norm += residual) → rms_norm → gate_up linear →
 //! gated_act → down linear (+= residual | → tmp, rms_norm += residual).
 //! Then the last row: output rms_norm → lm_head (one dispatch per row chunk) → logits (vocab).
@@ -13,12 +13,12 @@ use super::weights::{self, Weights};
 use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
 use crate::loader::Checkpoint;
-use crate::ops::attention::{attention, kv_cache_write, AttnParams};
+use crate::ops::attention::{attention, AttnParams};
 use crate::ops::elementwise::gated_act;
 use crate::ops::embedding::embedding;
 use crate::ops::matmul::{linear, LinearOpts};
 use crate::ops::norm::rms_norm;
-use crate::ops::rope::{rope, RopeParams};
+use crate::ops::rope::{rope_kv_write, RopeParams};
 use crate::ops::StepParams;
 use std::collections::HashMap;
 
@@ -235,7 +235,6 @@ impl Model {
                 n_tokens: t,
             };
             let qk = lw.qk_norm.as_ref().map(|(q, kk)| (q, kk, c.rms_norm_eps));
-            k(rope(g, &qkv, &self.step, rp, qk)?);
             let ap = AttnParams {
                 heads: c.num_heads,
                 kv_heads: c.num_kv_heads,
@@ -246,7 +245,7 @@ impl Model {
                 n_tokens: t,
                 splits: 0,
             };
-            k(kv_cache_write(g, &qkv, kc, vc, &self.step, ap)?);
+            k(rope_kv_write(g, &qkv, &self.step, rp, qk, kc, vc)?);
             for kernel in attention(g, &qkv, kc, vc, &attn, &self.step, ap)? {
                 k(kernel);
             }
