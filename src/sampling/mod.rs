@@ -98,9 +98,11 @@
 //! The accepted host/device parity is ≥ 99.9 % of tokens; mismatches should trace to the
 //! top-p boundary (or to contraction) as described above.
 
+pub mod device;
 pub mod host;
 pub mod philox;
 
+pub use device::DeviceSampler;
 pub use host::{sample_row, sample_row_prepared};
 pub use philox::{bits_to_unit, gumbel, philox4x32_10, random_seed, uniform_bits};
 

@@ -1,0 +1,543 @@
+//! The device sampler: the [spec](super) in WGSL. The logits never leave the GPU; one `u32` id
+//! per row is written to a GPU buffer (the next step's input ids, or a small buffer that
+//! [`DeviceSampler::sample`] reads back).
+//!
+//! # Passes
+//! Three dispatches for a batch with any sampling row, two for an all-greedy batch, whatever
+//! the parameters (they are data in a buffer: changing them never recompiles or rebinds):
+//!
+//! 1. `sample_stats` (`rows × G` workgroups, `G = ⌈V / 1024⌉`, 4 consecutive logits a thread):
+//!    per chunk, the greedy argmax of the raw logits, the max order key of `s = l · inv_T`, the
+//!    candidate count and the `+inf` flag; zeroes the row's histogram.
+//! 2. `sample_histogram` (`rows × G` workgroups, sampling rows only): every workgroup reduces
+//!    its row's partials to `m = max s`, then for each candidate `d = s - m`:
+//!    - **bins** `d` by value: bin `b` = `d ∈ (-(b+1)/8, -b/8]` for `d > -40` (320 bins),
+//!      then a tail; counts and fixed-point weights `⌊exp(d) · 2^40⌋` per bin, merged into the
+//!      row's histogram with 64-bit integer atomics (exact, order-independent);
+//!    - writes the candidates into the row's **list bucketed by bin** (each workgroup's region
+//!      is a local counting sort of its chunk; bucket offsets go to its metadata), so the last
+//!      pass can fetch the entries of any one bin of the row without scanning the row;
+//!    - for **draw-window** tokens (`d > -20`) that pass min-p, the Gumbel key `d + g` (one
+//!      Philox block per thread serves its 4 logits) and, per window bin `b`, the best
+//!      `(key, lowest index)` over the workgroup's bins `0..=b` (a prefix record).
+//! 3. `sample_select` (one workgroup per row): fixed outcomes (greedy, `+inf`, no candidate)
+//!    from the partials; otherwise the thresholds and the draw:
+//!    - top-k: the bin where the cumulative count reaches `k`, then the exact `t_k` by a
+//!      4 × 8-bit radix select over that bin's entries; `Z` = weight of `K1`;
+//!    - top-p: the bin where the cumulative `K1` weight reaches `⌈top_p · Z⌉`, then the exact
+//!      level inside it by the same radix search with the weight as the predicate;
+//!    - min-p: the bin of `ln_min_p`;
+//!    - draw: with `b*` the first bin not wholly kept, the winner is the best of the
+//!      workgroups' prefix records for bin `b* - 1` and of the entries of bin `b*` that pass
+//!      the thresholds. No full sort and no full second read of the row.
+//!
+//! Greedy is passes 1 and 3 (in a mixed batch, pass 2 skips greedy rows).
+//!
+//! # Why the window is exact
+//! `u ∈ [2^-24, 1 - 2^-24]` bounds the Gumbel noise to `g ∈ [-2.812, 16.636]`, so the maximum
+//! (`d = 0`, always kept) has key `≥ -2.812` and a token with `d ≤ -20` has key
+//! `≤ -3.36`: it can never win. Only tokens with `d > -20` need random bits, and a threshold
+//! whose bin lies wholly below the window cannot change the winner. Tokens with `d ≤ -40`
+//! weigh `< 2^-57`, which the 2^-40 fixed point rounds to 0, so the tail needs no bins.
+//!
+//! # Exactness against the host
+//! Steps 1–3, 5 and 6 of the spec are bit-exact: integer keys and counts, the spec's rounded
+//! `f32` operations (with rounding barriers against FMA contraction and fast-math
+//! reassociation: see `wgsl/include/philox.wgsl`), the same Philox counters. Top-p (step 4) is
+//! exact for the weights `q_i = ⌊exp_f32(d_i) · 2^40⌋`: masses are exact 64-bit integer sums
+//! (no `f32` atomics needed, independent of workgroup order) and the predicate is
+//! `M ≥ ⌈top_p · Z⌉` in exact integer arithmetic. The host uses `exp` in `f64`. So `K2` differs
+//! only where `M(t)` is within the device `exp` error (a few `f32` ulp, ~1e-6 relative) plus
+//! `V · 2^-40` of `top_p · Z`: the top-p boundary case the spec allows.
+//!
+//! # Memory
+//! Scratch grows with the largest `(rows, vocab)` seen: `rows · V · 24` bytes (the bucketed list
+//! and one fetched bin, 12 bytes an entry) plus `rows · G · 2.6 KB` of metadata.
+
+use super::{logits_shape, PreparedParams, SamplingBackend, SamplingParams};
+use crate::error::{Error, Result};
+use crate::gpu::{kernel::grid, ElemType, Gpu, Tensor};
+use std::sync::Arc;
+
+/// Workgroup sizes by vocabulary (the same kernels under the `WG` / `SEG` macros, `CHUNK` =
+/// 4 · `WG` logits a workgroup in the multi-workgroup passes): `(largest vocab, WG, SEG)`.
+/// Small workgroups waste less on small vocabularies (and CPU drivers, which run a workgroup
+/// as masked SIMD in `WG / 8` coroutines, pay per thread for all of a kernel's code).
+const WORKGROUPS: [(usize, usize, usize); 3] = [(64, 16, 4), (16_384, 64, 8), (usize::MAX, 256, 16)];
+/// Histogram bins per row (`NBINS`).
+const NBINS: usize = 321;
+/// Metadata words per workgroup (`META`).
+const META: usize = 642;
+/// Largest supported vocabulary: the fixed-point weight sum of a row must fit in 64 bits.
+pub const MAX_VOCAB: usize = 1 << 24;
+/// Bind-group sets kept for different (logits, out, rows, vocab).
+const CACHE: usize = 8;
+
+const STORAGE: wgpu::BufferUsages =
+    wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_DST).union(wgpu::BufferUsages::COPY_SRC);
+
+/// A storage buffer that only grows.
+struct Scratch {
+    label: &'static str,
+    buffer: Option<wgpu::Buffer>,
+}
+
+impl Scratch {
+    const fn new(label: &'static str) -> Self {
+        Self { label, buffer: None }
+    }
+
+    /// Makes the buffer at least `bytes` long; true when it was (re)allocated.
+    fn ensure(&mut self, gpu: &Gpu, bytes: u64) -> Result<bool> {
+        let bytes = bytes.max(16).next_multiple_of(16);
+        if self.buffer.as_ref().is_some_and(|b| b.size() >= bytes) {
+            return Ok(false);
+        }
+        let max = gpu.limits.max_storage_buffer_binding_size;
+        if bytes > max {
+            return Err(Error::InvalidArgument(format!(
+                "device sampler: {} needs {} MiB, over the device's max storage binding of {} MiB \
+                 (sample fewer rows at a time)",
+                self.label,
+                bytes >> 20,
+                max >> 20
+            )));
+        }
+        let label = self.label;
+        let buffer = gpu.scoped(&format!("allocating {label}"), || {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage: STORAGE,
+                mapped_at_creation: false,
+            })
+        })?;
+        self.buffer = Some(buffer);
+        Ok(true)
+    }
+
+    fn get(&self) -> &wgpu::Buffer {
+        self.buffer.as_ref().expect("scratch buffer allocated before use")
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct BindKey {
+    logits: usize,
+    logits_offset: u64,
+    logits_size: u64,
+    out: usize,
+    out_offset: u64,
+    rows: usize,
+    vocab: usize,
+    generation: u64,
+}
+
+/// The bind groups of one (logits, out, rows, vocab) and the buffers they keep alive.
+struct Bound {
+    key: BindKey,
+    pipelines: [Arc<wgpu::ComputePipeline>; 3],
+    _logits: Arc<wgpu::Buffer>,
+    _out: Arc<wgpu::Buffer>,
+    _info: wgpu::Buffer,
+    groups: [wgpu::BindGroup; 3],
+    grids: [[u32; 3]; 3],
+}
+
+/// The sampling head on the GPU (see the [module docs](self)). Pipelines are compiled once in
+/// [`new`](Self::new); scratch grows on demand; bind groups are cached per (logits buffer, out
+/// buffer, rows, vocab), so repeated calls on the same tensors rebuild nothing.
+pub struct DeviceSampler {
+    /// (stats, histogram, select) for each entry of `WORKGROUPS`, compiled on first use.
+    pipelines: [Option<[Arc<wgpu::ComputePipeline>; 3]>; 3],
+    params: Scratch,
+    partials: Scratch,
+    hist: Scratch,
+    list: Scratch,
+    meta: Scratch,
+    fetched: Scratch,
+    /// Ids of [`sample`](SamplingBackend::sample) and their readback buffer.
+    ids: Option<Tensor>,
+    staging: Option<wgpu::Buffer>,
+    /// Rows of the last [`set_params`](Self::set_params), and whether all are greedy.
+    rows: usize,
+    all_greedy: bool,
+    /// Bumped whenever a buffer the bind groups use is reallocated.
+    generation: u64,
+    cache: Vec<Bound>,
+    /// Bind-group sets built so far (for tests: repeated calls must build none).
+    built: u64,
+}
+
+impl DeviceSampler {
+    /// Compiles the pipelines for large vocabularies (those for small ones on first use; the
+    /// pipeline cache keeps them for the device).
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        let mut s = Self {
+            pipelines: [None, None, None],
+            params: Scratch::new("sampler params"),
+            partials: Scratch::new("sampler partials"),
+            hist: Scratch::new("sampler histogram"),
+            list: Scratch::new("sampler bucketed list"),
+            meta: Scratch::new("sampler metadata"),
+            fetched: Scratch::new("sampler fetched bin"),
+            ids: None,
+            staging: None,
+            rows: 0,
+            all_greedy: true,
+            generation: 0,
+            cache: Vec::new(),
+            built: 0,
+        };
+        s.pipelines_for(gpu, usize::MAX)?;
+        Ok(s)
+    }
+
+    /// Index into `WORKGROUPS` for a vocabulary.
+    fn config(vocab: usize) -> usize {
+        WORKGROUPS.iter().position(|&(max, _, _)| vocab <= max).unwrap_or(WORKGROUPS.len() - 1)
+    }
+
+    /// Threads per workgroup for a vocabulary.
+    pub fn workgroup_size(vocab: usize) -> usize {
+        WORKGROUPS[Self::config(vocab)].1
+    }
+
+    fn pipelines_for(&mut self, gpu: &Gpu, vocab: usize) -> Result<[Arc<wgpu::ComputePipeline>; 3]> {
+        let slot = Self::config(vocab);
+        if let Some(p) = &self.pipelines[slot] {
+            return Ok(p.clone());
+        }
+        let (_, wg, seg) = WORKGROUPS[slot];
+        let macros = gpu.macros().set("WG", wg).set("SEG", seg);
+        let p = [
+            gpu.pipeline("sample_stats", "main", &macros)?,
+            gpu.pipeline("sample_histogram", "main", &macros)?,
+            gpu.pipeline("sample_select", "main", &macros)?,
+        ];
+        self.pipelines[slot] = Some(p.clone());
+        Ok(p)
+    }
+
+    /// Validates `params` (one per row) and uploads them for decode step `step`; they apply to
+    /// the next [`encode`](Self::encode)d work submitted (`queue.write_buffer` semantics).
+    /// Invalid parameters are an [`Error::InvalidArgument`] and nothing is written.
+    pub fn set_params(&mut self, gpu: &Gpu, params: &[SamplingParams], step: u32) -> Result<()> {
+        if params.is_empty() {
+            return Err(Error::InvalidArgument("sampling: no rows".into()));
+        }
+        for p in params {
+            p.validate()?;
+        }
+        let prepared: Vec<PreparedParams> = params.iter().map(|p| p.prepare(step)).collect();
+        let bytes = std::mem::size_of_val(prepared.as_slice()) as u64;
+        if self.params.ensure(gpu, bytes)? {
+            self.invalidate();
+        }
+        gpu.queue.write_buffer(self.params.get(), 0, bytemuck::cast_slice(&prepared));
+        self.rows = params.len();
+        self.all_greedy = params.iter().all(|p| p.is_greedy());
+        Ok(())
+    }
+
+    /// How many bind-group sets this sampler has built: one per new (logits buffer, out buffer,
+    /// rows, vocab) or scratch growth, none for repeated calls or new parameters.
+    pub fn bind_groups_built(&self) -> u64 {
+        self.built
+    }
+
+    /// Dispatches the next [`encode`](Self::encode) records: 2 when every row is greedy, else 3.
+    pub fn dispatches(&self) -> usize {
+        if self.all_greedy {
+            2
+        } else {
+            3
+        }
+    }
+
+    /// Records the sampling of `rows` rows of f32 `logits` (`[rows, vocab]`, any shape with
+    /// `rows · vocab` elements) into one compute pass on `encoder`, writing the ids to the
+    /// first `rows` elements of `out` (u32), e.g. the next decode step's input ids. Call
+    /// [`set_params`](Self::set_params) with `rows` parameters first.
+    pub fn encode(
+        &mut self,
+        gpu: &Gpu,
+        encoder: &mut wgpu::CommandEncoder,
+        logits: &Tensor,
+        rows: usize,
+        out: &Tensor,
+    ) -> Result<()> {
+        let bound = self.prepare(gpu, logits, rows, out)?;
+        let mut pass = encoder
+            .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("sampling"), timestamp_writes: None });
+        self.record(bound, &mut pass);
+        Ok(())
+    }
+
+    /// [`encode`](Self::encode) into a compute pass the caller owns (to share a decode step's
+    /// pass, or to time the sampler with the pass's timestamp writes).
+    pub fn encode_pass(
+        &mut self,
+        gpu: &Gpu,
+        pass: &mut wgpu::ComputePass<'_>,
+        logits: &Tensor,
+        rows: usize,
+        out: &Tensor,
+    ) -> Result<()> {
+        let bound = self.prepare(gpu, logits, rows, out)?;
+        self.record(bound, pass);
+        Ok(())
+    }
+
+    fn record(&self, bound: usize, pass: &mut wgpu::ComputePass<'_>) {
+        let b = &self.cache[bound];
+        for k in 0..3 {
+            if k == 1 && self.all_greedy {
+                continue;
+            }
+            pass.set_pipeline(&b.pipelines[k]);
+            pass.set_bind_group(0, &b.groups[k], &[]);
+            let [x, y, z] = b.grids[k];
+            pass.dispatch_workgroups(x, y, z);
+        }
+    }
+
+    fn invalidate(&mut self) {
+        self.generation += 1;
+        self.cache.clear();
+    }
+
+    /// Checks the arguments, grows the scratch, and returns the index of the cached bind groups.
+    fn prepare(&mut self, gpu: &Gpu, logits: &Tensor, rows: usize, out: &Tensor) -> Result<usize> {
+        if rows == 0 || rows != self.rows {
+            return Err(Error::InvalidArgument(format!(
+                "sampling {rows} rows, but set_params was given {} rows",
+                self.rows
+            )));
+        }
+        if logits.ty != ElemType::F32 {
+            return Err(Error::InvalidArgument(format!("sampling needs f32 logits, got {:?}", logits.ty)));
+        }
+        let n = logits.numel();
+        if n == 0 || n % rows != 0 {
+            return Err(Error::InvalidArgument(format!("{n} logits do not split into {rows} non-empty rows")));
+        }
+        let vocab = n / rows;
+        if vocab >= MAX_VOCAB {
+            return Err(Error::InvalidArgument(format!(
+                "vocabulary of {vocab} entries: the device sampler supports < {MAX_VOCAB}"
+            )));
+        }
+        if out.ty != ElemType::U32 || out.numel() < rows {
+            return Err(Error::InvalidArgument(format!(
+                "sampling output must be u32 with at least {rows} elements, got {:?} {:?}",
+                out.ty, out.shape
+            )));
+        }
+        let groups = vocab.div_ceil(4 * Self::workgroup_size(vocab));
+        let rg = rows as u64 * groups as u64;
+        let rv = rows as u64 * vocab as u64;
+        // An all-greedy batch only needs the partials (sample_select never reads the rest).
+        let sampling = u64::from(!self.all_greedy);
+        let mut grown = false;
+        grown |= self.partials.ensure(gpu, rg * 16)?;
+        grown |= self.hist.ensure(gpu, sampling * rows as u64 * NBINS as u64 * 12)?;
+        grown |= self.list.ensure(gpu, sampling * rv * 12)?;
+        grown |= self.meta.ensure(gpu, sampling * rg * META as u64 * 4)?;
+        grown |= self.fetched.ensure(gpu, sampling * rv * 12)?;
+        if grown {
+            self.invalidate();
+        }
+        if rg * 4 > u64::from(gpu.limits.max_compute_workgroups_per_dimension).pow(2) {
+            return Err(Error::InvalidArgument(format!(
+                "sampling {rows} rows of {vocab}: too many workgroups for one dispatch"
+            )));
+        }
+        let key = BindKey {
+            logits: Arc::as_ptr(&logits.buffer) as usize,
+            logits_offset: logits.offset,
+            logits_size: logits.size_bytes(),
+            out: Arc::as_ptr(&out.buffer) as usize,
+            out_offset: out.offset,
+            rows,
+            vocab,
+            generation: self.generation,
+        };
+        if let Some(i) = self.cache.iter().position(|b| b.key == key) {
+            return Ok(i);
+        }
+        let pipelines = self.pipelines_for(gpu, vocab)?;
+        let bound = self.bind(gpu, key, pipelines, logits, out, groups)?;
+        self.built += 1;
+        if self.cache.len() >= CACHE {
+            self.cache.remove(0);
+        }
+        self.cache.push(bound);
+        Ok(self.cache.len() - 1)
+    }
+
+    fn bind(
+        &self,
+        gpu: &Gpu,
+        key: BindKey,
+        pipelines: [Arc<wgpu::ComputePipeline>; 3],
+        logits: &Tensor,
+        out: &Tensor,
+        groups: usize,
+    ) -> Result<Bound> {
+        use wgpu::util::DeviceExt;
+        let info_words = [key.rows as u32, key.vocab as u32, groups as u32, 0u32];
+        let info = gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("sampler info"),
+            contents: bytemuck::cast_slice(&info_words),
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::STORAGE,
+        });
+        let make = |pipeline: &wgpu::ComputePipeline, name: &str, res: Vec<wgpu::BindingResource<'_>>| {
+            let entries: Vec<wgpu::BindGroupEntry> = res
+                .into_iter()
+                .enumerate()
+                .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
+                .collect();
+            gpu.scoped(&format!("binding {name}"), || {
+                gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(name),
+                    layout: &pipeline.get_bind_group_layout(0),
+                    entries: &entries,
+                })
+            })
+        };
+        let stats = make(
+            &pipelines[0],
+            "sample_stats",
+            vec![
+                logits.binding(),
+                whole(&self.params),
+                whole(&self.partials),
+                whole(&self.hist),
+                info.as_entire_binding(),
+            ],
+        )?;
+        let histogram = make(
+            &pipelines[1],
+            "sample_histogram",
+            vec![
+                logits.binding(),
+                whole(&self.params),
+                whole(&self.partials),
+                whole(&self.hist),
+                whole(&self.list),
+                whole(&self.meta),
+                info.as_entire_binding(),
+            ],
+        )?;
+        let select = make(
+            &pipelines[2],
+            "sample_select",
+            vec![
+                whole(&self.params),
+                whole(&self.partials),
+                whole(&self.hist),
+                whole(&self.list),
+                whole(&self.meta),
+                whole(&self.fetched),
+                out.binding(),
+                info.as_entire_binding(),
+            ],
+        )?;
+        let wide = grid((key.rows * groups) as u32);
+        Ok(Bound {
+            key,
+            pipelines,
+            _logits: logits.buffer.clone(),
+            _out: out.buffer.clone(),
+            _info: info,
+            groups: [stats, histogram, select],
+            grids: [wide, wide, grid(key.rows as u32)],
+        })
+    }
+
+    /// The internal ids tensor (at least `rows` long) and its readback buffer.
+    fn ids(&mut self, gpu: &Gpu, rows: usize) -> Result<Tensor> {
+        if self.ids.as_ref().is_none_or(|t| t.numel() < rows) {
+            let cap = rows.next_power_of_two();
+            self.ids = Some(gpu.empty("sampled ids", &[cap], ElemType::U32)?);
+            self.staging = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("sampled ids readback"),
+                size: (cap * 4) as u64,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let ids = self.ids.as_ref().expect("just made");
+        Ok(ids.view(0, &[rows]))
+    }
+}
+
+impl SamplingBackend for DeviceSampler {
+    fn name(&self) -> &'static str {
+        "device"
+    }
+
+    fn sample(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Vec<u32>> {
+        let (rows, vocab) = logits_shape(logits, params)?;
+        for p in params {
+            p.validate()?;
+        }
+        if logits.ty != ElemType::F32 {
+            return Err(Error::InvalidArgument(format!("sampling needs f32 logits, got {:?}", logits.ty)));
+        }
+        if vocab == 0 {
+            return Ok(vec![0; rows]);
+        }
+        self.set_params(gpu, params, step)?;
+        let out = self.ids(gpu, rows)?;
+        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sampling") });
+        self.encode(gpu, &mut enc, logits, rows, &out)?;
+        let staging = self.staging.as_ref().expect("made with the ids");
+        let bytes = (rows * 4) as u64;
+        enc.copy_buffer_to_buffer(&out.buffer, 0, staging, 0, bytes);
+        gpu.queue.submit([enc.finish()]);
+        let slice = staging.slice(..bytes);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        gpu.wait()?;
+        rx.recv()
+            .map_err(|_| Error::Gpu("readback callback never ran".into()))?
+            .map_err(|e| Error::Gpu(format!("mapping the sampled ids: {e}")))?;
+        let ids = {
+            let view = slice.get_mapped_range().map_err(|e| Error::Gpu(format!("reading the sampled ids: {e}")))?;
+            bytemuck::pod_collect_to_vec(&view[..])
+        };
+        staging.unmap();
+        Ok(ids)
+    }
+}
+
+/// Test hook for the WGSL random numbers (`wgsl/sample_philox.wgsl`): for `j < n`, the
+/// `uniform_bits(seed, step, row, first + j)` and the Gumbel noise the draw derives from them,
+/// computed on the device, for comparison with [`super::philox`].
+pub fn philox_bits(gpu: &Gpu, seed: u64, step: u32, row: u32, first: u32, n: u32) -> Result<(Vec<u32>, Vec<f32>)> {
+    let len = (n as usize).max(1);
+    let bits = gpu.empty("philox bits", &[len], ElemType::U32)?;
+    let noise = gpu.empty("philox gumbel", &[len], ElemType::F32)?;
+    let info = gpu.upload_u32("philox info", &[8], &[seed as u32, (seed >> 32) as u32, step, row, first, n, 0, 0])?;
+    let k = gpu.kernel(
+        "sample_philox",
+        "main",
+        &gpu.macros(),
+        &[bits.binding(), noise.binding(), info.binding()],
+        grid(n.div_ceil(256)),
+    )?;
+    gpu.run(&[&k])?;
+    let mut b = gpu.read_u32(&bits)?;
+    let mut g = gpu.read_f32(&noise)?;
+    b.truncate(n as usize);
+    g.truncate(n as usize);
+    Ok((b, g))
+}
+
+fn whole(s: &Scratch) -> wgpu::BindingResource<'_> {
+    s.get().as_entire_binding()
+}

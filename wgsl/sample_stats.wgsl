@@ -1,0 +1,75 @@
+// sample_stats: pass 1 of the sampler (src/sampling/device.rs). For each row and each CHUNK of
+// it (one workgroup each), the statistics every later step needs:
+//   - the greedy argmax of the raw logits (NaN as -inf, lowest index on ties),
+//   - for sampling rows: the largest order key of s = l * inv_temperature (NaN as -inf), the
+//     number of candidates (s > -inf) and whether some s is +inf.
+// Also zeroes the row's global bin histogram for sample_histogram (sampling rows).
+// Grid: rows * groups workgroups, 2-D folded (see gpu/kernel.rs); workgroup w is chunk
+// w % groups of row w / groups; each thread reads 4 consecutive logits.
+#include "sample_common"
+#include "sample_reduce"
+
+@group(0) @binding(0) var<storage, read> logits: array<f32>;              // (B, V)
+@group(0) @binding(1) var<storage, read> params: array<Params>;           // (B)
+@group(0) @binding(2) var<storage, read_write> partials: array<vec4<u32>>; // (B, G): argmax key of l, its index, max key of s, candidates | (+inf << 31)
+@group(0) @binding(3) var<storage, read_write> hist: array<u32>;          // (B, NBINS, 3) zeroed
+@group(0) @binding(4) var<uniform> info: Info;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32
+#ifdef SUBGROUP
+        , @builtin(subgroup_invocation_id) sg_lane: u32
+        , @builtin(subgroup_id) sg_id: u32
+        , @builtin(num_subgroups) sg_count: u32
+#endif
+        ) {
+#ifdef SUBGROUP
+    let ln = Lanes(lid, sg_lane, sg_id, sg_count);
+#else
+    let ln = Lanes(lid, 0u, 0u, 1u);
+#endif
+    let w = wid.x + wid.y * nwg.x;
+    let groups = info.groups;
+    if (w >= info.rows * groups) {
+        return;
+    }
+    let row = w / groups;
+    let g = w - row * groups;
+    let p = params[row];
+    let sampling = p.mode != MODE_GREEDY;
+    let vocab = info.vocab;
+    let base = row * vocab;
+    let i0 = g * CHUNK + lid * 4u;
+
+    var st = stats_empty();  // lkey 0 is below every key: the first entry always takes it
+    for (var j = 0u; j < 4u; j++) {
+        let i = i0 + j;
+        if (i < vocab) {
+            let l = logits[base + i];
+            let k = okey_nan(bitcast<u32>(l));
+            if (k > st.lkey) {
+                st.lkey = k;
+                st.lidx = i;
+            }
+            if (sampling) {
+                let ks = okey_nan(bitcast<u32>(l * p.inv_temperature));
+                st.skey = max(st.skey, ks);
+                st.count += select(0u, 1u, ks > KEY_NEG_INF);
+                st.inf |= select(0u, 1u, ks == KEY_POS_INF);
+            }
+        }
+    }
+    let r = wg_stats(st, ln);
+    if (lid == 0u) {
+        partials[w] = vec4<u32>(r.lkey, r.lidx, r.skey, r.count | (r.inf << 31u));
+    }
+
+    // Zero this row's share of the histogram (NBINS * 3 words spread over the row's groups).
+    if (sampling) {
+        let hbase = row * NBINS * 3u;
+        for (var k = g * WG + lid; k < NBINS * 3u; k += groups * WG) {
+            hist[hbase + k] = 0u;
+        }
+    }
+}
