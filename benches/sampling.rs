@@ -1,0 +1,217 @@
+//! Sampling head: device (`DeviceSampler`, WGSL) vs host (logits readback + CPU `sample_row`),
+//! for vocabularies of 32k, 152k and 262k at greedy, top-p 0.9 and top-k 50, one row.
+//!
+//! ```text
+//! cargo bench --bench sampling                      # table
+//! cargo bench --bench sampling -- --json            # table, then one JSON document
+//! cargo bench --bench sampling -- --reps 200        # more repetitions (default 10)
+//! ```
+//!
+//! Columns: `gpu µs` = the sampler's compute pass between GPU timestamps (when the device has
+//! timestamp queries; otherwise `-`), `submit µs` = wall clock of set_params + encode + submit +
+//! wait (no readback), `device µs` = wall clock of `DeviceSampler::sample` (+ reading back the
+//! one id), `host µs` = wall clock of `HostSampler::sample` (reading back the whole row of
+//! logits, then the CPU sampler). Medians over the repetitions. On lavapipe (a CPU driver) the
+//! numbers only mean something as ratios.
+
+use std::time::Instant;
+use wgpu_llm::gpu::{ElemType, Gpu, GpuOptions, Tensor};
+use wgpu_llm::sampling::{DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
+
+/// LLM-like logits: a normal bulk (σ = 2.5) and a few dozen boosted tokens, so that top-p 0.9
+/// keeps a realistic handful-to-hundreds of tokens. Deterministic.
+fn logits(v: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut unit = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut l: Vec<f32> = (0..v).map(|_| ((0..12).map(|_| unit()).sum::<f64>() - 6.0) as f32 * 2.5).collect();
+    for i in 0..40 {
+        let j = (unit() * v as f64) as usize % v;
+        l[j] += 14.0 - 0.3 * i as f32;
+    }
+    l
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// GPU time of the sampler's pass, in µs, from timestamps written at its start and end.
+struct Timer {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+    period_ns: f64,
+}
+
+impl Timer {
+    fn new(gpu: &Gpu) -> Option<Timer> {
+        if !gpu.caps.timestamps {
+            return None;
+        }
+        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("sampling timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timestamps resolve"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let read = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timestamps read"),
+            size: 16,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Some(Timer { set, resolve, read, period_ns: f64::from(gpu.queue.get_timestamp_period()) })
+    }
+
+    fn time(&self, gpu: &Gpu, s: &mut DeviceSampler, logits: &Tensor, out: &Tensor) -> f64 {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("sampling (timed)"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &self.set,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                }),
+            });
+            s.encode_pass(gpu, &mut pass, logits, 1, out).expect("encode");
+        }
+        enc.resolve_query_set(&self.set, 0..2, &self.resolve, 0);
+        enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, 16);
+        gpu.queue.submit([enc.finish()]);
+        let slice = self.read.slice(..);
+        slice.map_async(wgpu::MapMode::Read, |r| r.expect("map timestamps"));
+        gpu.wait().expect("wait");
+        let t: Vec<u64> = bytemuck::pod_collect_to_vec(&slice.get_mapped_range().expect("mapped")[..]);
+        self.read.unmap();
+        t[1].saturating_sub(t[0]) as f64 * self.period_ns / 1000.0
+    }
+}
+
+struct Row {
+    vocab: usize,
+    mode: &'static str,
+    dispatches: usize,
+    gpu_us: Option<f64>,
+    submit_us: f64,
+    device_us: f64,
+    host_us: f64,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let json = args.iter().any(|a| a == "--json");
+    let reps = args
+        .iter()
+        .position(|a| a == "--reps")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|r| r.parse::<usize>().ok())
+        .unwrap_or(10)
+        .max(1);
+    let gpu = Gpu::new(&GpuOptions::default())
+        .expect("a GPU adapter (on Linux without one: apt-get install mesa-vulkan-drivers)");
+    let timer = Timer::new(&gpu);
+    println!(
+        "sampling bench on {} ({:?}), {reps} reps, median; gpu time from {}",
+        gpu.info.name,
+        gpu.info.backend,
+        if timer.is_some() { "timestamp queries" } else { "(no timestamp queries: wall clock only)" }
+    );
+    let modes: [(&str, SamplingParams); 3] = [
+        ("greedy", SamplingParams::greedy()),
+        ("top-p 0.9", SamplingParams { temperature: 1.0, top_p: 0.9, seed: 7, ..SamplingParams::default() }),
+        ("top-k 50", SamplingParams { temperature: 1.0, top_k: 50, seed: 7, ..SamplingParams::default() }),
+    ];
+    let mut rows = Vec::new();
+    let mut sampler = DeviceSampler::new(&gpu).expect("device sampler");
+    for vocab in [32_000usize, 152_064, 262_144] {
+        let l = logits(vocab, vocab as u64);
+        let t = gpu.upload_f32("logits", &[1, vocab], &l).expect("upload");
+        let out = gpu.empty("ids", &[1], ElemType::U32).expect("ids");
+        for (mode, p) in modes {
+            let params = [p];
+            // Warm-up: pipelines, scratch, bind groups; and the two agree.
+            let dev = sampler.sample(&gpu, &t, &params, 0).expect("device sample");
+            let host = HostSampler.sample(&gpu, &t, &params, 0).expect("host sample");
+            assert_eq!(dev, host, "device and host disagree at V={vocab} {mode}");
+            let (mut gpu_t, mut submit_t, mut device_t, mut host_t) = (vec![], vec![], vec![], vec![]);
+            for step in 0..reps as u32 {
+                let t0 = Instant::now();
+                sampler.set_params(&gpu, &params, step).expect("params");
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                sampler.encode(&gpu, &mut enc, &t, 1, &out).expect("encode");
+                gpu.queue.submit([enc.finish()]);
+                gpu.wait().expect("wait");
+                submit_t.push(t0.elapsed().as_secs_f64() * 1e6);
+                if let Some(timer) = &timer {
+                    gpu_t.push(timer.time(&gpu, &mut sampler, &t, &out));
+                }
+                let t0 = Instant::now();
+                sampler.sample(&gpu, &t, &params, step).expect("device sample");
+                device_t.push(t0.elapsed().as_secs_f64() * 1e6);
+                let t0 = Instant::now();
+                HostSampler.sample(&gpu, &t, &params, step).expect("host sample");
+                host_t.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+            rows.push(Row {
+                vocab,
+                mode,
+                dispatches: sampler.dispatches(),
+                gpu_us: (!gpu_t.is_empty()).then(|| median(gpu_t)),
+                submit_us: median(submit_t),
+                device_us: median(device_t),
+                host_us: median(host_t),
+            });
+        }
+    }
+    println!(
+        "{:>8} {:>10} {:>5} {:>10} {:>10} {:>10} {:>10} {:>12}",
+        "vocab", "mode", "disp", "gpu µs", "submit µs", "device µs", "host µs", "host/device"
+    );
+    for r in &rows {
+        println!(
+            "{:>8} {:>10} {:>5} {:>10} {:>10.1} {:>10.1} {:>10.1} {:>11.2}x",
+            r.vocab,
+            r.mode,
+            r.dispatches,
+            r.gpu_us.map_or("-".to_string(), |g| format!("{g:.1}")),
+            r.submit_us,
+            r.device_us,
+            r.host_us,
+            r.host_us / r.device_us
+        );
+    }
+    if gpu.info.device_type == wgpu::DeviceType::Cpu {
+        println!("(a CPU driver: compare ratios only)");
+    }
+    if json {
+        let doc = serde_json::json!({
+            "adapter": gpu.info.name,
+            "backend": format!("{:?}", gpu.info.backend),
+            "device_type": format!("{:?}", gpu.info.device_type),
+            "gpu_time": if timer.is_some() { "timestamps" } else { "none" },
+            "reps": reps,
+            "rows": rows.iter().map(|r| serde_json::json!({
+                "vocab": r.vocab,
+                "mode": r.mode,
+                "dispatches": r.dispatches,
+                "gpu_us": r.gpu_us,
+                "submit_us": r.submit_us,
+                "device_us": r.device_us,
+                "host_us": r.host_us,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).expect("json"));
+    }
+}
