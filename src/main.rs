@@ -10,7 +10,7 @@ use wgpu_llm::generate::generate;
 use wgpu_llm::gpu::{list_adapters, BackendChoice, Gpu, GpuOptions};
 use wgpu_llm::loader::Checkpoint;
 use wgpu_llm::model::Model;
-use wgpu_llm::sampling::{random_seed, HostSampler, SamplingBackend, SamplingParams};
+use wgpu_llm::sampling::{random_seed, DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
 use wgpu_llm::tokenizer::{StreamDecoder, Tokenizer};
 
 #[derive(Parser)]
@@ -99,7 +99,7 @@ struct GenerateArgs {
     /// RNG seed; random (and printed) when absent.
     #[arg(long)]
     seed: Option<u64>,
-    #[arg(long, value_enum, default_value_t = SamplerChoice::Host)]
+    #[arg(long, value_enum, default_value_t = SamplerChoice::Device)]
     sampler: SamplerChoice,
     /// Context length (KV cache positions); default min(model maximum, 4096).
     #[arg(long)]
@@ -124,7 +124,7 @@ struct BenchArgs {
     /// Timed repetitions (after one warm-up).
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    #[arg(long, value_enum, default_value_t = SamplerChoice::Host)]
+    #[arg(long, value_enum, default_value_t = SamplerChoice::Device)]
     sampler: SamplerChoice,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -163,7 +163,7 @@ fn devices(backend: BackendChoice) -> Result<()> {
 fn sampler(choice: SamplerChoice, gpu: &Gpu) -> Result<Box<dyn SamplingBackend>> {
     Ok(match choice {
         SamplerChoice::Host => Box::new(HostSampler),
-        SamplerChoice::Device => anyhow::bail!("the device sampler is not built yet; use --sampler host ({})", gpu.info.name),
+        SamplerChoice::Device => Box::new(DeviceSampler::new(gpu)?),
     })
 }
 

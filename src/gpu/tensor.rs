@@ -236,3 +236,30 @@ pub(crate) mod test_util {
             .fold((0.0, 0), |(m, mi), (i, d)| if d > m || d.is_nan() { (d, i) } else { (m, mi) })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::gpu;
+    use super::*;
+
+    #[test]
+    fn oversized_allocation_is_a_clear_error() {
+        // What no device can bind fails before wgpu sees it; true out-of-memory from the driver
+        // goes through `Gpu::scoped` (an error scope), which cannot be provoked on lavapipe.
+        let g = gpu();
+        let n = (g.limits.max_storage_buffer_binding_size / 4) as usize + 1;
+        match g.empty("huge", &[n], ElemType::F32) {
+            Err(Error::Gpu(m)) => assert!(m.contains("huge") && m.contains("max storage binding"), "{m}"),
+            other => panic!("expected a GPU error, got {:?}", other.map(|t| t.shape)),
+        }
+    }
+
+    #[test]
+    fn views_read_their_range() {
+        let g = gpu();
+        let data: Vec<f32> = (0..256).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let t = g.upload_f32("t", &[4, 64], &data).unwrap();
+        let row2 = t.view(128, &[1, 64]);
+        assert_eq!(g.read_f32(&row2).unwrap(), data[128..192].to_vec());
+    }
+}

@@ -840,14 +840,11 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
             Error::corrupt(path, format!("general.architecture is {}", v.describe()))
         })?,
     };
-    let arch = match arch_name {
-        "llama" => Arch::Llama,
-        "qwen2" => Arch::Qwen2,
-        "qwen3" => Arch::Qwen3,
-        "gemma3" => Arch::Gemma3,
-        other => {
+    let arch = match Arch::parse(arch_name) {
+        Some(a) => a,
+        None => {
             return Err(Error::Unsupported(format!(
-                "architecture {other} (in {})",
+                "architecture {arch_name} (in {})",
                 path.display()
             )))
         }

@@ -33,18 +33,15 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
         .get("model_type")
         .and_then(Value::as_str)
         .unwrap_or(top_type);
-    let arch = match model_type {
-        "llama" => Arch::Llama,
-        "qwen2" => Arch::Qwen2,
-        "qwen3" => Arch::Qwen3,
-        "gemma3" | "gemma3_text" => Arch::Gemma3,
-        "" => {
+    let arch = match (Arch::parse(model_type), model_type) {
+        (Some(arch), _) => arch,
+        (None, "") => {
             return Err(Error::corrupt(
                 &config_path,
                 "config.json has no model_type",
             ))
         }
-        other => {
+        (None, other) => {
             return Err(Error::Unsupported(format!(
                 "architecture {other} (in {})",
                 config_path.display()

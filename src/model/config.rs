@@ -2,7 +2,7 @@
 //! (GGUF metadata or a Hugging Face config.json). The layer loop reads only this.
 
 /// Architectures this engine runs. Everything that differs between them is a field of
-/// [`ModelConfig`] (see [`ModelConfig::for_arch`]), so one layer loop drives them all.
+/// [`ModelConfig`] (filled by the loaders), so one layer loop drives them all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     /// Llama / SmolLM2: plain RMSNorm, SiLU gated MLP.
@@ -21,7 +21,7 @@ impl Arch {
     /// Parses the architecture name used by config.json `model_type` or GGUF `general.architecture`.
     pub fn parse(name: &str) -> Option<Arch> {
         match name {
-            "llama" | "mistral" => Some(Arch::Llama),
+            "llama" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
             "gemma3" | "gemma3_text" => Some(Arch::Gemma3),
