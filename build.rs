@@ -21,7 +21,8 @@ fn main() {
     println!("cargo:rerun-if-changed={}", root.display());
     let mut files = Vec::new();
     collect(&root, &root, &mut files);
-    let mut src = String::from("/// (name, WGSL source) of every file under wgsl/.\npub static SOURCES: &[(&str, &str)] = &[\n");
+    let mut src =
+        String::from("/// (name, WGSL source) of every file under wgsl/.\npub static SOURCES: &[(&str, &str)] = &[\n");
     for (name, path) in &files {
         println!("cargo:rerun-if-changed={path}");
         src.push_str(&format!("    ({name:?}, include_str!({path:?})),\n"));

@@ -27,13 +27,14 @@ fn main() -> anyhow::Result<()> {
     let mut stream = tok.stream_decoder();
     let mut out = std::io::stdout();
     print!("{prompt}");
-    let stats = generate(&mut model, &mut sampler, &ids, 32, &SamplingParams::greedy(), &ck.config.eos_token_ids, &mut |t| {
-        if let Some(piece) = stream.push(t)? {
-            print!("{piece}");
-            out.flush().ok();
-        }
-        Ok(true)
-    })?;
+    let stats =
+        generate(&mut model, &mut sampler, &ids, 32, &SamplingParams::greedy(), &ck.config.eos_token_ids, &mut |t| {
+            if let Some(piece) = stream.push(t)? {
+                print!("{piece}");
+                out.flush().ok();
+            }
+            Ok(true)
+        })?;
     println!("{}", stream.finish()?.unwrap_or_default());
     eprintln!("{} tokens, decode {:.1} tok/s on {}", stats.generated_tokens, stats.decode_tok_s(), gpu.info.name);
     Ok(())

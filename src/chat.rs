@@ -30,10 +30,7 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
+        Message { role: role.into(), content: content.into() }
     }
     pub fn system(content: impl Into<String>) -> Self {
         Self::new("system", content)
@@ -89,13 +86,8 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, template.to_owned())
-            .map_err(template_error)?;
-        Ok(ChatTemplate {
-            env,
-            bos_token: bos_token.map(str::to_owned),
-            eos_token: eos_token.map(str::to_owned),
-        })
+        env.add_template_owned(NAME, template.to_owned()).map_err(template_error)?;
+        Ok(ChatTemplate { env, bos_token: bos_token.map(str::to_owned), eos_token: eos_token.map(str::to_owned) })
     }
 
     /// Renders a conversation; with `add_generation_prompt` the text ends with the header of the
@@ -134,13 +126,7 @@ pub fn apply_model_chat_template(
     eos_token: Option<&str>,
 ) -> Result<String> {
     let template = template.ok_or_else(no_template_error)?;
-    apply_chat_template(
-        template,
-        messages,
-        add_generation_prompt,
-        bos_token,
-        eos_token,
-    )
+    apply_chat_template(template, messages, add_generation_prompt, bos_token, eos_token)
 }
 
 /// Marks an error raised by the template itself through `raise_exception`.
@@ -175,31 +161,18 @@ fn template_error(e: minijinja::Error) -> Error {
 }
 
 fn raise_exception(message: String) -> std::result::Result<Value, minijinja::Error> {
-    Err(
-        minijinja::Error::new(ErrorKind::InvalidOperation, message.clone())
-            .with_source(Raised(message)),
-    )
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message.clone()).with_source(Raised(message)))
 }
 
 fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     strftime_utc(&format, secs).map_err(|m| minijinja::Error::new(ErrorKind::InvalidOperation, m))
 }
 
 /// Python's `strftime` for the common directives, in UTC (no time zone data here).
 fn strftime_utc(format: &str, unix_secs: i64) -> std::result::Result<String, String> {
-    const DAYS: [&str; 7] = [
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-    ];
+    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
     const MONTHS: [&str; 12] = [
         "January",
         "February",
@@ -259,12 +232,7 @@ fn strftime_utc(format: &str, unix_secs: i64) -> std::result::Result<String, Str
                 Some('M') => out.push_str(&min.to_string()),
                 Some('S') => out.push_str(&sec.to_string()),
                 Some('j') => out.push_str(&yday.to_string()),
-                other => {
-                    return Err(format!(
-                        "strftime_now: unsupported directive %-{}",
-                        other.unwrap_or(' ')
-                    ))
-                }
+                other => return Err(format!("strftime_now: unsupported directive %-{}", other.unwrap_or(' '))),
             },
             'H' => out.push_str(&format!("{hour:02}")),
             'I' => out.push_str(&format!("{h12:02}")),
@@ -325,10 +293,7 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<String, minijinja
                 }
             }
         }
-        _ => (
-            if indent.is_some() { "," } else { ", " }.to_owned(),
-            ": ".to_owned(),
-        ),
+        _ => (if indent.is_some() { "," } else { ", " }.to_owned(), ": ".to_owned()),
     };
     let w = JsonWriter {
         indent,
@@ -383,12 +348,7 @@ impl JsonWriter {
         out.push('"');
     }
 
-    fn write(
-        &self,
-        v: &Value,
-        level: usize,
-        out: &mut String,
-    ) -> std::result::Result<(), minijinja::Error> {
+    fn write(&self, v: &Value, level: usize, out: &mut String) -> std::result::Result<(), minijinja::Error> {
         match v.kind() {
             ValueKind::Undefined | ValueKind::None => out.push_str("null"),
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
@@ -476,14 +436,8 @@ mod tests {
 
     #[test]
     fn chatml() {
-        let out = apply_chat_template(
-            CHATML,
-            &[Message::user("hi"), Message::assistant("hello")],
-            true,
-            None,
-            None,
-        )
-        .unwrap();
+        let out =
+            apply_chat_template(CHATML, &[Message::user("hi"), Message::assistant("hello")], true, None, None).unwrap();
         assert_eq!(
             out,
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n<|im_start|>assistant\n"
@@ -501,10 +455,7 @@ mod tests {
 
     #[test]
     fn syntax_error_is_template_error() {
-        assert!(matches!(
-            apply_chat_template("{% for %}", &[], false, None, None),
-            Err(Error::Template(_))
-        ));
+        assert!(matches!(apply_chat_template("{% for %}", &[], false, None, None), Err(Error::Template(_))));
     }
 
     #[test]
@@ -519,30 +470,17 @@ mod tests {
     fn python_methods_and_blocks() {
         // lstrip_blocks/trim_blocks: the block lines leave no whitespace behind.
         let t = "{{ bos_token }}\n{% for m in messages %}\n    {% if m.content.strip().startswith('/') %}\n[cmd]{{ m.content.strip()[1:] | upper }}\n    {% else %}\n{{ m.role.title() }}: {{ m.content | trim }}\n    {% endif %}\n{% endfor %}\n";
-        let out = apply_chat_template(
-            t,
-            &[Message::user("  /run "), Message::assistant(" ok ")],
-            false,
-            Some("<s>"),
-            None,
-        )
-        .unwrap();
+        let out =
+            apply_chat_template(t, &[Message::user("  /run "), Message::assistant(" ok ")], false, Some("<s>"), None)
+                .unwrap();
         assert_eq!(out, "<s>\n[cmd]RUN\nAssistant: ok\n");
     }
 
     #[test]
     fn tojson_like_python() {
-        let env_out = |t: &str| {
-            apply_chat_template(t, &[Message::user("a\"<b>é\n")], false, None, None).unwrap()
-        };
-        assert_eq!(
-            env_out("{{ messages[0] | tojson }}"),
-            r#"{"role": "user", "content": "a\"<b>é\n"}"#
-        );
-        assert_eq!(
-            env_out("{{ [1, 2.5, none, true] | tojson }}"),
-            "[1, 2.5, null, true]"
-        );
+        let env_out = |t: &str| apply_chat_template(t, &[Message::user("a\"<b>é\n")], false, None, None).unwrap();
+        assert_eq!(env_out("{{ messages[0] | tojson }}"), r#"{"role": "user", "content": "a\"<b>é\n"}"#);
+        assert_eq!(env_out("{{ [1, 2.5, none, true] | tojson }}"), "[1, 2.5, null, true]");
         // (Map literals in templates iterate in key order: minijinja's `preserve_order` is off.)
         assert_eq!(
             env_out("{{ {'a': [1, {}], 'b': []} | tojson(indent=2) }}"),

@@ -36,15 +36,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn corrupt(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
-        Error::Corrupt {
-            path: path.into(),
-            msg: msg.into(),
-        }
+        Error::Corrupt { path: path.into(), msg: msg.into() }
     }
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
+        Error::Io { path: path.into(), source }
     }
 }

@@ -64,10 +64,7 @@ pub fn generate(
             model.config.max_position_embeddings
         )));
     }
-    let mut stats = Stats {
-        prompt_tokens: prompt.len(),
-        ..Default::default()
-    };
+    let mut stats = Stats { prompt_tokens: prompt.len(), ..Default::default() };
     if max_tokens == 0 {
         return Ok(stats);
     }

@@ -200,23 +200,14 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         }
     };
     let seed = a.seed.unwrap_or_else(random_seed);
-    let params = SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        seed,
-    };
+    let params = SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, min_p: a.min_p, seed };
     params.validate()?;
     let gpu = a.gpu.open()?;
     let t_load = std::time::Instant::now();
     let (ck, mut model) = load(&a.model, &gpu, a.ctx, a.quiet)?;
     let tok = Tokenizer::from_source(&ck.tokenizer, ck.config.add_bos, ck.config.bos_token_id)?;
     let text = if a.chat {
-        let template = ck
-            .chat_template
-            .as_deref()
-            .context("this model ships no chat template; run without --chat")?;
+        let template = ck.chat_template.as_deref().context("this model ships no chat template; run without --chat")?;
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
             msgs.push(Message::new("system", s));
@@ -270,9 +261,8 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     let mut sampler = sampler(a.sampler, &gpu)?;
     // Deterministic pseudo-random prompt ids (no text needed).
     let vocab = ck.config.vocab_size as u64;
-    let prompt: Vec<u32> = (0..a.prompt_tokens as u64)
-        .map(|i| ((i.wrapping_mul(2654435761) ^ 0x5bd1e995) % vocab) as u32)
-        .collect();
+    let prompt: Vec<u32> =
+        (0..a.prompt_tokens as u64).map(|i| ((i.wrapping_mul(2654435761) ^ 0x5bd1e995) % vocab) as u32).collect();
     let params = SamplingParams::greedy();
     let mut prefill = Vec::new();
     let mut decode = Vec::new();

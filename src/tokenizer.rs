@@ -41,7 +41,8 @@ use tokenizers as tk;
 pub use crate::loader::gguf::token_type;
 
 /// Qwen2's pre-tokenizer split (its tokenizer.json).
-pub const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Llama 3's pre-tokenizer split (its tokenizer.json).
 pub const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -79,11 +80,7 @@ impl Tokenizer {
     /// BOS token in front of a prompt (GGUF `tokenizer.ggml.add_bos_token`, Hugging Face
     /// `add_bos_token`), `bos_id` which token that is; for a GGUF source a `None` `bos_id` falls back
     /// to the file's `tokenizer.ggml.bos_token_id`.
-    pub fn from_source(
-        source: &TokenizerSource,
-        add_bos: bool,
-        bos_id: Option<u32>,
-    ) -> Result<Self> {
+    pub fn from_source(source: &TokenizerSource, add_bos: bool, bos_id: Option<u32>) -> Result<Self> {
         let mut t = match source {
             TokenizerSource::Json(path) => Self::from_json_file(path)?,
             TokenizerSource::Gguf(data) => Self::from_gguf_data(data)?,
@@ -98,8 +95,7 @@ impl Tokenizer {
     /// Loads a `tokenizer.json`. BOS/EOS are unknown here (they live in `tokenizer_config.json`):
     /// set them with [`Tokenizer::from_source`] or [`Tokenizer::set_special_ids`].
     pub fn from_json_file(path: &std::path::Path) -> Result<Self> {
-        let inner = tk::Tokenizer::from_file(path)
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner = tk::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
         Ok(Self::wrap(inner, None))
     }
 
@@ -110,21 +106,9 @@ impl Tokenizer {
     }
 
     fn wrap(inner: tk::Tokenizer, vocab_size: Option<usize>) -> Self {
-        let vocab_size = vocab_size.unwrap_or_else(|| {
-            inner
-                .get_vocab(true)
-                .values()
-                .copied()
-                .max()
-                .map_or(0, |m| m as usize + 1)
-        });
-        Tokenizer {
-            inner,
-            add_bos: false,
-            bos_id: None,
-            eos_id: None,
-            vocab_size,
-        }
+        let vocab_size =
+            vocab_size.unwrap_or_else(|| inner.get_vocab(true).values().copied().max().map_or(0, |m| m as usize + 1));
+        Tokenizer { inner, add_bos: false, bos_id: None, eos_id: None, vocab_size }
     }
 
     /// Builds the tokenizer a GGUF file's metadata describes (see the module docs).
@@ -173,9 +157,7 @@ impl Tokenizer {
             "gpt2" => build_byte_level(v)?,
             "llama" => build_sentencepiece(v)?,
             other => {
-                return Err(Error::Unsupported(format!(
-                    "GGUF tokenizer model {other:?} (supported: gpt2, llama)"
-                )))
+                return Err(Error::Unsupported(format!("GGUF tokenizer model {other:?} (supported: gpt2, llama)")))
             }
         };
         Ok(Self::wrap(inner, Some(v.tokens.len())))
@@ -195,10 +177,7 @@ impl Tokenizer {
     /// [`add_bos`](Self::add_bos)) and the text does not already start with it; pass `true` for a
     /// raw prompt and `false` for a rendered chat template (templates write BOS themselves).
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(tk_err("encode"))?;
+        let enc = self.inner.encode_fast(text, false).map_err(tk_err("encode"))?;
         let mut ids = enc.get_ids().to_vec();
         if add_bos && self.add_bos {
             if let Some(bos) = self.bos_id {
@@ -232,10 +211,7 @@ impl Tokenizer {
 
     /// Whether `id` is a special (control) token, which streamed output leaves out.
     pub fn is_special(&self, id: u32) -> bool {
-        self.inner
-            .get_added_tokens_decoder()
-            .get(&id)
-            .is_some_and(|t| t.special)
+        self.inner.get_added_tokens_decoder().get(&id).is_some_and(|t| t.special)
     }
 
     /// Number of token ids (the embedding's row count for a GGUF model).
@@ -288,12 +264,7 @@ const MAX_HELD: usize = 8;
 
 impl<'t> StreamDecoder<'t> {
     pub fn new(tok: &'t Tokenizer) -> Self {
-        StreamDecoder {
-            tok,
-            ids: Vec::new(),
-            prefix: 0,
-            read: 0,
-        }
+        StreamDecoder { tok, ids: Vec::new(), prefix: 0, read: 0 }
     }
 
     /// Adds one token; returns the text it completes, if any (never an empty string).
@@ -316,9 +287,7 @@ impl<'t> StreamDecoder<'t> {
         if self.read == self.ids.len() {
             return Ok(None);
         }
-        let prefix_text = self
-            .tok
-            .decode_skip_special(&self.ids[self.prefix..self.read])?;
+        let prefix_text = self.tok.decode_skip_special(&self.ids[self.prefix..self.read])?;
         let text = self.tok.decode_skip_special(&self.ids[self.prefix..])?;
         let held = self.ids.len() - self.read;
         if !flush && text.ends_with('\u{FFFD}') && held < MAX_HELD {
@@ -356,20 +325,13 @@ fn vocab_map(tokens: &[String], spell: impl Fn(usize, &str) -> String) -> Vocab 
 }
 
 fn type_of(v: &GgufVocab, i: usize) -> i32 {
-    v.token_types
-        .and_then(|t| t.get(i).copied())
-        .unwrap_or(token_type::NORMAL)
+    v.token_types.and_then(|t| t.get(i).copied()).unwrap_or(token_type::NORMAL)
 }
 
 /// Adds control tokens as special added tokens and user-defined ones as plain added tokens.
 /// `spell` gives the added token's content for a vocabulary entry; `normalized_user` says whether
 /// user-defined tokens are matched on normalized text.
-fn add_typed_tokens(
-    tok: &mut tk::Tokenizer,
-    v: &GgufVocab,
-    spell: impl Fn(&str) -> String,
-    normalized_user: bool,
-) {
+fn add_typed_tokens(tok: &mut tk::Tokenizer, v: &GgufVocab, spell: impl Fn(&str) -> String, normalized_user: bool) {
     let mut special = Vec::new();
     let mut user = Vec::new();
     for (i, t) in v.tokens.iter().enumerate() {
@@ -377,12 +339,8 @@ fn add_typed_tokens(
             continue;
         }
         match type_of(v, i) {
-            token_type::CONTROL => {
-                special.push(AddedToken::from(t.clone(), true).normalized(false))
-            }
-            token_type::USER_DEFINED => {
-                user.push(AddedToken::from(spell(t), false).normalized(normalized_user))
-            }
+            token_type::CONTROL => special.push(AddedToken::from(t.clone(), true).normalized(false)),
+            token_type::USER_DEFINED => user.push(AddedToken::from(spell(t), false).normalized(normalized_user)),
             _ => {}
         }
     }
@@ -396,49 +354,34 @@ fn add_typed_tokens(
 
 /// Byte-level BPE (`tokenizer.ggml.model = "gpt2"`).
 fn build_byte_level(v: &GgufVocab) -> Result<tk::Tokenizer> {
-    let merges_src = v.merges.ok_or_else(|| {
-        Error::Tokenizer("byte-level BPE GGUF has no tokenizer.ggml.merges".into())
-    })?;
+    let merges_src =
+        v.merges.ok_or_else(|| Error::Tokenizer("byte-level BPE GGUF has no tokenizer.ggml.merges".into()))?;
     let vocab = vocab_map(v.tokens, |_, t| t.to_owned());
     let mut merges = Vec::with_capacity(merges_src.len());
     for (i, m) in merges_src.iter().enumerate() {
-        let (a, b) = m
-            .split_once(' ')
-            .ok_or_else(|| Error::Tokenizer(format!("merge #{i} {m:?} is not two tokens")))?;
+        let (a, b) =
+            m.split_once(' ').ok_or_else(|| Error::Tokenizer(format!("merge #{i} {m:?} is not two tokens")))?;
         merges.push((a.to_owned(), b.to_owned()));
     }
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .build()
-        .map_err(tk_err("byte-level BPE"))?;
+    let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tk_err("byte-level BPE"))?;
     let mut tok = tk::Tokenizer::new(bpe);
 
     let byte_level = |use_regex: bool| ByteLevel::new(false, true, use_regex);
     let split = |re: &str| -> Result<PreTokenizerWrapper> {
-        Ok(Split::new(
-            SplitPattern::Regex(re.to_owned()),
-            SplitDelimiterBehavior::Isolated,
-            false,
-        )
-        .map_err(tk_err("split regex"))?
-        .into())
+        Ok(Split::new(SplitPattern::Regex(re.to_owned()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(tk_err("split regex"))?
+            .into())
     };
-    let (normalizer, pre): (Option<NormalizerWrapper>, PreTokenizerWrapper) =
-        match v.pre.unwrap_or("default") {
-            "qwen2" | "deepseek-r1-qwen" => (
-                Some(NFC.into()),
-                PreSequence::new(vec![split(QWEN2_SPLIT)?, byte_level(false).into()]).into(),
-            ),
-            "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" => (
-                None,
-                PreSequence::new(vec![split(LLAMA3_SPLIT)?, byte_level(false).into()]).into(),
-            ),
-            "smollm" => (
-                None,
-                PreSequence::new(vec![Digits::new(true).into(), byte_level(true).into()]).into(),
-            ),
-            _ => (None, byte_level(true).into()),
-        };
+    let (normalizer, pre): (Option<NormalizerWrapper>, PreTokenizerWrapper) = match v.pre.unwrap_or("default") {
+        "qwen2" | "deepseek-r1-qwen" => {
+            (Some(NFC.into()), PreSequence::new(vec![split(QWEN2_SPLIT)?, byte_level(false).into()]).into())
+        }
+        "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" => {
+            (None, PreSequence::new(vec![split(LLAMA3_SPLIT)?, byte_level(false).into()]).into())
+        }
+        "smollm" => (None, PreSequence::new(vec![Digits::new(true).into(), byte_level(true).into()]).into()),
+        _ => (None, byte_level(true).into()),
+    };
     tok.with_normalizer(normalizer);
     tok.with_pre_tokenizer(Some(pre));
     tok.with_decoder(Some(ByteLevel::default()));
@@ -451,13 +394,17 @@ fn build_byte_level(v: &GgufVocab) -> Result<tk::Tokenizer> {
 fn build_sentencepiece(v: &GgufVocab) -> Result<tk::Tokenizer> {
     // llama.cpp writes user-defined whitespace tokens ("▁▁") with real spaces; spell them back.
     let spell_user = |t: &str| t.replace(' ', "▁");
-    let vocab = vocab_map(v.tokens, |i, t| {
-        if type_of(v, i) == token_type::USER_DEFINED {
-            spell_user(t)
-        } else {
-            t.to_owned()
-        }
-    });
+    let vocab =
+        vocab_map(
+            v.tokens,
+            |i, t| {
+                if type_of(v, i) == token_type::USER_DEFINED {
+                    spell_user(t)
+                } else {
+                    t.to_owned()
+                }
+            },
+        );
     let merges = spm_merges(&vocab, v.scores);
     let unk = v
         .tokens
@@ -466,10 +413,7 @@ fn build_sentencepiece(v: &GgufVocab) -> Result<tk::Tokenizer> {
         .find(|(i, _)| type_of(v, *i) == token_type::UNKNOWN)
         .map(|(_, t)| t.clone())
         .or_else(|| vocab.contains_key("<unk>").then(|| "<unk>".to_owned()));
-    let mut builder = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .byte_fallback(true)
-        .fuse_unk(true);
+    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true).fuse_unk(true);
     if let Some(unk) = unk {
         builder = builder.unk_token(unk);
     }
@@ -487,11 +431,8 @@ fn build_sentencepiece(v: &GgufVocab) -> Result<tk::Tokenizer> {
         tok.with_normalizer(Some(replace));
     }
     tok.with_pre_tokenizer(None::<PreTokenizerWrapper>);
-    let mut decoders: Vec<DecoderWrapper> = vec![
-        Replace::new("▁", " ").map_err(tk_err("decoder"))?.into(),
-        ByteFallback::new().into(),
-        Fuse::new().into(),
-    ];
+    let mut decoders: Vec<DecoderWrapper> =
+        vec![Replace::new("▁", " ").map_err(tk_err("decoder"))?.into(), ByteFallback::new().into(), Fuse::new().into()];
     if add_prefix {
         decoders.push(Strip::new(' ', 1, 0).into());
     }
@@ -527,14 +468,7 @@ pub fn spm_merges(vocab: &Vocab, scores: Option<&[f32]>) -> Vec<(String, String)
         for (n_a, (pos, _)) in t.char_indices().enumerate().skip(1) {
             let (a, b) = t.split_at(pos);
             if vocab.contains_key(a) && vocab.contains_key(b) {
-                cands.push(Cand {
-                    score,
-                    len_a: n_a as u32,
-                    len_b: total - n_a as u32,
-                    id,
-                    token: t,
-                    split: pos,
-                });
+                cands.push(Cand { score, len_a: n_a as u32, len_b: total - n_a as u32, id, token: t, split: pos });
             }
         }
     }
@@ -561,10 +495,7 @@ mod tests {
 
     #[test]
     fn spm_merges_follow_scores() {
-        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"].iter().map(|s| s.to_string()).collect();
         let vocab = vocab_map(&tokens, |_, t| t.to_owned());
         // "bc" scores higher than "ab"; "abc" splits as ("ab","c") and ("a","bc"): longer left first.
         let scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0];

@@ -112,11 +112,8 @@ fn prompt_beyond_context() {
         .output()
         .unwrap();
     fails_with(out, &["context"]);
-    let out = bin()
-        .args(["generate", "--quiet", "--ctx", "100000", "--prompt", "hi", "--model"])
-        .arg(&p)
-        .output()
-        .unwrap();
+    let out =
+        bin().args(["generate", "--quiet", "--ctx", "100000", "--prompt", "hi", "--model"]).arg(&p).output().unwrap();
     fails_with(out, &["context length 100000"]);
 }
 
@@ -131,7 +128,17 @@ fn chat_without_template() {
 fn real_model_answers() {
     let p = common::model("smollm2");
     let out = bin()
-        .args(["generate", "--temperature", "0", "--max-tokens", "16", "--chat", "--prompt", "What is 2+3? Answer briefly.", "--model"])
+        .args([
+            "generate",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "16",
+            "--chat",
+            "--prompt",
+            "What is 2+3? Answer briefly.",
+            "--model",
+        ])
         .arg(&p)
         .output()
         .unwrap();

@@ -105,111 +105,42 @@ fn tiny_tokenizer(vocab: usize) -> GgufTokenizerData {
 
 /// The tensors of a model with `cfg` (f32 norms, f16 matrices, Q8_0 embedding), row-major.
 fn add_model_tensors(w: &mut GgufWriter, cfg: &ModelConfig) {
-    let (h, q, kv, f, v) = (
-        cfg.hidden_size,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.intermediate_size,
-        cfg.vocab_size,
-    );
+    let (h, q, kv, f, v) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size, cfg.vocab_size);
     // Q8_0 embedding: scale 1/64, quants counting up.
     let mut emb = Vec::new();
     for b in 0..v * h / 32 {
         emb.extend_from_slice(&f16::from_f32(1.0 / 64.0).to_le_bytes());
         emb.extend((0..32).map(|j| ((b + j) % 50) as u8));
     }
-    w.add_tensor("token_embd.weight", DType::Q8_0, &[v, h], emb)
-        .unwrap();
-    w.add_f32("output_norm.weight", &[h], &values(h, 1))
-        .unwrap();
+    w.add_tensor("token_embd.weight", DType::Q8_0, &[v, h], emb).unwrap();
+    w.add_f32("output_norm.weight", &[h], &values(h, 1)).unwrap();
     if !cfg.tie_word_embeddings {
-        w.add_f32_as_f16("output.weight", &[v, h], &values(v * h, 2))
-            .unwrap();
+        w.add_f32_as_f16("output.weight", &[v, h], &values(v * h, 2)).unwrap();
     }
     for i in 0..cfg.num_layers {
         let s = 100 * (i as u32 + 1);
-        w.add_f32(format!("blk.{i}.attn_norm.weight"), &[h], &values(h, s))
-            .unwrap();
-        w.add_f32_as_f16(
-            format!("blk.{i}.attn_q.weight"),
-            &[q, h],
-            &values(q * h, s + 1),
-        )
-        .unwrap();
-        w.add_f32_as_f16(
-            format!("blk.{i}.attn_k.weight"),
-            &[kv, h],
-            &values(kv * h, s + 2),
-        )
-        .unwrap();
-        w.add_f32_as_f16(
-            format!("blk.{i}.attn_v.weight"),
-            &[kv, h],
-            &values(kv * h, s + 3),
-        )
-        .unwrap();
-        w.add_f32_as_f16(
-            format!("blk.{i}.attn_output.weight"),
-            &[h, q],
-            &values(h * q, s + 4),
-        )
-        .unwrap();
-        w.add_f32(format!("blk.{i}.ffn_norm.weight"), &[h], &values(h, s + 5))
-            .unwrap();
-        w.add_f32_as_f16(
-            format!("blk.{i}.ffn_gate.weight"),
-            &[f, h],
-            &values(f * h, s + 6),
-        )
-        .unwrap();
-        w.add_f32_as_f16(
-            format!("blk.{i}.ffn_up.weight"),
-            &[f, h],
-            &values(f * h, s + 7),
-        )
-        .unwrap();
-        w.add_f32_as_f16(
-            format!("blk.{i}.ffn_down.weight"),
-            &[h, f],
-            &values(h * f, s + 8),
-        )
-        .unwrap();
+        w.add_f32(format!("blk.{i}.attn_norm.weight"), &[h], &values(h, s)).unwrap();
+        w.add_f32_as_f16(format!("blk.{i}.attn_q.weight"), &[q, h], &values(q * h, s + 1)).unwrap();
+        w.add_f32_as_f16(format!("blk.{i}.attn_k.weight"), &[kv, h], &values(kv * h, s + 2)).unwrap();
+        w.add_f32_as_f16(format!("blk.{i}.attn_v.weight"), &[kv, h], &values(kv * h, s + 3)).unwrap();
+        w.add_f32_as_f16(format!("blk.{i}.attn_output.weight"), &[h, q], &values(h * q, s + 4)).unwrap();
+        w.add_f32(format!("blk.{i}.ffn_norm.weight"), &[h], &values(h, s + 5)).unwrap();
+        w.add_f32_as_f16(format!("blk.{i}.ffn_gate.weight"), &[f, h], &values(f * h, s + 6)).unwrap();
+        w.add_f32_as_f16(format!("blk.{i}.ffn_up.weight"), &[f, h], &values(f * h, s + 7)).unwrap();
+        w.add_f32_as_f16(format!("blk.{i}.ffn_down.weight"), &[h, f], &values(h * f, s + 8)).unwrap();
         if cfg.attention_bias {
-            w.add_f32(format!("blk.{i}.attn_q.bias"), &[q], &values(q, s + 9))
-                .unwrap();
-            w.add_f32(format!("blk.{i}.attn_k.bias"), &[kv], &values(kv, s + 10))
-                .unwrap();
-            w.add_f32(format!("blk.{i}.attn_v.bias"), &[kv], &values(kv, s + 11))
-                .unwrap();
+            w.add_f32(format!("blk.{i}.attn_q.bias"), &[q], &values(q, s + 9)).unwrap();
+            w.add_f32(format!("blk.{i}.attn_k.bias"), &[kv], &values(kv, s + 10)).unwrap();
+            w.add_f32(format!("blk.{i}.attn_v.bias"), &[kv], &values(kv, s + 11)).unwrap();
         }
         if cfg.qk_norm {
             let d = cfg.head_dim;
-            w.add_f32(
-                format!("blk.{i}.attn_q_norm.weight"),
-                &[d],
-                &values(d, s + 12),
-            )
-            .unwrap();
-            w.add_f32(
-                format!("blk.{i}.attn_k_norm.weight"),
-                &[d],
-                &values(d, s + 13),
-            )
-            .unwrap();
+            w.add_f32(format!("blk.{i}.attn_q_norm.weight"), &[d], &values(d, s + 12)).unwrap();
+            w.add_f32(format!("blk.{i}.attn_k_norm.weight"), &[d], &values(d, s + 13)).unwrap();
         }
         if cfg.sandwich_norm {
-            w.add_f32(
-                format!("blk.{i}.post_attention_norm.weight"),
-                &[h],
-                &values(h, s + 14),
-            )
-            .unwrap();
-            w.add_f32(
-                format!("blk.{i}.post_ffw_norm.weight"),
-                &[h],
-                &values(h, s + 15),
-            )
-            .unwrap();
+            w.add_f32(format!("blk.{i}.post_attention_norm.weight"), &[h], &values(h, s + 14)).unwrap();
+            w.add_f32(format!("blk.{i}.post_ffw_norm.weight"), &[h], &values(h, s + 15)).unwrap();
         }
     }
 }
@@ -238,10 +169,7 @@ fn gguf_llama_round_trip() {
     let ck = Checkpoint::open(&path).unwrap();
 
     // eos ids: the GGUF eos plus <|endoftext|> found in the vocabulary.
-    let want = ModelConfig {
-        eos_token_ids: vec![2, 3],
-        ..cfg.clone()
-    };
+    let want = ModelConfig { eos_token_ids: vec![2, 3], ..cfg.clone() };
     assert_eq!(ck.config, want);
     assert_eq!(ck.chat_template.as_deref(), Some("{{ messages }}"));
     assert_eq!(ck.bos_token.as_deref(), Some("<|im_start|>"));
@@ -257,51 +185,29 @@ fn gguf_llama_round_trip() {
     assert_eq!(ck.raw("blk.1.ffn_down.weight").unwrap().shape, vec![h, 64]);
     assert_eq!(ck.raw("blk.1.ffn_down.weight").unwrap().dtype, DType::F16);
     let down = ck.f16("blk.0.ffn_down.weight", &[h, 64]).unwrap();
-    assert_eq!(
-        down,
-        values(h * 64, 108)
-            .iter()
-            .map(|&x| f16::from_f32(x))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(down, values(h * 64, 108).iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>());
     // Q8_0 embedding: q * d.
     let emb = ck.f32("token_embd.weight", &[64, h]).unwrap();
     assert_eq!(emb[0], 0.0);
     assert_eq!(emb[33], 2.0 / 64.0);
     // Llama Q/K rows are un-permuted on reading, with q and kv head counts.
     let q_stored = rounded_f16(&values(q * h, 101));
-    assert_eq!(
-        ck.f32("blk.0.attn_q.weight", &[q, h]).unwrap(),
-        unpermute_rope_rows(&q_stored, q, h, 4)
-    );
+    assert_eq!(ck.f32("blk.0.attn_q.weight", &[q, h]).unwrap(), unpermute_rope_rows(&q_stored, q, h, 4));
     let k_stored = rounded_f16(&values(kv * h, 102));
     let k = ck.f16("blk.0.attn_k.weight", &[kv, h]).unwrap();
     let k: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
     assert_eq!(k, unpermute_rope_rows(&k_stored, kv, h, 2));
     assert_ne!(k, k_stored);
     // ...and raw() gives the stored rows.
-    assert_eq!(
-        ck.raw("blk.0.attn_k.weight").unwrap().to_f32().unwrap(),
-        k_stored
-    );
+    assert_eq!(ck.raw("blk.0.attn_k.weight").unwrap().to_f32().unwrap(), k_stored);
 }
 
 #[test]
 fn gguf_qwen2_qwen3_gemma3_configs() {
     // Qwen2: bias detected from blk.0.attn_q.bias; untied.
-    let cfg = ModelConfig {
-        attention_bias: true,
-        tie_word_embeddings: false,
-        ..tiny_config(Arch::Qwen2)
-    };
+    let cfg = ModelConfig { attention_bias: true, tie_word_embeddings: false, ..tiny_config(Arch::Qwen2) };
     let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("qwen2.gguf"))).unwrap();
-    assert_eq!(
-        ck.config,
-        ModelConfig {
-            eos_token_ids: vec![2, 3],
-            ..cfg.clone()
-        }
-    );
+    assert_eq!(ck.config, ModelConfig { eos_token_ids: vec![2, 3], ..cfg.clone() });
     let qb = ck.f32("blk.1.attn_q.bias", &[32]).unwrap();
     assert_eq!(qb, values(32, 209));
     // No permutation outside llama.
@@ -318,28 +224,15 @@ fn gguf_qwen2_qwen3_gemma3_configs() {
         ..tiny_config(Arch::Qwen3)
     };
     let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("qwen3.gguf"))).unwrap();
-    assert_eq!(
-        ck.config,
-        ModelConfig {
-            eos_token_ids: vec![2, 3],
-            ..cfg.clone()
-        }
-    );
+    assert_eq!(ck.config, ModelConfig { eos_token_ids: vec![2, 3], ..cfg.clone() });
     assert!(ck.f32("blk.0.attn_k_norm.weight", &[16]).is_ok());
 
     // Gemma 3: 8 layers, every 6th global; the rest implied by the architecture.
     let mut cfg = tiny_config(Arch::Gemma3);
     cfg.num_layers = 8;
     cfg.head_dim = 16;
-    cfg.layer_attention = (0..8)
-        .map(|i| {
-            if i == 5 {
-                LayerAttention::Full
-            } else {
-                LayerAttention::Sliding { window: 16 }
-            }
-        })
-        .collect();
+    cfg.layer_attention =
+        (0..8).map(|i| if i == 5 { LayerAttention::Full } else { LayerAttention::Sliding { window: 16 } }).collect();
     cfg.qk_norm = true;
     cfg.sandwich_norm = true;
     cfg.activation = Activation::GeluTanhGated;
@@ -350,18 +243,9 @@ fn gguf_qwen2_qwen3_gemma3_configs() {
     cfg.rope_scaling_factor = 8.0;
     cfg.add_bos = true;
     let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("gemma3.gguf"))).unwrap();
-    assert_eq!(
-        ck.config,
-        ModelConfig {
-            eos_token_ids: vec![2, 3],
-            ..cfg.clone()
-        }
-    );
+    assert_eq!(ck.config, ModelConfig { eos_token_ids: vec![2, 3], ..cfg.clone() });
     // GGUF Gemma norms already include the +1: no fixup.
-    assert_eq!(
-        ck.f32("blk.0.post_ffw_norm.weight", &[32]).unwrap(),
-        values(32, 115)
-    );
+    assert_eq!(ck.f32("blk.0.post_ffw_norm.weight", &[32]).unwrap(), values(32, 115));
 }
 
 #[test]
@@ -383,18 +267,14 @@ fn gguf_metadata_value_types_round_trip() {
         ("a.strs", vec!["x", "", "zz"].into()),
         ("a.f32s", vec![1.0f32, -2.0].into()),
         ("a.empty", GgufValue::Array(vec![])),
-        (
-            "a.nested",
-            GgufValue::Array(vec![vec![1i32, 2].into(), vec![3i32].into()]),
-        ),
+        ("a.nested", GgufValue::Array(vec![vec![1i32, 2].into(), vec![3i32].into()])),
     ];
     for (k, v) in &vals {
         w.add_metadata(*k, v.clone());
     }
     w.set_alignment(64).unwrap();
     w.add_f32("t", &[3], &[1.0, 2.0, 3.0]).unwrap();
-    w.add_tensor("q", DType::Q4_K, &[2, 256], vec![0u8; 2 * 144])
-        .unwrap();
+    w.add_tensor("q", DType::Q4_K, &[2, 256], vec![0u8; 2 * 144]).unwrap();
     let bytes = w.to_bytes();
     let g = GgufFile::parse(&bytes, Path::new("mem")).unwrap();
     assert_eq!(g.version, 3);
@@ -407,10 +287,7 @@ fn gguf_metadata_value_types_round_trip() {
     assert_eq!(g.get("a.i8").unwrap().as_u64(), None);
     assert_eq!(g.get("a.f32").unwrap().as_f64(), Some(1.5));
     let t = g.tensor("q").unwrap();
-    assert_eq!(
-        (t.dtype, t.shape.clone(), t.len),
-        (DType::Q4_K, vec![2, 256], 288)
-    );
+    assert_eq!((t.dtype, t.shape.clone(), t.len), (DType::Q4_K, vec![2, 256], 288));
     assert_eq!(t.offset % 64, 0);
     let t = g.tensor("t").unwrap();
     assert_eq!(&bytes[t.offset..t.offset + 4], &1f32.to_le_bytes());
@@ -427,19 +304,10 @@ fn gguf_v2_is_accepted() {
 #[test]
 fn gguf_writer_rejects_bad_tensors() {
     let mut w = GgufWriter::new();
-    assert!(matches!(
-        err_of(w.add_f32("x", &[4], &[0.0; 3])),
-        Error::InvalidArgument(_)
-    ));
-    assert!(matches!(
-        err_of(w.add_tensor("x", DType::Q8_0, &[2, 16], vec![0; 34])),
-        Error::InvalidArgument(_)
-    ));
+    assert!(matches!(err_of(w.add_f32("x", &[4], &[0.0; 3])), Error::InvalidArgument(_)));
+    assert!(matches!(err_of(w.add_tensor("x", DType::Q8_0, &[2, 16], vec![0; 34])), Error::InvalidArgument(_)));
     w.add_f32("x", &[2], &[0.0; 2]).unwrap();
-    assert!(matches!(
-        err_of(w.add_f32("x", &[2], &[0.0; 2])),
-        Error::InvalidArgument(_)
-    ));
+    assert!(matches!(err_of(w.add_f32("x", &[2], &[0.0; 2])), Error::InvalidArgument(_)));
     assert!(w.set_alignment(48).is_err());
 }
 
@@ -464,12 +332,7 @@ fn tensor_info_fields(bytes: &[u8], name: &str) -> (usize, usize, usize) {
     let mut needle = (name.len() as u64).to_le_bytes().to_vec();
     needle.extend_from_slice(name.as_bytes());
     needle.extend_from_slice(&2u32.to_le_bytes()); // the test tensors are 2-D
-    let at = bytes
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .expect("tensor info")
-        + needle.len()
-        - 4;
+    let at = bytes.windows(needle.len()).position(|w| w == needle).expect("tensor info") + needle.len() - 4;
     (at, at + 4 + 16, at + 4 + 16 + 4)
 }
 
@@ -552,10 +415,7 @@ fn unknown_ggml_type_is_unsupported() {
         let e = err_of(Checkpoint::open(&write(&scratch("type.gguf"), &bytes)));
         assert!(matches!(e, Error::Unsupported(_)), "{e}");
         let msg = e.to_string();
-        assert!(
-            msg.contains("blk.1.ffn_up.weight") && msg.contains(&id.to_string()),
-            "{msg}"
-        );
+        assert!(msg.contains("blk.1.ffn_up.weight") && msg.contains(&id.to_string()), "{msg}");
     }
 }
 
@@ -565,16 +425,10 @@ fn bad_dims_are_corrupt() {
     let (nd, _, _) = tensor_info_fields(&bytes, "blk.0.attn_v.weight");
     let mut b = bytes.clone();
     b[nd..nd + 4].copy_from_slice(&9u32.to_le_bytes());
-    assert!(matches!(
-        err_of(GgufFile::parse(&b, Path::new("m"))),
-        Error::Corrupt { .. }
-    ));
+    assert!(matches!(err_of(GgufFile::parse(&b, Path::new("m"))), Error::Corrupt { .. }));
     let mut b = bytes.clone();
     b[nd + 4..nd + 12].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(matches!(
-        err_of(GgufFile::parse(&b, Path::new("m"))),
-        Error::Corrupt { .. }
-    ));
+    assert!(matches!(err_of(GgufFile::parse(&b, Path::new("m"))), Error::Corrupt { .. }));
 }
 
 #[test]
@@ -582,10 +436,7 @@ fn unknown_architecture_is_unsupported() {
     let mut w = tiny_gguf(&tiny_config(Arch::Llama));
     w.add_metadata("general.architecture", "mamba");
     let e = err_of(Checkpoint::open(&w.write_to(&scratch("arch.gguf"))));
-    assert!(
-        matches!(&e, Error::Unsupported(m) if m.contains("architecture mamba")),
-        "{e}"
-    );
+    assert!(matches!(&e, Error::Unsupported(m) if m.contains("architecture mamba")), "{e}");
 }
 
 #[test]
@@ -598,10 +449,7 @@ fn inconsistent_metadata_is_reported() {
     let mut w = tiny_gguf(&tiny_config(Arch::Llama));
     w.remove_metadata("llama.embedding_length");
     let e = err_of(Checkpoint::open(&w.write_to(&scratch("missing.gguf"))));
-    assert!(
-        matches!(&e, Error::Corrupt { msg, .. } if msg.contains("embedding_length")),
-        "{e}"
-    );
+    assert!(matches!(&e, Error::Corrupt { msg, .. } if msg.contains("embedding_length")), "{e}");
 
     let mut w = tiny_gguf(&tiny_config(Arch::Llama));
     w.add_metadata("llama.block_count", "two");
@@ -625,20 +473,9 @@ fn shape_mismatch_is_reported() {
     let cfg = tiny_config(Arch::Qwen2);
     let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("shape.gguf"))).unwrap();
     // The config implies [ffn, hidden] for ffn_up; ask with a wrong config shape.
-    let e = err_of(ck.f16(
-        "blk.0.ffn_up.weight",
-        &[cfg.intermediate_size + 1, cfg.hidden_size],
-    ));
-    assert!(
-        matches!(&e, Error::Mismatch(m) if m.contains("blk.0.ffn_up.weight")),
-        "{e}"
-    );
-    assert!(ck
-        .f16(
-            "blk.0.ffn_up.weight",
-            &[cfg.intermediate_size, cfg.hidden_size]
-        )
-        .is_ok());
+    let e = err_of(ck.f16("blk.0.ffn_up.weight", &[cfg.intermediate_size + 1, cfg.hidden_size]));
+    assert!(matches!(&e, Error::Mismatch(m) if m.contains("blk.0.ffn_up.weight")), "{e}");
+    assert!(ck.f16("blk.0.ffn_up.weight", &[cfg.intermediate_size, cfg.hidden_size]).is_ok());
     let e = err_of(ck.f32("blk.9.ffn_up.weight", &[1]));
     assert!(matches!(e, Error::Mismatch(_)), "{e}");
 }
@@ -675,11 +512,8 @@ fn random_corruption_never_panics() {
         if let Ok(g) = GgufFile::parse(&b, Path::new("m")) {
             for t in &g.tensors {
                 assert!(t.offset + t.len <= b.len());
-                let _ = wgpu_llm::loader::dtype::to_f32(
-                    t.dtype,
-                    &b[t.offset..t.offset + t.len],
-                    t.shape.iter().product(),
-                );
+                let _ =
+                    wgpu_llm::loader::dtype::to_f32(t.dtype, &b[t.offset..t.offset + t.len], t.shape.iter().product());
             }
         }
     }
@@ -719,51 +553,27 @@ fn f32_bytes(x: &[f32]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 fn bf16_bytes(x: &[f32]) -> Vec<u8> {
-    x.iter()
-        .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-        .collect()
+    x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect()
 }
 fn f16_bytes(x: &[f32]) -> Vec<u8> {
-    x.iter()
-        .flat_map(|v| f16::from_f32(*v).to_le_bytes())
-        .collect()
+    x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect()
 }
 
 /// HF tensors of a tiny model (hidden 32, 2 layers, 4/2 heads of 8, ffn 64, vocab 64).
 fn hf_tensors(prefix: &str, gemma: bool, lm_head: bool) -> Vec<StTensor> {
     let mut t = vec![
-        (
-            format!("{prefix}embed_tokens.weight"),
-            "BF16",
-            vec![64, 32],
-            bf16_bytes(&values(64 * 32, 1)),
-        ),
-        (
-            format!("{prefix}norm.weight"),
-            "F32",
-            vec![32],
-            f32_bytes(&values(32, 2)),
-        ),
+        (format!("{prefix}embed_tokens.weight"), "BF16", vec![64, 32], bf16_bytes(&values(64 * 32, 1))),
+        (format!("{prefix}norm.weight"), "F32", vec![32], f32_bytes(&values(32, 2))),
     ];
     if lm_head {
-        t.push((
-            "lm_head.weight".into(),
-            "F16",
-            vec![64, 32],
-            f16_bytes(&values(64 * 32, 3)),
-        ));
+        t.push(("lm_head.weight".into(), "F16", vec![64, 32], f16_bytes(&values(64 * 32, 3))));
     }
     for i in 0..2 {
         let p = format!("{prefix}layers.{i}.");
         let s = 10 * (i as u32 + 1);
         let mut add = |n: &str, shape: Vec<usize>, seed: u32| {
             let n_el = shape.iter().product();
-            t.push((
-                format!("{p}{n}"),
-                "F32",
-                shape,
-                f32_bytes(&values(n_el, seed)),
-            ));
+            t.push((format!("{p}{n}"), "F32", shape, f32_bytes(&values(n_el, seed))));
         };
         add("input_layernorm.weight", vec![32], s);
         add("self_attn.q_proj.weight", vec![32, 32], s + 1);
@@ -785,10 +595,8 @@ fn hf_tensors(prefix: &str, gemma: bool, lm_head: bool) -> Vec<StTensor> {
 }
 
 fn write_st(path: &Path, t: &[StTensor]) {
-    let refs: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = t
-        .iter()
-        .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
-        .collect();
+    let refs: Vec<(&str, &str, Vec<usize>, Vec<u8>)> =
+        t.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone())).collect();
     std::fs::write(path, safetensors(&refs)).unwrap();
 }
 
@@ -831,18 +639,9 @@ fn hf_gemma3_multimodal_folder() {
     });
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     let mut t = hf_tensors("model.language_model.", true, false);
-    t.push((
-        "model.vision_tower.patch.weight".into(),
-        "I64",
-        vec![2],
-        vec![0; 16],
-    ));
+    t.push(("model.vision_tower.patch.weight".into(), "I64", vec![2], vec![0; 16]));
     write_st(&dir.join("model.safetensors"), &t);
-    std::fs::write(
-        dir.join("tokenizer.json"),
-        tokenizer_json(&[(50, "<end_of_turn>")]),
-    )
-    .unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json(&[(50, "<end_of_turn>")])).unwrap();
     std::fs::write(
         dir.join("tokenizer_config.json"),
         serde_json::json!({"bos_token": {"content": "<bos>"}, "eos_token": "<eos>", "add_bos_token": true,
@@ -854,29 +653,12 @@ fn hf_gemma3_multimodal_folder() {
     let ck = Checkpoint::open(&dir).unwrap();
     let c = &ck.config;
     assert_eq!(c.arch, Arch::Gemma3);
-    assert_eq!(
-        (
-            c.hidden_size,
-            c.num_layers,
-            c.num_heads,
-            c.num_kv_heads,
-            c.head_dim
-        ),
-        (32, 2, 4, 2, 8)
-    );
-    assert_eq!(
-        c.layer_attention,
-        vec![LayerAttention::Sliding { window: 16 }, LayerAttention::Full]
-    );
-    assert_eq!(
-        (c.rope_theta, c.rope_local_theta, c.rope_scaling_factor),
-        (1e6, Some(1e4), 8.0)
-    );
+    assert_eq!((c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (32, 2, 4, 2, 8));
+    assert_eq!(c.layer_attention, vec![LayerAttention::Sliding { window: 16 }, LayerAttention::Full]);
+    assert_eq!((c.rope_theta, c.rope_local_theta, c.rope_scaling_factor), (1e6, Some(1e4), 8.0));
     assert_eq!(c.attention_scale, 0.25);
     assert_eq!(c.embedding_scale, 32f32.sqrt());
-    assert!(
-        c.qk_norm && c.sandwich_norm && c.tie_word_embeddings && !c.attention_bias && c.add_bos
-    );
+    assert!(c.qk_norm && c.sandwich_norm && c.tie_word_embeddings && !c.attention_bias && c.add_bos);
     assert_eq!(c.activation, Activation::GeluTanhGated);
     assert_eq!(c.final_logit_softcapping, None);
     assert_eq!(c.bos_token_id, Some(2));
@@ -890,43 +672,17 @@ fn hf_gemma3_multimodal_folder() {
     // sandwich norm here.
     let plus1 = |s: u32, n: usize| values(n, s).iter().map(|x| x + 1.0).collect::<Vec<_>>();
     assert_eq!(ck.f32("output_norm.weight", &[32]).unwrap(), plus1(2, 32));
-    assert_eq!(
-        ck.f32("blk.1.attn_norm.weight", &[32]).unwrap(),
-        plus1(20, 32)
-    );
-    assert_eq!(
-        ck.f32("blk.1.post_attention_norm.weight", &[32]).unwrap(),
-        plus1(25, 32)
-    );
-    assert_eq!(
-        ck.f32("blk.1.ffn_norm.weight", &[32]).unwrap(),
-        plus1(30, 32)
-    );
-    assert_eq!(
-        ck.f32("blk.1.post_ffw_norm.weight", &[32]).unwrap(),
-        plus1(31, 32)
-    );
-    assert_eq!(
-        ck.f32("blk.0.attn_q_norm.weight", &[8]).unwrap(),
-        plus1(19, 8)
-    );
-    let f16n: Vec<f32> = ck
-        .f16("blk.0.attn_k_norm.weight", &[8])
-        .unwrap()
-        .iter()
-        .map(|x| x.to_f32())
-        .collect();
+    assert_eq!(ck.f32("blk.1.attn_norm.weight", &[32]).unwrap(), plus1(20, 32));
+    assert_eq!(ck.f32("blk.1.post_attention_norm.weight", &[32]).unwrap(), plus1(25, 32));
+    assert_eq!(ck.f32("blk.1.ffn_norm.weight", &[32]).unwrap(), plus1(30, 32));
+    assert_eq!(ck.f32("blk.1.post_ffw_norm.weight", &[32]).unwrap(), plus1(31, 32));
+    assert_eq!(ck.f32("blk.0.attn_q_norm.weight", &[8]).unwrap(), plus1(19, 8));
+    let f16n: Vec<f32> = ck.f16("blk.0.attn_k_norm.weight", &[8]).unwrap().iter().map(|x| x.to_f32()).collect();
     assert_eq!(f16n, rounded_f16(&plus1(19, 8)));
     // Matrices untouched (no permutation for HF), BF16 embedding converted.
-    assert_eq!(
-        ck.f32("blk.0.attn_k.weight", &[16, 32]).unwrap(),
-        values(16 * 32, 12)
-    );
+    assert_eq!(ck.f32("blk.0.attn_k.weight", &[16, 32]).unwrap(), values(16 * 32, 12));
     let emb = ck.f32("token_embd.weight", &[64, 32]).unwrap();
-    let want: Vec<f32> = values(64 * 32, 1)
-        .iter()
-        .map(|x| half::bf16::from_f32(*x).to_f32())
-        .collect();
+    let want: Vec<f32> = values(64 * 32, 1).iter().map(|x| half::bf16::from_f32(*x).to_f32()).collect();
     assert_eq!(emb, want);
     assert!(!ck.has("output.weight"));
     assert!(ck.tensor_names().all(|n| !n.contains("vision")));
@@ -959,29 +715,14 @@ fn hf_sharded_llama_folder() {
         serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
     )
     .unwrap();
-    std::fs::write(
-        dir.join("tokenizer.json"),
-        tokenizer_json(&[(40, "<|eot_id|>")]),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("generation_config.json"),
-        r#"{"eos_token_id": [1, 7]}"#,
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("chat_template.jinja"),
-        "{% for m in messages %}{{ m }}{% endfor %}",
-    )
-    .unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json(&[(40, "<|eot_id|>")])).unwrap();
+    std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": [1, 7]}"#).unwrap();
+    std::fs::write(dir.join("chat_template.jinja"), "{% for m in messages %}{{ m }}{% endfor %}").unwrap();
 
     let ck = Checkpoint::open(&dir).unwrap();
     let c = &ck.config;
     assert_eq!(c.arch, Arch::Llama);
-    assert_eq!(
-        (c.head_dim, c.rope_theta, c.max_position_embeddings),
-        (8, 1e5, 512)
-    );
+    assert_eq!((c.head_dim, c.rope_theta, c.max_position_embeddings), (8, 1e5, 512));
     assert!(!c.tie_word_embeddings && !c.qk_norm && !c.sandwich_norm);
     assert_eq!(c.layer_attention, vec![LayerAttention::Full; 2]);
     assert_eq!(c.bos_token_id, Some(2));
@@ -992,20 +733,9 @@ fn hf_sharded_llama_folder() {
     assert_eq!(ck.eos_token.as_deref(), Some("<eos>"));
     assert!(ck.chat_template.as_deref().unwrap().starts_with("{% for"));
     // Llama HF rows are already in rotate-half order; norms untouched.
-    assert_eq!(
-        ck.f32("blk.1.attn_q.weight", &[32, 32]).unwrap(),
-        values(32 * 32, 21)
-    );
-    assert_eq!(
-        ck.f32("blk.1.ffn_norm.weight", &[32]).unwrap(),
-        values(32, 25)
-    );
-    let out: Vec<f32> = ck
-        .f16("output.weight", &[64, 32])
-        .unwrap()
-        .iter()
-        .map(|x| x.to_f32())
-        .collect();
+    assert_eq!(ck.f32("blk.1.attn_q.weight", &[32, 32]).unwrap(), values(32 * 32, 21));
+    assert_eq!(ck.f32("blk.1.ffn_norm.weight", &[32]).unwrap(), values(32, 25));
+    let out: Vec<f32> = ck.f16("output.weight", &[64, 32]).unwrap().iter().map(|x| x.to_f32()).collect();
     assert_eq!(out, rounded_f16(&values(64 * 32, 3)));
 
     // A shard missing a tensor its index names.
@@ -1023,25 +753,12 @@ fn qwen2_folder(name: &str) -> (PathBuf, Vec<StTensor>) {
         "tie_word_embeddings": true, "eos_token_id": 1, "use_sliding_window": false, "sliding_window": 32
     });
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    std::fs::write(
-        dir.join("tokenizer.json"),
-        tokenizer_json(&[(5, "<|im_end|>")]),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("tokenizer_config.json"),
-        r#"{"add_bos_token": false, "bos_token": null}"#,
-    )
-    .unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json(&[(5, "<|im_end|>")])).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), r#"{"add_bos_token": false, "bos_token": null}"#).unwrap();
     let mut t = hf_tensors("model.", false, false);
     for i in 0..2 {
         for (p, n) in [("q", 32), ("k", 16), ("v", 16)] {
-            t.push((
-                format!("model.layers.{i}.self_attn.{p}_proj.bias"),
-                "F32",
-                vec![n],
-                f32_bytes(&values(n, 7)),
-            ));
+            t.push((format!("model.layers.{i}.self_attn.{p}_proj.bias"), "F32", vec![n], f32_bytes(&values(n, 7))));
         }
     }
     write_st(&dir.join("model.safetensors"), &t);
@@ -1070,60 +787,38 @@ fn hf_bad_inputs() {
     st[8] = b'[';
     std::fs::write(dir.join("model.safetensors"), &st).unwrap();
     let e = err_of(Checkpoint::open(&dir));
-    assert!(
-        matches!(&e, Error::Corrupt { msg, .. } if msg.contains("JSON")),
-        "{e}"
-    );
+    assert!(matches!(&e, Error::Corrupt { msg, .. } if msg.contains("JSON")), "{e}");
 
     // Header length past the end; file shorter than the length prefix.
     let mut st2 = safetensors(&[("model.norm.weight", "F32", vec![2], vec![0; 8])]);
     let n = st2.len() as u64;
     st2[..8].copy_from_slice(&n.to_le_bytes());
     std::fs::write(dir.join("model.safetensors"), &st2).unwrap();
-    assert!(matches!(
-        err_of(Checkpoint::open(&dir)),
-        Error::Corrupt { .. }
-    ));
+    assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Corrupt { .. }));
     std::fs::write(dir.join("model.safetensors"), [1u8, 2, 3]).unwrap();
-    assert!(matches!(
-        err_of(Checkpoint::open(&dir)),
-        Error::Corrupt { .. }
-    ));
+    assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Corrupt { .. }));
 
     // Offsets out of range (and inconsistent with the shape).
-    let json = serde_json::json!({"model.norm.weight": {"dtype": "F32", "shape": [32], "data_offsets": [0, 128]}})
-        .to_string();
+    let json =
+        serde_json::json!({"model.norm.weight": {"dtype": "F32", "shape": [32], "data_offsets": [0, 128]}}).to_string();
     let mut st3 = (json.len() as u64).to_le_bytes().to_vec();
     st3.extend(json.as_bytes());
     st3.extend([0u8; 64]);
     std::fs::write(dir.join("model.safetensors"), &st3).unwrap();
     let e = err_of(Checkpoint::open(&dir));
-    assert!(
-        matches!(&e, Error::Corrupt { msg, .. } if msg.contains("model.norm.weight")),
-        "{e}"
-    );
-    let json = serde_json::json!({"model.norm.weight": {"dtype": "F32", "shape": [32], "data_offsets": [0, 64]}})
-        .to_string();
+    assert!(matches!(&e, Error::Corrupt { msg, .. } if msg.contains("model.norm.weight")), "{e}");
+    let json =
+        serde_json::json!({"model.norm.weight": {"dtype": "F32", "shape": [32], "data_offsets": [0, 64]}}).to_string();
     let mut st4 = (json.len() as u64).to_le_bytes().to_vec();
     st4.extend(json.as_bytes());
     st4.extend([0u8; 64]);
     std::fs::write(dir.join("model.safetensors"), &st4).unwrap();
-    assert!(matches!(
-        err_of(Checkpoint::open(&dir)),
-        Error::Corrupt { .. }
-    ));
+    assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Corrupt { .. }));
 
     // Truncated data.
-    let full = safetensors(
-        &t.iter()
-            .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
-            .collect::<Vec<_>>(),
-    );
+    let full = safetensors(&t.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone())).collect::<Vec<_>>());
     std::fs::write(dir.join("model.safetensors"), &full[..full.len() - 4]).unwrap();
-    assert!(matches!(
-        err_of(Checkpoint::open(&dir)),
-        Error::Corrupt { .. }
-    ));
+    assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Corrupt { .. }));
     std::fs::write(dir.join("model.safetensors"), &full).unwrap();
     assert!(Checkpoint::open(&dir).is_ok());
 
@@ -1132,10 +827,7 @@ fn hf_bad_inputs() {
     t2[1] = ("model.norm.weight".into(), "I64", vec![32], vec![0; 256]);
     write_st(&dir.join("model.safetensors"), &t2);
     let e = err_of(Checkpoint::open(&dir));
-    assert!(
-        matches!(&e, Error::Unsupported(m) if m.contains("I64") && m.contains("model.norm.weight")),
-        "{e}"
-    );
+    assert!(matches!(&e, Error::Unsupported(m) if m.contains("I64") && m.contains("model.norm.weight")), "{e}");
 
     // Unknown model_type; bad config JSON; missing tokenizer; untied without lm_head.
     write_st(&dir.join("model.safetensors"), &t);
@@ -1143,24 +835,15 @@ fn hf_bad_inputs() {
     std::fs::write(dir.join("config.json"), cfg.replace("qwen2", "bert")).unwrap();
     assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Unsupported(m) if m.contains("bert")));
     std::fs::write(dir.join("config.json"), "{not json").unwrap();
-    assert!(matches!(
-        err_of(Checkpoint::open(&dir)),
-        Error::Corrupt { .. }
-    ));
+    assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Corrupt { .. }));
     std::fs::write(
         dir.join("config.json"),
-        cfg.replace(
-            "\"tie_word_embeddings\":true",
-            "\"tie_word_embeddings\":false",
-        ),
+        cfg.replace("\"tie_word_embeddings\":true", "\"tie_word_embeddings\":false"),
     )
     .unwrap();
     assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Mismatch(m) if m.contains("lm_head")));
-    std::fs::write(
-        dir.join("config.json"),
-        cfg.replace("\"num_key_value_heads\":2", "\"num_key_value_heads\":3"),
-    )
-    .unwrap();
+    std::fs::write(dir.join("config.json"), cfg.replace("\"num_key_value_heads\":2", "\"num_key_value_heads\":3"))
+        .unwrap();
     assert!(matches!(err_of(Checkpoint::open(&dir)), Error::Mismatch(_)));
     std::fs::write(dir.join("config.json"), &cfg).unwrap();
     std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
@@ -1180,10 +863,7 @@ fn real_model(rel: &str) -> Option<PathBuf> {
     };
     let p = PathBuf::from(dir).join(rel);
     if !p.is_file() {
-        eprintln!(
-            "skipping: {} is missing (tools/fetch-model.sh fetches it)",
-            p.display()
-        );
+        eprintln!("skipping: {} is missing (tools/fetch-model.sh fetches it)", p.display());
         return None;
     }
     Some(p)
@@ -1207,26 +887,14 @@ fn real_smollm2() {
     let ck = Checkpoint::open(&path).unwrap();
     let c = &ck.config;
     assert_eq!(c.arch, Arch::Llama);
-    assert_eq!(
-        (c.num_layers, c.hidden_size, c.intermediate_size),
-        (30, 576, 1536)
-    );
-    assert_eq!(
-        (c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size),
-        (9, 3, 64, 49152)
-    );
+    assert_eq!((c.num_layers, c.hidden_size, c.intermediate_size), (30, 576, 1536));
+    assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size), (9, 3, 64, 49152));
     assert_eq!(c.rope_theta, 1e5);
     assert!(c.tie_word_embeddings && !c.add_bos);
     assert_eq!(c.eos_token_ids[0], 2);
     assert_eq!(ck.eos_token.as_deref(), Some("<|im_end|>"));
-    assert!(ck
-        .chat_template
-        .as_deref()
-        .unwrap_or("")
-        .contains("im_start"));
-    let TokenizerSource::Gguf(t) = &ck.tokenizer else {
-        panic!()
-    };
+    assert!(ck.chat_template.as_deref().unwrap_or("").contains("im_start"));
+    let TokenizerSource::Gguf(t) = &ck.tokenizer else { panic!() };
     assert_eq!((t.model.as_str(), t.tokens.len()), ("gpt2", 49152));
     assert!(!t.merges.is_empty());
     finite_sample(&ck, "blk.3.ffn_up.weight", DType::Q4_1);
@@ -1242,29 +910,11 @@ fn real_gemma3() {
     let ck = Checkpoint::open(&path).unwrap();
     let c = &ck.config;
     assert_eq!(c.arch, Arch::Gemma3);
-    assert_eq!(
-        (
-            c.num_layers,
-            c.hidden_size,
-            c.num_heads,
-            c.num_kv_heads,
-            c.head_dim
-        ),
-        (18, 640, 4, 1, 256)
-    );
-    assert_eq!(
-        c.layer_attention[0],
-        LayerAttention::Sliding { window: 512 }
-    );
+    assert_eq!((c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim), (18, 640, 4, 1, 256));
+    assert_eq!(c.layer_attention[0], LayerAttention::Sliding { window: 512 });
     assert_eq!(c.layer_attention[5], LayerAttention::Full);
     assert_eq!(c.layer_attention[11], LayerAttention::Full);
-    assert_eq!(
-        c.layer_attention
-            .iter()
-            .filter(|a| **a == LayerAttention::Full)
-            .count(),
-        3
-    );
+    assert_eq!(c.layer_attention.iter().filter(|a| **a == LayerAttention::Full).count(), 3);
     assert_eq!(c.rope_local_theta, Some(10000.0));
     assert!(c.tie_word_embeddings && c.add_bos && c.qk_norm && c.sandwich_norm);
     assert_eq!(c.attention_scale, 1.0 / 16.0);
@@ -1286,10 +936,7 @@ fn real_qwen05() {
     let ck = Checkpoint::open(&path).unwrap();
     let c = &ck.config;
     assert_eq!(c.arch, Arch::Qwen2);
-    assert_eq!(
-        (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads),
-        (24, 896, 14, 2)
-    );
+    assert_eq!((c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads), (24, 896, 14, 2));
     assert!(c.attention_bias && !c.tie_word_embeddings);
     assert_eq!(c.rope_theta, 1e6);
     assert!(c.eos_token_ids.contains(&151645));
@@ -1303,10 +950,7 @@ fn gguf_inspect_reads_header_only() {
     let p = tiny_gguf(&tiny_config(Arch::Llama)).write_to(&scratch("inspect.gguf"));
     let (g, map) = GgufFile::read(&p).unwrap();
     assert_eq!(map.len(), std::fs::metadata(&p).unwrap().len() as usize);
-    assert_eq!(
-        g.get("general.architecture").and_then(|v| v.as_str()),
-        Some("llama")
-    );
+    assert_eq!(g.get("general.architecture").and_then(|v| v.as_str()), Some("llama"));
     assert_eq!(g.tensors.len(), 1 + 1 + 2 * 9);
     let _ = gguf::DEFAULT_ALIGNMENT;
 }
@@ -1315,37 +959,21 @@ fn gguf_inspect_reads_header_only() {
 fn gguf_writer_quantizes() {
     let x = values(4 * 64, 77);
     let mut w = GgufWriter::new();
-    for t in [
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::BF16,
-        DType::F16,
-    ] {
-        w.add_quantized(format!("w.{}", t.name()), t, &[4, 64], &x)
-            .unwrap();
+    for t in [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::BF16, DType::F16] {
+        w.add_quantized(format!("w.{}", t.name()), t, &[4, 64], &x).unwrap();
     }
-    assert!(w
-        .add_quantized("bad", DType::Q4_K, &[1, 256], &[0.0; 256])
-        .is_err());
+    assert!(w.add_quantized("bad", DType::Q4_K, &[1, 256], &[0.0; 256]).is_err());
     assert!(w.add_quantized("bad", DType::Q8_0, &[2, 32], &x).is_err());
     let g = GgufFile::parse(&w.to_bytes(), Path::new("m")).unwrap();
     let bytes = w.to_bytes();
     for t in &g.tensors {
-        let y = wgpu_llm::loader::dtype::to_f32(t.dtype, &bytes[t.offset..t.offset + t.len], 256)
-            .unwrap();
+        let y = wgpu_llm::loader::dtype::to_f32(t.dtype, &bytes[t.offset..t.offset + t.len], 256).unwrap();
         let tol = match t.dtype {
             DType::Q4_0 | DType::Q4_1 => 0.15,
             DType::Q5_0 | DType::Q5_1 => 0.07,
             _ => 0.01,
         };
-        let err = x
-            .iter()
-            .zip(&y)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let err = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(err < tol, "{}: {err}", t.name);
     }
 }

@@ -32,9 +32,11 @@ fn top5(v: &[f32]) -> Vec<u32> {
 /// prefill and the window; their decode steps cost lavapipe minutes and add nothing new).
 fn check(model_name: &str, fixture: &str, steps: usize) {
     let dir = common::fixture_dir().join("reference");
-    let meta: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{fixture}.json"))).unwrap()).unwrap();
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{fixture}.json"))).unwrap()).unwrap();
     let ids: Vec<u32> = meta["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    let greedy: Vec<u32> = meta["greedy_tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let greedy: Vec<u32> =
+        meta["greedy_tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     let step_vals: Vec<Vec<f64>> = meta["step_logits_top5_values"]
         .as_array()
         .unwrap()
@@ -59,7 +61,10 @@ fn check(model_name: &str, fixture: &str, steps: usize) {
         }
     }
     let (g5, w5) = (top5(&got), top5(&want));
-    eprintln!("{fixture}: {} prompt tokens, max |logit error| {max_err:.4} at {at}, top5 engine {g5:?} reference {w5:?}", ids.len());
+    eprintln!(
+        "{fixture}: {} prompt tokens, max |logit error| {max_err:.4} at {at}, top5 engine {g5:?} reference {w5:?}",
+        ids.len()
+    );
     assert!(max_err < MAX_ABS, "{fixture}: max abs logit error {max_err} at token {at} exceeds {MAX_ABS}");
     // Top-5 agree as sets, except entries whose reference value is within the error bound of
     // the 5th (they may trade places with the 6th).
@@ -88,7 +93,10 @@ fn check(model_name: &str, fixture: &str, steps: usize) {
         let l = model.forward(&[tok]).unwrap();
         step_logits = gpu.read_f32(&l).unwrap();
     }
-    eprintln!("{fixture}: {steps} greedy steps agree{}", if flips.is_empty() { String::new() } else { format!(" except near-ties {flips:?}") });
+    eprintln!(
+        "{fixture}: {steps} greedy steps agree{}",
+        if flips.is_empty() { String::new() } else { format!(" except near-ties {flips:?}") }
+    );
 }
 
 #[test]

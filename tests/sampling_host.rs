@@ -3,9 +3,9 @@
 //! draws (with a negative control), exact nucleus membership and tie rules, and a large
 //! f16-range vocabulary. Every test uses fixed seeds.
 
+use wgpu_llm::sampling::host::sample_rows;
 use wgpu_llm::sampling::host::{self, distribution, kept_tokens, plan_row, RowPlan};
 use wgpu_llm::sampling::philox::{mulhilo32, mulhilo32_emulated, philox4x32_10};
-use wgpu_llm::sampling::host::sample_rows;
 use wgpu_llm::sampling::{sample_row, SamplingParams};
 use wgpu_llm::Error;
 
@@ -158,16 +158,8 @@ fn chi_square_p_value_is_right() {
 fn philox_known_answer_vectors() {
     // Random123 tests/kat_vectors, "philox4x32 10" lines: ctr[4] key[2] -> out[4].
     let kat: [([u32; 4], [u32; 2], [u32; 4]); 3] = [
-        (
-            [0; 4],
-            [0; 2],
-            [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8],
-        ),
-        (
-            [0xffffffff; 4],
-            [0xffffffff; 2],
-            [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd],
-        ),
+        ([0; 4], [0; 2], [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]),
+        ([0xffffffff; 4], [0xffffffff; 2], [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]),
         (
             [0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344],
             [0xa4093822, 0x299f31d0],
@@ -192,66 +184,24 @@ fn emulated_mulhilo_matches_u64_on_a_million_pairs() {
 // Parameters.
 
 fn params(temperature: f32, top_k: u32, top_p: f32, min_p: f32, seed: u64) -> SamplingParams {
-    SamplingParams {
-        temperature,
-        top_k,
-        top_p,
-        min_p,
-        seed,
-    }
+    SamplingParams { temperature, top_k, top_p, min_p, seed }
 }
 
 #[test]
 fn validate_rejects_each_bad_parameter() {
     let ok = SamplingParams::default();
     let cases: Vec<(SamplingParams, &str)> = vec![
-        (
-            SamplingParams {
-                temperature: -0.5,
-                ..ok
-            },
-            "temperature",
-        ),
-        (
-            SamplingParams {
-                temperature: f32::NAN,
-                ..ok
-            },
-            "temperature",
-        ),
-        (
-            SamplingParams {
-                temperature: f32::INFINITY,
-                ..ok
-            },
-            "temperature",
-        ),
-        (
-            SamplingParams {
-                temperature: 1e-40,
-                ..ok
-            },
-            "temperature",
-        ),
+        (SamplingParams { temperature: -0.5, ..ok }, "temperature"),
+        (SamplingParams { temperature: f32::NAN, ..ok }, "temperature"),
+        (SamplingParams { temperature: f32::INFINITY, ..ok }, "temperature"),
+        (SamplingParams { temperature: 1e-40, ..ok }, "temperature"),
         (SamplingParams { top_p: 0.0, ..ok }, "top_p"),
         (SamplingParams { top_p: -0.1, ..ok }, "top_p"),
         (SamplingParams { top_p: 1.01, ..ok }, "top_p"),
-        (
-            SamplingParams {
-                top_p: f32::NAN,
-                ..ok
-            },
-            "top_p",
-        ),
+        (SamplingParams { top_p: f32::NAN, ..ok }, "top_p"),
         (SamplingParams { min_p: -0.1, ..ok }, "min_p"),
         (SamplingParams { min_p: 1.0, ..ok }, "min_p"),
-        (
-            SamplingParams {
-                min_p: f32::NAN,
-                ..ok
-            },
-            "min_p",
-        ),
+        (SamplingParams { min_p: f32::NAN, ..ok }, "min_p"),
     ];
     for (p, name) in cases {
         match p.validate() {
@@ -293,10 +243,7 @@ fn greedy_is_argmax_lowest_index_on_ties() {
         let want = reference_argmax(&l);
         let first_max = l.iter().position(|&x| x == l[want as usize]).unwrap();
         assert_eq!(want as usize, first_max);
-        let p = SamplingParams {
-            seed: rng.next(),
-            ..SamplingParams::greedy()
-        };
+        let p = SamplingParams { seed: rng.next(), ..SamplingParams::greedy() };
         assert_eq!(sample_row(&l, &p, trial, 3), want, "{l:?}");
     }
 }
@@ -342,10 +289,7 @@ fn sampling_nan_and_inf_outcomes() {
         // Overflow of l / T to +inf for a tiny temperature is the +inf rule: greedy, even
         // though tokens 1..=3 all overflow.
         let tiny = params(1e-37, 0, 1.0, 0.0, 5);
-        assert_eq!(
-            sample_row(&[1.0, 50.0, 60.0, 55.0, 60.0], &tiny, step, 0),
-            2
-        );
+        assert_eq!(sample_row(&[1.0, 50.0, 60.0, 55.0, 60.0], &tiny, step, 0), 2);
         // d = s - max overflowing to -inf: weight 0, never drawn, no NaN.
         let wide = [-3.0e38f32, 3.0e38, 3.0e38];
         let t = sample_row(&wide, &params(1.0, 0, 1.0, 0.0, step as u64), step, 0);
@@ -388,11 +332,7 @@ fn sample_rows_rows_and_size_errors() {
     let vocab = 33;
     let rows = 3;
     let l = random_logits(&mut rng, rows * vocab, 1.0);
-    let ps = [
-        SamplingParams::greedy(),
-        params(0.8, 5, 1.0, 0.0, 9),
-        params(1.2, 0, 0.8, 0.02, 10),
-    ];
+    let ps = [SamplingParams::greedy(), params(0.8, 5, 1.0, 0.0, 9), params(1.2, 0, 0.8, 0.02, 10)];
     let mut out = [0u32; 3];
     sample_rows(&l, vocab, &ps, 17, &mut out).unwrap();
     for r in 0..rows {
@@ -402,10 +342,7 @@ fn sample_rows_rows_and_size_errors() {
     assert!(sample_rows(&l, vocab + 1, &ps, 0, &mut out).is_err());
     assert!(sample_rows(&l, vocab, &ps, 0, &mut out[..2]).is_err());
     let bad = [ps[0], ps[1], params(1.0, 0, 0.0, 0.0, 0)];
-    assert!(matches!(
-        sample_rows(&l, vocab, &bad, 0, &mut out),
-        Err(Error::InvalidArgument(_))
-    ));
+    assert!(matches!(sample_rows(&l, vocab, &bad, 0, &mut out), Err(Error::InvalidArgument(_))));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -417,27 +354,15 @@ fn reference_distribution(l: &[f32], t: f64, k: usize, top_p: f64, min_p: f64) -
     let s: Vec<f64> = l.iter().map(|&x| x as f64 / t).collect();
     let mut sorted = s.clone();
     sorted.sort_by(|a, b| b.total_cmp(a));
-    let t_k = if k > 0 && k < s.len() {
-        sorted[k - 1]
-    } else {
-        f64::NEG_INFINITY
-    };
+    let t_k = if k > 0 && k < s.len() { sorted[k - 1] } else { f64::NEG_INFINITY };
     let m = sorted[0];
-    let w: Vec<f64> = s
-        .iter()
-        .map(|&x| if x >= t_k { (x - m).exp() } else { 0.0 })
-        .collect();
+    let w: Vec<f64> = s.iter().map(|&x| if x >= t_k { (x - m).exp() } else { 0.0 }).collect();
     let z: f64 = w.iter().sum();
     let mut t_p = t_k;
     if top_p < 1.0 {
         let mut mass = 0.0;
         for &level in sorted.iter().filter(|&&x| x >= t_k) {
-            mass = s
-                .iter()
-                .zip(&w)
-                .filter(|(&x, _)| x >= level)
-                .map(|(_, &w)| w)
-                .sum::<f64>();
+            mass = s.iter().zip(&w).filter(|(&x, _)| x >= level).map(|(_, &w)| w).sum::<f64>();
             t_p = level;
             if mass >= top_p * z {
                 break;
@@ -445,17 +370,8 @@ fn reference_distribution(l: &[f32], t: f64, k: usize, top_p: f64, min_p: f64) -
         }
         let _ = mass;
     }
-    let mut p: Vec<f64> = s
-        .iter()
-        .zip(&w)
-        .map(|(&x, &w)| {
-            if x >= t_p && (x - m).exp() >= min_p {
-                w
-            } else {
-                0.0
-            }
-        })
-        .collect();
+    let mut p: Vec<f64> =
+        s.iter().zip(&w).map(|(&x, &w)| if x >= t_p && (x - m).exp() >= min_p { w } else { 0.0 }).collect();
     let z: f64 = p.iter().sum();
     p.iter_mut().for_each(|x| *x /= z);
     p
@@ -483,10 +399,7 @@ fn fit_logits() -> Vec<f32> {
 fn fit(l: &[f32], p: &SamplingParams, reference: &[f64]) -> f64 {
     let counts = histogram(l, p, DRAWS);
     for (i, (&c, &q)) in counts.iter().zip(reference).enumerate() {
-        assert!(
-            q > 0.0 || c == 0,
-            "token {i} outside the kept set drawn {c} times"
-        );
+        assert!(q > 0.0 || c == 0, "token {i} outside the kept set drawn {c} times");
     }
     let (stat, df, pv) = chi_square(&counts, reference);
     eprintln!("{p:?}: chi2 {stat:.1} df {df} p {pv:.4}");
@@ -565,9 +478,7 @@ fn kept(l: &[f32], p: SamplingParams) -> Vec<u32> {
 /// Draws 20k tokens and checks they cover exactly `want`.
 fn drawn_set_is(l: &[f32], p: SamplingParams, want: &[u32]) {
     let counts = histogram(l, &p, 20_000);
-    let drawn: Vec<u32> = (0..l.len() as u32)
-        .filter(|&i| counts[i as usize] > 0)
-        .collect();
+    let drawn: Vec<u32> = (0..l.len() as u32).filter(|&i| counts[i as usize] > 0).collect();
     assert_eq!(drawn, want, "{l:?} {p:?}: {counts:?}");
 }
 
@@ -578,15 +489,9 @@ fn top_k_keeps_every_tie_at_the_threshold() {
     assert_eq!(kept(&l, p), [0, 1, 2, 3, 4, 7]);
     drawn_set_is(&l, params(2.0, 3, 1.0, 0.0, 7), &[0, 1, 2, 3, 4, 7]);
     // k = 2 with a three-way tie at the top keeps all three.
-    assert_eq!(
-        kept(&[1.0, 1.0, 1.0, 0.0], params(1.0, 2, 1.0, 0.0, 0)),
-        [0, 1, 2]
-    );
+    assert_eq!(kept(&[1.0, 1.0, 1.0, 0.0], params(1.0, 2, 1.0, 0.0, 0)), [0, 1, 2]);
     // -0 and +0 are one value.
-    assert_eq!(
-        kept(&[1.0, -0.0, 0.0, -1.0], params(1.0, 2, 1.0, 0.0, 0)),
-        [0, 1, 2]
-    );
+    assert_eq!(kept(&[1.0, -0.0, 0.0, -1.0], params(1.0, 2, 1.0, 0.0, 0)), [0, 1, 2]);
     // k = 1 keeps the maximum only; k >= vocab is off.
     assert_eq!(kept(&l, params(1.0, 1, 1.0, 0.0, 0)), [0]);
     assert_eq!(kept(&l, params(1.0, 8, 1.0, 0.0, 0)).len(), 8);
@@ -624,10 +529,7 @@ fn min_p_threshold_is_inclusive() {
     assert_eq!(kept(&l, p), [0, 1, 3]);
     drawn_set_is(&l, p, &[0, 1, 3]);
     // Relative to the maximum after scaling: at T = 2 the gaps halve.
-    assert_eq!(
-        kept(&[0.0, -4.0, -5.0], params(2.0, 0, 1.0, 0.1, 0)),
-        [0, 1]
-    );
+    assert_eq!(kept(&[0.0, -4.0, -5.0], params(2.0, 0, 1.0, 0.1, 0)), [0, 1]);
 }
 
 #[test]
@@ -642,10 +544,7 @@ fn plan_exposes_thresholds() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(
-        plan_row(&l, &SamplingParams::greedy().prepare(0)),
-        RowPlan::Fixed(0)
-    );
+    assert_eq!(plan_row(&l, &SamplingParams::greedy().prepare(0)), RowPlan::Fixed(0));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -656,9 +555,7 @@ fn large_vocab_f16_range() {
     const V: usize = 262_144;
     let mut rng = Mix(6);
     let f16 = |x: f64| half::f16::from_f64(x).to_f32();
-    let mut l: Vec<f32> = (0..V)
-        .map(|_| f16((rng.unit() * 2.0 - 1.0) * 65504.0))
-        .collect();
+    let mut l: Vec<f32> = (0..V).map(|_| f16((rng.unit() * 2.0 - 1.0) * 65504.0)).collect();
     // Saturated ends, as an f16 overflow clamp would produce: 300 tokens at +65504 scattered
     // over the vocabulary, and a block at -65504.
     for _ in 0..300 {
@@ -667,17 +564,12 @@ fn large_vocab_f16_range() {
     for x in &mut l[1000..2000] {
         *x = -65504.0;
     }
-    let saturated: Vec<u32> = (0..V as u32)
-        .filter(|&i| l[i as usize] == 65504.0)
-        .collect();
+    let saturated: Vec<u32> = (0..V as u32).filter(|&i| l[i as usize] == 65504.0).collect();
     assert!(saturated.len() >= 290);
     assert!(l.iter().all(|x| x.is_finite()));
 
     // Greedy: the first saturated token.
-    assert_eq!(
-        sample_row(&l, &SamplingParams::greedy(), 0, 0),
-        saturated[0]
-    );
+    assert_eq!(sample_row(&l, &SamplingParams::greedy(), 0, 0), saturated[0]);
 
     // T = 1: every other token is >= 32 below the maximum (f16 spacing), so draws are uniform
     // over the saturated tokens; never a NaN, never a constant token.

@@ -76,9 +76,7 @@ fn capabilities(f16: bool, subgroup: bool) -> Capabilities {
         caps -= Capabilities::SHADER_FLOAT16;
     }
     if !subgroup {
-        caps -= Capabilities::SUBGROUP
-            | Capabilities::SUBGROUP_BARRIER
-            | Capabilities::SUBGROUP_VERTEX_STAGE;
+        caps -= Capabilities::SUBGROUP | Capabilities::SUBGROUP_BARRIER | Capabilities::SUBGROUP_VERTEX_STAGE;
     }
     caps
 }
@@ -112,14 +110,9 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, St
 fn check_variant(name: &str, macros: &Macros, f16: bool, subgroup: bool) -> Result<(), String> {
     let code = shader::preprocess(name, macros).map_err(|e| format!("preprocess: {e}"))?;
     let module = guarded("wgsl parse", || {
-        naga::front::wgsl::parse_str(&code)
-            .map_err(|e| format!("parse: {}", e.emit_to_string(&code)))
+        naga::front::wgsl::parse_str(&code).map_err(|e| format!("parse: {}", e.emit_to_string(&code)))
     })?;
-    if !module
-        .entry_points
-        .iter()
-        .any(|ep| ep.stage == naga::ShaderStage::Compute)
-    {
+    if !module.entry_points.iter().any(|ep| ep.stage == naga::ShaderStage::Compute) {
         return Err("no @compute entry point".into());
     }
     let info = guarded("validation", || {
@@ -128,24 +121,14 @@ fn check_variant(name: &str, macros: &Macros, f16: bool, subgroup: bool) -> Resu
             .map_err(|e| format!("validate: {}", e.emit_to_string(&code)))
     })?;
     guarded("MSL translation", || {
-        let options = msl::Options {
-            lang_version: (2, 4),
-            bounds_check_policies: restrict(),
-            ..Default::default()
-        };
+        let options = msl::Options { lang_version: (2, 4), bounds_check_policies: restrict(), ..Default::default() };
         msl::write_string(&module, &info, &options, &msl::PipelineOptions::default())
             .map(|_| ())
             .map_err(|e| format!("MSL: {e}"))
     })?;
     guarded("SPIR-V translation", || {
-        let options = spv::Options {
-            lang_version: (1, 3),
-            bounds_check_policies: restrict(),
-            ..Default::default()
-        };
-        spv::write_vec(&module, &info, &options, None)
-            .map(|_| ())
-            .map_err(|e| format!("SPIR-V: {e}"))
+        let options = spv::Options { lang_version: (1, 3), bounds_check_policies: restrict(), ..Default::default() };
+        spv::write_vec(&module, &info, &options, None).map(|_| ()).map_err(|e| format!("SPIR-V: {e}"))
     })?;
     Ok(())
 }
@@ -182,17 +165,12 @@ fn every_kernel_variant_validates_and_translates() {
         // The kernel's own flags: #ifdef / #ifndef names that are not standard and not valued macros.
         let mut own: BTreeSet<String> = directive_names(&srcs, "ifdef");
         own.extend(directive_names(&srcs, "ifndef"));
-        let own: Vec<String> = own
-            .into_iter()
-            .filter(|f| !STANDARD.contains(&f.as_str()) && !defined.contains(f))
-            .collect();
+        let own: Vec<String> =
+            own.into_iter().filter(|f| !STANDARD.contains(&f.as_str()) && !defined.contains(f)).collect();
         for f16 in [false, true] {
             for subgroup in [false, true] {
-                let base = Macros::new()
-                    .flag_if("F16", f16)
-                    .flag_if("SUBGROUP", subgroup);
-                let variants =
-                    std::iter::once(base.clone()).chain(own.iter().map(|f| base.clone().flag(f)));
+                let base = Macros::new().flag_if("F16", f16).flag_if("SUBGROUP", subgroup);
+                let variants = std::iter::once(base.clone()).chain(own.iter().map(|f| base.clone().flag(f)));
                 for m in variants {
                     checked += 1;
                     if let Err(e) = check_variant(name, &m, f16, subgroup) {
@@ -202,17 +180,8 @@ fn every_kernel_variant_validates_and_translates() {
             }
         }
     }
-    eprintln!(
-        "checked {checked} variants of {} kernels: {}",
-        names.len(),
-        names.join(", ")
-    );
-    assert!(
-        failures.is_empty(),
-        "{} shader variant(s) failed:\n\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    eprintln!("checked {checked} variants of {} kernels: {}", names.len(), names.join(", "));
+    assert!(failures.is_empty(), "{} shader variant(s) failed:\n\n{}", failures.len(), failures.join("\n\n"));
 }
 
 /// The checker itself catches what it is for (so a green run means something).
@@ -220,46 +189,18 @@ fn every_kernel_variant_validates_and_translates() {
 fn checker_rejects_bad_kernels() {
     let bad_f16 = "@group(0) @binding(0) var<storage, read_write> x: array<f32>;\n\
                    @compute @workgroup_size(64) fn main() { let h = f16(x[0]); x[0] = f32(h * h); }";
-    assert!(
-        naga::front::wgsl::parse_str(bad_f16).is_err(),
-        "f16 without `enable f16;`"
-    );
+    assert!(naga::front::wgsl::parse_str(bad_f16).is_err(), "f16 without `enable f16;`");
     let f16 = format!("enable f16;\n{bad_f16}");
     let module = naga::front::wgsl::parse_str(&f16).unwrap();
-    assert!(
-        Validator::new(ValidationFlags::all(), capabilities(false, false))
-            .validate(&module)
-            .is_err()
-    );
-    assert!(
-        Validator::new(ValidationFlags::all(), capabilities(true, false))
-            .validate(&module)
-            .is_ok()
-    );
+    assert!(Validator::new(ValidationFlags::all(), capabilities(false, false)).validate(&module).is_err());
+    assert!(Validator::new(ValidationFlags::all(), capabilities(true, false)).validate(&module).is_ok());
     let sg = "@group(0) @binding(0) var<storage, read_write> x: array<f32>;\n\
               @compute @workgroup_size(64) fn main(@builtin(local_invocation_index) i: u32) { x[i] = subgroupAdd(x[i]); }";
     let module = naga::front::wgsl::parse_str(sg).unwrap();
-    assert!(
-        Validator::new(ValidationFlags::all(), capabilities(false, false))
-            .validate(&module)
-            .is_err()
-    );
-    assert!(
-        Validator::new(ValidationFlags::all(), capabilities(false, true))
-            .validate(&module)
-            .is_ok()
-    );
-    let srcs = vec![(
-        "t".to_string(),
-        "#define A 1\nx {{A}} {{B}}\n#ifdef C\n#endif",
-    )];
-    let missing: Vec<_> = placeholders(&srcs)
-        .difference(&directive_names(&srcs, "define"))
-        .cloned()
-        .collect();
+    assert!(Validator::new(ValidationFlags::all(), capabilities(false, false)).validate(&module).is_err());
+    assert!(Validator::new(ValidationFlags::all(), capabilities(false, true)).validate(&module).is_ok());
+    let srcs = vec![("t".to_string(), "#define A 1\nx {{A}} {{B}}\n#ifdef C\n#endif")];
+    let missing: Vec<_> = placeholders(&srcs).difference(&directive_names(&srcs, "define")).cloned().collect();
     assert_eq!(missing, vec!["B".to_string()]);
-    assert_eq!(
-        directive_names(&srcs, "ifdef"),
-        BTreeSet::from(["C".to_string()])
-    );
+    assert_eq!(directive_names(&srcs, "ifdef"), BTreeSet::from(["C".to_string()]));
 }

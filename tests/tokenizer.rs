@@ -20,18 +20,14 @@ fn models_dir() -> PathBuf {
     match std::env::var_os("WGPU_LLM_MODELS") {
         Some(d) => PathBuf::from(d),
         None => {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
+            let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
             home.join(".cache/wgpu-llm/models")
         }
     }
 }
 
 fn fixture(name: &str) -> serde_json::Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/tokenizer")
-        .join(format!("{name}.json"));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer").join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
@@ -47,17 +43,9 @@ struct Loaded {
 fn load(path: &std::path::Path) -> Loaded {
     let ckpt = Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let t0 = std::time::Instant::now();
-    let tokenizer = Tokenizer::from_source(
-        &ckpt.tokenizer,
-        ckpt.config.add_bos,
-        ckpt.config.bos_token_id,
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    eprintln!(
-        "{}: tokenizer built in {:.2?}",
-        path.display(),
-        t0.elapsed()
-    );
+    let tokenizer = Tokenizer::from_source(&ckpt.tokenizer, ckpt.config.add_bos, ckpt.config.bos_token_id)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    eprintln!("{}: tokenizer built in {:.2?}", path.display(), t0.elapsed());
     assert!(
         tokenizer.vocab_size() <= ckpt.config.vocab_size,
         "tokenizer has {} ids, the model {}",
@@ -87,16 +75,12 @@ fn check_model(name: &str) {
         let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
         let got = tok.encode(text, false).unwrap();
         if got != want {
-            failures.push(format!(
-                "encode {text:?}:\n   got  {got:?}\n   want {want:?}"
-            ));
+            failures.push(format!("encode {text:?}:\n   got  {got:?}\n   want {want:?}"));
         }
         let decoded = tok.decode(&want).unwrap();
         let want_text = case["decoded"].as_str().unwrap();
         if decoded != want_text {
-            failures.push(format!(
-                "decode {want:?}: got {decoded:?}, want {want_text:?}"
-            ));
+            failures.push(format!("decode {want:?}: got {decoded:?}, want {want_text:?}"));
         }
         // Streaming the ids gives the same text as decoding them at once (specials left out).
         let mut stream = StreamDecoder::new(tok);
@@ -118,11 +102,7 @@ fn check_model(name: &str) {
     // BOS: added for a raw prompt only when the model asks for it, never twice.
     let bos = fx["bos_token_id"].as_u64().map(|b| b as u32);
     assert_eq!(tok.bos_id(), bos, "{name}: bos id");
-    assert_eq!(
-        tok.add_bos(),
-        fx["add_bos_token"].as_bool().unwrap(),
-        "{name}: add_bos"
-    );
+    assert_eq!(tok.add_bos(), fx["add_bos_token"].as_bool().unwrap(), "{name}: add_bos");
     let plain = tok.encode("Hello", false).unwrap();
     let with = tok.encode("Hello", true).unwrap();
     if tok.add_bos() {
@@ -136,21 +116,9 @@ fn check_model(name: &str) {
     }
 
     // Chat template.
-    assert_eq!(
-        m.bos_token.as_deref(),
-        fx["bos_token"].as_str(),
-        "{name}: bos_token"
-    );
-    assert_eq!(
-        m.eos_token.as_deref(),
-        fx["eos_token"].as_str(),
-        "{name}: eos_token"
-    );
-    assert_eq!(
-        m.chat_template.is_some(),
-        fx["has_chat_template"].as_bool().unwrap(),
-        "{name}: chat template presence"
-    );
+    assert_eq!(m.bos_token.as_deref(), fx["bos_token"].as_str(), "{name}: bos_token");
+    assert_eq!(m.eos_token.as_deref(), fx["eos_token"].as_str(), "{name}: eos_token");
+    assert_eq!(m.chat_template.is_some(), fx["has_chat_template"].as_bool().unwrap(), "{name}: chat template presence");
     for chat in fx["chats"].as_array().unwrap() {
         let messages: Vec<Message> = serde_json::from_value(chat["messages"].clone()).unwrap();
         let got = apply_model_chat_template(
@@ -175,12 +143,7 @@ fn check_model(name: &str) {
             other => panic!("{other:?}"),
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{name}: {} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{name}: {} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]
@@ -203,10 +166,7 @@ fn gemma3_matches_reference() {
 
 /// GPT-2's byte -> printable-char map.
 fn bytes_to_unicode() -> Vec<char> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -236,10 +196,7 @@ struct Owned {
 
 impl Owned {
     fn id(&self, t: &str) -> u32 {
-        self.tokens
-            .iter()
-            .position(|x| x == t)
-            .unwrap_or_else(|| panic!("{t:?}")) as u32
+        self.tokens.iter().position(|x| x == t).unwrap_or_else(|| panic!("{t:?}")) as u32
     }
 }
 
@@ -247,25 +204,12 @@ fn byte_level_vocab() -> Owned {
     let alphabet = bytes_to_unicode();
     let mut tokens: Vec<String> = alphabet.iter().map(|c| c.to_string()).collect();
     let merges = strings(&["Ġ t", "h e", "Ġt he", "1 2", "Ã ©"]);
-    tokens.extend(strings(&[
-        "Ġt",
-        "he",
-        "Ġthe",
-        "12",
-        "Ã©",
-        "<|im_start|>",
-        "<tool>",
-    ]));
+    tokens.extend(strings(&["Ġt", "he", "Ġthe", "12", "Ã©", "<|im_start|>", "<tool>"]));
     let mut types = vec![token_type::NORMAL; tokens.len()];
     let n = types.len();
     types[n - 2] = token_type::CONTROL;
     types[n - 1] = token_type::USER_DEFINED;
-    Owned {
-        tokens,
-        types,
-        scores: vec![],
-        merges,
-    }
+    Owned { tokens, types, scores: vec![], merges }
 }
 
 fn byte_level(v: &Owned, pre: &str) -> Tokenizer {
@@ -286,16 +230,10 @@ fn byte_level_bpe_builder() {
     let tok = byte_level(&v, "default");
     assert_eq!(tok.vocab_size(), v.tokens.len());
     assert_eq!(tok.encode(" the", false).unwrap(), vec![v.id("Ġthe")]);
-    assert_eq!(
-        tok.encode("the", false).unwrap(),
-        vec![v.id("t"), v.id("he")]
-    );
+    assert_eq!(tok.encode("the", false).unwrap(), vec![v.id("t"), v.id("he")]);
     // Specials parse whole; user-defined tokens too; both decode back.
     let ids = tok.encode("<|im_start|>the<tool>", false).unwrap();
-    assert_eq!(
-        ids,
-        vec![v.id("<|im_start|>"), v.id("t"), v.id("he"), v.id("<tool>")]
-    );
+    assert_eq!(ids, vec![v.id("<|im_start|>"), v.id("t"), v.id("he"), v.id("<tool>")]);
     assert_eq!(tok.decode(&ids).unwrap(), "<|im_start|>the<tool>");
     assert_eq!(tok.decode_skip_special(&ids).unwrap(), "the<tool>");
     assert!(tok.is_special(v.id("<|im_start|>")));
@@ -306,29 +244,15 @@ fn byte_level_bpe_builder() {
     // GPT-2 regex keeps "12" together; SmolLM2's pre-tokenizer splits digits.
     assert_eq!(tok.encode("12", false).unwrap(), vec![v.id("12")]);
     let smol = byte_level(&v, "smollm");
-    assert_eq!(
-        smol.encode("12", false).unwrap(),
-        vec![v.id("1"), v.id("2")]
-    );
+    assert_eq!(smol.encode("12", false).unwrap(), vec![v.id("1"), v.id("2")]);
     // Qwen2: NFC first, so a decomposed "é" is the composed one.
     let qwen = byte_level(&v, "qwen2");
     assert_eq!(qwen.encode("e\u{301}", false).unwrap(), vec![v.id("Ã©")]);
-    assert_eq!(
-        qwen.encode(" the12", false).unwrap(),
-        vec![v.id("Ġthe"), v.id("1"), v.id("2")]
-    );
+    assert_eq!(qwen.encode(" the12", false).unwrap(), vec![v.id("Ġthe"), v.id("1"), v.id("2")]);
 }
 
 fn spm_vocab() -> Owned {
-    let mut tokens = strings(&[
-        "<pad>",
-        "<eos>",
-        "<bos>",
-        "<unk>",
-        "<start_of_turn>",
-        "\n",
-        "  ",
-    ]);
+    let mut tokens = strings(&["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "\n", "  "]);
     let mut types = vec![3, 3, 3, 3, 3, 4, 4];
     let mut scores = vec![0.0; tokens.len()];
     for b in 0..256 {
@@ -336,20 +260,13 @@ fn spm_vocab() -> Owned {
         types.push(token_type::BYTE);
         scores.push(0.0);
     }
-    let normal = [
-        "▁", "h", "e", "l", "o", "ll", "he", "hell", "hello", "▁hello", "lo",
-    ];
+    let normal = ["▁", "h", "e", "l", "o", "ll", "he", "hell", "hello", "▁hello", "lo"];
     for (i, t) in normal.iter().enumerate() {
         tokens.push(t.to_string());
         types.push(token_type::NORMAL);
         scores.push(-(i as f32));
     }
-    Owned {
-        tokens,
-        types,
-        scores,
-        merges: vec![],
-    }
+    Owned { tokens, types, scores, merges: vec![] }
 }
 
 fn spm(v: &Owned) -> Tokenizer {
@@ -372,15 +289,9 @@ fn sentencepiece_bpe_builder() {
     assert_eq!(tok.encode("hello", false).unwrap(), vec![v.id("hello")]);
     assert_eq!(tok.encode(" hello", false).unwrap(), vec![v.id("▁hello")]);
     assert_eq!(tok.encode("hello", true).unwrap(), vec![2, v.id("hello")]);
-    assert_eq!(
-        tok.encode("<bos>hello", true).unwrap(),
-        vec![2, v.id("hello")]
-    );
+    assert_eq!(tok.encode("<bos>hello", true).unwrap(), vec![2, v.id("hello")]);
     // "he" outranks "lo".
-    assert_eq!(
-        tok.encode("helo", false).unwrap(),
-        vec![v.id("he"), v.id("lo")]
-    );
+    assert_eq!(tok.encode("helo", false).unwrap(), vec![v.id("he"), v.id("lo")]);
     // Unknown characters fall back to bytes and decode back.
     let ids = tok.encode("hé", false).unwrap();
     assert_eq!(ids, vec![v.id("h"), v.id("<0xC3>"), v.id("<0xA9>")]);
@@ -427,25 +338,14 @@ fn stream_decoder_holds_incomplete_characters() {
 #[test]
 fn json_source_roundtrip() {
     let cases: [(Tokenizer, &[&str]); 2] = [
-        (
-            spm(&spm_vocab()),
-            &["hello", " hello  hé\n", "<start_of_turn>x<bos>"],
-        ),
-        (
-            byte_level(&byte_level_vocab(), "qwen2"),
-            &[" the12é", "<|im_start|>the<tool>"],
-        ),
+        (spm(&spm_vocab()), &["hello", " hello  hé\n", "<start_of_turn>x<bos>"]),
+        (byte_level(&byte_level_vocab(), "qwen2"), &[" the12é", "<|im_start|>the<tool>"]),
     ];
     for (i, (tok, texts)) in cases.iter().enumerate() {
         let json = tok.inner().to_string(false).unwrap();
-        let path =
-            std::env::temp_dir().join(format!("wgpu-llm-tok-{}-{i}.json", std::process::id()));
+        let path = std::env::temp_dir().join(format!("wgpu-llm-tok-{}-{i}.json", std::process::id()));
         std::fs::write(&path, json).unwrap();
-        let loaded = Tokenizer::from_source(
-            &TokenizerSource::Json(path.clone()),
-            tok.add_bos(),
-            tok.bos_id(),
-        );
+        let loaded = Tokenizer::from_source(&TokenizerSource::Json(path.clone()), tok.add_bos(), tok.bos_id());
         std::fs::remove_file(&path).ok();
         let loaded = loaded.unwrap();
         assert_eq!(loaded.vocab_size(), tok.vocab_size());
@@ -460,31 +360,13 @@ fn json_source_roundtrip() {
 #[test]
 fn builder_errors() {
     let missing = PathBuf::from("/nonexistent/tokenizer.json");
-    assert!(matches!(
-        Tokenizer::from_source(&TokenizerSource::Json(missing), false, None),
-        Err(Error::Tokenizer(_))
-    ));
+    assert!(matches!(Tokenizer::from_source(&TokenizerSource::Json(missing), false, None), Err(Error::Tokenizer(_))));
     let tokens = strings(&["a"]);
-    let v = GgufVocab {
-        model: "bert",
-        tokens: &tokens,
-        ..Default::default()
-    };
-    assert!(matches!(
-        Tokenizer::from_gguf_vocab(&v),
-        Err(Error::Unsupported(_))
-    ));
+    let v = GgufVocab { model: "bert", tokens: &tokens, ..Default::default() };
+    assert!(matches!(Tokenizer::from_gguf_vocab(&v), Err(Error::Unsupported(_))));
     let merges = strings(&["a b"]); // "b" is not in the vocabulary
-    let v = GgufVocab {
-        model: "gpt2",
-        tokens: &tokens,
-        merges: Some(&merges),
-        ..Default::default()
-    };
-    assert!(matches!(
-        Tokenizer::from_gguf_vocab(&v),
-        Err(Error::Tokenizer(_))
-    ));
+    let v = GgufVocab { model: "gpt2", tokens: &tokens, merges: Some(&merges), ..Default::default() };
+    assert!(matches!(Tokenizer::from_gguf_vocab(&v), Err(Error::Tokenizer(_))));
 }
 
 #[test]

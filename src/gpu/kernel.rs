@@ -81,11 +81,7 @@ impl Gpu {
             })
         })?;
         let p = Arc::new(pipeline);
-        self.pipelines()
-            .map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, p.clone());
+        self.pipelines().map.lock().unwrap_or_else(|p| p.into_inner()).insert(key, p.clone());
         Ok(p)
     }
 
@@ -103,10 +99,7 @@ impl Gpu {
         let entries: Vec<wgpu::BindGroupEntry> = bindings
             .iter()
             .enumerate()
-            .map(|(i, r)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: r.clone(),
-            })
+            .map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32, resource: r.clone() })
             .collect();
         let name = format!("{shader_name}:{entry}");
         let bind_group = self.scoped(&format!("binding {name}"), || {
@@ -119,12 +112,7 @@ impl Gpu {
         if workgroups.iter().any(|&w| w > self.limits.max_compute_workgroups_per_dimension) {
             return Err(Error::Gpu(format!("{name}: grid {workgroups:?} exceeds the device limit")));
         }
-        Ok(Kernel {
-            name,
-            pipeline,
-            bind_group,
-            workgroups,
-        })
+        Ok(Kernel { name, pipeline, bind_group, workgroups })
     }
 
     /// A uniform buffer holding `value`.

@@ -115,12 +115,7 @@ pub fn list_adapters(backend: BackendChoice) -> Vec<AdapterReport> {
     adapters
         .into_iter()
         .enumerate()
-        .map(|(index, a)| AdapterReport {
-            index,
-            info: a.get_info(),
-            features: a.features(),
-            limits: a.limits(),
-        })
+        .map(|(index, a)| AdapterReport { index, info: a.get_info(), features: a.features(), limits: a.limits() })
         .collect()
 }
 
@@ -203,22 +198,12 @@ impl Gpu {
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
         };
-        Ok(Gpu {
-            device,
-            queue,
-            info,
-            limits,
-            caps,
-            pipelines: Arc::new(PipelineCache::default()),
-            failure,
-        })
+        Ok(Gpu { device, queue, info, limits, caps, pipelines: Arc::new(PipelineCache::default()), failure })
     }
 
     /// The standard macros for this device (`F16`, `SUBGROUP`), to extend per kernel.
     pub fn macros(&self) -> Macros {
-        Macros::new()
-            .flag_if("F16", self.caps.f16)
-            .flag_if("SUBGROUP", self.caps.subgroups)
+        Macros::new().flag_if("F16", self.caps.f16).flag_if("SUBGROUP", self.caps.subgroups)
     }
 
     /// The same device with optional capabilities turned off for kernel selection (tests of the

@@ -152,7 +152,8 @@ mod tests {
         let mut d = BTreeMap::new();
         let caller = Macros::new().flag("A").set("N", 4);
         d.extend(caller.0.clone());
-        let src = "#define N 9\n#define M 2\n#ifdef A\na{{N}}\n#ifndef B\nnb\n#else\nb\n#endif\n#else\nnot_a\n#endif\nm{{M}}";
+        let src =
+            "#define N 9\n#define M 2\n#ifdef A\na{{N}}\n#ifndef B\nnb\n#else\nb\n#endif\n#else\nnot_a\n#endif\nm{{M}}";
         let mut out = String::new();
         expand("t", src, &mut d, &caller, &mut vec![], &mut out).unwrap();
         assert_eq!(out, "a4\nnb\nm2\n");

@@ -52,10 +52,7 @@ impl Tensor {
             shape: shape.to_vec(),
             ty: self.ty,
         };
-        assert!(
-            t.offset + t.size_bytes() <= self.offset + self.size_bytes(),
-            "view out of range"
-        );
+        assert!(t.offset + t.size_bytes() <= self.offset + self.size_bytes(), "view out of range");
         t
     }
 
@@ -68,9 +65,8 @@ impl Tensor {
     }
 }
 
-const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
-    .union(wgpu::BufferUsages::COPY_SRC)
-    .union(wgpu::BufferUsages::COPY_DST);
+const STORAGE: wgpu::BufferUsages =
+    wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC).union(wgpu::BufferUsages::COPY_DST);
 
 impl Gpu {
     fn check_binding(&self, label: &str, bytes: u64) -> Result<()> {
@@ -97,12 +93,7 @@ impl Gpu {
                 mapped_at_creation: false,
             })
         })?;
-        Ok(Tensor {
-            buffer: Arc::new(buffer),
-            offset: 0,
-            shape: shape.to_vec(),
-            ty,
-        })
+        Ok(Tensor { buffer: Arc::new(buffer), offset: 0, shape: shape.to_vec(), ty })
     }
 
     fn upload_bytes(&self, label: &str, shape: &[usize], ty: ElemType, bytes: &[u8]) -> Result<Tensor> {
@@ -156,9 +147,8 @@ impl Gpu {
         rx.recv()
             .map_err(|_| Error::Gpu("readback callback never ran".into()))?
             .map_err(|e| Error::Gpu(format!("mapping a readback buffer: {e}")))?;
-        let out = slice
-            .get_mapped_range()
-            .map_err(|e| Error::Gpu(format!("reading a mapped buffer: {e}")))?[..bytes as usize]
+        let out = slice.get_mapped_range().map_err(|e| Error::Gpu(format!("reading a mapped buffer: {e}")))?
+            [..bytes as usize]
             .to_vec();
         staging.unmap();
         Ok(out)
@@ -196,7 +186,9 @@ pub(crate) mod test_util {
         static GPU: OnceLock<Gpu> = OnceLock::new();
         GPU.get_or_init(|| {
             Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| {
-                panic!("GPU tests need an adapter ({e}); install lavapipe: apt-get install mesa-vulkan-drivers libvulkan1")
+                panic!(
+                    "GPU tests need an adapter ({e}); install lavapipe: apt-get install mesa-vulkan-drivers libvulkan1"
+                )
             })
         })
         .clone()
@@ -229,11 +221,13 @@ pub(crate) mod test_util {
     /// Max |a - b| and the index where it occurs.
     pub fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
         assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .enumerate()
-            .fold((0.0, 0), |(m, mi), (i, d)| if d > m || d.is_nan() { (d, i) } else { (m, mi) })
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).enumerate().fold((0.0, 0), |(m, mi), (i, d)| {
+            if d > m || d.is_nan() {
+                (d, i)
+            } else {
+                (m, mi)
+            }
+        })
     }
 }
 

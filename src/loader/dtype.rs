@@ -171,20 +171,11 @@ pub fn to_f32(dtype: DType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
                 *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
             }
         }
-        q => par_chunks(
-            &mut out,
-            bytes,
-            q.block_size(),
-            q.block_bytes(),
-            |dst, src| {
-                for (d, s) in dst
-                    .chunks_exact_mut(q.block_size())
-                    .zip(src.chunks_exact(q.block_bytes()))
-                {
-                    dequant_block(q, s, d);
-                }
-            },
-        ),
+        q => par_chunks(&mut out, bytes, q.block_size(), q.block_bytes(), |dst, src| {
+            for (d, s) in dst.chunks_exact_mut(q.block_size()).zip(src.chunks_exact(q.block_bytes())) {
+                dequant_block(q, s, d);
+            }
+        }),
     }
     Ok(out)
 }
@@ -219,24 +210,15 @@ pub fn to_f16(dtype: DType, bytes: &[u8], n: usize) -> Result<Vec<f16>> {
                 }
             });
         }
-        q => par_chunks(
-            &mut out,
-            bytes,
-            q.block_size(),
-            q.block_bytes(),
-            |dst, src| {
-                let mut tmp = [0f32; QK_K];
-                let bs = q.block_size();
-                for (d, s) in dst
-                    .chunks_exact_mut(bs)
-                    .zip(src.chunks_exact(q.block_bytes()))
-                {
-                    let t = &mut tmp[..bs];
-                    dequant_block(q, s, t);
-                    d.convert_from_f32_slice(t);
-                }
-            },
-        ),
+        q => par_chunks(&mut out, bytes, q.block_size(), q.block_bytes(), |dst, src| {
+            let mut tmp = [0f32; QK_K];
+            let bs = q.block_size();
+            for (d, s) in dst.chunks_exact_mut(bs).zip(src.chunks_exact(q.block_bytes())) {
+                let t = &mut tmp[..bs];
+                dequant_block(q, s, t);
+                d.convert_from_f32_slice(t);
+            }
+        }),
     }
     Ok(out)
 }
@@ -256,23 +238,15 @@ pub fn quantize(dtype: DType, data: &[f32]) -> Result<Vec<u8>> {
     };
     let mut out = Vec::with_capacity(size);
     match dtype {
-        DType::F32 => data
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        DType::F16 => data
-            .iter()
-            .for_each(|&x| out.extend_from_slice(&f16::from_f32(x).to_le_bytes())),
-        DType::BF16 => data
-            .iter()
-            .for_each(|&x| out.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes())),
+        DType::F32 => data.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        DType::F16 => data.iter().for_each(|&x| out.extend_from_slice(&f16::from_f32(x).to_le_bytes())),
+        DType::BF16 => data.iter().for_each(|&x| out.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes())),
         DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
             for x in data.chunks_exact(32) {
                 quantize_block(dtype, x.try_into().unwrap(), &mut out);
             }
         }
-        DType::Q4_K | DType::Q5_K | DType::Q6_K => {
-            return Err(Error::Unsupported(format!("quantizing to {dtype}")))
-        }
+        DType::Q4_K | DType::Q5_K | DType::Q6_K => return Err(Error::Unsupported(format!("quantizing to {dtype}"))),
     }
     debug_assert_eq!(out.len(), size);
     Ok(out)
@@ -282,22 +256,14 @@ pub fn quantize(dtype: DType, data: &[f32]) -> Result<Vec<u8>> {
 fn quantize_block(t: DType, x: &[f32; 32], out: &mut Vec<u8>) {
     let inv = |d: f32| if d == 0.0 { 0.0 } else { 1.0 / d };
     // The element of largest magnitude, with its sign (the first one on ties).
-    let signed_absmax = || {
-        x.iter()
-            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m })
-    };
-    let (min, max) = x
-        .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
-            (lo.min(v), hi.max(v))
-        });
+    let signed_absmax = || x.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let (min, max) = x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)));
     let nibbles = |q: &[u8; 32], out: &mut Vec<u8>| {
         for j in 0..16 {
             out.push((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
         }
     };
-    let high_bits =
-        |q: &[u8; 32]| -> u32 { (0..32).fold(0u32, |h, j| h | (((q[j] as u32 >> 4) & 1) << j)) };
+    let high_bits = |q: &[u8; 32]| -> u32 { (0..32).fold(0u32, |h, j| h | (((q[j] as u32 >> 4) & 1) << j)) };
     let mut q = [0u8; 32];
     match t {
         DType::Q8_0 => {
@@ -309,11 +275,7 @@ fn quantize_block(t: DType, x: &[f32; 32], out: &mut Vec<u8>) {
             out.extend(x.iter().map(|&v| (v * id).round() as i8 as u8));
         }
         DType::Q4_0 | DType::Q5_0 => {
-            let (levels, offset) = if t == DType::Q4_0 {
-                (-8.0, 8.5)
-            } else {
-                (-16.0, 16.5)
-            };
+            let (levels, offset) = if t == DType::Q4_0 { (-8.0, 8.5) } else { (-16.0, 16.5) };
             let top = if t == DType::Q4_0 { 15 } else { 31 };
             let d = signed_absmax() / levels;
             let id = inv(d);
@@ -352,10 +314,7 @@ fn check_len(dtype: DType, bytes: &[u8], n: usize) -> Result<()> {
         )));
     };
     if bytes.len() != want {
-        return Err(Error::Mismatch(format!(
-            "{n} {dtype} elements take {want} bytes, got {}",
-            bytes.len()
-        )));
+        return Err(Error::Mismatch(format!("{n} {dtype} elements take {want} bytes, got {}", bytes.len())));
     }
     Ok(())
 }
@@ -373,9 +332,7 @@ fn par_chunks<T: Send>(
     f: impl Fn(&mut [T], &[u8]) + Sync,
 ) {
     let blocks = dst.len() / block;
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(16);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
     if threads <= 1 || dst.len() < PAR_MIN_ELEMS {
         f(dst, src);
         return;
@@ -383,10 +340,7 @@ fn par_chunks<T: Send>(
     let per = blocks.div_ceil(threads);
     std::thread::scope(|s| {
         let f = &f;
-        for (d, b) in dst
-            .chunks_mut(per * block)
-            .zip(src.chunks(per * block_bytes))
-        {
+        for (d, b) in dst.chunks_mut(per * block).zip(src.chunks(per * block_bytes)) {
             s.spawn(move || f(d, b));
         }
     });
@@ -535,10 +489,7 @@ fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
@@ -548,23 +499,16 @@ mod tests {
     use std::path::PathBuf;
 
     fn fixture(name: &str) -> Vec<u8> {
-        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/dequant")
-            .join(name);
-        std::fs::read(&p)
-            .unwrap_or_else(|e| panic!("{}: {e} (run tools/make_dequant_fixtures.py)", p.display()))
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dequant").join(name);
+        std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e} (run tools/make_dequant_fixtures.py)", p.display()))
     }
 
     fn le_f32(b: &[u8]) -> Vec<f32> {
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
+        b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
     }
 
     fn le_f16(b: &[u8]) -> Vec<f16> {
-        b.chunks_exact(2)
-            .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
-            .collect()
+        b.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect()
     }
 
     const FIXTURES: [(DType, &str); 11] = [
@@ -621,19 +565,9 @@ mod tests {
             let big: Vec<u8> = raw.iter().copied().cycle().take(raw.len() * reps).collect();
             let got = to_f32(t, &big, want.len() * reps).unwrap();
             let got16 = to_f16(t, &big, want.len() * reps).unwrap();
-            for (r, (c, c16)) in got
-                .chunks(want.len())
-                .zip(got16.chunks(want.len()))
-                .enumerate()
-            {
-                assert!(
-                    c.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{name} rep {r}"
-                );
-                assert!(
-                    c16.iter().zip(&want).all(|(a, b)| *a == f16::from_f32(*b)),
-                    "{name} rep {r} f16"
-                );
+            for (r, (c, c16)) in got.chunks(want.len()).zip(got16.chunks(want.len())).enumerate() {
+                assert!(c.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} rep {r}");
+                assert!(c16.iter().zip(&want).all(|(a, b)| *a == f16::from_f32(*b)), "{name} rep {r} f16");
             }
         }
     }
@@ -643,8 +577,7 @@ mod tests {
     fn quantize_matches_gguf_py() {
         for (t, name) in FIXTURES {
             let Ok(src) = std::fs::read(
-                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join(format!("tests/fixtures/dequant/{name}.src")),
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/dequant/{name}.src")),
             ) else {
                 continue; // the k-quants and f32: no quantizer input
             };
@@ -652,15 +585,9 @@ mod tests {
             assert_eq!(got, fixture(&format!("{name}.bin")), "{name}");
         }
         for t in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
-            assert!(matches!(
-                quantize(t, &[0.0; 256]),
-                Err(Error::Unsupported(_))
-            ));
+            assert!(matches!(quantize(t, &[0.0; 256]), Err(Error::Unsupported(_))));
         }
-        assert!(matches!(
-            quantize(DType::Q8_0, &[0.0; 33]),
-            Err(Error::InvalidArgument(_))
-        ));
+        assert!(matches!(quantize(DType::Q8_0, &[0.0; 33]), Err(Error::InvalidArgument(_))));
         let zeros = quantize(DType::Q4_1, &[0.0; 64]).unwrap();
         assert_eq!(to_f32(DType::Q4_1, &zeros, 64).unwrap(), vec![0.0; 64]);
     }
@@ -671,22 +598,10 @@ mod tests {
             let n = t.block_size() * 3;
             let bytes = vec![0u8; t.block_bytes() * 3];
             assert!(to_f32(t, &bytes, n).is_ok());
-            assert!(
-                matches!(to_f32(t, &bytes[1..], n), Err(Error::Mismatch(_))),
-                "{t}"
-            );
-            assert!(
-                matches!(
-                    to_f16(t, &bytes, n + t.block_size()),
-                    Err(Error::Mismatch(_))
-                ),
-                "{t}"
-            );
+            assert!(matches!(to_f32(t, &bytes[1..], n), Err(Error::Mismatch(_))), "{t}");
+            assert!(matches!(to_f16(t, &bytes, n + t.block_size()), Err(Error::Mismatch(_))), "{t}");
             if t.is_quantized() {
-                assert!(
-                    matches!(to_f32(t, &bytes, n - 1), Err(Error::Mismatch(_))),
-                    "{t}"
-                );
+                assert!(matches!(to_f32(t, &bytes, n - 1), Err(Error::Mismatch(_))), "{t}");
             }
         }
         assert!(to_f32(DType::Q4_K, &[], 0).unwrap().is_empty());

@@ -221,38 +221,17 @@ impl GgufFile {
     /// Parses and validates a whole GGUF file held in `bytes` (`path` only names it in errors).
     /// Every tensor's data is checked to lie within `bytes`.
     pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
-        let mut r = Reader {
-            buf: bytes,
-            pos: 0,
-            path,
-        };
+        let mut r = Reader { buf: bytes, pos: 0, path };
         let magic = r.take(4, "magic")?;
         if magic != GGUF_MAGIC {
-            return Err(r.corrupt(format!(
-                "not a GGUF file (magic {magic:02x?}, want \"GGUF\")"
-            )));
+            return Err(r.corrupt(format!("not a GGUF file (magic {magic:02x?}, want \"GGUF\")")));
         }
         let version = r.u32("version")?;
         match version {
             2 | 3 => {}
-            1 => {
-                return Err(Error::Unsupported(format!(
-                    "{}: GGUF version 1",
-                    path.display()
-                )))
-            }
-            v if v.swap_bytes() <= 3 => {
-                return Err(Error::Unsupported(format!(
-                    "{}: big-endian GGUF",
-                    path.display()
-                )))
-            }
-            v => {
-                return Err(Error::Unsupported(format!(
-                    "{}: GGUF version {v}",
-                    path.display()
-                )))
-            }
+            1 => return Err(Error::Unsupported(format!("{}: GGUF version 1", path.display()))),
+            v if v.swap_bytes() <= 3 => return Err(Error::Unsupported(format!("{}: big-endian GGUF", path.display()))),
+            v => return Err(Error::Unsupported(format!("{}: GGUF version {v}", path.display()))),
         }
         let n_tensors = r.u64("tensor count")?;
         let n_kv = r.u64("metadata count")?;
@@ -298,9 +277,7 @@ impl GgufFile {
             let name = r.string("tensor name")?;
             let n_dims = r.u32("tensor dimension count")? as usize;
             if n_dims > MAX_DIMS {
-                return Err(r.corrupt(format!(
-                    "tensor {name} has {n_dims} dimensions (at most {MAX_DIMS})"
-                )));
+                return Err(r.corrupt(format!("tensor {name} has {n_dims} dimensions (at most {MAX_DIMS})")));
             }
             let mut ne = Vec::with_capacity(n_dims);
             for _ in 0..n_dims {
@@ -320,9 +297,7 @@ impl GgufFile {
                 numel = usize::try_from(d)
                     .ok()
                     .and_then(|d| numel.checked_mul(d))
-                    .ok_or_else(|| {
-                        r.corrupt(format!("tensor {name} dimensions {ne:?} overflow"))
-                    })?;
+                    .ok_or_else(|| r.corrupt(format!("tensor {name} dimensions {ne:?} overflow")))?;
             }
             let inner = ne.first().copied().unwrap_or(1);
             if inner % dtype.block_size() as u64 != 0 {
@@ -331,20 +306,13 @@ impl GgufFile {
                     dtype.block_size()
                 )));
             }
-            let len = dtype
-                .byte_size(numel)
-                .ok_or_else(|| r.corrupt(format!("tensor {name} dimensions {ne:?} overflow")))?;
+            let len =
+                dtype.byte_size(numel).ok_or_else(|| r.corrupt(format!("tensor {name} dimensions {ne:?} overflow")))?;
             if names.insert(name.clone(), ()).is_some() {
                 return Err(r.corrupt(format!("duplicate tensor {name}")));
             }
             let shape = ne.iter().rev().map(|&d| d as usize).collect();
-            raw.push(RawInfo {
-                name,
-                dtype,
-                shape,
-                rel,
-                len,
-            });
+            raw.push(RawInfo { name, dtype, shape, rel, len });
         }
 
         let data_offset = r.pos.div_ceil(alignment) * alignment;
@@ -362,9 +330,7 @@ impl GgufFile {
                     t.name, t.rel
                 )));
             }
-            let start = usize::try_from(t.rel)
-                .ok()
-                .and_then(|o| o.checked_add(data_offset));
+            let start = usize::try_from(t.rel).ok().and_then(|o| o.checked_add(data_offset));
             let end = start.and_then(|s| s.checked_add(t.len));
             match (start, end) {
                 (Some(start), Some(end)) if end <= bytes.len() => tensors.push(GgufTensorInfo {
@@ -385,14 +351,7 @@ impl GgufFile {
                 }
             }
         }
-        Ok(GgufFile {
-            version,
-            metadata,
-            tensors,
-            alignment,
-            data_offset,
-            key_index,
-        })
+        Ok(GgufFile { version, metadata, tensors, alignment, data_offset, key_index })
     }
 
     /// Memory-maps and parses a GGUF file (header only; tensor data stays in the map).
@@ -412,11 +371,7 @@ impl GgufFile {
     }
 }
 
-fn metadata_get<'a>(
-    md: &'a [(String, GgufValue)],
-    index: &HashMap<String, usize>,
-    key: &str,
-) -> Option<&'a GgufValue> {
+fn metadata_get<'a>(md: &'a [(String, GgufValue)], index: &HashMap<String, usize>, key: &str) -> Option<&'a GgufValue> {
     index.get(key).map(|&i| &md[i].1)
 }
 
@@ -564,11 +519,7 @@ impl<'a> Reader<'a> {
                     t::U32 | t::I32 | t::F32 => 4,
                     t::U64 | t::I64 | t::F64 | t::STRING => 8,
                     t::ARRAY => 12,
-                    other => {
-                        return Err(self.corrupt(format!(
-                            "metadata {key}: unknown array element type {other}"
-                        )))
-                    }
+                    other => return Err(self.corrupt(format!("metadata {key}: unknown array element type {other}"))),
                 };
                 if count > (self.remaining() / min) as u64 {
                     return Err(self.corrupt(format!(
@@ -581,9 +532,7 @@ impl<'a> Reader<'a> {
                 }
                 GgufValue::Array(v)
             }
-            other => {
-                return Err(self.corrupt(format!("metadata {key}: unknown value type {other}")))
-            }
+            other => return Err(self.corrupt(format!("metadata {key}: unknown value type {other}"))),
         })
     }
 }
@@ -648,10 +597,7 @@ pub struct GgufTokenizerData {
 impl GgufTokenizerData {
     /// The id of a token string, by linear search.
     pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.tokens
-            .iter()
-            .position(|t| t == token)
-            .map(|i| i as u32)
+        self.tokens.iter().position(|t| t == token).map(|i| i as u32)
     }
 }
 
@@ -661,8 +607,7 @@ impl GgufTokenizerData {
 
 /// Token strings that end a turn in the chat templates of the supported families; their ids
 /// (when in the vocabulary) join `eos_token_ids`.
-pub(crate) const END_OF_TURN_TOKENS: [&str; 4] =
-    ["<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>"];
+pub(crate) const END_OF_TURN_TOKENS: [&str; 4] = ["<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>"];
 
 /// Opens a GGUF checkpoint: parses and validates the file, builds the [`ModelConfig`] from the
 /// metadata and registers the tensors under their GGUF names.
@@ -675,31 +620,15 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
     if config.arch == Arch::Llama {
         // llama.cpp's converter interleaves the rotary halves of Q and K rows (`permute`).
         for i in 0..config.num_layers {
-            fixups.insert(
-                format!("blk.{i}.attn_q.weight"),
-                Fixup::UnpermuteRope {
-                    heads: config.num_heads,
-                },
-            );
-            fixups.insert(
-                format!("blk.{i}.attn_k.weight"),
-                Fixup::UnpermuteRope {
-                    heads: config.num_kv_heads,
-                },
-            );
+            fixups.insert(format!("blk.{i}.attn_q.weight"), Fixup::UnpermuteRope { heads: config.num_heads });
+            fixups.insert(format!("blk.{i}.attn_k.weight"), Fixup::UnpermuteRope { heads: config.num_kv_heads });
         }
     }
     let tensors: HashMap<String, StoredTensor> = g
         .tensors
         .iter()
         .map(|t| {
-            let st = StoredTensor {
-                map: 0,
-                offset: t.offset,
-                len: t.len,
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-            };
+            let st = StoredTensor { map: 0, offset: t.offset, len: t.len, dtype: t.dtype, shape: t.shape.clone() };
             (t.name.clone(), st)
         })
         .collect();
@@ -708,10 +637,7 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
     let token_str = |id: Option<u32>| id.and_then(|i| tok.tokens.get(i as usize)).cloned();
     let bos_token = token_str(tok.bos_token_id);
     let eos_token = token_str(tok.eos_token_id);
-    let chat_template = g
-        .get("tokenizer.chat_template")
-        .and_then(|v| v.as_str())
-        .map(str::to_string);
+    let chat_template = g.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(str::to_string);
 
     Ok(Checkpoint {
         path: path.to_path_buf(),
@@ -738,10 +664,7 @@ impl Meta<'_> {
         format!("{}.{k}", self.arch)
     }
     fn wrong(&self, key: &str, want: &str, v: &GgufValue) -> Error {
-        Error::corrupt(
-            self.path,
-            format!("metadata {key} should be {want}, is {}", v.describe()),
-        )
+        Error::corrupt(self.path, format!("metadata {key} should be {want}, is {}", v.describe()))
     }
     fn missing(&self, key: &str) -> Error {
         Error::corrupt(self.path, format!("required metadata {key} is missing"))
@@ -749,26 +672,23 @@ impl Meta<'_> {
     fn opt_u64(&self, key: &str) -> Result<Option<u64>> {
         match self.g.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a non-negative integer", v)),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| self.wrong(key, "a non-negative integer", v)),
         }
     }
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.opt_u64(key)? {
             None => Ok(None),
-            Some(v) => usize::try_from(v).map(Some).map_err(|_| {
-                Error::corrupt(self.path, format!("metadata {key} = {v} is too large"))
-            }),
+            Some(v) => usize::try_from(v)
+                .map(Some)
+                .map_err(|_| Error::corrupt(self.path, format!("metadata {key} = {v} is too large"))),
         }
     }
     fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
         match self.opt_u64(key)? {
             None => Ok(None),
-            Some(v) => u32::try_from(v).map(Some).map_err(|_| {
-                Error::corrupt(self.path, format!("metadata {key} = {v} is too large"))
-            }),
+            Some(v) => u32::try_from(v)
+                .map(Some)
+                .map_err(|_| Error::corrupt(self.path, format!("metadata {key} = {v} is too large"))),
         }
     }
     fn req_usize(&self, key: &str) -> Result<usize> {
@@ -786,28 +706,19 @@ impl Meta<'_> {
     fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.g.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a bool", v)),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, "a bool", v)),
         }
     }
     fn opt_str(&self, key: &str) -> Result<Option<&str>> {
         match self.g.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a string", v)),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.wrong(key, "a string", v)),
         }
     }
     fn opt_array(&self, key: &str) -> Result<Option<&[GgufValue]>> {
         match self.g.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_array()
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "an array", v)),
+            Some(v) => v.as_array().map(Some).ok_or_else(|| self.wrong(key, "an array", v)),
         }
     }
     /// A count that llama.cpp allows to be per-layer (an array); this engine needs one value.
@@ -830,45 +741,25 @@ impl Meta<'_> {
 
 fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizerData)> {
     let arch_name = match g.get("general.architecture") {
-        None => {
-            return Err(Error::corrupt(
-                path,
-                "required metadata general.architecture is missing",
-            ))
+        None => return Err(Error::corrupt(path, "required metadata general.architecture is missing")),
+        Some(v) => {
+            v.as_str().ok_or_else(|| Error::corrupt(path, format!("general.architecture is {}", v.describe())))?
         }
-        Some(v) => v.as_str().ok_or_else(|| {
-            Error::corrupt(path, format!("general.architecture is {}", v.describe()))
-        })?,
     };
     let arch = match Arch::parse(arch_name) {
         Some(a) => a,
-        None => {
-            return Err(Error::Unsupported(format!(
-                "architecture {arch_name} (in {})",
-                path.display()
-            )))
-        }
+        None => return Err(Error::Unsupported(format!("architecture {arch_name} (in {})", path.display()))),
     };
-    let m = Meta {
-        g,
-        path,
-        arch: arch_name,
-    };
+    let m = Meta { g, path, arch: arch_name };
     let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
 
     let hidden = m.req_usize(&m.key("embedding_length"))?;
     let num_layers = m.req_usize(&m.key("block_count"))?;
     let ffn_key = m.key("feed_forward_length");
-    let intermediate = m
-        .uniform_usize(&ffn_key)?
-        .ok_or_else(|| m.missing(&ffn_key))?;
+    let intermediate = m.uniform_usize(&ffn_key)?.ok_or_else(|| m.missing(&ffn_key))?;
     let heads_key = m.key("attention.head_count");
-    let num_heads = m
-        .uniform_usize(&heads_key)?
-        .ok_or_else(|| m.missing(&heads_key))?;
-    let num_kv_heads = m
-        .uniform_usize(&m.key("attention.head_count_kv"))?
-        .unwrap_or(num_heads);
+    let num_heads = m.uniform_usize(&heads_key)?.ok_or_else(|| m.missing(&heads_key))?;
+    let num_kv_heads = m.uniform_usize(&m.key("attention.head_count_kv"))?.unwrap_or(num_heads);
     let max_pos = m.req_usize(&m.key("context_length"))?;
     for (what, v) in [
         ("embedding_length", hidden),
@@ -907,14 +798,10 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
         }
     }
     if head_dim == 0 || head_dim % 2 != 0 {
-        return Err(mismatch(format!(
-            "head dimension {head_dim} must be even and non-zero (RoPE)"
-        )));
+        return Err(mismatch(format!("head dimension {head_dim} must be even and non-zero (RoPE)")));
     }
     if num_heads.checked_mul(head_dim).is_none() {
-        return Err(mismatch(format!(
-            "{num_heads} heads × {head_dim} overflows"
-        )));
+        return Err(mismatch(format!("{num_heads} heads × {head_dim} overflows")));
     }
     let eps_key = m.key("attention.layer_norm_rms_epsilon");
     let rms_norm_eps = m.opt_f32(&eps_key)?.ok_or_else(|| m.missing(&eps_key))?;
@@ -935,24 +822,17 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
     let rope_scaling_factor = match (m.opt_str(&m.key("rope.scaling.type"))?, factor) {
         (_, None) | (Some("none"), _) => 1.0,
         (None | Some("linear"), Some(f)) if f > 0.0 => f,
-        (None | Some("linear"), Some(f)) => {
-            return Err(mismatch(format!("rope.scaling.factor = {f}")))
-        }
+        (None | Some("linear"), Some(f)) => return Err(mismatch(format!("rope.scaling.factor = {f}"))),
         (Some(other), Some(f)) => {
-            return Err(Error::Unsupported(format!(
-                "RoPE scaling type {other} (factor {f})"
-            )));
+            return Err(Error::Unsupported(format!("RoPE scaling type {other} (factor {f})")));
         }
     };
     if g.tensor("rope_freqs.weight").is_some() {
         return Err(Error::Unsupported(
-            "per-dimension RoPE frequency factors (rope_freqs.weight, Llama 3.1-style scaling)"
-                .into(),
+            "per-dimension RoPE frequency factors (rope_freqs.weight, Llama 3.1-style scaling)".into(),
         ));
     }
-    let final_logit_softcapping = m
-        .opt_f32(&m.key("final_logit_softcapping"))?
-        .filter(|&c| c > 0.0);
+    let final_logit_softcapping = m.opt_f32(&m.key("final_logit_softcapping"))?.filter(|&c| c > 0.0);
 
     // Tokenizer.
     let tok = tokenizer_data(&m, arch)?;
@@ -971,9 +851,7 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
         None => tok.tokens.len(),
     };
     if vocab_size == 0 {
-        return Err(mismatch(
-            "no vocabulary (neither tokenizer.ggml.tokens nor token_embd.weight)".into(),
-        ));
+        return Err(mismatch("no vocabulary (neither tokenizer.ggml.tokens nor token_embd.weight)".into()));
     }
 
     let mut eos_token_ids = Vec::new();
@@ -1024,11 +902,7 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
             config.embedding_scale = (hidden as f32).sqrt();
             // llama.cpp: query_pre_attn_scalar is head_dim except for the 27B model (62 layers),
             // where it is hidden / heads.
-            let scalar = if num_layers == 62 {
-                hidden / num_heads
-            } else {
-                head_dim
-            };
+            let scalar = if num_layers == 62 { hidden / num_heads } else { head_dim };
             config.attention_scale = 1.0 / (scalar as f32).sqrt();
             config.rope_local_theta = Some(10_000.0);
             let sw_key = m.key("attention.sliding_window");
@@ -1066,20 +940,12 @@ pub(crate) fn validate_config(c: &ModelConfig, path: &Path) -> Result<()> {
         }
     }
     if c.num_heads % c.num_kv_heads != 0 {
-        return bad(format!(
-            "{} attention heads are not a multiple of {} kv heads",
-            c.num_heads, c.num_kv_heads
-        ));
+        return bad(format!("{} attention heads are not a multiple of {} kv heads", c.num_heads, c.num_kv_heads));
     }
     if c.head_dim % 2 != 0 {
-        return bad(format!(
-            "head dimension {} is odd (RoPE needs pairs)",
-            c.head_dim
-        ));
+        return bad(format!("head dimension {} is odd (RoPE needs pairs)", c.head_dim));
     }
-    if c.num_heads.checked_mul(c.head_dim).is_none()
-        || c.vocab_size.checked_mul(c.hidden_size).is_none()
-    {
+    if c.num_heads.checked_mul(c.head_dim).is_none() || c.vocab_size.checked_mul(c.hidden_size).is_none() {
         return bad("dimensions overflow".into());
     }
     if !(c.rms_norm_eps >= 0.0 && c.rms_norm_eps.is_finite()) {
@@ -1091,33 +957,21 @@ pub(crate) fn validate_config(c: &ModelConfig, path: &Path) -> Result<()> {
         ("rope scaling factor", c.rope_scaling_factor),
         ("attention scale", c.attention_scale),
         ("embedding scale", c.embedding_scale),
-        (
-            "final logit softcapping",
-            c.final_logit_softcapping.unwrap_or(1.0),
-        ),
+        ("final logit softcapping", c.final_logit_softcapping.unwrap_or(1.0)),
     ] {
         if !(v > 0.0 && v.is_finite()) {
             return bad(format!("{what} is {v}"));
         }
     }
     if c.layer_attention.len() != c.num_layers {
-        return bad(format!(
-            "{} layer attention kinds for {} layers",
-            c.layer_attention.len(),
-            c.num_layers
-        ));
+        return bad(format!("{} layer attention kinds for {} layers", c.layer_attention.len(), c.num_layers));
     }
-    if c.layer_attention
-        .contains(&LayerAttention::Sliding { window: 0 })
-    {
+    if c.layer_attention.contains(&LayerAttention::Sliding { window: 0 }) {
         return bad("sliding window of 0".into());
     }
     for id in c.bos_token_id.iter().chain(&c.eos_token_ids) {
         if *id as usize >= c.vocab_size {
-            return bad(format!(
-                "special token id {id} is outside the vocabulary of {}",
-                c.vocab_size
-            ));
+            return bad(format!("special token id {id} is outside the vocabulary of {}", c.vocab_size));
         }
     }
     Ok(())
@@ -1132,12 +986,7 @@ fn tokenizer_data(m: &Meta, arch: Arch) -> Result<GgufTokenizerData> {
         a.iter()
             .map(|v| v.as_str().map(str::to_string))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                Error::corrupt(
-                    path,
-                    format!("metadata {key} should be an array of strings"),
-                )
-            })
+            .ok_or_else(|| Error::corrupt(path, format!("metadata {key} should be an array of strings")))
     };
     let tokens = strings("tokenizer.ggml.tokens")?;
     let merges = strings("tokenizer.ggml.merges")?;
@@ -1147,9 +996,7 @@ fn tokenizer_data(m: &Meta, arch: Arch) -> Result<GgufTokenizerData> {
             .iter()
             .map(|v| v.as_f64().map(|x| x as f32))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                Error::corrupt(path, "metadata tokenizer.ggml.scores should be numbers")
-            })?,
+            .ok_or_else(|| Error::corrupt(path, "metadata tokenizer.ggml.scores should be numbers"))?,
     };
     let token_types = match m.opt_array("tokenizer.ggml.token_type")? {
         None => Vec::new(),
@@ -1157,12 +1004,7 @@ fn tokenizer_data(m: &Meta, arch: Arch) -> Result<GgufTokenizerData> {
             .iter()
             .map(|v| v.as_i64().and_then(|x| i32::try_from(x).ok()))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                Error::corrupt(
-                    path,
-                    "metadata tokenizer.ggml.token_type should be integers",
-                )
-            })?,
+            .ok_or_else(|| Error::corrupt(path, "metadata tokenizer.ggml.token_type should be integers"))?,
     };
     for (what, n) in [("scores", scores.len()), ("token_type", token_types.len())] {
         if n != 0 && n != tokens.len() {
@@ -1173,10 +1015,7 @@ fn tokenizer_data(m: &Meta, arch: Arch) -> Result<GgufTokenizerData> {
             )));
         }
     }
-    let model = m
-        .opt_str("tokenizer.ggml.model")?
-        .unwrap_or_default()
-        .to_string();
+    let model = m.opt_str("tokenizer.ggml.model")?.unwrap_or_default().to_string();
     let pre = m.opt_str("tokenizer.ggml.pre")?.map(str::to_string);
     let n = tokens.len();
     let id = |name: &str, strict: bool| -> Result<Option<u32>> {
@@ -1184,10 +1023,7 @@ fn tokenizer_data(m: &Meta, arch: Arch) -> Result<GgufTokenizerData> {
         match m.opt_u32(&key)? {
             Some(i) if n != 0 && i as usize >= n => {
                 if strict {
-                    Err(Error::Mismatch(format!(
-                        "{}: {key} = {i} is outside the {n}-token vocabulary",
-                        path.display()
-                    )))
+                    Err(Error::Mismatch(format!("{}: {key} = {i} is outside the {n}-token vocabulary", path.display())))
                 } else {
                     Ok(None)
                 }
@@ -1203,9 +1039,7 @@ fn tokenizer_data(m: &Meta, arch: Arch) -> Result<GgufTokenizerData> {
         eom_token_id: id("eom", true)?,
         unknown_token_id: id("unknown", false)?,
         padding_token_id: id("padding", false)?,
-        add_bos_token: m
-            .opt_bool("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(default_add_bos),
+        add_bos_token: m.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos),
         add_eos_token: m.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
         add_space_prefix: m.opt_bool("tokenizer.ggml.add_space_prefix")?,
         model,
@@ -1252,19 +1086,13 @@ impl Default for GgufWriter {
 
 impl GgufWriter {
     pub fn new() -> GgufWriter {
-        GgufWriter {
-            alignment: DEFAULT_ALIGNMENT,
-            metadata: Vec::new(),
-            tensors: Vec::new(),
-        }
+        GgufWriter { alignment: DEFAULT_ALIGNMENT, metadata: Vec::new(), tensors: Vec::new() }
     }
 
     /// Data alignment (a power of two); written as `general.alignment` when not 32.
     pub fn set_alignment(&mut self, alignment: usize) -> Result<&mut Self> {
         if alignment == 0 || !alignment.is_power_of_two() || alignment > 1 << 30 {
-            return Err(Error::InvalidArgument(format!(
-                "GGUF alignment {alignment}"
-            )));
+            return Err(Error::InvalidArgument(format!("GGUF alignment {alignment}")));
         }
         self.alignment = alignment;
         if alignment != DEFAULT_ALIGNMENT {
@@ -1274,11 +1102,7 @@ impl GgufWriter {
     }
 
     /// Sets a metadata key (replacing an earlier value of the same key).
-    pub fn add_metadata(
-        &mut self,
-        key: impl Into<String>,
-        value: impl Into<GgufValue>,
-    ) -> &mut Self {
+    pub fn add_metadata(&mut self, key: impl Into<String>, value: impl Into<GgufValue>) -> &mut Self {
         let (key, value) = (key.into(), value.into());
         match self.metadata.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = value,
@@ -1304,10 +1128,7 @@ impl GgufWriter {
     ) -> Result<&mut Self> {
         let (name, bytes) = (name.into(), bytes.into());
         if shape.len() > MAX_DIMS {
-            return Err(Error::InvalidArgument(format!(
-                "tensor {name}: {} dimensions",
-                shape.len()
-            )));
+            return Err(Error::InvalidArgument(format!("tensor {name}: {} dimensions", shape.len())));
         }
         if shape.last().copied().unwrap_or(1) % dtype.block_size() != 0 {
             return Err(Error::InvalidArgument(format!(
@@ -1331,38 +1152,20 @@ impl GgufWriter {
     }
 
     /// Adds an f32 tensor.
-    pub fn add_f32(
-        &mut self,
-        name: impl Into<String>,
-        shape: &[usize],
-        data: &[f32],
-    ) -> Result<&mut Self> {
+    pub fn add_f32(&mut self, name: impl Into<String>, shape: &[usize], data: &[f32]) -> Result<&mut Self> {
         let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
         self.add_tensor(name, DType::F32, shape, bytes)
     }
 
     /// Adds an f16 tensor.
-    pub fn add_f16(
-        &mut self,
-        name: impl Into<String>,
-        shape: &[usize],
-        data: &[half::f16],
-    ) -> Result<&mut Self> {
+    pub fn add_f16(&mut self, name: impl Into<String>, shape: &[usize], data: &[half::f16]) -> Result<&mut Self> {
         let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
         self.add_tensor(name, DType::F16, shape, bytes)
     }
 
     /// Adds f32 data stored as f16.
-    pub fn add_f32_as_f16(
-        &mut self,
-        name: impl Into<String>,
-        shape: &[usize],
-        data: &[f32],
-    ) -> Result<&mut Self> {
-        let bytes: Vec<u8> = data
-            .iter()
-            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-            .collect();
+    pub fn add_f32_as_f16(&mut self, name: impl Into<String>, shape: &[usize], data: &[f32]) -> Result<&mut Self> {
+        let bytes: Vec<u8> = data.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect();
         self.add_tensor(name, DType::F16, shape, bytes)
     }
 

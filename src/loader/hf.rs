@@ -20,32 +20,19 @@ use std::path::Path;
 pub fn open(dir: &Path) -> Result<Checkpoint> {
     let config_path = dir.join("config.json");
     let root = read_json(&config_path)?;
-    let root = root
-        .as_object()
-        .ok_or_else(|| Error::corrupt(&config_path, "config.json is not a JSON object"))?;
+    let root = root.as_object().ok_or_else(|| Error::corrupt(&config_path, "config.json is not a JSON object"))?;
     let top_type = root.get("model_type").and_then(Value::as_str).unwrap_or("");
     // Multimodal Gemma 3 nests the language model's config under text_config.
     let text = match root.get("text_config").and_then(Value::as_object) {
         Some(t) if top_type == "gemma3" || !root.contains_key("hidden_size") => t,
         _ => root,
     };
-    let model_type = text
-        .get("model_type")
-        .and_then(Value::as_str)
-        .unwrap_or(top_type);
+    let model_type = text.get("model_type").and_then(Value::as_str).unwrap_or(top_type);
     let arch = match (Arch::parse(model_type), model_type) {
         (Some(arch), _) => arch,
-        (None, "") => {
-            return Err(Error::corrupt(
-                &config_path,
-                "config.json has no model_type",
-            ))
-        }
+        (None, "") => return Err(Error::corrupt(&config_path, "config.json has no model_type")),
         (None, other) => {
-            return Err(Error::Unsupported(format!(
-                "architecture {other} (in {})",
-                config_path.display()
-            )))
+            return Err(Error::Unsupported(format!("architecture {other} (in {})", config_path.display())))
         }
     };
 
@@ -64,21 +51,13 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
             .ok_or_else(|| Error::corrupt(&index, "no weight_map object"))?;
         let mut shards: Vec<&str> = Vec::new();
         for (name, file) in weight_map {
-            let file = file.as_str().ok_or_else(|| {
-                Error::corrupt(
-                    &index,
-                    format!("weight_map entry {name} is not a file name"),
-                )
-            })?;
-            let plain = Path::new(file).components().count() == 1
-                && !file.contains(['/', '\\'])
-                && file != ".."
-                && file != ".";
+            let file = file
+                .as_str()
+                .ok_or_else(|| Error::corrupt(&index, format!("weight_map entry {name} is not a file name")))?;
+            let plain =
+                Path::new(file).components().count() == 1 && !file.contains(['/', '\\']) && file != ".." && file != ".";
             if !plain {
-                return Err(Error::corrupt(
-                    &index,
-                    format!("shard name {file:?} is not a plain file name"),
-                ));
+                return Err(Error::corrupt(&index, format!("shard name {file:?} is not a plain file name")));
             }
             if !shards.contains(&file) {
                 shards.push(file);
@@ -86,18 +65,9 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
         }
         shards.sort_unstable();
         for shard in shards {
-            let expect: Vec<&str> = weight_map
-                .iter()
-                .filter(|(_, f)| f.as_str() == Some(shard))
-                .map(|(n, _)| n.as_str())
-                .collect();
-            load_safetensors(
-                &dir.join(shard),
-                arch,
-                &mut maps,
-                &mut tensors,
-                Some(&expect),
-            )?;
+            let expect: Vec<&str> =
+                weight_map.iter().filter(|(_, f)| f.as_str() == Some(shard)).map(|(n, _)| n.as_str()).collect();
+            load_safetensors(&dir.join(shard), arch, &mut maps, &mut tensors, Some(&expect))?;
         }
     } else {
         return Err(Error::io(
@@ -108,14 +78,10 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
             ),
         ));
     }
-    let tensors: HashMap<String, StoredTensor> =
-        tensors.into_iter().map(|(k, (_, t))| (k, t)).collect();
+    let tensors: HashMap<String, StoredTensor> = tensors.into_iter().map(|(k, (_, t))| (k, t)).collect();
 
     // Config.
-    let c = Cfg {
-        obj: text,
-        path: &config_path,
-    };
+    let c = Cfg { obj: text, path: &config_path };
     let mut config = build_config(&c, arch, &tensors, dir)?;
 
     if config.tie_word_embeddings {
@@ -152,33 +118,14 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
             _ => None,
         }
     };
-    let added_id = |s: &str| {
-        tok_json
-            .added_tokens
-            .iter()
-            .find(|t| t.content == s)
-            .map(|t| t.id)
-    };
-    let added_str = |id: u32| {
-        tok_json
-            .added_tokens
-            .iter()
-            .find(|t| t.id == id)
-            .map(|t| t.content.clone())
-    };
+    let added_id = |s: &str| tok_json.added_tokens.iter().find(|t| t.content == s).map(|t| t.id);
+    let added_str = |id: u32| tok_json.added_tokens.iter().find(|t| t.id == id).map(|t| t.content.clone());
 
     let gen = gen_config.as_ref().and_then(Value::as_object);
-    let bos_id = token_ids(
-        root.get("bos_token_id")
-            .or_else(|| text.get("bos_token_id")),
-    )
-    .first()
-    .copied()
-    .or_else(|| {
-        token_ids(gen.and_then(|g| g.get("bos_token_id")))
-            .first()
-            .copied()
-    });
+    let bos_id = token_ids(root.get("bos_token_id").or_else(|| text.get("bos_token_id")))
+        .first()
+        .copied()
+        .or_else(|| token_ids(gen.and_then(|g| g.get("bos_token_id"))).first().copied());
     let mut bos_token = token_string("bos_token");
     let mut eos_token = token_string("eos_token");
     let bos_id = bos_id.or_else(|| bos_token.as_deref().and_then(added_id));
@@ -186,16 +133,9 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
         bos_token = bos_id.and_then(added_str);
     }
     let mut eos_ids = Vec::new();
-    let sources = [
-        root.get("eos_token_id")
-            .or_else(|| text.get("eos_token_id")),
-        gen.and_then(|g| g.get("eos_token_id")),
-    ];
-    let named = eos_token
-        .iter()
-        .map(String::as_str)
-        .chain(END_OF_TURN_TOKENS)
-        .filter_map(added_id);
+    let sources =
+        [root.get("eos_token_id").or_else(|| text.get("eos_token_id")), gen.and_then(|g| g.get("eos_token_id"))];
+    let named = eos_token.iter().map(String::as_str).chain(END_OF_TURN_TOKENS).filter_map(added_id);
     for id in sources.into_iter().flat_map(token_ids).chain(named) {
         if !eos_ids.contains(&id) {
             eos_ids.push(id);
@@ -204,15 +144,9 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
     if eos_token.is_none() {
         eos_token = eos_ids.first().copied().and_then(added_str);
     }
-    let add_bos = match tcfg
-        .and_then(|t| t.get("add_bos_token"))
-        .and_then(Value::as_bool)
-    {
+    let add_bos = match tcfg.and_then(|t| t.get("add_bos_token")).and_then(Value::as_bool) {
         Some(b) => b,
-        None => tok_json
-            .post_processor
-            .as_ref()
-            .is_some_and(prepends_special_token),
+        None => tok_json.post_processor.as_ref().is_some_and(prepends_special_token),
     };
     config.bos_token_id = bos_id;
     config.eos_token_ids = eos_ids;
@@ -284,18 +218,9 @@ fn load_safetensors(
                 )))
             }
         };
-        let st = StoredTensor {
-            map: map_index,
-            offset: e.start,
-            len: e.end - e.start,
-            dtype,
-            shape: e.shape,
-        };
+        let st = StoredTensor { map: map_index, offset: e.start, len: e.end - e.start, dtype, shape: e.shape };
         if let Some((prev, _)) = out.insert(canonical.clone(), (e.name.clone(), st)) {
-            return Err(Error::corrupt(
-                path,
-                format!("tensors {prev} and {} both map to {canonical}", e.name),
-            ));
+            return Err(Error::corrupt(path, format!("tensors {prev} and {} both map to {canonical}", e.name)));
         }
     }
     maps.push(map);
@@ -329,21 +254,12 @@ fn safetensors_dtype_bits(dtype: &str) -> Option<usize> {
 fn parse_safetensors_header(bytes: &[u8], path: &Path) -> Result<Vec<SafetensorsEntry>> {
     let corrupt = |msg: String| Error::corrupt(path, msg);
     let Some(len_bytes) = bytes.get(..8) else {
-        return Err(corrupt(format!(
-            "truncated: {} bytes, no safetensors header",
-            bytes.len()
-        )));
+        return Err(corrupt(format!("truncated: {} bytes, no safetensors header", bytes.len())));
     };
     let n = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
-    let data_start = usize::try_from(n)
-        .ok()
-        .and_then(|n| n.checked_add(8))
-        .filter(|&e| e <= bytes.len())
-        .ok_or_else(|| {
-            corrupt(format!(
-                "header length {n} runs past the end of the file ({} bytes)",
-                bytes.len()
-            ))
+    let data_start =
+        usize::try_from(n).ok().and_then(|n| n.checked_add(8)).filter(|&e| e <= bytes.len()).ok_or_else(|| {
+            corrupt(format!("header length {n} runs past the end of the file ({} bytes)", bytes.len()))
         })?;
     let header: Map<String, Value> = serde_json::from_slice(&bytes[8..data_start])
         .map_err(|e| corrupt(format!("bad safetensors header JSON: {e}")))?;
@@ -354,14 +270,8 @@ fn parse_safetensors_header(bytes: &[u8], path: &Path) -> Result<Vec<Safetensors
             continue;
         }
         let bad = |what: &str| corrupt(format!("tensor {name}: {what}"));
-        let info = info
-            .as_object()
-            .ok_or_else(|| bad("entry is not an object"))?;
-        let dtype = info
-            .get("dtype")
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad("no dtype"))?
-            .to_string();
+        let info = info.as_object().ok_or_else(|| bad("entry is not an object"))?;
+        let dtype = info.get("dtype").and_then(Value::as_str).ok_or_else(|| bad("no dtype"))?.to_string();
         let shape = info
             .get("shape")
             .and_then(Value::as_array)
@@ -398,13 +308,7 @@ fn parse_safetensors_header(bytes: &[u8], path: &Path) -> Result<Vec<Safetensors
                 )));
             }
         }
-        out.push(SafetensorsEntry {
-            name,
-            dtype,
-            shape,
-            start: data_start + begin,
-            end: data_start + end,
-        });
+        out.push(SafetensorsEntry { name, dtype, shape, start: data_start + begin, end: data_start + end });
     }
     Ok(out)
 }
@@ -483,34 +387,24 @@ impl Cfg<'_> {
         }
     }
     fn req_usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?
-            .ok_or_else(|| Error::corrupt(self.path, format!("required key {key} is missing")))
+        self.opt_usize(key)?.ok_or_else(|| Error::corrupt(self.path, format!("required key {key} is missing")))
     }
     fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(|x| Some(x as f32))
-                .ok_or_else(|| self.wrong(key, "a number")),
+            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| self.wrong(key, "a number")),
         }
     }
     fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a bool")),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, "a bool")),
         }
     }
     fn opt_str(&self, key: &str) -> Result<Option<&str>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a string")),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.wrong(key, "a string")),
         }
     }
 }
@@ -518,29 +412,17 @@ impl Cfg<'_> {
 /// The linear RoPE scaling factor of a `rope_scaling` / `rope_parameters` object (1 = none).
 fn rope_factor(o: Option<&Map<String, Value>>, path: &Path) -> Result<f32> {
     let Some(o) = o else { return Ok(1.0) };
-    let ty = o
-        .get("rope_type")
-        .or_else(|| o.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
+    let ty = o.get("rope_type").or_else(|| o.get("type")).and_then(Value::as_str).unwrap_or("default");
     let factor = o.get("factor").and_then(Value::as_f64).unwrap_or(1.0) as f32;
     match ty {
         "default" => Ok(1.0),
         "linear" if factor > 0.0 && factor.is_finite() => Ok(factor),
-        "linear" => Err(Error::corrupt(
-            path,
-            format!("rope scaling factor {factor}"),
-        )),
+        "linear" => Err(Error::corrupt(path, format!("rope scaling factor {factor}"))),
         other => Err(Error::Unsupported(format!("RoPE scaling type {other}"))),
     }
 }
 
-fn build_config(
-    c: &Cfg,
-    arch: Arch,
-    tensors: &HashMap<String, StoredTensor>,
-    dir: &Path,
-) -> Result<ModelConfig> {
+fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, dir: &Path) -> Result<ModelConfig> {
     let gemma = arch == Arch::Gemma3;
     let hidden = c.req_usize("hidden_size")?;
     let num_layers = c.req_usize("num_hidden_layers")?;
@@ -555,10 +437,7 @@ fn build_config(
             .ok_or_else(|| Error::corrupt(c.path, "required key vocab_size is missing"))?,
     };
     if num_heads == 0 {
-        return Err(Error::Mismatch(format!(
-            "{}: num_attention_heads is 0",
-            c.path.display()
-        )));
+        return Err(Error::Mismatch(format!("{}: num_attention_heads is 0", c.path.display())));
     }
     let head_dim = match c.opt_usize("head_dim")? {
         Some(d) => d,
@@ -573,36 +452,25 @@ fn build_config(
             hidden / num_heads
         }
     };
-    let rms_norm_eps = c
-        .opt_f32("rms_norm_eps")?
-        .unwrap_or(if gemma { 1e-6 } else { 1e-5 });
-    let max_pos = c
-        .opt_usize("max_position_embeddings")?
-        .unwrap_or(match arch {
-            Arch::Llama => 2048,
-            Arch::Qwen2 | Arch::Qwen3 => 32768,
-            Arch::Gemma3 => 131072,
-        });
+    let rms_norm_eps = c.opt_f32("rms_norm_eps")?.unwrap_or(if gemma { 1e-6 } else { 1e-5 });
+    let max_pos = c.opt_usize("max_position_embeddings")?.unwrap_or(match arch {
+        Arch::Llama => 2048,
+        Arch::Qwen2 | Arch::Qwen3 => 32768,
+        Arch::Gemma3 => 131072,
+    });
 
     // RoPE: rope_theta / rope_scaling (transformers 4.x) or rope_parameters (5.x, per layer kind
     // for Gemma 3).
-    let default_theta = if gemma || matches!(arch, Arch::Qwen2 | Arch::Qwen3) {
-        1_000_000.0
-    } else {
-        10_000.0
-    };
+    let default_theta = if gemma || matches!(arch, Arch::Qwen2 | Arch::Qwen3) { 1_000_000.0 } else { 10_000.0 };
     let params = c.get("rope_parameters").and_then(Value::as_object);
     let (full_params, local_params) = match params {
-        Some(p) if p.contains_key("full_attention") => (
-            p.get("full_attention").and_then(Value::as_object),
-            p.get("sliding_attention").and_then(Value::as_object),
-        ),
+        Some(p) if p.contains_key("full_attention") => {
+            (p.get("full_attention").and_then(Value::as_object), p.get("sliding_attention").and_then(Value::as_object))
+        }
         Some(p) => (Some(p), None),
         None => (None, None),
     };
-    let theta_of = |p: Option<&Map<String, Value>>| {
-        p.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64)
-    };
+    let theta_of = |p: Option<&Map<String, Value>>| p.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64);
     let rope_theta = match c.opt_f32("rope_theta")? {
         Some(t) => t,
         None => theta_of(full_params).map_or(default_theta, |t| t as f32),
@@ -624,18 +492,12 @@ fn build_config(
     let sliding_window = c.opt_usize("sliding_window")?;
     let window = |kind: &str| -> Result<u32> {
         let w = sliding_window.ok_or_else(|| {
-            Error::corrupt(
-                c.path,
-                format!("layer kind {kind} needs sliding_window, which is missing"),
-            )
+            Error::corrupt(c.path, format!("layer kind {kind} needs sliding_window, which is missing"))
         })?;
-        u32::try_from(w)
-            .map_err(|_| Error::corrupt(c.path, format!("sliding_window {w} is too large")))
+        u32::try_from(w).map_err(|_| Error::corrupt(c.path, format!("sliding_window {w} is too large")))
     };
     let layer_attention: Vec<LayerAttention> = if let Some(types) = c.get("layer_types") {
-        let types = types
-            .as_array()
-            .ok_or_else(|| c.wrong("layer_types", "a list"))?;
+        let types = types.as_array().ok_or_else(|| c.wrong("layer_types", "a list"))?;
         if types.len() != num_layers {
             return Err(Error::Mismatch(format!(
                 "{}: layer_types has {} entries for {num_layers} layers",
@@ -655,37 +517,19 @@ fn build_config(
         let pattern = c.opt_usize("sliding_window_pattern")?.unwrap_or(6).max(1);
         let w = window("sliding_attention")?;
         (0..num_layers)
-            .map(|i| {
-                if (i + 1) % pattern == 0 {
-                    LayerAttention::Full
-                } else {
-                    LayerAttention::Sliding { window: w }
-                }
-            })
+            .map(|i| if (i + 1) % pattern == 0 { LayerAttention::Full } else { LayerAttention::Sliding { window: w } })
             .collect()
-    } else if matches!(arch, Arch::Qwen2 | Arch::Qwen3)
-        && c.opt_bool("use_sliding_window")? == Some(true)
-    {
+    } else if matches!(arch, Arch::Qwen2 | Arch::Qwen3) && c.opt_bool("use_sliding_window")? == Some(true) {
         let from = c.opt_usize("max_window_layers")?.unwrap_or(num_layers);
         let w = window("sliding_attention")?;
         (0..num_layers)
-            .map(|i| {
-                if i >= from {
-                    LayerAttention::Sliding { window: w }
-                } else {
-                    LayerAttention::Full
-                }
-            })
+            .map(|i| if i >= from { LayerAttention::Sliding { window: w } } else { LayerAttention::Full })
             .collect()
     } else {
         vec![LayerAttention::Full; num_layers]
     };
 
-    let act_key = if gemma {
-        "hidden_activation"
-    } else {
-        "hidden_act"
-    };
+    let act_key = if gemma { "hidden_activation" } else { "hidden_act" };
     let act = c.opt_str(act_key)?.or(c.opt_str("hidden_act")?);
     let activation = match act.unwrap_or(if gemma { "gelu_pytorch_tanh" } else { "silu" }) {
         "silu" | "swish" => Activation::SiluGated,
@@ -698,14 +542,9 @@ fn build_config(
 
     let tie_word_embeddings = c.opt_bool("tie_word_embeddings")?.unwrap_or(gemma);
     let attention_scale = if gemma {
-        let s = c
-            .opt_f32("query_pre_attn_scalar")?
-            .unwrap_or(head_dim as f32);
+        let s = c.opt_f32("query_pre_attn_scalar")?.unwrap_or(head_dim as f32);
         if s.is_nan() || s <= 0.0 {
-            return Err(Error::Mismatch(format!(
-                "{}: query_pre_attn_scalar {s}",
-                dir.display()
-            )));
+            return Err(Error::Mismatch(format!("{}: query_pre_attn_scalar {s}", dir.display())));
         }
         1.0 / s.sqrt()
     } else {
@@ -761,16 +600,8 @@ fn read_optional_json(path: &Path) -> Result<Option<Value>> {
 /// Ids from a config value that is an integer or a list of integers.
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64())
-            .filter_map(|x| u32::try_from(x).ok())
-            .collect(),
-        Some(x) => x
-            .as_u64()
-            .and_then(|x| u32::try_from(x).ok())
-            .into_iter()
-            .collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).filter_map(|x| u32::try_from(x).ok()).collect(),
+        Some(x) => x.as_u64().and_then(|x| u32::try_from(x).ok()).into_iter().collect(),
         None => Vec::new(),
     }
 }
@@ -792,8 +623,7 @@ struct AddedToken {
 
 fn read_tokenizer_json(path: &Path) -> Result<TokenizerJson> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| Error::corrupt(path, format!("bad tokenizer.json: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| Error::corrupt(path, format!("bad tokenizer.json: {e}")))
 }
 
 /// Whether a tokenizer.json post-processor starts single sequences with a special token (BOS).
@@ -804,10 +634,9 @@ fn prepends_special_token(pp: &Value) -> bool {
             .and_then(Value::as_array)
             .and_then(|s| s.first())
             .is_some_and(|first| first.get("SpecialToken").is_some()),
-        Some("Sequence") => pp
-            .get("processors")
-            .and_then(Value::as_array)
-            .is_some_and(|ps| ps.iter().any(prepends_special_token)),
+        Some("Sequence") => {
+            pp.get("processors").and_then(Value::as_array).is_some_and(|ps| ps.iter().any(prepends_special_token))
+        }
         Some("BertProcessing") | Some("RobertaProcessing") => true,
         _ => false,
     }
@@ -825,10 +654,7 @@ fn chat_template(dir: &Path, tcfg: Option<&Map<String, Value>>) -> Result<Option
                     .and_then(|e| e.get("template"))
                     .and_then(Value::as_str)
             };
-            let first = list
-                .first()
-                .and_then(|e| e.get("template"))
-                .and_then(Value::as_str);
+            let first = list.first().and_then(|e| e.get("template")).and_then(Value::as_str);
             if let Some(t) = named("default").or(first) {
                 return Ok(Some(t.to_string()));
             }
@@ -837,16 +663,11 @@ fn chat_template(dir: &Path, tcfg: Option<&Map<String, Value>>) -> Result<Option
     }
     let jinja = dir.join("chat_template.jinja");
     if jinja.is_file() {
-        return std::fs::read_to_string(&jinja)
-            .map(Some)
-            .map_err(|e| Error::io(jinja, e));
+        return std::fs::read_to_string(&jinja).map(Some).map_err(|e| Error::io(jinja, e));
     }
     let json = dir.join("chat_template.json");
     if let Some(v) = read_optional_json(&json)? {
-        return Ok(v
-            .get("chat_template")
-            .and_then(Value::as_str)
-            .map(str::to_string));
+        return Ok(v.get("chat_template").and_then(Value::as_str).map(str::to_string));
     }
     Ok(None)
 }

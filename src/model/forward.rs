@@ -28,7 +28,10 @@ pub const PREFILL_CHUNK: usize = 512;
 enum Item {
     Kernel(Kernel),
     /// Copy of `bytes` between buffers (ends the compute pass).
-    Copy { src: Tensor, dst: Tensor },
+    Copy {
+        src: Tensor,
+        dst: Tensor,
+    },
 }
 
 /// The recorded forward pass for `t` tokens.
@@ -88,7 +91,12 @@ pub struct Model {
 impl Model {
     /// Uploads the checkpoint's weights and allocates a KV cache of `ctx` positions (default:
     /// the model's maximum, capped at 4096).
-    pub fn load(gpu: &Gpu, ck: &Checkpoint, ctx: Option<usize>, progress: &mut dyn FnMut(usize, usize)) -> Result<Model> {
+    pub fn load(
+        gpu: &Gpu,
+        ck: &Checkpoint,
+        ctx: Option<usize>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model> {
         let config = ck.config.clone();
         let max_ctx = ctx.unwrap_or(config.max_position_embeddings.min(4096));
         if max_ctx == 0 || max_ctx > config.max_position_embeddings {
@@ -163,11 +171,7 @@ impl Model {
             let plan = &self.plans[&chunk.len()];
             let q = &self.gpu.queue;
             q.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(chunk));
-            let step = StepParams {
-                pos,
-                n_tokens: chunk.len() as u32,
-                _pad: [0; 2],
-            };
+            let step = StepParams { pos, n_tokens: chunk.len() as u32, _pad: [0; 2] };
             q.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
             plan.encode(&mut enc);
@@ -206,14 +210,8 @@ impl Model {
         let norm = |x: &Tensor, wt: &Tensor, out: &Tensor, accumulate: bool| {
             rms_norm(g, x, wt, out, c.rms_norm_eps, accumulate)
         };
-        let plain = LinearOpts {
-            accumulate: false,
-            ld_out: None,
-        };
-        let residual = LinearOpts {
-            accumulate: true,
-            ld_out: None,
-        };
+        let plain = LinearOpts { accumulate: false, ld_out: None };
+        let residual = LinearOpts { accumulate: true, ld_out: None };
         for (l, lw) in w.layers.iter().enumerate() {
             let (kc, vc) = &self.kv[l];
             let sliding = match c.layer_attention[l] {
@@ -226,11 +224,7 @@ impl Model {
                 heads: c.num_heads,
                 kv_heads: c.num_kv_heads,
                 head_dim: c.head_dim,
-                theta: if sliding.is_some() {
-                    c.rope_local_theta.unwrap_or(c.rope_theta)
-                } else {
-                    c.rope_theta
-                },
+                theta: if sliding.is_some() { c.rope_local_theta.unwrap_or(c.rope_theta) } else { c.rope_theta },
                 scaling: if sliding.is_some() { 1.0 } else { c.rope_scaling_factor },
                 n_tokens: t,
             };
@@ -271,10 +265,7 @@ impl Model {
         let last_row = if t == 1 {
             x.clone()
         } else {
-            items.push(Item::Copy {
-                src: x.view((t - 1) * h, &[1, h]),
-                dst: last.clone(),
-            });
+            items.push(Item::Copy { src: x.view((t - 1) * h, &[1, h]), dst: last.clone() });
             last.clone()
         };
         let mut k = |kernel: Kernel| items.push(Item::Kernel(kernel));
@@ -287,12 +278,6 @@ impl Model {
         if c.final_logit_softcapping.is_some() {
             return Err(Error::Unsupported("final logit soft-capping".into()));
         }
-        Ok(Plan {
-            t,
-            ids,
-            logits,
-            items,
-            _acts: vec![x, xn, qkv, attn, gu, act, tmp, last, last_n],
-        })
+        Ok(Plan { t, ids, logits, items, _acts: vec![x, xn, qkv, attn, gu, act, tmp, last, last_n] })
     }
 }

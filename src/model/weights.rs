@@ -88,10 +88,7 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
         let mut gate_up = ck.f16(&n("ffn_gate.weight"), &[f, h])?;
         gate_up.extend(ck.f16(&n("ffn_up.weight"), &[f, h])?);
         let (post_attn_norm, post_ffw_norm) = if c.sandwich_norm {
-            (
-                Some(norm(&n("post_attention_norm.weight"), h)?),
-                Some(norm(&n("post_ffw_norm.weight"), h)?),
-            )
+            (Some(norm(&n("post_attention_norm.weight"), h)?), Some(norm(&n("post_ffw_norm.weight"), h)?))
         } else {
             (None, None)
         };
@@ -111,11 +108,5 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
     }
     bytes += 2 * (emb.len() as u64) * if ck.has("output.weight") { 2 } else { 1 };
     gpu.wait()?;
-    Ok(Weights {
-        embed,
-        lm_head,
-        output_norm,
-        layers,
-        bytes,
-    })
+    Ok(Weights { embed, lm_head, output_norm, layers, bytes })
 }

@@ -47,27 +47,14 @@ impl AttnParams {
     }
     fn check(&self, qkv: &Tensor, k_cache: &Tensor, v_cache: &Tensor) {
         let d = self.head_dim;
-        assert!(
-            d >= 16 && d % 16 == 0 && d <= 256,
-            "attention: head_dim {d} must be a multiple of 16, at most 256"
-        );
-        assert!(
-            self.kv_heads > 0 && self.heads % self.kv_heads == 0,
-            "attention: Hkv must divide H"
-        );
+        assert!(d >= 16 && d % 16 == 0 && d <= 256, "attention: head_dim {d} must be a multiple of 16, at most 256");
+        assert!(self.kv_heads > 0 && self.heads % self.kv_heads == 0, "attention: Hkv must divide H");
         assert!(self.n_tokens > 0 && self.max_ctx > 0);
         assert_eq!(qkv.ty, ElemType::F32, "attention: qkv must be f32");
-        assert!(
-            qkv.numel() >= self.n_tokens * self.row_stride(),
-            "attention: qkv holds fewer than T rows"
-        );
+        assert!(qkv.numel() >= self.n_tokens * self.row_stride(), "attention: qkv holds fewer than T rows");
         for c in [k_cache, v_cache] {
             assert_eq!(c.ty, ElemType::F16, "attention: KV cache must be f16");
-            assert_eq!(
-                c.numel(),
-                self.kv_heads * self.max_ctx * d,
-                "attention: KV cache must be [Hkv, max_ctx, D]"
-            );
+            assert_eq!(c.numel(), self.kv_heads * self.max_ctx * d, "attention: KV cache must be [Hkv, max_ctx, D]");
         }
     }
 }
@@ -110,13 +97,7 @@ pub fn kv_cache_write(
         "kv_cache_write",
         "main",
         &gpu.macros(),
-        &[
-            qkv.binding(),
-            k_cache.binding(),
-            v_cache.binding(),
-            step.as_entire_binding(),
-            params.as_entire_binding(),
-        ],
+        &[qkv.binding(), k_cache.binding(), v_cache.binding(), step.as_entire_binding(), params.as_entire_binding()],
         grid(threads.div_ceil(256)),
     )
 }
@@ -138,22 +119,14 @@ impl Tiling {
     /// Workgroup memory of a tiling (see the arrays of `wgsl/attention.wgsl`).
     pub fn workgroup_bytes(&self, d: usize) -> usize {
         let row = d / 4 + 1;
-        16 * self.bq * row
-            + 8 * self.bk * row
-            + 4 * self.bq * (self.bk + 1)
-            + 8 * self.bq * self.lpr
+        16 * self.bq * row + 8 * self.bk * row + 4 * self.bq * (self.bk + 1) + 8 * self.bq * self.lpr
     }
 
     /// Per-thread counts of the kernel's unrolled register slots: (keys per lane, 4-dim output
     /// units per lane, 16-byte loads per K/V tile, 16-byte loads of the queries).
     fn slots(&self, d: usize) -> (usize, usize, usize, usize) {
         let wg = self.bq * self.lpr;
-        (
-            self.bk / self.lpr,
-            (d / 4).div_ceil(self.lpr),
-            (self.bk * d / 8).div_ceil(wg),
-            (self.bq * d / 4).div_ceil(wg),
-        )
+        (self.bk / self.lpr, (d / 4).div_ceil(self.lpr), (self.bk * d / 8).div_ceil(wg), (self.bq * d / 4).div_ceil(wg))
     }
 
     fn valid(&self, d: usize, budget: usize) -> bool {
@@ -174,26 +147,13 @@ impl Tiling {
     pub fn choose(gpu: &Gpu, p: &AttnParams) -> Result<Tiling> {
         let g = p.heads / p.kv_heads;
         let d = p.head_dim;
-        let budget =
-            (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10) - (4 << 10);
+        let budget = (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10) - (4 << 10);
         let bq = (p.n_tokens * g).next_power_of_two().clamp(4, 16);
         let lpr = 128 / bq;
         let bk = [64, 32, 16, 8]
             .into_iter()
-            .find(|&bk| {
-                Tiling {
-                    bq,
-                    lpr,
-                    bk,
-                    nsplit: 1,
-                }
-                .valid(d, budget)
-            })
-            .ok_or_else(|| {
-                Error::Gpu(format!(
-                    "attention: head_dim {d} does not fit the device's workgroup memory"
-                ))
-            })?;
+            .find(|&bk| Tiling { bq, lpr, bk, nsplit: 1 }.valid(d, budget))
+            .ok_or_else(|| Error::Gpu(format!("attention: head_dim {d} does not fit the device's workgroup memory")))?;
         let blocks = (p.n_tokens * g).div_ceil(bq) * p.kv_heads;
         let nsplit = if p.splits > 0 {
             p.splits
@@ -201,26 +161,14 @@ impl Tiling {
             1
         } else {
             // keys one row block can see at most
-            let span = if p.window > 0 {
-                p.max_ctx.min(p.window + p.n_tokens)
-            } else {
-                p.max_ctx
-            };
-            512usize
-                .div_ceil(blocks)
-                .min(span.div_ceil(bk))
-                .clamp(1, 128)
+            let span = if p.window > 0 { p.max_ctx.min(p.window + p.n_tokens) } else { p.max_ctx };
+            512usize.div_ceil(blocks).min(span.div_ceil(bk)).clamp(1, 128)
         };
         // The partial results must fit a binding.
         let max_bytes = (gpu.limits.max_storage_buffer_binding_size as usize).min(64 << 20);
         let per_split = 4 * p.n_tokens * p.heads * d;
         let nsplit = nsplit.min(max_bytes / per_split).max(1);
-        Ok(Tiling {
-            bq,
-            lpr,
-            bk,
-            nsplit,
-        })
+        Ok(Tiling { bq, lpr, bk, nsplit })
     }
 }
 
@@ -238,10 +186,7 @@ pub fn attention(
 ) -> Result<Vec<Kernel>> {
     p.check(qkv, k_cache, v_cache);
     assert_eq!(out.ty, ElemType::F32, "attention: out must be f32");
-    assert!(
-        out.numel() >= p.n_tokens * p.heads * p.head_dim,
-        "attention: out holds fewer than T rows"
-    );
+    assert!(out.numel() >= p.n_tokens * p.heads * p.head_dim, "attention: out holds fewer than T rows");
     let tiling = Tiling::choose(gpu, &p)?;
     attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling)
 }
@@ -259,18 +204,10 @@ pub fn attention_with(
     tl: Tiling,
 ) -> Result<Vec<Kernel>> {
     p.check(qkv, k_cache, v_cache);
-    let Tiling {
-        bq,
-        lpr,
-        bk,
-        nsplit,
-    } = tl;
+    let Tiling { bq, lpr, bk, nsplit } = tl;
     let (d, g) = (p.head_dim, p.heads / p.kv_heads);
     let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
-    assert!(
-        tl.valid(d, limit) && bq * lpr <= 256 && nsplit >= 1,
-        "attention: invalid tiling {tl:?} for D = {d}"
-    );
+    assert!(tl.valid(d, limit) && bq * lpr <= 256 && nsplit >= 1, "attention: invalid tiling {tl:?} for D = {d}");
     let (kpl, nw, ld, ql) = tl.slots(d);
     let params: [u32; 8] = [
         p.heads as u32,
@@ -298,46 +235,23 @@ pub fn attention_with(
         .set("NSPLIT", nsplit);
     let blocks = (p.n_tokens * g).div_ceil(bq) as u32;
     let wgs = [blocks, p.kv_heads as u32, nsplit as u32];
-    let mut bindings = vec![
-        qkv.binding(),
-        k_cache.binding(),
-        v_cache.binding(),
-        step.as_entire_binding(),
-        params.as_entire_binding(),
-    ];
+    let mut bindings =
+        vec![qkv.binding(), k_cache.binding(), v_cache.binding(), step.as_entire_binding(), params.as_entire_binding()];
     if nsplit == 1 {
         bindings.push(out.binding());
-        return Ok(vec![gpu.kernel(
-            "attention",
-            "main",
-            &macros,
-            &bindings,
-            wgs,
-        )?]);
+        return Ok(vec![gpu.kernel("attention", "main", &macros, &bindings, wgs)?]);
     }
     let rows = p.n_tokens * p.heads;
     let part_o = gpu.empty("attention.part_o", &[nsplit, rows, d], ElemType::F32)?;
     let part_ml = gpu.empty("attention.part_ml", &[nsplit, rows, 2], ElemType::F32)?;
     bindings.push(part_o.binding());
     bindings.push(part_ml.binding());
-    let main = gpu.kernel(
-        "attention",
-        "main",
-        &macros.clone().flag("SPLIT"),
-        &bindings,
-        wgs,
-    )?;
+    let main = gpu.kernel("attention", "main", &macros.clone().flag("SPLIT"), &bindings, wgs)?;
     let merge = gpu.kernel(
         "attention",
         "main",
         &macros.flag("MERGE"),
-        &[
-            part_o.binding(),
-            part_ml.binding(),
-            out.binding(),
-            step.as_entire_binding(),
-            params.as_entire_binding(),
-        ],
+        &[part_o.binding(), part_ml.binding(), out.binding(), step.as_entire_binding(), params.as_entire_binding()],
         // one workgroup per row and 32 dims of it
         grid((rows * d.div_ceil(32)) as u32),
     )?;
@@ -388,11 +302,7 @@ pub mod cpu {
         let mut out = vec![0f32; n_tokens * p.heads * d];
         for t in 0..n_tokens {
             let q_pos = pos + t;
-            let lo = if p.window > 0 {
-                (q_pos + 1).saturating_sub(p.window)
-            } else {
-                0
-            };
+            let lo = if p.window > 0 { (q_pos + 1).saturating_sub(p.window) } else { 0 };
             for h in 0..p.heads {
                 let kv = h / g;
                 let q = &qkv[t * row + h * d..][..d];
@@ -408,10 +318,8 @@ pub mod cpu {
                 let l: f64 = e.iter().sum();
                 let o = &mut out[(t * p.heads + h) * d..][..d];
                 for (i, o) in o.iter_mut().enumerate() {
-                    let acc: f64 = (lo..=q_pos)
-                        .zip(&e)
-                        .map(|(j, w)| w * v_cache[(kv * p.max_ctx + j) * d + i].to_f64())
-                        .sum();
+                    let acc: f64 =
+                        (lo..=q_pos).zip(&e).map(|(j, w)| w * v_cache[(kv * p.max_ctx + j) * d + i].to_f64()).sum();
                     *o = (acc / l) as f32;
                 }
             }
@@ -465,60 +373,34 @@ mod tests {
             tiling: Option<Tiling>,
             seed: u64,
         ) -> Vec<f32> {
-            let p = AttnParams {
-                n_tokens: record_t,
-                ..self.p
-            };
+            let p = AttnParams { n_tokens: record_t, ..self.p };
             let row = p.row_stride();
             // Random rows for the whole recorded T; rows >= n must be ignored.
             let mut data = random(record_t * row, seed, 1.0);
             // Sharper softmax: larger q.
             for t in 0..record_t {
-                data[t * row..][..p.heads * p.head_dim]
-                    .iter_mut()
-                    .for_each(|x| *x *= 3.0);
+                data[t * row..][..p.heads * p.head_dim].iter_mut().for_each(|x| *x *= 3.0);
             }
             let qkv = gpu.upload_f32("qkv", &[record_t, row], &data).unwrap();
             let out_len = record_t * p.heads * p.head_dim;
-            let out = gpu
-                .upload_f32(
-                    "out",
-                    &[record_t, p.heads * p.head_dim],
-                    &vec![SENTINEL; out_len],
-                )
-                .unwrap();
-            let sp = StepParams {
-                pos: pos as u32,
-                n_tokens: n as u32,
-                _pad: [0; 2],
-            };
-            gpu.queue
-                .write_buffer(&self.step, 0, bytemuck::bytes_of(&sp));
+            let out = gpu.upload_f32("out", &[record_t, p.heads * p.head_dim], &vec![SENTINEL; out_len]).unwrap();
+            let sp = StepParams { pos: pos as u32, n_tokens: n as u32, _pad: [0; 2] };
+            gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&sp));
             let write = kv_cache_write(gpu, &qkv, &self.k, &self.v, &self.step, p).unwrap();
             let tiling = tiling.unwrap_or_else(|| Tiling::choose(gpu, &p).unwrap());
-            let attn =
-                attention_with(gpu, &qkv, &self.k, &self.v, &out, &self.step, p, tiling).unwrap();
+            let attn = attention_with(gpu, &qkv, &self.k, &self.v, &out, &self.step, p, tiling).unwrap();
             let mut ks = vec![&write];
             ks.extend(attn.iter());
             gpu.run(&ks).unwrap();
 
             cpu::kv_cache_write(&data, &mut self.k_cpu, &mut self.v_cpu, pos, n, &p);
-            assert!(
-                gpu.read_f16(&self.k).unwrap() == self.k_cpu,
-                "K cache differs"
-            );
-            assert!(
-                gpu.read_f16(&self.v).unwrap() == self.v_cpu,
-                "V cache differs"
-            );
+            assert!(gpu.read_f16(&self.k).unwrap() == self.k_cpu, "K cache differs");
+            assert!(gpu.read_f16(&self.v).unwrap() == self.v_cpu, "V cache differs");
 
             let mut got = gpu.read_f32(&out).unwrap();
             let want = cpu::attention(&data, &self.k_cpu, &self.v_cpu, pos, n, &p);
             let valid = n * p.heads * p.head_dim;
-            assert!(
-                got[valid..].iter().all(|&x| x == SENTINEL),
-                "rows >= n_tokens were written"
-            );
+            assert!(got[valid..].iter().all(|&x| x == SENTINEL), "rows >= n_tokens were written");
             let (diff, at) = max_abs_diff(&got[..valid], &want);
             let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
             assert!(
@@ -532,13 +414,7 @@ mod tests {
         }
     }
 
-    fn params(
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        max_ctx: usize,
-        window: usize,
-    ) -> AttnParams {
+    fn params(heads: usize, kv_heads: usize, head_dim: usize, max_ctx: usize, window: usize) -> AttnParams {
         AttnParams {
             heads,
             kv_heads,
@@ -554,14 +430,7 @@ mod tests {
     #[test]
     fn prefill_then_decode() {
         for gpu in gpu_variants() {
-            for (h, hkv, d) in [
-                (4, 2, 64),
-                (4, 1, 64),
-                (6, 2, 64),
-                (4, 1, 256),
-                (6, 2, 256),
-                (2, 2, 128),
-            ] {
+            for (h, hkv, d) in [(4, 2, 64), (4, 1, 64), (6, 2, 64), (4, 1, 256), (6, 2, 256), (2, 2, 128)] {
                 let mut l = Layer::new(&gpu, params(h, hkv, d, 64, 0));
                 l.pass(&gpu, 0, 7, 7, None, 1);
                 let mut l = Layer::new(&gpu, params(h, hkv, d, 64, 0));
@@ -581,17 +450,7 @@ mod tests {
                 let mut l = Layer::new(&gpu, p);
                 l.pass(&gpu, 0, 70, 70, Some(Tiling { nsplit: 3, ..t }), 5);
                 for (pos, splits) in [(70, 1), (71, 2), (72, 7), (73, 64)] {
-                    l.pass(
-                        &gpu,
-                        pos,
-                        1,
-                        1,
-                        Some(Tiling {
-                            nsplit: splits,
-                            ..t
-                        }),
-                        6 + pos as u64,
-                    );
+                    l.pass(&gpu, pos, 1, 1, Some(Tiling { nsplit: splits, ..t }), 6 + pos as u64);
                 }
                 // chunk of 5 after 74 positions, split
                 let t5 = Tiling::choose(&gpu, &AttnParams { n_tokens: 5, ..p }).unwrap();
@@ -613,12 +472,7 @@ mod tests {
                 for bq in [4, 8, 16] {
                     for bk in [8, 16, 32, 64, 128] {
                         for nsplit in [1, 3] {
-                            let tl = Tiling {
-                                bq,
-                                lpr: 128 / bq,
-                                bk,
-                                nsplit,
-                            };
+                            let tl = Tiling { bq, lpr: 128 / bq, bk, nsplit };
                             if !tl.valid(d, limit) {
                                 continue;
                             }
@@ -649,10 +503,7 @@ mod tests {
                 let mut full = Layer::new(&gpu, AttnParams { window: 0, ..p });
                 full.pass(&gpu, 0, 20, 20, None, 10);
                 let all = full.pass(&gpu, 20, 1, 1, None, 11);
-                assert!(
-                    max_abs_diff(&windowed, &all).0 > 1e-3,
-                    "window had no effect"
-                );
+                assert!(max_abs_diff(&windowed, &all).0 > 1e-3, "window had no effect");
                 // windowed prefill chunk (the window moves inside the block), split and not
                 l.pass(&gpu, 21, 8, 8, None, 12);
                 let t = Tiling::choose(&gpu, &AttnParams { n_tokens: 8, ..p }).unwrap();
@@ -693,11 +544,7 @@ mod tests {
                 let pp = AttnParams { n_tokens: 10, ..p };
                 let mut got = Vec::new();
                 for (qkv, pos, n) in [(&q1, 0, 10), (&q2, 10, 5)] {
-                    let sp = StepParams {
-                        pos,
-                        n_tokens: n,
-                        _pad: [0; 2],
-                    };
+                    let sp = StepParams { pos, n_tokens: n, _pad: [0; 2] };
                     gpu.queue.write_buffer(step, 0, bytemuck::bytes_of(&sp));
                     let w = kv_cache_write(&gpu, qkv, &chunked.k, &chunked.v, step, pp).unwrap();
                     let a = attention(&gpu, qkv, &chunked.k, &chunked.v, &out, step, pp).unwrap();
@@ -748,29 +595,16 @@ mod tests {
         vals.extend(random(900, 31, 8.0).iter().map(|x| x * x * x * 1e-3));
         // exact ties between neighbouring halves (normal and subnormal, even and odd), and the
         // f32 values just below and above them
-        for b in [
-            0x0000u16, 0x0001, 0x0002, 0x03fe, 0x03ff, 0x0400, 0x3c00, 0x3c01, 0x7bfe, 0x7bff,
-        ] {
+        for b in [0x0000u16, 0x0001, 0x0002, 0x03fe, 0x03ff, 0x0400, 0x3c00, 0x3c01, 0x7bfe, 0x7bff] {
             let lo = f16::from_bits(b).to_f64();
-            let hi = if b == 0x7bff {
-                65536.0
-            } else {
-                f16::from_bits(b + 1).to_f64()
-            };
+            let hi = if b == 0x7bff { 65536.0 } else { f16::from_bits(b + 1).to_f64() };
             let tie = ((lo + hi) / 2.0) as f32;
-            for x in [
-                tie,
-                f32::from_bits(tie.to_bits() - 1),
-                f32::from_bits(tie.to_bits() + 1),
-            ] {
+            for x in [tie, f32::from_bits(tie.to_bits() - 1), f32::from_bits(tie.to_bits() + 1)] {
                 vals.push(x);
                 vals.push(-x);
             }
         }
-        let p = AttnParams {
-            n_tokens: 8,
-            ..params(2, 2, 64, 8, 0)
-        };
+        let p = AttnParams { n_tokens: 8, ..params(2, 2, 64, 8, 0) };
         let row = p.row_stride();
         let mut data = random(8 * row, 32, 1.0);
         let ks = p.heads * p.head_dim;
@@ -781,11 +615,7 @@ mod tests {
         }
         let mut l = Layer::new(&gpu, p);
         let qkv = gpu.upload_f32("qkv", &[8, row], &data).unwrap();
-        let sp = StepParams {
-            pos: 0,
-            n_tokens: 8,
-            _pad: [0; 2],
-        };
+        let sp = StepParams { pos: 0, n_tokens: 8, _pad: [0; 2] };
         gpu.queue.write_buffer(&l.step, 0, bytemuck::bytes_of(&sp));
         let k = kv_cache_write(&gpu, &qkv, &l.k, &l.v, &l.step, p).unwrap();
         gpu.run(&[&k]).unwrap();
@@ -799,9 +629,7 @@ mod tests {
             assert_eq!(a.to_bits(), b.to_bits(), "V[{i}]: {a} vs {b}");
         }
         // NaN stays NaN
-        let nan = gpu
-            .upload_f32("nan", &[8, row], &vec![f32::NAN; 8 * row])
-            .unwrap();
+        let nan = gpu.upload_f32("nan", &[8, row], &vec![f32::NAN; 8 * row]).unwrap();
         let k = kv_cache_write(&gpu, &nan, &l.k, &l.v, &l.step, p).unwrap();
         gpu.run(&[&k]).unwrap();
         assert!(gpu.read_f16(&l.k).unwrap()[..64].iter().all(|x| x.is_nan()));
@@ -836,9 +664,7 @@ mod tests {
         let time = |kernels: &[&Kernel]| -> f64 {
             let once = time(kernels, 3);
             let iters = ((0.01 / once) as usize).clamp(3, 300);
-            (0..5)
-                .map(|_| time(kernels, iters))
-                .fold(f64::INFINITY, f64::min)
+            (0..5).map(|_| time(kernels, iters)).fold(f64::INFINITY, f64::min)
         };
         let only: Option<String> = std::env::var("BENCH_ONLY").ok();
         // name, H, Hkv, D, context after the pass, T, window
@@ -860,50 +686,24 @@ mod tests {
             if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
                 continue;
             }
-            let p = AttnParams {
-                n_tokens: t,
-                window,
-                ..params(h, hkv, d, ctx, 0)
-            };
+            let p = AttnParams { n_tokens: t, window, ..params(h, hkv, d, ctx, 0) };
             let n = hkv * ctx * d;
-            let kv: Vec<f16> = random(n, 41, 1.0)
-                .iter()
-                .map(|x| f16::from_f32(*x))
-                .collect();
+            let kv: Vec<f16> = random(n, 41, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
             let kc = gpu.upload_f16("k", &[hkv, ctx, d], &kv).unwrap();
             let vc = gpu.upload_f16("v", &[hkv, ctx, d], &kv).unwrap();
-            let qkv = gpu
-                .upload_f32(
-                    "qkv",
-                    &[t, p.row_stride()],
-                    &random(t * p.row_stride(), 42, 1.0),
-                )
-                .unwrap();
+            let qkv = gpu.upload_f32("qkv", &[t, p.row_stride()], &random(t * p.row_stride(), 42, 1.0)).unwrap();
             let out = gpu.empty("out", &[t, h * d], ElemType::F32).unwrap();
-            let sp = StepParams {
-                pos: (ctx - t) as u32,
-                n_tokens: t as u32,
-                _pad: [0; 2],
-            };
+            let sp = StepParams { pos: (ctx - t) as u32, n_tokens: t as u32, _pad: [0; 2] };
             let step = gpu.uniform("step", &sp);
             let auto = Tiling::choose(&gpu, &p).unwrap();
             let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
             let mut tilings = vec![auto];
-            let splits: &[usize] = if t <= 64 {
-                &[1, 16, 32, 64, 128, 256]
-            } else {
-                &[1]
-            };
+            let splits: &[usize] = if t <= 64 { &[1, 16, 32, 64, 128, 256] } else { &[1] };
             let bqs: &[usize] = if t <= 64 { &[4] } else { &[16, 8] };
             for &bq in bqs {
                 for bk in [16, 32, 64, 128] {
                     for &nsplit in splits {
-                        let tl = Tiling {
-                            bq,
-                            lpr: 128 / bq,
-                            bk,
-                            nsplit,
-                        };
+                        let tl = Tiling { bq, lpr: 128 / bq, bk, nsplit };
                         if tl.valid(d, limit) && !tilings.contains(&tl) {
                             tilings.push(tl);
                         }
@@ -911,9 +711,7 @@ mod tests {
                 }
             }
             // keys visited (per query head), and bytes of K/V read once
-            let keys: usize = (ctx - t..ctx)
-                .map(|q| if window > 0 { window.min(q + 1) } else { q + 1 })
-                .sum();
+            let keys: usize = (ctx - t..ctx).map(|q| if window > 0 { window.min(q + 1) } else { q + 1 }).sum();
             let flops = 4.0 * (h * d * keys) as f64;
             let span = if window > 0 { window.min(ctx) + t } else { ctx };
             let bytes = (2 * hkv * span.min(ctx) * d * 2) as f64;
@@ -922,11 +720,7 @@ mod tests {
                 let refs: Vec<&Kernel> = ks.iter().collect();
                 let s = time(&refs);
                 let parts = if refs.len() > 1 {
-                    format!(
-                        "  (main {:.1} us, merge {:.1} us)",
-                        time(&refs[..1]) * 1e6,
-                        time(&refs[1..]) * 1e6
-                    )
+                    format!("  (main {:.1} us, merge {:.1} us)", time(&refs[..1]) * 1e6, time(&refs[1..]) * 1e6)
                 } else {
                     String::new()
                 };
@@ -943,23 +737,10 @@ mod tests {
         }
         // rope and the cache write, for scale
         for t in [1usize, 2048] {
-            let p = AttnParams {
-                n_tokens: t,
-                ..params(32, 8, 128, 4096, 0)
-            };
+            let p = AttnParams { n_tokens: t, ..params(32, 8, 128, 4096, 0) };
             let (kc, vc) = kv_cache(&gpu, "c", &p).unwrap();
-            let qkv = gpu
-                .upload_f32(
-                    "qkv",
-                    &[t, p.row_stride()],
-                    &random(t * p.row_stride(), 43, 1.0),
-                )
-                .unwrap();
-            let sp = StepParams {
-                pos: 0,
-                n_tokens: t as u32,
-                _pad: [0; 2],
-            };
+            let qkv = gpu.upload_f32("qkv", &[t, p.row_stride()], &random(t * p.row_stride(), 43, 1.0)).unwrap();
+            let sp = StepParams { pos: 0, n_tokens: t as u32, _pad: [0; 2] };
             let step = gpu.uniform("step", &sp);
             let w = kv_cache_write(&gpu, &qkv, &kc, &vc, &step, p).unwrap();
             let rp = crate::ops::rope::RopeParams {
@@ -972,16 +753,7 @@ mod tests {
             };
             let nw = gpu.upload_f32("n", &[128], &[1.0; 128]).unwrap();
             let r = crate::ops::rope::rope(&gpu, &qkv, &step, rp, Some((&nw, &nw, 1e-6))).unwrap();
-            let f = crate::ops::rope::rope_kv_write(
-                &gpu,
-                &qkv,
-                &step,
-                rp,
-                Some((&nw, &nw, 1e-6)),
-                &kc,
-                &vc,
-            )
-            .unwrap();
+            let f = crate::ops::rope::rope_kv_write(&gpu, &qkv, &step, rp, Some((&nw, &nw, 1e-6)), &kc, &vc).unwrap();
             eprintln!(
                 "T={t:4}: kv_cache_write {:7.1} us, rope+qk_norm {:7.1} us, fused rope+qk_norm+kv write {:7.1} us",
                 time(&[&w]) * 1e6,

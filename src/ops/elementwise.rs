@@ -26,8 +26,7 @@ pub fn add(gpu: &Gpu, x: &Tensor, y: &Tensor) -> Result<Kernel> {
 pub fn gated_act(gpu: &Gpu, gu: &Tensor, out: &Tensor, act: Activation) -> Result<Kernel> {
     let f = *out.shape.last().unwrap_or(&0);
     let n_tokens = out.numel().checked_div(f).unwrap_or(0);
-    if gu.ty != ElemType::F32 || out.ty != ElemType::F32 || f == 0 || gu.numel() != 2 * out.numel()
-    {
+    if gu.ty != ElemType::F32 || out.ty != ElemType::F32 || f == 0 || gu.numel() != 2 * out.numel() {
         return Err(Error::InvalidArgument(format!(
             "gated_act: need f32 gu [T, 2F] and out [T, F], got {:?} {:?} and {:?} {:?}",
             gu.ty, gu.shape, out.ty, out.shape
@@ -111,18 +110,13 @@ mod tests {
     #[test]
     fn gelu_tanh_reference_is_the_pytorch_formula() {
         // The literal formula in f64 (accurate where 1 + tanh does not cancel, i.e. x > -3).
-        let literal = |x: f64| {
-            0.5 * x
-                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
-        };
+        let literal =
+            |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
         for i in -3000..=30000 {
             let x = i as f32 * 1e-3;
             let want = literal(x as f64);
             let got = cpu::gelu_tanh(x) as f64;
-            assert!(
-                (got - want).abs() <= 1e-7 * want.abs() + 1e-12,
-                "x={x}: {got} vs {want}"
-            );
+            assert!((got - want).abs() <= 1e-7 * want.abs() + 1e-12, "x={x}: {got} vs {want}");
         }
         assert_eq!(cpu::gelu_tanh(-30.0), 0.0);
         assert_eq!(cpu::gelu_tanh(30.0), 30.0);
@@ -141,16 +135,11 @@ mod tests {
                 for (t, f) in [(1usize, 64usize), (3, 1000), (5, 4099)] {
                     let mut gu = random(t * 2 * f, 7 + f as u64, 4.0);
                     // Large |gate|: saturated and deep negative tails (NaN-prone tanh/exp).
-                    for (i, v) in [-30.0f32, 30.0, -15.0, 15.0, -9.0, 9.0, -88.0, 100.0, 0.0]
-                        .iter()
-                        .enumerate()
-                    {
+                    for (i, v) in [-30.0f32, 30.0, -15.0, 15.0, -9.0, 9.0, -88.0, 100.0, 0.0].iter().enumerate() {
                         gu[i * 7 % f] = *v;
                     }
                     let x = gpu.upload_f32("gu", &[t, 2 * f], &gu).unwrap();
-                    let out = gpu
-                        .upload_f32("out", &[t, f], &random(t * f, 3, 1.0))
-                        .unwrap();
+                    let out = gpu.upload_f32("out", &[t, f], &random(t * f, 3, 1.0)).unwrap();
                     let k = gated_act(&gpu, &x, &out, act).unwrap();
                     gpu.run(&[&k]).unwrap();
                     let got = gpu.read_f32(&out).unwrap();
@@ -160,18 +149,12 @@ mod tests {
                     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
                         assert!(g.is_finite(), "{act:?} T={t} F={f}: {g} at {i}");
                         let err = (g as f64 - w as f64).abs();
-                        assert!(
-                            err <= ACT_RTOL * (w as f64).abs() + 1e-30,
-                            "{act:?} T={t} F={f}: {g} vs {w} at {i}"
-                        );
+                        assert!(err <= ACT_RTOL * (w as f64).abs() + 1e-30, "{act:?} T={t} F={f}: {g} vs {w} at {i}");
                         if w.abs() > 1e-30 {
                             worst = worst.max(err / (w as f64).abs());
                         }
                     }
-                    eprintln!(
-                        "gated_act {act:?} T={t} F={f} subgroups={}: max rel err {worst:e}",
-                        gpu.caps.subgroups
-                    );
+                    eprintln!("gated_act {act:?} T={t} F={f} subgroups={}: max rel err {worst:e}", gpu.caps.subgroups);
                 }
             }
         }

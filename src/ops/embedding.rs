@@ -45,10 +45,7 @@ pub fn embedding(
 ) -> Result<Kernel> {
     let bad = |msg: String| Err(Error::InvalidArgument(format!("embedding: {msg}")));
     if table_chunk.ty != ElemType::F16 || table_chunk.shape.len() != 2 {
-        return bad(format!(
-            "table must be f16 [rows, C], is {:?} {:?}",
-            table_chunk.ty, table_chunk.shape
-        ));
+        return bad(format!("table must be f16 [rows, C], is {:?} {:?}", table_chunk.ty, table_chunk.shape));
     }
     let (chunk_rows, cols) = (table_chunk.shape[0], table_chunk.shape[1]);
     if ids.ty != ElemType::U32 {
@@ -56,16 +53,11 @@ pub fn embedding(
     }
     let n_tokens = ids.numel();
     if out.ty != ElemType::F32 || out.numel() != n_tokens * cols {
-        return bad(format!(
-            "out must be f32 [{n_tokens}, {cols}], is {:?} {:?}",
-            out.ty, out.shape
-        ));
+        return bad(format!("out must be f32 [{n_tokens}, {cols}], is {:?} {:?}", out.ty, out.shape));
     }
     let n = n_tokens as u64 * cols as u64;
     if n > u32::MAX as u64 {
-        return bad(format!(
-            "{n_tokens} tokens × {cols} columns overflow u32 indexing"
-        ));
+        return bad(format!("{n_tokens} tokens × {cols} columns overflow u32 indexing"));
     }
     let p = gpu.uniform(
         "embedding.params",
@@ -82,12 +74,7 @@ pub fn embedding(
         "embedding",
         "main",
         &gpu.macros(),
-        &[
-            table_chunk.binding(),
-            ids.binding(),
-            out.binding(),
-            p.as_entire_binding(),
-        ],
+        &[table_chunk.binding(), ids.binding(), out.binding(), p.as_entire_binding()],
         grid((n as u32).div_ceil(256)),
     )
 }
@@ -95,9 +82,7 @@ pub fn embedding(
 /// Splits `rows` rows of `row_bytes` bytes into balanced chunks of at most `max_bytes` bytes,
 /// each (but the last) a multiple of [`CHUNK_ROW_ALIGN`] rows. One chunk when everything fits.
 pub fn plan_row_chunks(rows: usize, row_bytes: u64, max_bytes: u64) -> Result<Vec<Range<usize>>> {
-    let fits = max_bytes
-        .checked_div(row_bytes)
-        .map_or(rows, |n| n as usize);
+    let fits = max_bytes.checked_div(row_bytes).map_or(rows, |n| n as usize);
     if rows <= fits {
         return Ok(std::iter::once(0..rows).collect());
     }
@@ -108,14 +93,8 @@ pub fn plan_row_chunks(rows: usize, row_bytes: u64, max_bytes: u64) -> Result<Ve
         )));
     }
     let n_chunks = rows.div_ceil(max_rows);
-    let chunk = rows
-        .div_ceil(n_chunks)
-        .next_multiple_of(CHUNK_ROW_ALIGN)
-        .min(max_rows);
-    Ok((0..rows)
-        .step_by(chunk)
-        .map(|s| s..(s + chunk).min(rows))
-        .collect())
+    let chunk = rows.div_ceil(n_chunks).next_multiple_of(CHUNK_ROW_ALIGN).min(max_rows);
+    Ok((0..rows).step_by(chunk).map(|s| s..(s + chunk).min(rows)).collect())
 }
 
 /// Uploads the f16 matrix `data` (`[rows, cols]`, row-major) as row chunks that each fit the
@@ -128,10 +107,7 @@ pub fn upload_row_chunks(
     rows: usize,
     cols: usize,
 ) -> Result<Vec<(u32, Tensor)>> {
-    let max = gpu
-        .limits
-        .max_storage_buffer_binding_size
-        .min(gpu.limits.max_buffer_size);
+    let max = gpu.limits.max_storage_buffer_binding_size.min(gpu.limits.max_buffer_size);
     upload_row_chunks_max(gpu, label, data, rows, cols, max)
 }
 
@@ -145,10 +121,7 @@ pub fn upload_row_chunks_max(
     max_bytes: u64,
 ) -> Result<Vec<(u32, Tensor)>> {
     if data.len() != rows * cols {
-        return Err(Error::Mismatch(format!(
-            "{label}: {} values for [{rows}, {cols}]",
-            data.len()
-        )));
+        return Err(Error::Mismatch(format!("{label}: {} values for [{rows}, {cols}]", data.len())));
     }
     // A chunk of odd size is padded to a whole u32; the row bytes bound that with cols*2 + 2 / rows.
     let row_bytes = 2 * cols as u64;
@@ -156,11 +129,7 @@ pub fn upload_row_chunks_max(
     let many = plan.len() > 1;
     plan.into_iter()
         .map(|r| {
-            let name = if many {
-                format!("{label}[{}..{}]", r.start, r.end)
-            } else {
-                label.to_string()
-            };
+            let name = if many { format!("{label}[{}..{}]", r.start, r.end) } else { label.to_string() };
             let t = gpu.upload_f16(&name, &[r.len(), cols], &data[r.start * cols..r.end * cols])?;
             Ok((r.start as u32, t))
         })
@@ -194,15 +163,10 @@ mod tests {
         // Qwen2.5's table on a 128 MiB binding: 3 chunks of ~50k rows.
         let plan = plan_row_chunks(151936, 2 * 896, 128 << 20).unwrap();
         assert_eq!(plan.len(), 3);
-        assert!(plan
-            .iter()
-            .all(|r| r.start % CHUNK_ROW_ALIGN == 0 && r.len() as u64 * 1792 <= 128 << 20));
+        assert!(plan.iter().all(|r| r.start % CHUNK_ROW_ALIGN == 0 && r.len() as u64 * 1792 <= 128 << 20));
         assert_eq!(plan.last().unwrap().end, 151936);
         assert!(plan.windows(2).all(|w| w[0].end == w[1].start));
-        assert_eq!(
-            plan_row_chunks(1000, 100, 1 << 20).unwrap(),
-            std::iter::once(0..1000).collect::<Vec<_>>()
-        );
+        assert_eq!(plan_row_chunks(1000, 100, 1 << 20).unwrap(), std::iter::once(0..1000).collect::<Vec<_>>());
         assert!(plan_row_chunks(1000, 100, 6399).is_err());
     }
 
@@ -212,10 +176,8 @@ mod tests {
             // Odd column count too: rows do not start on a u32 boundary.
             for cols in [64usize, 896, 75] {
                 let rows = 300usize;
-                let table: Vec<f16> = random(rows * cols, 61 + cols as u64, 2.0)
-                    .into_iter()
-                    .map(f16::from_f32)
-                    .collect();
+                let table: Vec<f16> =
+                    random(rows * cols, 61 + cols as u64, 2.0).into_iter().map(f16::from_f32).collect();
                 // At most 128 rows per chunk: chunks [0, 128), [128, 256), [256, 300).
                 let max = (128 * 2 * cols) as u64 + 2;
                 let chunks = upload_row_chunks_max(&gpu, "emb", &table, rows, cols, max).unwrap();
@@ -229,10 +191,8 @@ mod tests {
                 let ids_t = gpu.upload_u32("ids", &[ids.len()], &ids).unwrap();
                 let out = gpu.upload_f32("out", &[ids.len(), cols], &init).unwrap();
                 let scale = 29.93;
-                let ks: Vec<Kernel> = chunks
-                    .iter()
-                    .map(|(start, t)| embedding(&gpu, t, *start, &ids_t, &out, scale).unwrap())
-                    .collect();
+                let ks: Vec<Kernel> =
+                    chunks.iter().map(|(start, t)| embedding(&gpu, t, *start, &ids_t, &out, scale).unwrap()).collect();
                 gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
                 let got = gpu.read_f32(&out).unwrap();
                 let mut want = init.clone();
@@ -248,10 +208,7 @@ mod tests {
     fn embedding_skips_ids_out_of_range() {
         for gpu in gpu_variants() {
             let (rows, cols) = (70usize, 32usize);
-            let table: Vec<f16> = random(rows * cols, 71, 1.0)
-                .into_iter()
-                .map(f16::from_f32)
-                .collect();
+            let table: Vec<f16> = random(rows * cols, 71, 1.0).into_iter().map(f16::from_f32).collect();
             let t = gpu.upload_f16("emb", &[rows, cols], &table).unwrap();
             let ids = [3u32, 70, u32::MAX, 69];
             let init = random(ids.len() * cols, 72, 1.0);

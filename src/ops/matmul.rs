@@ -49,52 +49,21 @@ impl LinearShape {
 
 /// Checks the operands of [`linear`] and returns their dimensions. Panics with a message naming
 /// the operand on any mismatch: shapes are fixed by the model, so a mismatch is a bug.
-pub fn check_shapes(
-    x: &Tensor,
-    w: &Tensor,
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    opts: LinearOpts,
-) -> LinearShape {
+pub fn check_shapes(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, y: &Tensor, opts: LinearOpts) -> LinearShape {
     assert_eq!(w.ty, ElemType::F16, "linear: W must be f16, got {:?}", w.ty);
-    assert_eq!(
-        w.shape.len(),
-        2,
-        "linear: W must be [N, K], got {:?}",
-        w.shape
-    );
+    assert_eq!(w.shape.len(), 2, "linear: W must be [N, K], got {:?}", w.shape);
     let (n, k) = (w.shape[0], w.shape[1]);
     assert!(n > 0 && k > 0, "linear: empty W {:?}", w.shape);
-    assert!(
-        k % 2 == 0,
-        "linear: K = {k} must be even (W rows are whole u32 words)"
-    );
+    assert!(k % 2 == 0, "linear: K = {k} must be even (W rows are whole u32 words)");
     assert_eq!(x.ty, ElemType::F32, "linear: x must be f32, got {:?}", x.ty);
-    assert!(
-        x.shape.len() == 2 && x.shape[1] == k,
-        "linear: x must be [T, K = {k}], got {:?}",
-        x.shape
-    );
+    assert!(x.shape.len() == 2 && x.shape[1] == k, "linear: x must be [T, K = {k}], got {:?}", x.shape);
     let t = x.shape[0];
     assert!(t > 0, "linear: x has no rows");
     assert_eq!(y.ty, ElemType::F32, "linear: y must be f32, got {:?}", y.ty);
-    assert!(
-        y.shape == [t, n],
-        "linear: y must be [T = {t}, N = {n}], got {:?}",
-        y.shape
-    );
+    assert!(y.shape == [t, n], "linear: y must be [T = {t}, N = {n}], got {:?}", y.shape);
     if let Some(b) = bias {
-        assert_eq!(
-            b.ty,
-            ElemType::F32,
-            "linear: bias must be f32, got {:?}",
-            b.ty
-        );
-        assert!(
-            b.shape == [n],
-            "linear: bias must be [N = {n}], got {:?}",
-            b.shape
-        );
+        assert_eq!(b.ty, ElemType::F32, "linear: bias must be f32, got {:?}", b.ty);
+        assert!(b.shape == [n], "linear: bias must be [N = {n}], got {:?}", b.shape);
     }
     let ld_out = opts.ld_out.unwrap_or(n);
     assert!(ld_out >= n, "linear: ld_out = {ld_out} < N = {n}");
@@ -107,9 +76,7 @@ pub fn check_shapes(
         y.buffer.size()
     );
     assert!(
-        s.out_span() < u32::MAX as usize
-            && n * k / 2 < u32::MAX as usize
-            && t * k < u32::MAX as usize,
+        s.out_span() < u32::MAX as usize && n * k / 2 < u32::MAX as usize && t * k < u32::MAX as usize,
         "linear: {s:?} overflows 32-bit indexing"
     );
     s
@@ -156,9 +123,7 @@ fn out_binding<'a>(gpu: &Gpu, y: &'a Tensor, s: &LinearShape) -> wgpu::BindingRe
 }
 
 fn common_macros(gpu: &Gpu, bias: bool, accumulate: bool) -> crate::gpu::Macros {
-    gpu.macros()
-        .flag_if("BIAS", bias)
-        .flag_if("ACCUMULATE", accumulate)
+    gpu.macros().flag_if("BIAS", bias).flag_if("ACCUMULATE", accumulate)
 }
 
 const MATVEC_WG: u32 = 256;
@@ -206,13 +171,7 @@ impl MatvecConfig {
         let want = 65536u32.div_ceil(groups).next_power_of_two();
         let widest = loads.next_power_of_two().min(MATVEC_WG).max(min_tpr);
         let tpr = want.clamp(min_tpr.max(16).min(widest), widest);
-        MatvecConfig {
-            vec,
-            wg: MATVEC_WG,
-            tpr,
-            tok,
-            subgroups,
-        }
+        MatvecConfig { vec, wg: MATVEC_WG, tpr, tok, subgroups }
     }
 }
 
@@ -243,26 +202,12 @@ fn matvec(
         macros.0.remove("SUBGROUP");
     }
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
-    let params = gpu.uniform(
-        "matvec.params",
-        &[s.n as u32, loads, s.t as u32, s.ld_out as u32],
-    );
-    let mut bindings = vec![
-        w.binding(),
-        x.binding(),
-        out_binding(gpu, y, s),
-        params.as_entire_binding(),
-    ];
+    let params = gpu.uniform("matvec.params", &[s.n as u32, loads, s.t as u32, s.ld_out as u32]);
+    let mut bindings = vec![w.binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
     if let Some(b) = bias {
         bindings.push(b.binding());
     }
-    gpu.kernel(
-        "matvec",
-        "main",
-        &macros,
-        &bindings,
-        grid((s.n as u32).div_ceil(rows_per_wg)),
-    )
+    gpu.kernel("matvec", "main", &macros, &bindings, grid((s.n as u32).div_ceil(rows_per_wg)))
 }
 
 /// Matmul tile: the workgroup is 16 × 16 threads, each computing tile × tile outputs of a
@@ -301,42 +246,21 @@ fn matmul(
     let MatmulConfig { tile, bk } = cfg;
     // Staging: every thread loads 4 K pairs of each tile, and a K slice is whole groups of 4.
     assert!(matches!(tile, 4 | 8) && bk % 8 == 0 && 16 * tile * bk / 2 == 4 * 256);
-    let macros = common_macros(gpu, bias.is_some(), opts.accumulate)
-        .set("TILE", tile)
-        .flag_if("TILE8", tile == 8)
-        .set("BK", bk);
-    let params = gpu.uniform(
-        "matmul.params",
-        &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32],
-    );
-    let mut bindings = vec![
-        w.binding(),
-        x.binding(),
-        out_binding(gpu, y, s),
-        params.as_entire_binding(),
-    ];
+    let macros =
+        common_macros(gpu, bias.is_some(), opts.accumulate).set("TILE", tile).flag_if("TILE8", tile == 8).set("BK", bk);
+    let params = gpu.uniform("matmul.params", &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32]);
+    let mut bindings = vec![w.binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
     if let Some(b) = bias {
         bindings.push(b.binding());
     }
-    let groups = [
-        (s.n as u32).div_ceil(16 * tile),
-        (s.t as u32).div_ceil(16 * tile),
-        1,
-    ];
+    let groups = [(s.n as u32).div_ceil(16 * tile), (s.t as u32).div_ceil(16 * tile), 1];
     gpu.kernel("matmul", "main", &macros, &bindings, groups)
 }
 
 pub mod cpu {
     /// `y (+)= x · Wᵀ (+ bias)` with x `[T, K]`, w `[N, K]` (f32, e.g. the f16 weight widened),
     /// y `[T, N]`; sums in f64, so it serves as the exact reference.
-    pub fn linear(
-        x: &[f32],
-        w: &[f32],
-        k: usize,
-        bias: Option<&[f32]>,
-        y: &mut [f32],
-        accumulate: bool,
-    ) {
+    pub fn linear(x: &[f32], w: &[f32], k: usize, bias: Option<&[f32]>, y: &mut [f32], accumulate: bool) {
         assert!(k > 0 && x.len() % k == 0 && w.len() % k == 0);
         let (t, n) = (x.len() / k, w.len() / k);
         assert_eq!(y.len(), t * n);
@@ -349,11 +273,7 @@ pub mod cpu {
                     s += b[ni] as f64;
                 }
                 let o = &mut y[ti * n + ni];
-                *o = if accumulate {
-                    (*o as f64 + s) as f32
-                } else {
-                    s as f32
-                };
+                *o = if accumulate { (*o as f64 + s) as f32 } else { s as f32 };
             }
         }
     }
@@ -367,10 +287,7 @@ mod tests {
 
     /// Random f16 weights `[n, k]` and the same values widened to f32 for the reference.
     fn weights(n: usize, k: usize, seed: u64) -> (Vec<f16>, Vec<f32>) {
-        let h: Vec<f16> = random(n * k, seed, 1.0)
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
+        let h: Vec<f16> = random(n * k, seed, 1.0).into_iter().map(f16::from_f32).collect();
         let f = h.iter().map(|v| v.to_f32()).collect();
         (h, f)
     }
@@ -401,10 +318,7 @@ mod tests {
         let ab = bias.map(abs);
         cpu::linear(&abs(x), &abs(w), k, ab.as_deref(), &mut mag, accumulate);
         let eps = f32::EPSILON / 2.0;
-        let tol = mag
-            .iter()
-            .map(|m| 4.0 * eps * (k as f32).sqrt() * m)
-            .collect();
+        let tol = mag.iter().map(|m| 4.0 * eps * (k as f32).sqrt() * m).collect();
         (want, tol)
     }
 
@@ -414,10 +328,7 @@ mod tests {
         let mut worst = 0.0f32;
         for (i, ((g, w), t)) in got.iter().zip(want).zip(tol).enumerate() {
             let d = (g - w).abs();
-            assert!(
-                d <= *t,
-                "{what}: element {i}: got {g}, want {w} (|diff| {d} > tol {t})"
-            );
+            assert!(d <= *t, "{what}: element {i}: got {g}, want {w} (|diff| {d} > tol {t})");
             worst = worst.max(d / t);
         }
         worst
@@ -459,10 +370,7 @@ mod tests {
         let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
         let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
         let bias = with_bias.then_some(&b);
-        let opts = LinearOpts {
-            accumulate,
-            ld_out: None,
-        };
+        let opts = LinearOpts { accumulate, ld_out: None };
         let s = check_shapes(&x, &w, bias, &y, opts);
         let kern = match path {
             Path::Matvec => matvec(gpu, &x, &w, bias, &y, &s, opts, MatvecConfig::new(gpu, &s)),
@@ -500,8 +408,7 @@ mod tests {
                         // goes through it).
                         for path in [Path::Matvec, Path::Matmul(TILE4)] {
                             seed += 10;
-                            worst = worst
-                                .max(run_case(&gpu, t, n, k, with_bias, accumulate, path, seed));
+                            worst = worst.max(run_case(&gpu, t, n, k, with_bias, accumulate, path, seed));
                         }
                     }
                 }
@@ -525,12 +432,7 @@ mod tests {
         // its columns of one [T, V] logits buffer through a view with ld_out = V.
         for gpu in gpu_variants() {
             // T = 1 and 5 run matvec, T = 70 the tiled matmul.
-            for (t, k, accumulate) in [
-                (1usize, 70usize, false),
-                (5, 64, false),
-                (70, 70, true),
-                (1, 64, true),
-            ] {
+            for (t, k, accumulate) in [(1usize, 70usize, false), (5, 64, false), (70, 70, true), (1, 64, true)] {
                 let v = 192;
                 let chunks = [(0usize, 128usize), (128, 64)];
                 let xv = random(t * k, 3, 1.0);
@@ -541,33 +443,21 @@ mod tests {
                 let logits = gpu.upload_f32("logits", &[t, v], &y0).unwrap();
                 let mut keep = Vec::new();
                 for (r0, rows) in chunks {
-                    let w = gpu
-                        .upload_f16("w chunk", &[rows, k], &wh[r0 * k..(r0 + rows) * k])
-                        .unwrap();
-                    let b = gpu
-                        .upload_f32("bias chunk", &[rows], &bv[r0..r0 + rows])
-                        .unwrap();
+                    let w = gpu.upload_f16("w chunk", &[rows, k], &wh[r0 * k..(r0 + rows) * k]).unwrap();
+                    let b = gpu.upload_f32("bias chunk", &[rows], &bv[r0..r0 + rows]).unwrap();
                     let view = Tensor {
                         buffer: logits.buffer.clone(),
                         offset: logits.offset + 4 * r0 as u64,
                         shape: vec![t, rows],
                         ty: ElemType::F32,
                     };
-                    let opts = LinearOpts {
-                        accumulate,
-                        ld_out: Some(v),
-                    };
+                    let opts = LinearOpts { accumulate, ld_out: Some(v) };
                     keep.push(linear(&gpu, &x, &w, Some(&b), &view, opts).unwrap());
                 }
                 gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();
                 let got = gpu.read_f32(&logits).unwrap();
                 let (want, tol) = reference(&xv, &wf, k, Some(&bv), &y0, accumulate);
-                check(
-                    &got,
-                    &want,
-                    &tol,
-                    &format!("split T={t} K={k} acc={accumulate}"),
-                );
+                check(&got, &want, &tol, &format!("split T={t} K={k} acc={accumulate}"));
             }
         }
     }
@@ -587,11 +477,7 @@ mod tests {
             let opts = LinearOpts::default();
             let s = check_shapes(&x, &w, None, &y, opts);
             let mut cfg = MatvecConfig::new(&gpu, &s);
-            cfg.tpr = if cfg.subgroups {
-                gpu.caps.subgroup_max_size.max(8)
-            } else {
-                8
-            };
+            cfg.tpr = if cfg.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
             cfg.wg = cfg.tpr;
             let kern = matvec(&gpu, &x, &w, None, &y, &s, opts, cfg).unwrap();
             assert!(kern.workgroups[1] > 1, "{:?}", kern.workgroups);
@@ -643,9 +529,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
             one = batch(r) / r as f64;
         }
         let reps = ((0.1 / one) as usize).clamp(3, 2000);
-        (0..3)
-            .map(|_| batch(reps) / reps as f64)
-            .fold(f64::INFINITY, f64::min)
+        (0..3).map(|_| batch(reps) / reps as f64).fold(f64::INFINITY, f64::min)
     }
 
     #[test]
@@ -663,43 +547,27 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
             let kern = linear(&gpu, &x, &w, None, &y, LinearOpts::default()).unwrap();
             let t_fast = time_per_call(&gpu, &|pass| kern.encode(pass));
 
-            let module = gpu
-                .device
-                .create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some("naive matvec"),
-                    source: wgpu::ShaderSource::Wgsl(NAIVE_MATVEC.into()),
-                });
-            let pipeline = gpu
-                .device
-                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some("naive matvec"),
-                    layout: None,
-                    module: &module,
-                    entry_point: Some("main"),
-                    compilation_options: Default::default(),
-                    cache: None,
-                });
+            let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("naive matvec"),
+                source: wgpu::ShaderSource::Wgsl(NAIVE_MATVEC.into()),
+            });
+            let pipeline = gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("naive matvec"),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
             let params = gpu.uniform("naive.params", &[n as u32, (k / 2) as u32, 0, 0]);
             let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
                 layout: &pipeline.get_bind_group_layout(0),
                 entries: &[
-                    wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: w.binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 1,
-                        resource: x.binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 2,
-                        resource: y_naive.binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 3,
-                        resource: params.as_entire_binding(),
-                    },
+                    wgpu::BindGroupEntry { binding: 0, resource: w.binding() },
+                    wgpu::BindGroupEntry { binding: 1, resource: x.binding() },
+                    wgpu::BindGroupEntry { binding: 2, resource: y_naive.binding() },
+                    wgpu::BindGroupEntry { binding: 3, resource: params.as_entire_binding() },
                 ],
             });
             let t_naive = time_per_call(&gpu, &|pass| {
@@ -734,14 +602,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
         let gpu = gpu();
         let big = gpu.info.device_type != wgpu::DeviceType::Cpu;
         let matvec_shapes: &[(usize, usize)] = if big {
-            &[
-                (2048, 2048),
-                (4096, 4096),
-                (4864, 896),
-                (896, 4864),
-                (151936, 896),
-                (262144, 640),
-            ]
+            &[(2048, 2048), (4096, 4096), (4864, 896), (896, 4864), (151936, 896), (262144, 640)]
         } else {
             &[(2048, 2048)]
         };
@@ -774,37 +635,23 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
                     } else {
                         format!("tpr {}", c.tpr)
                     };
-                    line += &format!(
-                        " {name} {:.1}us {:.0}GB/s;",
-                        t * 1e6,
-                        (n * k * 2) as f64 / t / 1e9
-                    );
+                    line += &format!(" {name} {:.1}us {:.0}GB/s;", t * 1e6, (n * k * 2) as f64 / t / 1e9);
                 }
                 eprintln!("{line}");
             }
         }
         // Few tokens: matvec (4 tokens per pass over W, and 1) vs the tiled matmul.
-        let few: &[(usize, usize)] = if big {
-            &[(2048, 2048), (4864, 896), (151936, 896)]
-        } else {
-            &[(576, 1536)]
-        };
+        let few: &[(usize, usize)] = if big { &[(2048, 2048), (4864, 896), (151936, 896)] } else { &[(576, 1536)] };
         for &(n, k) in few {
             let w = gpu.upload_f16("w", &[n, k], &weights(n, k, 2).0).unwrap();
             for t in [2usize, 4, 8, 16, 32, 64, 128] {
-                let x = gpu
-                    .upload_f32("x", &[t, k], &random(t * k, 1, 1.0))
-                    .unwrap();
+                let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
                 let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
                 let s = check_shapes(&x, &w, None, &y, opts);
                 let mut line = format!("few tokens T={t} N={n} K={k}:");
                 let mut outs = Vec::new();
                 let auto = MatvecConfig::new(&gpu, &s);
-                let tok4 = MatvecConfig {
-                    tok: 4,
-                    tpr: auto.tpr.max(16),
-                    ..auto
-                };
+                let tok4 = MatvecConfig { tok: 4, tpr: auto.tpr.max(16), ..auto };
                 let tok1 = MatvecConfig { tok: 1, ..auto };
                 for (name, cfg) in [("matvec tok 4", tok4), ("matvec tok 1", tok1)] {
                     let kern = matvec(&gpu, &x, &w, None, &y, &s, opts, cfg).unwrap();
@@ -824,20 +671,12 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
             }
         }
         let matmul_shapes: &[(usize, usize, usize)] = if big {
-            &[
-                (16, 2048, 2048),
-                (128, 2048, 2048),
-                (512, 2048, 2048),
-                (512, 4864, 896),
-                (2048, 4096, 4096),
-            ]
+            &[(16, 2048, 2048), (128, 2048, 2048), (512, 2048, 2048), (512, 4864, 896), (2048, 4096, 4096)]
         } else {
             &[(67, 576, 1536)]
         };
         for &(t, n, k) in matmul_shapes {
-            let x = gpu
-                .upload_f32("x", &[t, k], &random(t * k, 1, 1.0))
-                .unwrap();
+            let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
             let w = gpu.upload_f16("w", &[n, k], &weights(n, k, 2).0).unwrap();
             let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
             let s = check_shapes(&x, &w, None, &y, opts);
@@ -849,11 +688,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
                 eprintln!(
                     "matmul T={t} N={n} K={k} tile {}{}: {:.1} us, {:.2} TFLOP/s",
                     cfg.tile,
-                    if cfg == MatmulConfig::new(&s) {
-                        " (auto)"
-                    } else {
-                        ""
-                    },
+                    if cfg == MatmulConfig::new(&s) { " (auto)" } else { "" },
                     tm * 1e6,
                     (2 * t * n * k) as f64 / tm / 1e12
                 );

@@ -2,12 +2,12 @@
 //! from its WGSL file (`wgsl/<op>.wgsl`), a CPU reference (`cpu::<op>` in the same module), and a test
 //! on random inputs comparing the two.
 
-pub mod elementwise;
-pub mod matmul;
 pub mod attention;
-pub mod rope;
-pub mod norm;
+pub mod elementwise;
 pub mod embedding;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
 
 /// Per-step values shared by the position-dependent kernels (RoPE, KV-cache write, attention),
 /// bound as one uniform buffer that the host rewrites each step: recorded kernels never change.

@@ -27,12 +27,7 @@ pub struct RowLayout {
 impl RowLayout {
     /// Contiguous rows of `n` (strides = n).
     pub fn contiguous(rows: u32, n: u32) -> Self {
-        RowLayout {
-            rows,
-            n,
-            x_stride: n,
-            out_stride: n,
-        }
+        RowLayout { rows, n, x_stride: n, out_stride: n }
     }
 }
 
@@ -50,16 +45,9 @@ struct Params {
 
 fn check(gpu: &Gpu, what: &str, t: &Tensor, rows: u32, n: u32, stride: u32) -> Result<()> {
     if t.ty != ElemType::F32 {
-        return Err(Error::InvalidArgument(format!(
-            "rms_norm: {what} must be f32, is {:?}",
-            t.ty
-        )));
+        return Err(Error::InvalidArgument(format!("rms_norm: {what} must be f32, is {:?}", t.ty)));
     }
-    let need = if rows == 0 {
-        0
-    } else {
-        (rows as usize - 1) * stride as usize + n as usize
-    };
+    let need = if rows == 0 { 0 } else { (rows as usize - 1) * stride as usize + n as usize };
     if t.numel() < need {
         return Err(Error::InvalidArgument(format!(
             "rms_norm: {what} has {} elements, the row layout needs {need}",
@@ -78,9 +66,7 @@ fn check(gpu: &Gpu, what: &str, t: &Tensor, rows: u32, n: u32, stride: u32) -> R
 
 fn checks(gpu: &Gpu, x: &Tensor, w: &Tensor, out: Option<&Tensor>, l: &RowLayout) -> Result<()> {
     if l.n == 0 || l.x_stride < l.n || (out.is_some() && l.out_stride < l.n) {
-        return Err(Error::InvalidArgument(format!(
-            "rms_norm: bad row layout {l:?}"
-        )));
+        return Err(Error::InvalidArgument(format!("rms_norm: bad row layout {l:?}")));
     }
     check(gpu, "x", x, l.rows, l.n, l.x_stride)?;
     check(gpu, "w", w, 1, l.n, l.n)?;
@@ -93,28 +79,14 @@ fn checks(gpu: &Gpu, x: &Tensor, w: &Tensor, out: Option<&Tensor>, l: &RowLayout
 fn params(gpu: &Gpu, l: &RowLayout, eps: f32) -> wgpu::Buffer {
     gpu.uniform(
         "rms_norm.params",
-        &Params {
-            rows: l.rows,
-            n: l.n,
-            x_stride: l.x_stride,
-            out_stride: l.out_stride,
-            eps,
-            _pad: [0; 3],
-        },
+        &Params { rows: l.rows, n: l.n, x_stride: l.x_stride, out_stride: l.out_stride, eps, _pad: [0; 3] },
     )
 }
 
 /// `out[r, :] = x[r, :] * rsqrt(mean(x[r, :]²) + eps) * w` over contiguous rows of `n = w.numel()`
 /// (rows = `x.numel() / n`); with `accumulate`, `out[r, :] += …` instead. `x` and `out` must not
 /// share a buffer (use [`rms_norm_in_place`]).
-pub fn rms_norm(
-    gpu: &Gpu,
-    x: &Tensor,
-    w: &Tensor,
-    out: &Tensor,
-    eps: f32,
-    accumulate: bool,
-) -> Result<Kernel> {
+pub fn rms_norm(gpu: &Gpu, x: &Tensor, w: &Tensor, out: &Tensor, eps: f32, accumulate: bool) -> Result<Kernel> {
     let n = w.numel() as u32;
     if n == 0 || x.numel() % n as usize != 0 {
         return Err(Error::InvalidArgument(format!(
@@ -142,25 +114,14 @@ pub fn rms_norm_rows(
         "rms_norm",
         "main",
         &gpu.macros().flag_if("ACCUMULATE", accumulate),
-        &[
-            x.binding(),
-            w.binding(),
-            out.binding(),
-            p.as_entire_binding(),
-        ],
+        &[x.binding(), w.binding(), out.binding(), p.as_entire_binding()],
         grid(layout.rows),
     )
 }
 
 /// `x[r * stride ..][..n] = norm(x[r * stride ..][..n]) * w` in place (`layout.out_stride` is
 /// ignored), e.g. the per-head q/k norm with rows = tokens × heads and n = head_dim.
-pub fn rms_norm_in_place(
-    gpu: &Gpu,
-    x: &Tensor,
-    w: &Tensor,
-    layout: RowLayout,
-    eps: f32,
-) -> Result<Kernel> {
+pub fn rms_norm_in_place(gpu: &Gpu, x: &Tensor, w: &Tensor, layout: RowLayout, eps: f32) -> Result<Kernel> {
     checks(gpu, x, w, None, &layout)?;
     let p = params(gpu, &layout, eps);
     gpu.kernel(
@@ -176,14 +137,7 @@ pub mod cpu {
     use super::RowLayout;
 
     /// Reference of [`super::rms_norm_rows`] (computed in f64, rounded to f32 at the end).
-    pub fn rms_norm_rows(
-        x: &[f32],
-        w: &[f32],
-        out: &mut [f32],
-        l: RowLayout,
-        eps: f32,
-        accumulate: bool,
-    ) {
+    pub fn rms_norm_rows(x: &[f32], w: &[f32], out: &mut [f32], l: RowLayout, eps: f32, accumulate: bool) {
         let n = l.n as usize;
         for r in 0..l.rows as usize {
             let row = &x[r * l.x_stride as usize..][..n];
@@ -260,15 +214,8 @@ mod tests {
                     let mut want = init.clone();
                     cpu::rms_norm(&xs, &ws, &mut want, 1e-6, accumulate);
                     let e = rel_err(&got, &want);
-                    eprintln!(
-                        "rms_norm n={n} acc={accumulate} subgroups={}: rel err {e:e}",
-                        gpu.caps.subgroups
-                    );
-                    assert!(
-                        e < TOL,
-                        "n={n} acc={accumulate} subgroups={} rel err {e}",
-                        gpu.caps.subgroups
-                    );
+                    eprintln!("rms_norm n={n} acc={accumulate} subgroups={}: rel err {e:e}", gpu.caps.subgroups);
+                    assert!(e < TOL, "n={n} acc={accumulate} subgroups={} rel err {e}", gpu.caps.subgroups);
                 }
             }
         }
@@ -284,12 +231,8 @@ mod tests {
             let xs = random(rows * xs_stride, 41, 3.0);
             let ws = random(n, 42, 1.0);
             let init = random(rows * out_stride, 43, 1.0);
-            let layout = RowLayout {
-                rows: rows as u32,
-                n: n as u32,
-                x_stride: xs_stride as u32,
-                out_stride: out_stride as u32,
-            };
+            let layout =
+                RowLayout { rows: rows as u32, n: n as u32, x_stride: xs_stride as u32, out_stride: out_stride as u32 };
             for accumulate in [false, true] {
                 let x = gpu.upload_f32("x", &[rows, xs_stride], &xs).unwrap();
                 let w = gpu.upload_f32("w", &[n], &ws).unwrap();
@@ -319,13 +262,7 @@ mod tests {
             gpu.run(&[&k]).unwrap();
             let got = gpu.read_f32(&out).unwrap();
             let mut want = vec![0.0; n];
-            cpu::rms_norm(
-                &xs[(rows - 1) * xs_stride..][..n],
-                &ws,
-                &mut want,
-                1e-6,
-                false,
-            );
+            cpu::rms_norm(&xs[(rows - 1) * xs_stride..][..n], &ws, &mut want, 1e-6, false);
             assert!(rel_err(&got, &want) < TOL, "last-row view");
 
             // A misaligned view is an error, not a device validation failure.

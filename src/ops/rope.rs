@@ -29,9 +29,7 @@ pub struct RopeParams {
 /// computes it (`1.0 / base ** (arange(0, D, 2).float() / D)`, then `inv_freq /= factor` for
 /// linear scaling); the angle of pair i at position p is then `f32(p) * inv_freq[i]`.
 pub fn inv_freq(head_dim: usize, theta: f32, scaling: f32) -> Vec<f32> {
-    (0..head_dim / 2)
-        .map(|i| 1.0f32 / theta.powf((2 * i) as f32 / head_dim as f32) / scaling)
-        .collect()
+    (0..head_dim / 2).map(|i| 1.0f32 / theta.powf((2 * i) as f32 / head_dim as f32) / scaling).collect()
 }
 
 /// Records RoPE (and with `qk_norm = Some((q_norm, k_norm, eps))`, the per-head RMSNorm before
@@ -76,47 +74,21 @@ fn record(
     assert!(p.heads > 0 && p.kv_heads > 0 && p.n_tokens > 0);
     assert_eq!(qkv.ty, ElemType::F32, "rope: qkv must be f32");
     let row = (p.heads + 2 * p.kv_heads) * d;
-    assert!(
-        qkv.numel() >= p.n_tokens * row,
-        "rope: qkv holds fewer than T rows"
-    );
+    assert!(qkv.numel() >= p.n_tokens * row, "rope: qkv holds fewer than T rows");
     let heads = p.heads + p.kv_heads;
     let table = gpu.upload_f32("rope.inv_freq", &[d / 2], &inv_freq(d, p.theta, p.scaling))?;
     let eps = qk_norm.map_or(0.0, |n| n.2);
     let max_ctx = cache.map_or(0, |(k, _)| k.shape[1]);
-    let params: [u32; 8] = [
-        heads as u32,
-        p.heads as u32,
-        row as u32,
-        p.n_tokens as u32,
-        eps.to_bits(),
-        max_ctx as u32,
-        0,
-        0,
-    ];
+    let params: [u32; 8] =
+        [heads as u32, p.heads as u32, row as u32, p.n_tokens as u32, eps.to_bits(), max_ctx as u32, 0, 0];
     let params = gpu.uniform("rope.params", &params);
     // One pair per thread where possible: D/2 threads, clamped to 32..=128.
     let wg = (d / 2).next_power_of_two().clamp(32, 128);
-    let macros = gpu
-        .macros()
-        .set("D", d)
-        .set("WG", wg)
-        .flag_if("QK_NORM", qk_norm.is_some());
-    let mut bindings = vec![
-        qkv.binding(),
-        table.binding(),
-        step.as_entire_binding(),
-        params.as_entire_binding(),
-    ];
+    let macros = gpu.macros().set("D", d).set("WG", wg).flag_if("QK_NORM", qk_norm.is_some());
+    let mut bindings = vec![qkv.binding(), table.binding(), step.as_entire_binding(), params.as_entire_binding()];
     if let Some((qn, kn, _)) = qk_norm {
-        assert!(
-            qn.ty == ElemType::F32 && kn.ty == ElemType::F32,
-            "rope: q/k norm weights must be f32"
-        );
-        assert!(
-            qn.numel() == d && kn.numel() == d,
-            "rope: q/k norm weights must have D elements"
-        );
+        assert!(qn.ty == ElemType::F32 && kn.ty == ElemType::F32, "rope: q/k norm weights must be f32");
+        assert!(qn.numel() == d && kn.numel() == d, "rope: q/k norm weights must have D elements");
         bindings.push(qn.binding());
         bindings.push(kn.binding());
     }
@@ -130,20 +102,11 @@ fn record(
             );
         }
         assert_eq!(kc.shape, vc.shape);
-        macros = macros
-            .flag("KV_WRITE")
-            .set("KC", bindings.len())
-            .set("VC", bindings.len() + 1);
+        macros = macros.flag("KV_WRITE").set("KC", bindings.len()).set("VC", bindings.len() + 1);
         bindings.push(kc.binding());
         bindings.push(vc.binding());
     }
-    gpu.kernel(
-        "rope",
-        "main",
-        &macros,
-        &bindings,
-        grid((p.n_tokens * heads) as u32),
-    )
+    gpu.kernel("rope", "main", &macros, &bindings, grid((p.n_tokens * heads) as u32))
 }
 
 pub mod cpu {
@@ -151,13 +114,7 @@ pub mod cpu {
 
     /// Reference RoPE (+ optional q/k RMSNorm) on rows `t < n_tokens` of `qkv` at positions
     /// `pos + t`; cos/sin of the f32 angle are computed in f64.
-    pub fn rope(
-        qkv: &mut [f32],
-        pos: usize,
-        n_tokens: usize,
-        p: &RopeParams,
-        qk_norm: Option<(&[f32], &[f32], f32)>,
-    ) {
+    pub fn rope(qkv: &mut [f32], pos: usize, n_tokens: usize, p: &RopeParams, qk_norm: Option<(&[f32], &[f32], f32)>) {
         let d = p.head_dim;
         let half = d / 2;
         let row = (p.heads + 2 * p.kv_heads) * d;
@@ -204,24 +161,13 @@ mod tests {
         let norms = norm.then_some((&qn_t, &kn_t, eps));
         let k = rope(gpu, &qkv, &step, p, norms).unwrap();
         for &(pos, n) in steps {
-            gpu.queue
-                .write_buffer(&qkv.buffer, 0, bytemuck::cast_slice(&data));
-            let sp = StepParams {
-                pos: pos as u32,
-                n_tokens: n as u32,
-                _pad: [0; 2],
-            };
+            gpu.queue.write_buffer(&qkv.buffer, 0, bytemuck::cast_slice(&data));
+            let sp = StepParams { pos: pos as u32, n_tokens: n as u32, _pad: [0; 2] };
             gpu.queue.write_buffer(&step, 0, bytemuck::bytes_of(&sp));
             gpu.run(&[&k]).unwrap();
             let got = gpu.read_f32(&qkv).unwrap();
             let mut want = data.clone();
-            cpu::rope(
-                &mut want,
-                pos,
-                n,
-                &p,
-                norm.then_some((&qn[..], &kn[..], eps)),
-            );
+            cpu::rope(&mut want, pos, n, &p, norm.then_some((&qn[..], &kn[..], eps)));
             // rows past n_tokens are untouched, v is untouched
             for t in 0..p.n_tokens {
                 let (g, w) = (&got[t * row..][..row], &want[t * row..][..row]);
@@ -247,40 +193,15 @@ mod tests {
         for gpu in gpu_variants() {
             for d in [64, 256] {
                 for norm in [false, true] {
-                    let p = RopeParams {
-                        heads: 4,
-                        kv_heads: 2,
-                        head_dim: d,
-                        theta: 10000.0,
-                        scaling: 1.0,
-                        n_tokens: 7,
-                    };
-                    check(
-                        &gpu,
-                        p,
-                        &[(0, 7), (37, 1), (10, 5)],
-                        norm,
-                        2e-6 * if norm { 4.0 } else { 2.0 },
-                    );
+                    let p =
+                        RopeParams { heads: 4, kv_heads: 2, head_dim: d, theta: 10000.0, scaling: 1.0, n_tokens: 7 };
+                    check(&gpu, p, &[(0, 7), (37, 1), (10, 5)], norm, 2e-6 * if norm { 4.0 } else { 2.0 });
                 }
             }
             // Qwen-style large base with GQA 6:2, Gemma-style linear scaling.
-            let p = RopeParams {
-                heads: 6,
-                kv_heads: 2,
-                head_dim: 128,
-                theta: 1_000_000.0,
-                scaling: 1.0,
-                n_tokens: 3,
-            };
+            let p = RopeParams { heads: 6, kv_heads: 2, head_dim: 128, theta: 1_000_000.0, scaling: 1.0, n_tokens: 3 };
             check(&gpu, p, &[(5, 3)], true, 1e-5);
-            let p = RopeParams {
-                theta: 1_000_000.0,
-                scaling: 8.0,
-                heads: 4,
-                kv_heads: 1,
-                ..p
-            };
+            let p = RopeParams { theta: 1_000_000.0, scaling: 8.0, heads: 4, kv_heads: 1, ..p };
             check(&gpu, p, &[(1000, 3)], false, 1e-5);
         }
     }
@@ -289,21 +210,8 @@ mod tests {
     #[test]
     fn rope_far_positions() {
         for gpu in gpu_variants() {
-            let p = RopeParams {
-                heads: 2,
-                kv_heads: 1,
-                head_dim: 64,
-                theta: 10000.0,
-                scaling: 1.0,
-                n_tokens: 4,
-            };
-            check(
-                &gpu,
-                p,
-                &[(4093, 4), (32764, 4), (131_000, 4), (1_000_000, 2)],
-                false,
-                4e-6,
-            );
+            let p = RopeParams { heads: 2, kv_heads: 1, head_dim: 64, theta: 10000.0, scaling: 1.0, n_tokens: 4 };
+            check(&gpu, p, &[(4093, 4), (32764, 4), (131_000, 4), (1_000_000, 2)], false, 4e-6);
         }
     }
 
@@ -313,14 +221,7 @@ mod tests {
         use crate::ops::attention::{kv_cache, kv_cache_write, AttnParams};
         for gpu in gpu_variants() {
             for (d, norm) in [(64, false), (256, true)] {
-                let p = RopeParams {
-                    heads: 6,
-                    kv_heads: 2,
-                    head_dim: d,
-                    theta: 10000.0,
-                    scaling: 1.0,
-                    n_tokens: 5,
-                };
+                let p = RopeParams { heads: 6, kv_heads: 2, head_dim: d, theta: 10000.0, scaling: 1.0, n_tokens: 5 };
                 let ap = AttnParams {
                     heads: 6,
                     kv_heads: 2,
@@ -336,14 +237,7 @@ mod tests {
                 let qn: Vec<f32> = random(d, 78, 0.5).iter().map(|w| 1.0 + w).collect();
                 let qn = gpu.upload_f32("q_norm", &[d], &qn).unwrap();
                 let norms = norm.then_some((&qn, &qn, 1e-6));
-                let step = gpu.uniform(
-                    "step",
-                    &StepParams {
-                        pos: 9,
-                        n_tokens: 4,
-                        _pad: [0; 2],
-                    },
-                );
+                let step = gpu.uniform("step", &StepParams { pos: 9, n_tokens: 4, _pad: [0; 2] });
                 // separate
                 let a = gpu.upload_f32("qkv", &[5, row], &data).unwrap();
                 let (ka, va) = kv_cache(&gpu, "a", &ap).unwrap();
@@ -358,14 +252,8 @@ mod tests {
                 assert_eq!(gpu.read_f32(&a).unwrap(), gpu.read_f32(&b).unwrap());
                 let (ka, kb) = (gpu.read_f16(&ka).unwrap(), gpu.read_f16(&kb).unwrap());
                 let (va, vb) = (gpu.read_f16(&va).unwrap(), gpu.read_f16(&vb).unwrap());
-                assert!(
-                    ka.iter().zip(&kb).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "K d={d}"
-                );
-                assert!(
-                    va.iter().zip(&vb).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "V d={d}"
-                );
+                assert!(ka.iter().zip(&kb).all(|(x, y)| x.to_bits() == y.to_bits()), "K d={d}");
+                assert!(va.iter().zip(&vb).all(|(x, y)| x.to_bits() == y.to_bits()), "V d={d}");
                 assert!(ka.iter().any(|x| x.to_f32() != 0.0), "nothing written");
             }
         }

@@ -12,10 +12,7 @@ use crate::error::{Error, Result};
 /// parameters give an unspecified token, never a panic in release builds. Returns `0` for an
 /// empty row.
 pub fn sample_row(logits: &[f32], params: &SamplingParams, step: u32, row: u32) -> u32 {
-    debug_assert!(
-        params.validate().is_ok(),
-        "invalid sampling parameters {params:?}"
-    );
+    debug_assert!(params.validate().is_ok(), "invalid sampling parameters {params:?}");
     sample_row_prepared(logits, &params.prepare(step), row)
 }
 
@@ -49,10 +46,7 @@ pub fn sample_rows(
         )));
     }
     if tokens.len() != rows {
-        return Err(Error::InvalidArgument(format!(
-            "sampling: {} token slots for {rows} rows",
-            tokens.len()
-        )));
+        return Err(Error::InvalidArgument(format!("sampling: {} token slots for {rows} rows", tokens.len())));
     }
     for p in params {
         p.validate()?;
@@ -106,11 +100,7 @@ pub fn order_key(x: f32) -> u32 {
 /// Inverse of [`order_key`] (zero comes back as `+0`).
 #[inline]
 pub fn from_order_key(k: u32) -> f32 {
-    f32::from_bits(if k & 0x8000_0000 != 0 {
-        k & 0x7FFF_FFFF
-    } else {
-        !k
-    })
+    f32::from_bits(if k & 0x8000_0000 != 0 { k & 0x7FFF_FFFF } else { !k })
 }
 
 /// What a row's filters decided, before any randomness.
@@ -170,12 +160,7 @@ pub fn plan_row(logits: &[f32], params: &PreparedParams) -> RowPlan {
     if candidates == 0 {
         return RowPlan::Fixed(0);
     }
-    let scaled_candidates = || {
-        logits
-            .iter()
-            .map(|&l| scale(l, inv_t))
-            .filter(|&s| s > f32::NEG_INFINITY)
-    };
+    let scaled_candidates = || logits.iter().map(|&l| scale(l, inv_t)).filter(|&s| s > f32::NEG_INFINITY);
 
     // Step 3: top-k, the k-th largest value with multiplicity.
     let k = params.top_k as usize;
@@ -189,21 +174,12 @@ pub fn plan_row(logits: &[f32], params: &PreparedParams) -> RowPlan {
 
     // Step 4: top-p over the top-k set, masses in f64.
     let top_p = if params.top_p < 1.0 {
-        top_p_threshold(
-            scaled_candidates().filter(|&s| s >= top_k),
-            max,
-            params.top_p,
-        )
+        top_p_threshold(scaled_candidates().filter(|&s| s >= top_k), max, params.top_p)
     } else {
         top_k
     };
 
-    RowPlan::Draw(Thresholds {
-        max,
-        top_k,
-        top_p,
-        ln_min_p: params.ln_min_p,
-    })
+    RowPlan::Draw(Thresholds { max, top_k, top_p, ln_min_p: params.ln_min_p })
 }
 
 /// `t_p`: the largest level `v` among `kept` with `Σ_{s ≥ v} exp(s - max) ≥ top_p · Z`.
@@ -245,8 +221,7 @@ fn draw(logits: &[f32], params: &PreparedParams, th: &Thresholds, row: u32) -> u
                 continue;
             }
             let i = (b * 4 + j) as u32;
-            let words =
-                block.get_or_insert_with(|| philox4x32_10(counter_block(params.step, row, i), key));
+            let words = block.get_or_insert_with(|| philox4x32_10(counter_block(params.step, row, i), key));
             let k = (s - th.max) + gumbel(bits_to_unit(words[j]));
             if best.is_none_or(|(_, bk)| k > bk) {
                 best = Some((i, k));
@@ -261,9 +236,9 @@ fn draw(logits: &[f32], params: &PreparedParams, th: &Thresholds, row: u32) -> u
 pub fn kept_tokens(logits: &[f32], params: &PreparedParams) -> Vec<u32> {
     match plan_row(logits, params) {
         RowPlan::Fixed(t) => vec![t],
-        RowPlan::Draw(th) => (0..logits.len() as u32)
-            .filter(|&i| th.keeps(scale(logits[i as usize], params.inv_temperature)))
-            .collect(),
+        RowPlan::Draw(th) => {
+            (0..logits.len() as u32).filter(|&i| th.keeps(scale(logits[i as usize], params.inv_temperature))).collect()
+        }
     }
 }
 

@@ -128,23 +128,14 @@ pub struct SamplingParams {
 impl Default for SamplingParams {
     /// Plain sampling at temperature 1 with every filter off and seed 0.
     fn default() -> Self {
-        Self {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: 0,
-        }
+        Self { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 }
     }
 }
 
 impl SamplingParams {
     /// Greedy decoding (temperature 0).
     pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            ..Self::default()
-        }
+        Self { temperature: 0.0, ..Self::default() }
     }
 
     /// Whether this is greedy decoding (`temperature == 0`).
@@ -157,15 +148,10 @@ impl SamplingParams {
         let bad = |msg: String| Err(Error::InvalidArgument(msg));
         let t = self.temperature;
         if !t.is_finite() || t < 0.0 {
-            return bad(format!(
-                "temperature must be a finite number >= 0 (0 = greedy), got {t}"
-            ));
+            return bad(format!("temperature must be a finite number >= 0 (0 = greedy), got {t}"));
         }
         if t > 0.0 && t < f32::MIN_POSITIVE {
-            return bad(format!(
-                "temperature {t:e} is too small (below {:e}); use 0 for greedy",
-                f32::MIN_POSITIVE
-            ));
+            return bad(format!("temperature {t:e} is too small (below {:e}); use 0 for greedy", f32::MIN_POSITIVE));
         }
         let p = self.top_p;
         if p.is_nan() || p <= 0.0 || p > 1.0 {
@@ -188,11 +174,7 @@ impl SamplingParams {
             inv_temperature: if greedy { 0.0 } else { 1.0 / self.temperature },
             top_k: self.top_k,
             top_p: self.top_p,
-            ln_min_p: if self.min_p > 0.0 {
-                (self.min_p as f64).ln() as f32
-            } else {
-                f32::NEG_INFINITY
-            },
+            ln_min_p: if self.min_p > 0.0 { (self.min_p as f64).ln() as f32 } else { f32::NEG_INFINITY },
             seed_lo: self.seed as u32,
             seed_hi: (self.seed >> 32) as u32,
             step,
@@ -258,10 +240,7 @@ pub trait SamplingBackend {
 pub fn logits_shape(logits: &Tensor, params: &[SamplingParams]) -> Result<(usize, usize)> {
     let rows = params.len();
     if rows == 0 || logits.numel() % rows != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{} logits do not split into {rows} rows",
-            logits.numel()
-        )));
+        return Err(Error::InvalidArgument(format!("{} logits do not split into {rows} rows", logits.numel())));
     }
     Ok((rows, logits.numel() / rows))
 }

@@ -171,10 +171,7 @@ pub fn random_seed() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static CALLS: AtomicU64 = AtomicU64::new(0);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     h.write_u128(nanos);
     h.write_u32(std::process::id());
     h.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
@@ -188,16 +185,8 @@ mod tests {
     /// Random123 `tests/kat_vectors`, the three `philox4x32 10` lines
     /// (columns: ctr[4], key[2], expected[4]).
     const KAT: [([u32; 4], [u32; 2], [u32; 4]); 3] = [
-        (
-            [0, 0, 0, 0],
-            [0, 0],
-            [0x6627_E8D5, 0xE169_C58D, 0xBC57_AC4C, 0x9B00_DBD8],
-        ),
-        (
-            [0xFFFF_FFFF; 4],
-            [0xFFFF_FFFF; 2],
-            [0x408F_276D, 0x41C8_3B0E, 0xA20B_C7C6, 0x6D54_51FD],
-        ),
+        ([0, 0, 0, 0], [0, 0], [0x6627_E8D5, 0xE169_C58D, 0xBC57_AC4C, 0x9B00_DBD8]),
+        ([0xFFFF_FFFF; 4], [0xFFFF_FFFF; 2], [0x408F_276D, 0x41C8_3B0E, 0xA20B_C7C6, 0x6D54_51FD]),
         (
             [0x243F_6A88, 0x85A3_08D3, 0x1319_8A2E, 0x0370_7344],
             [0xA409_3822, 0x299F_31D0],
@@ -208,11 +197,7 @@ mod tests {
     #[test]
     fn philox_known_answers() {
         for (ctr, key, want) in KAT {
-            assert_eq!(
-                philox4x32_10(ctr, key),
-                want,
-                "ctr {ctr:08x?} key {key:08x?}"
-            );
+            assert_eq!(philox4x32_10(ctr, key), want, "ctr {ctr:08x?} key {key:08x?}");
         }
     }
 
@@ -328,10 +313,7 @@ mod tests {
         let mean = s / n as f64;
         let var = s2 / n as f64 - mean * mean;
         assert!((mean - 0.577_215_664_9).abs() < 0.01, "mean {mean}");
-        assert!(
-            (var - std::f64::consts::PI.powi(2) / 6.0).abs() < 0.03,
-            "var {var}"
-        );
+        assert!((var - std::f64::consts::PI.powi(2) / 6.0).abs() < 0.03, "var {var}");
     }
 
     #[test]

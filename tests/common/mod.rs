@@ -16,11 +16,7 @@ pub fn model(name: &str) -> PathBuf {
         .arg(name)
         .output()
         .unwrap_or_else(|e| panic!("running tools/fetch-model.sh {name}: {e}"));
-    assert!(
-        out.status.success(),
-        "tools/fetch-model.sh {name} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "tools/fetch-model.sh {name} failed:\n{}", String::from_utf8_lossy(&out.stderr));
     let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     assert!(path.is_file(), "fetch-model.sh printed {path:?}, which is not a file");
     path
@@ -30,8 +26,9 @@ pub fn model(name: &str) -> PathBuf {
 pub fn gpu() -> Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
     GPU.get_or_init(|| {
-        Gpu::new(&GpuOptions::default())
-            .unwrap_or_else(|e| panic!("GPU tests need an adapter ({e}); install lavapipe: apt-get install mesa-vulkan-drivers libvulkan1"))
+        Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| {
+            panic!("GPU tests need an adapter ({e}); install lavapipe: apt-get install mesa-vulkan-drivers libvulkan1")
+        })
     })
     .clone()
 }
