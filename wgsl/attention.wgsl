@@ -30,6 +30,18 @@
 // (= ceil(D / 4 / LPR)), LD (= ceil(BK * D / 8 / WG)), QL (= ceil(BQ * D / 4 / WG)), NSPLIT.
 // All <= 8 where slots are used.
 
+// Defaults (a valid tiling for D = 64, G = 3) for validation; src/ops/attention.rs sets every one.
+#define D 64
+#define G 3
+#define BQ 4
+#define LPR 32
+#define WG 128
+#define BK 32
+#define KPL 1
+#define NW 1
+#define LD 2
+#define QL 1
+#define NSPLIT 1
 struct Step {
     pos: u32,
     n_tokens: u32,

@@ -14,6 +14,10 @@
 // rows t >= step.n_tokens are skipped. Macros: D (head dim, even), WG (threads); with KV_WRITE,
 // KC and VC (binding numbers of the caches).
 #define WG 64
+// Defaults for validation; src/ops/rope.rs sets them.
+#define D 64
+#define KC 6
+#define VC 7
 
 struct Step {
     pos: u32,
