@@ -5,12 +5,13 @@
 //      candidates of each bin and summing their fixed-point weights floor(exp(d) * 2^40);
 //   2. for draw-window tokens (d > -20) that pass min-p, computes the Gumbel key
 //      d + gumbel(bits_to_unit(uniform_bits(seed, step, row, i))) (one Philox block per thread);
-//   3. writes its candidates to the row's list bucketed by bin (a local counting sort: the
-//      workgroup's region of the list holds bin 0's entries, then bin 1's, ...) and the bucket
-//      offsets to its metadata, so sample_select can fetch any one bin of the row;
+//   3. writes its candidates (order key of s, index) to the row's list bucketed by bin (a local
+//      counting sort: the workgroup's region of the list holds bin 0's entries, then bin 1's,
+//      ...) and the bucket offsets to its metadata, so sample_select can fetch any one bin of
+//      the row (and recompute the Gumbel keys of that one bin);
 //   4. writes, for each window bin b, the best (Gumbel key, lowest index) over its bins 0..=b;
-//   5. adds its bin counts and weights to the row's histogram (64-bit integer atomics: exact
-//      and independent of the order of the workgroups).
+//   5. adds its bin counts and weights to the row's histogram (integer atomics on 13-bit
+//      parts of its exact 64-bit sums: exact, order-independent, nothing returned to wait for).
 // Slots inside a bucket come from atomics, so their order varies between runs; every consumer
 // is order-independent (integer sums, lowest-index tie-breaks), so the tokens do not.
 // Grid: rows * groups workgroups, 2-D folded (see gpu/kernel.rs), as in sample_stats.
@@ -21,8 +22,8 @@
 @group(0) @binding(0) var<storage, read> logits: array<f32>;               // (B, V)
 @group(0) @binding(1) var<storage, read> params: array<Params>;            // (B)
 @group(0) @binding(2) var<storage, read> partials: array<vec4<u32>>;       // (B, G) from sample_stats
-@group(0) @binding(3) var<storage, read_write> hist: array<atomic<u32>>;   // (B, NBINS, 3): count, weight lo, weight hi
-@group(0) @binding(4) var<storage, read_write> list: array<Entry>;         // (B, V) candidates bucketed per workgroup
+@group(0) @binding(3) var<storage, read_write> hist: array<atomic<u32>>;   // (B, NBINS, HW): count, weight parts
+@group(0) @binding(4) var<storage, read_write> list: array<vec2<u32>>;     // (B, V) candidates (key, index) bucketed per workgroup
 @group(0) @binding(5) var<storage, read_write> buckets: array<u32>;           // (B, G, META) bucket offsets, best records
 @group(0) @binding(6) var<storage, read> info: Info;
 
@@ -56,6 +57,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let row = w / groups;
     let g = w - row * groups;
     let p = params[row];
+    let sampling = p.mode != MODE_GREEDY;
+
+    // Issue this thread's loads (and its Philox block, pure arithmetic) before the row
+    // reduction, so their latency overlaps it.
+    let vocab = info.vocab;
+    let i0 = g * CHUNK + lid * 4u;
+    var lv: array<f32, 4>;
+    for (var j = 0u; j < 4u; j++) {
+        lv[j] = 0.0;
+        if (sampling && i0 + j < vocab) {
+            lv[j] = logits[row * vocab + i0 + j];
+        }
+    }
+    var block = vec4<u32>(0u);
+    if (sampling) {
+        block = philox_block(p.seed_lo, p.seed_hi, p.step, row, i0);
+    }
 
     // The row's maximum, candidate count and +inf flag.
     var st = stats_empty();
@@ -63,7 +81,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         st = stats_combine(st, unpack_stats(partials[row * groups + q]));
     }
     let rs = wg_stats(st, ln);
-    if (p.mode == MODE_GREEDY || rs.inf != 0u || rs.count == 0u) {
+    if (!sampling || rs.inf != 0u || rs.count == 0u) {
         return;  // a fixed outcome: sample_select decides it from the partials
     }
     let m = from_key(rs.skey);
@@ -79,49 +97,50 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     workgroupBarrier();
 
-    let vocab = info.vocab;
-    let i0 = g * CHUNK + lid * 4u;
+    // Three passes over the thread's 4 entries: values, then Gumbel keys (independent
+    // arithmetic chains the compiler can interleave), then the shared-memory atomics.
     var e_key: array<u32, 4>;
     var e_bin: array<u32, 4>;
+    var e_d: array<f32, 4>;
     var e_slot: array<u32, 4>;
     var e_gkey: array<u32, 4>;
     var e_drawn: array<bool, 4>;
-    var block = vec4<u32>(0u);
-    var have_block = false;
     for (var j = 0u; j < 4u; j++) {
         e_bin[j] = NO_INDEX;
+        e_key[j] = KEY_NEG_INF;
+        e_d[j] = 0.0;
+        let k = okey_nan(bitcast<u32>(lv[j] * p.inv_temperature));
+        if (i0 + j < vocab && k > KEY_NEG_INF) {
+            // s from its key: an integer round trip, so l * inv_t is rounded before `- m`.
+            let d = fr(fr(from_key(k)) - m);
+            e_key[j] = k;
+            e_d[j] = d;
+            e_bin[j] = bin_of(d);
+        }
+    }
+    for (var j = 0u; j < 4u; j++) {
+        e_drawn[j] = e_bin[j] < WIN && e_d[j] >= p.ln_min_p;
         e_gkey[j] = 0u;
-        e_drawn[j] = false;
-        let i = i0 + j;
-        if (i < vocab) {
-            let k = okey_nan(bitcast<u32>(logits[row * vocab + i] * p.inv_temperature));
-            if (k > KEY_NEG_INF) {
-                // s from its key: an integer round trip, so l * inv_t is rounded before `- m`.
-                let d = fr(fr(from_key(k)) - m);
-                let b = bin_of(d);
-                e_key[j] = k;
-                e_bin[j] = b;
-                e_slot[j] = atomicAdd(&h_cnt[b], 1u);
-                if (b < NB) {
-                    let q = quant(exp(d));
-                    if (q.x != 0u || q.y != 0u) {
-                        let old = atomicAdd(&h_lo[b], q.x);
-                        let hi = q.y + select(0u, 1u, old + q.x < old);
-                        if (hi != 0u) {
-                            atomicAdd(&h_hi[b], hi);
-                        }
+        if (e_drawn[j]) {
+            e_gkey[j] = bitcast<u32>(fr(e_d[j] + gumbel(bits_to_unit(block[j]))));
+        }
+    }
+    for (var j = 0u; j < 4u; j++) {
+        let b = e_bin[j];
+        if (b != NO_INDEX) {
+            e_slot[j] = atomicAdd(&h_cnt[b], 1u);
+            if (b < NB) {
+                let q = quant(exp(e_d[j]));
+                if (q.x != 0u || q.y != 0u) {
+                    let old = atomicAdd(&h_lo[b], q.x);
+                    let hi = q.y + select(0u, 1u, old + q.x < old);
+                    if (hi != 0u) {
+                        atomicAdd(&h_hi[b], hi);
                     }
                 }
-                if (b < WIN && d >= p.ln_min_p) {
-                    if (!have_block) {
-                        block = philox_block(p.seed_lo, p.seed_hi, p.step, row, i);
-                        have_block = true;
-                    }
-                    let gk = bitcast<u32>(fr(d + gumbel(bits_to_unit(block[j]))));
-                    e_gkey[j] = gk;
-                    e_drawn[j] = true;
-                    atomicMax(&b_key[b], okey(gk));
-                }
+            }
+            if (e_drawn[j]) {
+                atomicMax(&b_key[b], okey(e_gkey[j]));
             }
         }
     }
@@ -150,7 +169,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var j = 0u; j < 4u; j++) {
         let b = e_bin[j];
         if (b != NO_INDEX) {
-            list[lbase + h_off[b] + e_slot[j]] = Entry(e_key[j], i0 + j, e_gkey[j]);
+            list[lbase + h_off[b] + e_slot[j]] = vec2<u32>(e_key[j], i0 + j);
             if (e_drawn[j] && okey(e_gkey[j]) == atomicLoad(&b_key[b])) {
                 atomicMin(&b_idx[b], i0 + j);
             }
@@ -190,19 +209,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 
     // Merge into the row's histogram.
-    let hb = row * NBINS * 3u;
+    let hb = row * NBINS * HW;
     for (var b = lid; b < NBINS; b += WG) {
         let c = atomicLoad(&h_cnt[b]);
         if (c != 0u) {
-            atomicAdd(&hist[hb + 3u * b], c);
-            let lo = atomicLoad(&h_lo[b]);
-            var hi = atomicLoad(&h_hi[b]);
-            if (lo != 0u) {
-                let old = atomicAdd(&hist[hb + 3u * b + 1u], lo);
-                hi += select(0u, 1u, old + lo < old);
-            }
-            if (hi != 0u) {
-                atomicAdd(&hist[hb + 3u * b + 2u], hi);
+            atomicAdd(&hist[hb + HW * b], c);
+            let parts = split_parts(vec2<u32>(atomicLoad(&h_lo[b]), atomicLoad(&h_hi[b])));
+            for (var t = 0u; t < 4u; t++) {
+                if (parts[t] != 0u) {
+                    atomicAdd(&hist[hb + HW * b + 1u + t], parts[t]);
+                }
             }
         }
     }

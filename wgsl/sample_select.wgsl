@@ -23,12 +23,12 @@
 
 @group(0) @binding(0) var<storage, read> params: array<Params>;            // (B)
 @group(0) @binding(1) var<storage, read> partials: array<vec4<u32>>;       // (B, G) from sample_stats
-@group(0) @binding(2) var<storage, read> hist: array<u32>;                 // (B, NBINS, 3) from sample_histogram
-@group(0) @binding(3) var<storage, read> list: array<Entry>;               // (B, V) from sample_histogram
+@group(0) @binding(2) var<storage, read> hist: array<u32>;                 // (B, NBINS, HW) from sample_histogram
+@group(0) @binding(3) var<storage, read> list: array<vec2<u32>>;           // (B, V) (key, index) from sample_histogram
 @group(0) @binding(4) var<storage, read> buckets: array<u32>;              // (B, G, META) from sample_histogram
-@group(0) @binding(5) var<storage, read_write> fetched: array<Entry>;      // (B, V) the entries of one bin
+@group(0) @binding(5) var<storage, read_write> fetched: array<vec2<u32>>;  // (B, V) the entries of one large bin
 @group(0) @binding(6) var<storage, read_write> out: array<u32>;            // (B) token ids
-@group(0) @binding(7) var<uniform> info: Info;
+@group(0) @binding(7) var<storage, read> info: Info;
 
 const RANK: u32 = 0u;   // select the rank-th largest key
 const LEVEL: u32 = 1u;  // select the top-p level
@@ -52,12 +52,14 @@ var<workgroup> r_lo: array<atomic<u32>, 256>;
 var<workgroup> r_hi: array<atomic<u32>, 256>;
 var<workgroup> seg_end: array<u32, WG>;
 var<workgroup> seg_start: array<u32, WG>;
-var<workgroup> f_key: array<u32, WG>;                // a small bin's keys (n <= WG)
-var<workgroup> f_w: array<vec2<u32>, WG>;            // and weights
+var<workgroup> f_key: array<u32, WG>;                // a small fetched bin (n <= WG)
+var<workgroup> f_idx: array<u32, WG>;
+var<workgroup> f_w: array<vec2<u32>, WG>;
 var<workgroup> p_max: atomic<u32>;
 var<workgroup> p_min: atomic<u32>;
 var<workgroup> pick: Pick;
 var<workgroup> pick_bin: u32;
+var<workgroup> pickb: vec4<u32>;
 
 var<private> row: u32;
 var<private> groups: u32;
@@ -83,8 +85,9 @@ fn cum_m(b: u32) -> vec2<u32> {
     return c_mass[b];
 }
 
-// Copies the entries of bin b of every workgroup of the row into `fetched`; returns how many.
-fn fetch(b: u32, ln: Lanes) -> u32 {
+// Gathers the n entries of bin b from every workgroup's bucket: into shared memory when
+// n <= WG (a small bin), else into this row's region of `fetched`. n is the bin's count.
+fn fetch(b: u32, n: u32, ln: Lanes) {
     var total = 0u;
     for (var g0 = 0u; g0 < groups; g0 += WG) {
         let g = g0 + ln.lid;
@@ -100,8 +103,8 @@ fn fetch(b: u32, ln: Lanes) -> u32 {
         seg_end[ln.lid] = sc.c;
         seg_start[ln.lid] = start;
         workgroupBarrier();
-        let n = sc.total_c;
-        for (var j = ln.lid; j < n; j += WG) {
+        let cnt = sc.total_c;
+        for (var j = ln.lid; j < cnt; j += WG) {
             // The segment holding j: the first t with seg_end[t] > j.
             var lo = 0u;
             var hi = WG - 1u;
@@ -117,13 +120,57 @@ fn fetch(b: u32, ln: Lanes) -> u32 {
             if (lo > 0u) {
                 before = seg_end[lo - 1u];
             }
-            fetched[fbase + total + j] = list[seg_start[lo] + (j - before)];
+            let e = list[seg_start[lo] + (j - before)];
+            let at = total + j;
+            if (n <= WG) {
+                f_key[at] = e.x;
+                f_idx[at] = e.y;
+            } else {
+                fetched[fbase + at] = e;
+            }
         }
-        total += n;
+        total += cnt;
         workgroupBarrier();
     }
-    storageBarrier();
-    return total;
+    if (n > WG) {
+        storageBarrier();
+    }
+}
+
+// Entry j (key, index) of the n fetched ones.
+fn entry(j: u32, n: u32) -> vec2<u32> {
+    if (n <= WG) {
+        return vec2<u32>(f_key[j], f_idx[j]);
+    }
+    return fetched[fbase + j];
+}
+
+// The number of entries in bin b (uniform).
+fn bin_count(b: u32) -> u32 {
+    var before = 0u;
+    if (b > 0u) {
+        before = workgroupUniformLoad(&c_cnt[b - 1u]);
+    }
+    return workgroupUniformLoad(&c_cnt[b]) - before;
+}
+
+// The best (key, index) over the prefix records of bin b - 1 of this thread's workgroups
+// (the winner among the bins 0..b-1); (0, NO_INDEX) for b = 0.
+fn records(b: u32, lid: u32) -> vec2<u32> {
+    var bk = 0u;
+    var bi = NO_INDEX;
+    if (b > 0u) {
+        for (var g = lid; g < groups; g += WG) {
+            let rb = (row * groups + g) * META + META_RECS + 2u * (b - 1u);
+            let k = buckets[rb];
+            let i = buckets[rb + 1u];
+            if (better(k, i, bk, bi)) {
+                bk = k;
+                bi = i;
+            }
+        }
+    }
+    return vec2<u32>(bk, bi);
 }
 
 // Whether a candidate with (count, weight) strictly above it `ec`, `em` and at or above it
@@ -145,8 +192,7 @@ fn select_in_bin(mode: u32, n: u32, floor_key: u32, rank: u32, base: vec2<u32>, 
         }
         var k = 0u;
         if (ln.lid < n) {
-            k = fetched[fbase + ln.lid].key;
-            f_key[ln.lid] = k;
+            k = f_key[ln.lid];
             f_w[ln.lid] = weight(k);
         }
         workgroupBarrier();
@@ -210,7 +256,7 @@ fn select_in_bin(mode: u32, n: u32, floor_key: u32, rank: u32, base: vec2<u32>, 
         }
         workgroupBarrier();
         for (var j = ln.lid; j < n; j += WG) {
-            let k = fetched[fbase + j].key;
+            let k = fetched[fbase + j].x;
             if (k >= floor_key && (k & mask) == prefix) {
                 let dg = (k >> shift) & 255u;
                 atomicAdd(&r_cnt[dg], 1u);
@@ -337,11 +383,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (r >= info.rows) {
         return;
     }
+    fr_zero = info.zero;
     row = r;
     groups = info.groups;
     fbase = r * info.vocab;
     let p = params[r];
     let ngroups = info.groups;
+    let sampling = p.mode != MODE_GREEDY;
+
+    // The row's histogram, loaded with the partials (one round trip), BPT bins a thread.
+    let hb = r * NBINS * HW;
+    var hc: array<u32, BPT>;
+    var hm: array<vec2<u32>, BPT>;
+    for (var q = 0u; q < BPT; q++) {
+        let b = lid * BPT + q;
+        hc[q] = 0u;
+        hm[q] = vec2<u32>(0u);
+        if (sampling && b < NBINS) {
+            let h = hb + HW * b;
+            hc[q] = hist[h];
+            hm[q] = join_parts(vec4<u32>(hist[h + 1u], hist[h + 2u], hist[h + 3u], hist[h + 4u]));
+        }
+    }
 
     // Row statistics from the partials.
     var st = stats_empty();
@@ -349,38 +412,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         st = stats_combine(st, unpack_stats(partials[r * ngroups + g]));
     }
     let rs = wg_stats(st, ln);
-    if (p.mode == MODE_GREEDY || rs.inf != 0u || rs.count == 0u) {
+    if (!sampling || rs.inf != 0u || rs.count == 0u) {
         if (lid == 0u) {
             // Greedy and +inf: the argmax of the raw logits; no candidate: 0.
             var t = select(rs.lidx, 0u, rs.lidx == NO_INDEX);
-            if (p.mode != MODE_GREEDY && rs.inf == 0u) {
+            if (sampling && rs.inf == 0u) {
                 t = 0u;
             }
             out[r] = t;
         }
     } else {
-        sample(p, rs, ln);
+        sample(p, rs, hc, hm, ln);
     }
 }
 
 // The sampling path of main (a function, not code after an early return: some drivers run
 // the code after a return masked instead of skipping it).
-fn sample(p: Params, rs: Stats, ln: Lanes) {
+fn sample(p: Params, rs: Stats, hc: array<u32, BPT>, hm: array<vec2<u32>, BPT>, ln: Lanes) {
     let lid = ln.lid;
     let r = row;
-    let ngroups = groups;
     mx = from_key(rs.skey);
 
-    // Cumulative bin counts and weights, BPT consecutive bins a thread.
-    let hb = r * NBINS * 3u;
+    // Cumulative bin counts and weights.
     var ac = 0u;
     var am = vec2<u32>(0u);
     for (var q = 0u; q < BPT; q++) {
         let b = lid * BPT + q;
-        if (b < NBINS) {
-            ac += hist[hb + 3u * b];
-            am = add64(am, vec2<u32>(hist[hb + 3u * b + 1u], hist[hb + 3u * b + 2u]));
-        }
+        ac += hc[q];
+        am = add64(am, hm[q]);
         c_cnt[b] = ac;
         c_mass[b] = am;
     }
@@ -398,11 +457,17 @@ fn sample(p: Params, rs: Stats, ln: Lanes) {
     var b_theta = NO_INDEX;    // its bin
     var kbin = TAIL;           // bins below kbin are wholly in K1
     var z = sc.total_m;        // weight of K1
-    var b_star = WIN;          // first bin not wholly kept (capped at the window)
     var fetched_bin = NO_INDEX;
     var n = 0u;
     let use_k = p.top_k > 0u && p.top_k < rs.count;
     let use_p = p.top_p < 1.0;
+    // b*: the first bin not wholly kept (capped at the window). It is known before the last
+    // selection runs, and so are the prefix records the draw needs: they load meanwhile.
+    var b_star = min(bin_of(p.ln_min_p), WIN);
+    var rec = vec2<u32>(0u, NO_INDEX);
+    if (!use_k && !use_p) {
+        rec = records(b_star, lid);
+    }
 
     // Jobs 0 (top-k), 1 (top-p), 2 (fetch bin b*): only the needed range runs.
     var first_job = 2u;
@@ -418,23 +483,31 @@ fn sample(p: Params, rs: Stats, ln: Lanes) {
     }
     for (var job = first_job; job < end_job; job++) {
         var bin = NO_INDEX;
+        var bn = 0u;  // entries in `bin`
         var mode = RANK;
         var rank = 0u;
         var floor_key = 0u;
         var base = vec2<u32>(0u);
         var goal = vec2<u32>(0u);
         if (job == 0u && use_k) {
-            // Top-k: the bin where the cumulative count reaches k.
+            // Top-k: the bin where the cumulative count reaches k (bin, count before it, count).
             for (var q = 0u; q < BPT; q++) {
                 let b = lid * BPT + q;
-                if (b < NBINS && cum_c(b - 1u) < p.top_k && p.top_k <= c_cnt[b]) {
-                    pick_bin = b;
+                let prev = cum_c(b - 1u);
+                if (b < NBINS && prev < p.top_k && p.top_k <= c_cnt[b]) {
+                    pickb = vec4<u32>(b, prev, c_cnt[b] - prev, 0u);
                 }
             }
-            kbin = uni(workgroupUniformLoad(&pick_bin));
+            let pk = workgroupUniformLoad(&pickb);
+            kbin = uni(pk.x);
+            if (!use_p) {
+                b_star = min(b_star, kbin);
+                rec = records(b_star, lid);
+            }
             if (kbin < TAIL && (use_p || kbin < WIN)) {
                 bin = kbin;
-                rank = p.top_k - uni(workgroupUniformLoad(&c_cnt[max(kbin, 1u) - 1u])) * select(0u, 1u, kbin > 0u);
+                bn = uni(pk.z);
+                rank = p.top_k - uni(pk.y);
             } else {
                 // t_k is in the tail (weight 0) or below the window with top-p off: the winner
                 // does not depend on its exact value.
@@ -443,7 +516,7 @@ fn sample(p: Params, rs: Stats, ln: Lanes) {
         }
         if (job == 1u && use_p) {
             // Top-p: the bin where K1's cumulative weight (c_mass below kbin, z from kbin on)
-            // reaches the goal.
+            // reaches the goal (bin, count, weight before it).
             goal = ceil_mul(z, p.top_p);
             for (var q = 0u; q < BPT; q++) {
                 let b = lid * BPT + q;
@@ -458,31 +531,35 @@ fn sample(p: Params, rs: Stats, ln: Lanes) {
                     cur = c_mass[b];
                 }
                 if (b < NBINS && !ge64(prev, goal) && ge64(cur, goal)) {
-                    pick_bin = b;
+                    pickb = vec4<u32>(b, c_cnt[b] - cum_c(b - 1u), prev.x, prev.y);
                 }
             }
-            let pbin = uni(workgroupUniformLoad(&pick_bin));
+            let pk = workgroupUniformLoad(&pickb);
+            let pbin = uni(pk.x);
+            b_star = min(b_star, pbin);
+            rec = records(b_star, lid);
             if (pbin < WIN) {
                 bin = pbin;
+                bn = uni(pk.y);
                 mode = LEVEL;
                 if (pbin == b_theta) {
                     floor_key = theta;
                 }
-                if (pbin > 0u) {
-                    base = uni2(workgroupUniformLoad(&c_mass[pbin - 1u]));
-                }
+                base = uni2(pk.zw);
             }
         }
-        if (job == 2u) {
-            b_star = min(min(b_theta, bin_of(p.ln_min_p)), WIN);
-            if (b_star < WIN) {
-                bin = b_star;
+        if (job == 2u && b_star < WIN) {
+            bin = b_star;
+            bn = n;
+            if (bin != fetched_bin) {
+                bn = bin_count(bin);
             }
         }
         if (bin != NO_INDEX) {
             if (bin != fetched_bin) {
-                n = fetch(bin, ln);
+                fetch(bin, bn, ln);
                 fetched_bin = bin;
+                n = bn;
             }
             if (job < 2u) {
                 let s = select_in_bin(mode, n, floor_key, rank, base, goal, ln);
@@ -495,28 +572,20 @@ fn sample(p: Params, rs: Stats, ln: Lanes) {
         }
     }
 
-    // The draw: prefix records for the bins above b*, then the entries of bin b*.
-    var bk = 0u;
-    var bi = NO_INDEX;
-    if (b_star > 0u) {
-        for (var g = lid; g < ngroups; g += WG) {
-            let rb = (r * ngroups + g) * META + META_RECS + 2u * (b_star - 1u);
-            let k = buckets[rb];
-            let i = buckets[rb + 1u];
-            if (better(k, i, bk, bi)) {
-                bk = k;
-                bi = i;
-            }
-        }
-    }
+    // The draw: the prefix records for the bins above b*, then the entries of bin b* that pass
+    // the thresholds, with their Gumbel keys computed as sample_histogram does.
+    var bk = rec.x;
+    var bi = rec.y;
     if (b_star < WIN) {
         for (var j = lid; j < n; j += WG) {
-            let e = fetched[fbase + j];
-            if (e.key >= theta && from_key(e.key) - mx >= p.ln_min_p) {
-                let k = okey(e.gkey);
-                if (better(k, e.idx, bk, bi)) {
+            let e = entry(j, n);
+            let d = fr(fr(from_key(e.x)) - mx);
+            if (e.x >= theta && d >= p.ln_min_p) {
+                let block = philox_block(p.seed_lo, p.seed_hi, p.step, r, e.y);
+                let k = okey(bitcast<u32>(fr(d + gumbel(bits_to_unit(block[e.y & 3u])))));
+                if (better(k, e.y, bk, bi)) {
                     bk = k;
-                    bi = e.idx;
+                    bi = e.y;
                 }
             }
         }

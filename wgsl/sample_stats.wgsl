@@ -12,7 +12,7 @@
 @group(0) @binding(0) var<storage, read> logits: array<f32>;              // (B, V)
 @group(0) @binding(1) var<storage, read> params: array<Params>;           // (B)
 @group(0) @binding(2) var<storage, read_write> partials: array<vec4<u32>>; // (B, G): argmax key of l, its index, max key of s, candidates | (+inf << 31)
-@group(0) @binding(3) var<storage, read_write> hist: array<u32>;          // (B, NBINS, 3) zeroed
+@group(0) @binding(3) var<storage, read_write> hist: array<u32>;          // (B, NBINS, HW) zeroed
 @group(0) @binding(4) var<uniform> info: Info;
 
 @compute @workgroup_size(WG)
@@ -65,10 +65,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         partials[w] = vec4<u32>(r.lkey, r.lidx, r.skey, r.count | (r.inf << 31u));
     }
 
-    // Zero this row's share of the histogram (NBINS * 3 words spread over the row's groups).
+    // Zero this row's share of the histogram (NBINS * HW words spread over the row's groups).
     if (sampling) {
-        let hbase = row * NBINS * 3u;
-        for (var k = g * WG + lid; k < NBINS * 3u; k += groups * WG) {
+        let hbase = row * NBINS * HW;
+        for (var k = g * WG + lid; k < NBINS * HW; k += groups * WG) {
             hist[hbase + k] = 0u;
         }
     }

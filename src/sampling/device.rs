@@ -64,12 +64,14 @@ use std::sync::Arc;
 /// Small workgroups waste less on small vocabularies (and CPU drivers, which run a workgroup
 /// as masked SIMD in `WG / 8` coroutines, pay per thread for all of a kernel's code).
 const WORKGROUPS: [(usize, usize, usize); 3] = [(64, 16, 4), (16_384, 64, 8), (usize::MAX, 256, 16)];
-/// Histogram bins per row (`NBINS`).
+/// Histogram bins per row (`NBINS`) and words per bin (`HW`).
 const NBINS: usize = 321;
+const HW: usize = 5;
 /// Metadata words per workgroup (`META`).
 const META: usize = 642;
-/// Largest supported vocabulary: the fixed-point weight sum of a row must fit in 64 bits.
-pub const MAX_VOCAB: usize = 1 << 24;
+/// Vocabularies must be smaller: a row's fixed-point weights then sum below 2^63, and the
+/// histogram's 13-bit weight parts of its at most 2^12 workgroups below 2^25.
+pub const MAX_VOCAB: usize = 1 << 22;
 /// Bind-group sets kept for different (logits, out, rows, vocab).
 const CACHE: usize = 8;
 
@@ -289,8 +291,36 @@ impl DeviceSampler {
         Ok(())
     }
 
+    /// [`encode_pass`](Self::encode_pass) with a timestamp written to `stamps.0` before the first
+    /// dispatch and after each one (indices `stamps.1..=stamps.1 + dispatches()`), for per-kernel
+    /// GPU times. Needs `wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES`.
+    pub fn encode_pass_profiled(
+        &mut self,
+        gpu: &Gpu,
+        pass: &mut wgpu::ComputePass<'_>,
+        logits: &Tensor,
+        rows: usize,
+        out: &Tensor,
+        stamps: (&wgpu::QuerySet, u32),
+    ) -> Result<()> {
+        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+            return Err(Error::Unsupported("timestamps inside passes".into()));
+        }
+        let bound = self.prepare(gpu, logits, rows, out)?;
+        self.record_with(bound, pass, Some(stamps));
+        Ok(())
+    }
+
     fn record(&self, bound: usize, pass: &mut wgpu::ComputePass<'_>) {
+        self.record_with(bound, pass, None);
+    }
+
+    fn record_with(&self, bound: usize, pass: &mut wgpu::ComputePass<'_>, stamps: Option<(&wgpu::QuerySet, u32)>) {
         let b = &self.cache[bound];
+        let mut index = stamps.map(|(q, first)| {
+            pass.write_timestamp(q, first);
+            first + 1
+        });
         for k in 0..3 {
             if k == 1 && self.all_greedy {
                 continue;
@@ -299,6 +329,10 @@ impl DeviceSampler {
             pass.set_bind_group(0, &b.groups[k], &[]);
             let [x, y, z] = b.grids[k];
             pass.dispatch_workgroups(x, y, z);
+            if let (Some((q, _)), Some(i)) = (stamps, index.as_mut()) {
+                pass.write_timestamp(q, *i);
+                *i += 1;
+            }
         }
     }
 
@@ -341,10 +375,10 @@ impl DeviceSampler {
         let sampling = u64::from(!self.all_greedy);
         let mut grown = false;
         grown |= self.partials.ensure(gpu, rg * 16)?;
-        grown |= self.hist.ensure(gpu, sampling * rows as u64 * NBINS as u64 * 12)?;
-        grown |= self.list.ensure(gpu, sampling * rv * 12)?;
+        grown |= self.hist.ensure(gpu, sampling * rows as u64 * (NBINS * HW * 4) as u64)?;
+        grown |= self.list.ensure(gpu, sampling * rv * 8)?;
         grown |= self.meta.ensure(gpu, sampling * rg * META as u64 * 4)?;
-        grown |= self.fetched.ensure(gpu, sampling * rv * 12)?;
+        grown |= self.fetched.ensure(gpu, sampling * rv * 8)?;
         if grown {
             self.invalidate();
         }

@@ -20,6 +20,10 @@ const BINS_PER_UNIT: f32 = 8.0;
 const NB: u32 = 320u;
 const TAIL: u32 = 320u;
 const NBINS: u32 = 321u;
+// Words per bin of the row histogram: the count, then the bin's weight as four 13-bit-aligned
+// parts (each workgroup adds its exact 64-bit sum split so, with plain atomic adds: no returned
+// values to wait for, no carries; see join_parts).
+const HW: u32 = 5u;
 const WIN: u32 = 160u;
 // Per-workgroup metadata written by sample_histogram: NBINS + 1 bucket offsets, then WIN
 // records (key, index) of the best Gumbel key over bins 0..=b.
@@ -58,14 +62,6 @@ struct Info {
     zero: u32,    // always 0 (rounding barrier source, include/philox.wgsl)
 }
 
-// One bucketed candidate: order key of s, vocab index, bits of the Gumbel key d + g (0 when
-// not computed: outside the draw window or below min-p).
-struct Entry {
-    key: u32,
-    idx: u32,
-    gkey: u32,
-}
-
 // host::order_key on f32 bits (not NaN): -0 and +0 share a key.
 fn okey(bits: u32) -> u32 {
     let b = select(bits, 0u, bits == 0x80000000u);
@@ -102,12 +98,26 @@ fn bin_of(d: f32) -> u32 {
 }
 
 // floor(w * 2^40) as (lo, hi) words, for w = exp(d) in [0, ~1]: the weights top-p sums,
-// exactly and in any order, in 64-bit fixed point (a row of V < 2^24 entries sums below 2^64).
+// exactly and in any order, in 64-bit fixed point (a row of V < 2^22 entries sums below 2^63).
 fn quant(w: f32) -> vec2<u32> {
     let x = w * 256.0;
     let h = floor(x);
     let f = x - h;
     return vec2<u32>(u32(f * 4294967296.0), u32(h));
+}
+
+// A workgroup's bin weight x < 2^51 as parts x = p0 + p1 2^13 + p2 2^26 + p3 2^39 (each < 2^13,
+// so a row's sums of at most 2^12 workgroups stay below 2^25).
+fn split_parts(x: vec2<u32>) -> vec4<u32> {
+    return vec4<u32>(x.x & 0x1FFFu, (x.x >> 13u) & 0x1FFFu, ((x.x >> 26u) | (x.y << 6u)) & 0x1FFFu, x.y >> 7u);
+}
+
+// The 64-bit sum of parts (a row's total weight stays below 2^63: V < 2^22).
+fn join_parts(p: vec4<u32>) -> vec2<u32> {
+    var r = vec2<u32>(p.x, 0u);
+    r = add64(r, vec2<u32>(p.y << 13u, p.y >> 19u));
+    r = add64(r, vec2<u32>(p.z << 26u, p.z >> 6u));
+    return add64(r, vec2<u32>(0u, p.w << 7u));
 }
 
 fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {

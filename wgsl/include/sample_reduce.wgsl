@@ -201,8 +201,8 @@ fn wg_sum64(v: vec2<u32>, ln: Lanes) -> vec2<u32> {
 struct Scan {
     c: u32,          // this thread's inclusive count
     m: vec2<u32>,    // this thread's inclusive mass
-    total_c: u32,    // uniform totals
-    total_m: vec2<u32>,
+    total_c: u32,    // the totals (equal in every thread, but not known uniform: do not
+    total_m: vec2<u32>, // branch on them around barriers)
 }
 
 // Inclusive prefix sums in local-index order of (count, 64-bit mass).
@@ -242,8 +242,8 @@ fn wg_scan(c: u32, m: vec2<u32>, ln: Lanes) -> Scan {
     let s = ln.lid / SEG;
     let mc = red_k[ln.lid] + seg_k[s];
     let mm = add64(red_m[ln.lid], seg_m[s]);
-    let t = workgroupUniformLoad(&red_out_m);
-    return Scan(mc, mm, uni(t.z), uni2(t.xy));
+    let t = red_out_m;
+    return Scan(mc, mm, t.z, t.xy);
 }
 
 // Exclusive prefix "best" in local-index order of (key, index) pairs (larger key, then smaller
