@@ -41,12 +41,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         , @builtin(subgroup_invocation_id) sg_lane: u32
         , @builtin(subgroup_id) sg_id: u32
         , @builtin(num_subgroups) sg_count: u32
+        , @builtin(subgroup_size) sg_size: u32
 #endif
         ) {
 #ifdef SUBGROUP
-    let ln = Lanes(lid, sg_lane, sg_id, sg_count);
+    let ln = Lanes(lid, sg_lane, sg_id, sg_count, sg_size, sg_id * sg_size + sg_lane);
 #else
-    let ln = Lanes(lid, 0u, 0u, 1u);
+    let ln = Lanes(lid, 0u, 0u, 1u, 1u, lid);
 #endif
     fr_zero = info.zero;
     let w = wid.x + wid.y * nwg.x;
@@ -149,7 +150,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // Bucket offsets: exclusive scan of the bin counts, BPT consecutive bins per thread.
     var run = 0u;
     for (var q = 0u; q < BPT; q++) {
-        let b = lid * BPT + q;
+        let b = ln.pos * BPT + q;
         h_off[b] = run;
         if (b < NBINS) {
             run += atomicLoad(&h_cnt[b]);
@@ -157,7 +158,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let sc = wg_scan(run, vec2<u32>(0u), ln);
     for (var q = 0u; q < BPT; q++) {
-        h_off[lid * BPT + q] += sc.c - run;
+        h_off[ln.pos * BPT + q] += sc.c - run;
     }
     workgroupBarrier();
 
@@ -181,7 +182,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var rk = 0u;
     var ri = NO_INDEX;
     for (var q = 0u; q < WPT; q++) {
-        let b = lid * WPT + q;
+        let b = ln.pos * WPT + q;
         if (b < WIN) {
             let k = atomicLoad(&b_key[b]);
             let i = atomicLoad(&b_idx[b]);
@@ -195,7 +196,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     rk = before.x;
     ri = before.y;
     for (var q = 0u; q < WPT; q++) {
-        let b = lid * WPT + q;
+        let b = ln.pos * WPT + q;
         if (b < WIN) {
             let k = atomicLoad(&b_key[b]);
             let i = atomicLoad(&b_idx[b]);

@@ -90,7 +90,7 @@ fn cum_m(b: u32) -> vec2<u32> {
 fn fetch(b: u32, n: u32, ln: Lanes) {
     var total = 0u;
     for (var g0 = 0u; g0 < groups; g0 += WG) {
-        let g = g0 + ln.lid;
+        let g = g0 + ln.pos;
         var len = 0u;
         var start = 0u;
         if (g < groups) {
@@ -100,8 +100,8 @@ fn fetch(b: u32, n: u32, ln: Lanes) {
             start = row * info.vocab + g * CHUNK + o0;
         }
         let sc = wg_scan(len, vec2<u32>(0u), ln);
-        seg_end[ln.lid] = sc.c;
-        seg_start[ln.lid] = start;
+        seg_end[ln.pos] = sc.c;
+        seg_start[ln.pos] = start;
         workgroupBarrier();
         let cnt = sc.total_c;
         for (var j = ln.lid; j < cnt; j += WG) {
@@ -274,7 +274,7 @@ fn select_in_bin(mode: u32, n: u32, floor_key: u32, rank: u32, base: vec2<u32>, 
         var tc = 0u;
         var tm = vec2<u32>(0u);
         for (var t = 0u; t < DPT; t++) {
-            let dg = 255u - (ln.lid * DPT + t);
+            let dg = 255u - (ln.pos * DPT + t);
             tc += atomicLoad(&r_cnt[dg]);
             tm = add64(tm, vec2<u32>(atomicLoad(&r_lo[dg]), atomicLoad(&r_hi[dg])));
         }
@@ -283,7 +283,7 @@ fn select_in_bin(mode: u32, n: u32, floor_key: u32, rank: u32, base: vec2<u32>, 
         var im = add64(above, sub64(sc.m, tm));
         var last_nonempty = 0u;
         for (var t = 0u; t < DPT; t++) {
-            let qpos = ln.lid * DPT + t;
+            let qpos = ln.pos * DPT + t;
             let dg = 255u - qpos;
             let c = atomicLoad(&r_cnt[dg]);
             let m = vec2<u32>(atomicLoad(&r_lo[dg]), atomicLoad(&r_hi[dg]));
@@ -306,7 +306,7 @@ fn select_in_bin(mode: u32, n: u32, floor_key: u32, rank: u32, base: vec2<u32>, 
             var ec = sc.c - tc;
             var em = add64(above, sub64(sc.m, tm));
             for (var t = 0u; t < DPT; t++) {
-                let qpos = ln.lid * DPT + t;
+                let qpos = ln.pos * DPT + t;
                 let dg = 255u - qpos;
                 let c = atomicLoad(&r_cnt[dg]);
                 let m = vec2<u32>(atomicLoad(&r_lo[dg]), atomicLoad(&r_hi[dg]));
@@ -372,12 +372,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         , @builtin(subgroup_invocation_id) sg_lane: u32
         , @builtin(subgroup_id) sg_id: u32
         , @builtin(num_subgroups) sg_count: u32
+        , @builtin(subgroup_size) sg_size: u32
 #endif
         ) {
 #ifdef SUBGROUP
-    let ln = Lanes(lid, sg_lane, sg_id, sg_count);
+    let ln = Lanes(lid, sg_lane, sg_id, sg_count, sg_size, sg_id * sg_size + sg_lane);
 #else
-    let ln = Lanes(lid, 0u, 0u, 1u);
+    let ln = Lanes(lid, 0u, 0u, 1u, 1u, lid);
 #endif
     let r = wid.x + wid.y * nwg.x;
     if (r >= info.rows) {
@@ -396,7 +397,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var hc: array<u32, BPT>;
     var hm: array<vec2<u32>, BPT>;
     for (var q = 0u; q < BPT; q++) {
-        let b = lid * BPT + q;
+        let b = ln.pos * BPT + q;
         hc[q] = 0u;
         hm[q] = vec2<u32>(0u);
         if (sampling && b < NBINS) {
@@ -437,7 +438,7 @@ fn sample(p: Params, rs: Stats, hc: array<u32, BPT>, hm: array<vec2<u32>, BPT>, 
     var ac = 0u;
     var am = vec2<u32>(0u);
     for (var q = 0u; q < BPT; q++) {
-        let b = lid * BPT + q;
+        let b = ln.pos * BPT + q;
         ac += hc[q];
         am = add64(am, hm[q]);
         c_cnt[b] = ac;
@@ -447,7 +448,7 @@ fn sample(p: Params, rs: Stats, hc: array<u32, BPT>, hm: array<vec2<u32>, BPT>, 
     let ex_c = sc.c - ac;
     let ex_m = sub64(sc.m, am);
     for (var q = 0u; q < BPT; q++) {
-        let b = lid * BPT + q;
+        let b = ln.pos * BPT + q;
         c_cnt[b] += ex_c;
         c_mass[b] = add64(c_mass[b], ex_m);
     }
@@ -492,7 +493,7 @@ fn sample(p: Params, rs: Stats, hc: array<u32, BPT>, hm: array<vec2<u32>, BPT>, 
         if (job == 0u && use_k) {
             // Top-k: the bin where the cumulative count reaches k (bin, count before it, count).
             for (var q = 0u; q < BPT; q++) {
-                let b = lid * BPT + q;
+                let b = ln.pos * BPT + q;
                 let prev = cum_c(b - 1u);
                 if (b < NBINS && prev < p.top_k && p.top_k <= c_cnt[b]) {
                     pickb = vec4<u32>(b, prev, c_cnt[b] - prev, 0u);
@@ -519,7 +520,7 @@ fn sample(p: Params, rs: Stats, hc: array<u32, BPT>, hm: array<vec2<u32>, BPT>, 
             // reaches the goal (bin, count, weight before it).
             goal = ceil_mul(z, p.top_p);
             for (var q = 0u; q < BPT; q++) {
-                let b = lid * BPT + q;
+                let b = ln.pos * BPT + q;
                 var prev = z;
                 if (b == 0u) {
                     prev = vec2<u32>(0u);

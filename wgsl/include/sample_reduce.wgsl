@@ -4,8 +4,16 @@
 //   - reductions: subgroup operations under SUBGROUP (any subgroup size: one partial per
 //     subgroup, combined by thread 0), else a two-level "raking" reduction (SEG threads each
 //     combine SEG values, then thread 0 combines their SEG results);
-//   - scans: raking in shared memory (SEG segments of SEG scanned serially, then the segment
-//     totals), in local-index order (which subgroups do not promise to follow).
+//   - scans: under SUBGROUP, subgroup scans (one native inclusive add of (count, three 21-bit
+//     parts of the 64-bit mass), shuffles for the (key, index) scan) and one rendezvous for the
+//     subgroup totals; else raking in shared memory (SEG segments of SEG scanned serially, then
+//     the segment totals). Scans run in `pos` order: the local index without subgroups,
+//     sg_id * sg_size + sg_lane with them (subgroups do not promise to follow the local index;
+//     with full subgroups, or one partial subgroup of lanes 0..WG-1, pos is a permutation of
+//     the local indices). Callers split their data by `pos`.
+//     (Raking is what CPU drivers like, but on a GPU its two serial 16-step chains cost ~1 us
+//     a scan: the subgroup scans took the sampler from 38.4 to 34.4 us at 152k top-p on the
+//     H100, BENCHMARKS.md.)
 // Every uniform result comes back through workgroupUniformLoad, so callers may branch on it
 // around barriers. Needs include "sample_common" first.
 
@@ -33,6 +41,8 @@ struct Lanes {
     sg_lane: u32,
     sg_id: u32,
     sg_count: u32,
+    sg_size: u32,
+    pos: u32,       // this thread's place in scan order (see above)
 }
 
 // What sample_stats computes per chunk and the later passes combine per row.
@@ -75,6 +85,20 @@ var<workgroup> seg_m: array<vec2<u32>, SEG>;
 var<workgroup> red_out: vec2<u32>;
 var<workgroup> red_out_m: vec4<u32>;
 var<workgroup> red_out_st: Stats;
+#ifdef SUBGROUP
+var<workgroup> sg_tot: array<vec4<u32>, WG>;  // per-subgroup scan totals
+
+// A 64-bit mass below 2^63 as three 21-bit parts (bits 0-20, 21-41, 42-62): a workgroup's
+// sums of them stay below 2^32, so native 32-bit subgroup adds carry nothing.
+fn parts3(m: vec2<u32>) -> vec3<u32> {
+    return vec3<u32>(m.x & 0x1FFFFFu, (m.x >> 21u) | ((m.y & 0x3FFu) << 11u), m.y >> 10u);
+}
+
+fn join3(p: vec3<u32>) -> vec2<u32> {
+    let r = add64(vec2<u32>(p.x, 0u), vec2<u32>(p.y << 21u, p.y >> 11u));
+    return add64(r, vec2<u32>(0u, p.z << 10u));
+}
+#endif
 
 fn wg_stats(v: Stats, ln: Lanes) -> Stats {
 #ifdef SUBGROUP
@@ -205,8 +229,29 @@ struct Scan {
     total_m: vec2<u32>, // branch on them around barriers)
 }
 
-// Inclusive prefix sums in local-index order of (count, 64-bit mass).
+// Inclusive prefix sums in pos order of (count, 64-bit mass).
 fn wg_scan(c: u32, m: vec2<u32>, ln: Lanes) -> Scan {
+#ifdef SUBGROUP
+    let v = vec4<u32>(c, parts3(m));
+    let inc = subgroupInclusiveAdd(v);
+    let tot = subgroupAdd(v);
+    if (ln.sg_lane == 0u) {
+        sg_tot[ln.sg_id] = tot;
+    }
+    workgroupBarrier();
+    var before = vec4<u32>(0u);
+    var all = vec4<u32>(0u);
+    for (var s = 0u; s < ln.sg_count; s++) {
+        let t = sg_tot[s];
+        if (s < ln.sg_id) {
+            before += t;
+        }
+        all += t;
+    }
+    workgroupBarrier();  // sg_tot is free again
+    let x = inc + before;
+    return Scan(x.x, join3(x.yzw), all.x, join3(all.yzw));
+#else
     red_k[ln.lid] = c;
     red_m[ln.lid] = m;
     workgroupBarrier();
@@ -244,11 +289,46 @@ fn wg_scan(c: u32, m: vec2<u32>, ln: Lanes) -> Scan {
     let mm = add64(red_m[ln.lid], seg_m[s]);
     let t = red_out_m;
     return Scan(mc, mm, t.z, t.xy);
+#endif
 }
 
-// Exclusive prefix "best" in local-index order of (key, index) pairs (larger key, then smaller
-// index: the `better` order); (0, NO_INDEX) for thread 0.
+// Exclusive prefix "best" in pos order of (key, index) pairs (larger key, then smaller
+// index: the `better` order); (0, NO_INDEX) for pos 0.
 fn wg_scan_best_excl(k: u32, i: u32, ln: Lanes) -> vec2<u32> {
+#ifdef SUBGROUP
+    // Inclusive within the subgroup (Kogge-Stone on shuffles), then shifted by one lane.
+    var bk = k;
+    var bi = i;
+    for (var d = 1u; d < ln.sg_size; d <<= 1u) {
+        let ok = subgroupShuffleUp(bk, d);
+        let oi = subgroupShuffleUp(bi, d);
+        if (ln.sg_lane >= d && better(ok, oi, bk, bi)) {
+            bk = ok;
+            bi = oi;
+        }
+    }
+    var ek = subgroupShuffleUp(bk, 1u);
+    var ei = subgroupShuffleUp(bi, 1u);
+    if (ln.sg_lane == 0u) {
+        ek = 0u;
+        ei = NO_INDEX;
+    }
+    let mk = subgroupMax(k);
+    let mi = subgroupMin(select(NO_INDEX, i, k == mk));
+    if (ln.sg_lane == 0u) {
+        sg_tot[ln.sg_id] = vec4<u32>(mk, mi, 0u, 0u);
+    }
+    workgroupBarrier();
+    for (var s = 0u; s < ln.sg_id; s++) {
+        let t = sg_tot[s];
+        if (better(t.x, t.y, ek, ei)) {
+            ek = t.x;
+            ei = t.y;
+        }
+    }
+    workgroupBarrier();
+    return vec2<u32>(ek, ei);
+#else
     red_k[ln.lid] = k;
     red_i[ln.lid] = i;
     workgroupBarrier();
@@ -296,4 +376,5 @@ fn wg_scan_best_excl(k: u32, i: u32, ln: Lanes) -> vec2<u32> {
     }
     workgroupBarrier();
     return vec2<u32>(rk, ri);
+#endif
 }
