@@ -6,11 +6,14 @@
 //! cargo bench --bench sampling -- --json            # table, then one JSON document
 //! cargo bench --bench sampling -- --reps 200        # more repetitions (default 10)
 //! cargo bench --bench sampling -- --vocab 152064    # one vocabulary (any size)
+//! cargo bench --bench sampling -- --warm 0.3        # seconds of back-to-back samplings before each timing (GPU clocks up)
 //! ```
 //!
 //! Columns: `gpu µs` = the sampler's compute pass between GPU timestamps (when the device has
 //! timestamp queries; otherwise `-`), `busy µs` = GPU time per sampling when `--reps` of them
-//! run back to back in one command buffer (the GPU kept busy, as in a decode loop),
+//! run back to back in one command buffer (the GPU kept busy, as in a decode loop), `pass µs` =
+//! GPU time per sampling when `--reps` of them share one compute pass (what sampling adds to a
+//! decode step that encodes it into its own pass: no pass boundaries),
 //! `per kernel µs` = each dispatch between timestamps written
 //! inside the pass (when the device has those), `submit µs` = wall clock of set_params + encode + submit +
 //! wait (no readback), `device µs` = wall clock of `DeviceSampler::sample` (+ reading back the
@@ -114,6 +117,26 @@ impl Timer {
         self.finish(gpu, enc, 2)[0] / n as f64
     }
 
+    /// GPU time per sample (µs) of `n` samplings encoded back to back in one compute pass: what
+    /// the sampler adds to a decode step whose pass it shares (no pass boundaries counted).
+    fn in_pass(&self, gpu: &Gpu, s: &mut DeviceSampler, logits: &Tensor, out: &Tensor, n: usize) -> f64 {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("sampling (one pass)"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &self.set,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                }),
+            });
+            for _ in 0..n {
+                s.encode_pass(gpu, &mut pass, logits, 1, out).expect("encode");
+            }
+        }
+        self.finish(gpu, enc, 2)[0] / n as f64
+    }
+
     /// Per-dispatch GPU times (µs), from timestamps between the dispatches; None without
     /// timestamps inside passes.
     fn kernels(&self, gpu: &Gpu, s: &mut DeviceSampler, logits: &Tensor, out: &Tensor) -> Option<Vec<f64>> {
@@ -148,6 +171,7 @@ struct Row {
     dispatches: usize,
     gpu_us: Option<f64>,
     batch_us: Option<f64>,
+    pass_us: Option<f64>,
     kernels_us: Option<Vec<f64>>,
     submit_us: f64,
     device_us: f64,
@@ -164,6 +188,12 @@ fn main() {
         .and_then(|r| r.parse::<usize>().ok())
         .unwrap_or(10)
         .max(1);
+    let warm_s: f64 = args
+        .iter()
+        .position(|a| a == "--warm")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0.3);
     let only: Option<usize> =
         args.iter().position(|a| a == "--vocab").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok());
     let gpu = Gpu::new(&GpuOptions::default())
@@ -201,7 +231,14 @@ fn main() {
             let (mut gpu_t, mut submit_t, mut device_t) = (vec![], vec![], vec![]);
             let mut kernel_t: Vec<Vec<f64>> = vec![];
             let mut batch_us = None;
+            let mut pass_us = None;
             if let Some(timer) = &timer {
+                // Clock the GPU up first (an idle GPU runs at a fraction of its boost clock; in a
+                // decode loop the layers before the sampler keep it busy): ~0.3 s of samplings.
+                let t0 = Instant::now();
+                while t0.elapsed().as_secs_f64() < warm_s {
+                    timer.batch(&gpu, &mut sampler, &t, &out, 500);
+                }
                 for _ in 0..reps {
                     gpu_t.push(timer.time(&gpu, &mut sampler, &t, &out));
                 }
@@ -211,6 +248,7 @@ fn main() {
                     }
                 }
                 batch_us = Some(timer.batch(&gpu, &mut sampler, &t, &out, reps));
+                pass_us = Some(timer.in_pass(&gpu, &mut sampler, &t, &out, reps));
             }
             for step in 0..reps as u32 {
                 let t0 = Instant::now();
@@ -232,6 +270,7 @@ fn main() {
                 dispatches: sampler.dispatches(),
                 gpu_us: (!gpu_t.is_empty()).then(|| median(gpu_t)),
                 batch_us,
+                pass_us,
                 kernels_us: (!kernel_t.is_empty())
                     .then(|| (0..kernel_t[0].len()).map(|k| median(kernel_t.iter().map(|v| v[k]).collect())).collect()),
                 submit_us: median(submit_t),
@@ -252,12 +291,13 @@ fn main() {
         rows[row].host_us = median(host_t);
     }
     println!(
-        "{:>8} {:>10} {:>5} {:>8} {:>8} {:>20} {:>10} {:>10} {:>10} {:>12}",
+        "{:>8} {:>10} {:>5} {:>8} {:>8} {:>8} {:>20} {:>10} {:>10} {:>10} {:>12}",
         "vocab",
         "mode",
         "disp",
         "gpu µs",
         "busy µs",
+        "pass µs",
         "per kernel µs",
         "submit µs",
         "device µs",
@@ -266,12 +306,13 @@ fn main() {
     );
     for r in &rows {
         println!(
-            "{:>8} {:>10} {:>5} {:>8} {:>8} {:>20} {:>10.1} {:>10.1} {:>10.1} {:>11.2}x",
+            "{:>8} {:>10} {:>5} {:>8} {:>8} {:>8} {:>20} {:>10.1} {:>10.1} {:>10.1} {:>11.2}x",
             r.vocab,
             r.mode,
             r.dispatches,
             r.gpu_us.map_or("-".to_string(), |g| format!("{g:.1}")),
             r.batch_us.map_or("-".to_string(), |g| format!("{g:.1}")),
+            r.pass_us.map_or("-".to_string(), |g| format!("{g:.1}")),
             r.kernels_us.as_ref().map_or("-".to_string(), |k| k
                 .iter()
                 .map(|x| format!("{x:.1}"))
@@ -299,6 +340,7 @@ fn main() {
                 "dispatches": r.dispatches,
                 "gpu_us": r.gpu_us,
                 "busy_us": r.batch_us,
+                "pass_us": r.pass_us,
                 "kernels_us": r.kernels_us,
                 "submit_us": r.submit_us,
                 "device_us": r.device_us,
