@@ -67,7 +67,8 @@ impl Gpu {
         let code = shader::preprocess(shader_name, macros)?;
         let label = format!("{shader_name}:{entry}");
         let pipeline = self.scoped(&format!("compiling {label}"), || {
-            let desc = wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(code.into()) };
+            let desc =
+                wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(code.into()) };
             // Bounds checks stay on (a wrong index reads a clamped element, never another
             // allocation); the loop-bounding guard wgpu adds for untrusted web content is off:
             // every loop in wgsl/ is bounded by its own condition, and the guard (a 64-bit
