@@ -36,3 +36,4 @@ pub fn gpu() -> Gpu {
 pub fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
+pub mod stats;
