@@ -366,20 +366,9 @@ fn ceil_mul(z: vec2<u32>, p: f32) -> vec2<u32> {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32
-#ifdef SUBGROUP
-        , @builtin(subgroup_invocation_id) sg_lane: u32
-        , @builtin(subgroup_id) sg_id: u32
-        , @builtin(num_subgroups) sg_count: u32
-        , @builtin(subgroup_size) sg_size: u32
-#endif
-        ) {
-#ifdef SUBGROUP
-    let ln = Lanes(lid, sg_lane, sg_id, sg_count, sg_size, sg_id * sg_size + sg_lane);
-#else
-    let ln = Lanes(lid, 0u, 0u, 1u, 1u, lid);
-#endif
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, ids: LaneIds) {
+    let ln = lanes(ids);
+    let lid = ln.lid;
     let r = wid.x + wid.y * nwg.x;
     if (r >= info.rows) {
         return;

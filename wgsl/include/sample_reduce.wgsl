@@ -45,6 +45,25 @@ struct Lanes {
     pos: u32,       // this thread's place in scan order (see above)
 }
 
+// The entry points' thread builtins (one struct parameter: the kernels share it).
+struct LaneIds {
+    @builtin(local_invocation_index) lid: u32,
+#ifdef SUBGROUP
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_id) sg_id: u32,
+    @builtin(num_subgroups) sg_count: u32,
+    @builtin(subgroup_size) sg_size: u32,
+#endif
+}
+
+fn lanes(ids: LaneIds) -> Lanes {
+#ifdef SUBGROUP
+    return Lanes(ids.lid, ids.sg_lane, ids.sg_id, ids.sg_count, ids.sg_size, ids.sg_id * ids.sg_size + ids.sg_lane);
+#else
+    return Lanes(ids.lid, 0u, 0u, 1u, 1u, ids.lid);
+#endif
+}
+
 // What sample_stats computes per chunk and the later passes combine per row.
 struct Stats {
     lkey: u32,   // largest order key of the raw logits (NaN as -inf)
