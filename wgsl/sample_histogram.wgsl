@@ -71,7 +71,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         st = stats_combine(st, unpack_stats(partials[row * groups + q]));
     }
     let rs = wg_stats(st, ln);
-    if (!sampling || rs.inf != 0u || rs.count == 0u) {
+    if (!sampling || (rs.inf & FLAG_POS_INF) != 0u || rs.count == 0u) {
         return;  // a fixed outcome: sample_select decides it from the partials
     }
     let m = from_key(rs.skey);

@@ -29,6 +29,7 @@
 @group(0) @binding(5) var<storage, read_write> fetched: array<vec2<u32>>;  // (B, V) the entries of one large bin
 @group(0) @binding(6) var<storage, read_write> out: array<u32>;            // (B) token ids
 @group(0) @binding(7) var<storage, read> info: Info;
+@group(0) @binding(8) var<storage, read_write> status: array<u32>;         // (B) 1: the row has a NaN or +-inf logit
 
 const RANK: u32 = 0u;   // select the rank-th largest key
 const LEVEL: u32 = 1u;  // select the top-p level
@@ -402,11 +403,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         st = stats_combine(st, unpack_stats(partials[r * ngroups + g]));
     }
     let rs = wg_stats(st, ln);
-    if (!sampling || rs.inf != 0u || rs.count == 0u) {
+    if (lid == 0u) {
+        status[r] = select(0u, 1u, (rs.inf & FLAG_NON_FINITE) != 0u);
+    }
+    let pos_inf = (rs.inf & FLAG_POS_INF) != 0u;
+    if (!sampling || pos_inf || rs.count == 0u) {
         if (lid == 0u) {
             // Greedy and +inf: the argmax of the raw logits; no candidate: 0.
             var t = select(rs.lidx, 0u, rs.lidx == NO_INDEX);
-            if (sampling && rs.inf == 0u) {
+            if (sampling && !pos_inf) {
                 t = 0u;
             }
             out[r] = t;

@@ -2,7 +2,8 @@
 // it (one workgroup each), the statistics every later step needs:
 //   - the greedy argmax of the raw logits (NaN as -inf, lowest index on ties),
 //   - for sampling rows: the largest order key of s = l * inv_temperature (NaN as -inf), the
-//     number of candidates (s > -inf) and whether some s is +inf.
+//     number of candidates (s > -inf) and whether some s is +inf;
+//   - for every row: whether some raw logit is NaN or +-inf.
 // Also zeroes the row's global bin histogram for sample_histogram (sampling rows).
 // Grid: rows * groups workgroups, 2-D folded (see gpu/kernel.rs); workgroup w is chunk
 // w % groups of row w / groups; each thread reads 4 consecutive logits.
@@ -11,7 +12,7 @@
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;              // (B, V)
 @group(0) @binding(1) var<storage, read> params: array<Params>;           // (B)
-@group(0) @binding(2) var<storage, read_write> partials: array<vec4<u32>>; // (B, G): argmax key of l, its index, max key of s, candidates | (+inf << 31)
+@group(0) @binding(2) var<storage, read_write> partials: array<vec4<u32>>; // (B, G): argmax key of l, its index, max key of s, candidates | flags << 30
 @group(0) @binding(3) var<storage, read_write> hist: array<u32>;          // (B, NBINS, HW) zeroed
 @group(0) @binding(4) var<uniform> info: Info;
 
@@ -38,6 +39,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (i < vocab) {
             let l = logits[base + i];
             let k = okey_nan(bitcast<u32>(l));
+            st.inf |= select(0u, FLAG_NON_FINITE, (bitcast<u32>(l) & 0x7F800000u) == 0x7F800000u);
             if (k > st.lkey) {
                 st.lkey = k;
                 st.lidx = i;
@@ -46,13 +48,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 let ks = okey_nan(bitcast<u32>(l * p.inv_temperature));
                 st.skey = max(st.skey, ks);
                 st.count += select(0u, 1u, ks > KEY_NEG_INF);
-                st.inf |= select(0u, 1u, ks == KEY_POS_INF);
+                st.inf |= select(0u, FLAG_POS_INF, ks == KEY_POS_INF);
             }
         }
     }
     let r = wg_stats(st, ln);
     if (lid == 0u) {
-        partials[w] = vec4<u32>(r.lkey, r.lidx, r.skey, r.count | (r.inf << 31u));
+        partials[w] = vec4<u32>(r.lkey, r.lidx, r.skey, pack_count_flags(r.count, r.inf));
     }
 
     // Zero this row's share of the histogram (NBINS * HW words spread over the row's groups).

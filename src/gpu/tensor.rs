@@ -138,7 +138,15 @@ impl Gpu {
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, bytes.next_multiple_of(4));
         self.queue.submit([enc.finish()]);
-        let slice = staging.slice(..);
+        let mut out = self.map_read(&staging, bytes.max(4).next_multiple_of(4))?;
+        out.truncate(bytes as usize);
+        Ok(out)
+    }
+
+    /// Maps the first `bytes` of a `MAP_READ` buffer whose copy was submitted, waits for the
+    /// device, copies them out and unmaps.
+    pub fn map_read(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let slice = staging.slice(..bytes);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
@@ -147,9 +155,7 @@ impl Gpu {
         rx.recv()
             .map_err(|_| Error::Gpu("readback callback never ran".into()))?
             .map_err(|e| Error::Gpu(format!("mapping a readback buffer: {e}")))?;
-        let out = slice.get_mapped_range().map_err(|e| Error::Gpu(format!("reading a mapped buffer: {e}")))?
-            [..bytes as usize]
-            .to_vec();
+        let out = slice.get_mapped_range().map_err(|e| Error::Gpu(format!("reading a mapped buffer: {e}")))?.to_vec();
         staging.unmap();
         Ok(out)
     }

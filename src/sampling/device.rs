@@ -54,7 +54,7 @@
 //! Scratch grows with the largest `(rows, vocab)` seen: `rows · V · 24` bytes (the bucketed list
 //! and one fetched bin, 12 bytes an entry) plus `rows · G · 2.6 KB` of metadata.
 
-use super::{logits_shape, PreparedParams, SamplingBackend, SamplingParams};
+use super::{logits_shape, Draw, PreparedParams, SamplingBackend, SamplingParams};
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Tensor};
 use std::sync::Arc;
@@ -158,6 +158,8 @@ pub struct DeviceSampler {
     list: Scratch,
     meta: Scratch,
     fetched: Scratch,
+    /// Per row: 1 when its logits held a NaN or an infinity (written by `sample_select`).
+    status: Scratch,
     /// Ids of [`sample`](SamplingBackend::sample) and their readback buffer.
     ids: Option<Tensor>,
     staging: Option<wgpu::Buffer>,
@@ -183,6 +185,7 @@ impl DeviceSampler {
             list: Scratch::new("sampler bucketed list"),
             meta: Scratch::new("sampler metadata"),
             fetched: Scratch::new("sampler fetched bin"),
+            status: Scratch::new("sampler status"),
             ids: None,
             staging: None,
             rows: 0,
@@ -255,6 +258,13 @@ impl DeviceSampler {
         } else {
             3
         }
+    }
+
+    /// The per-row status the last [`encode`](Self::encode)d work writes (u32 `[rows]`, valid once
+    /// that work has run): 1 where the row's logits held a NaN or an infinity, else 0. A decode
+    /// loop copies it beside the ids to notice a failed model without reading the logits.
+    pub fn status(&self) -> Option<&wgpu::Buffer> {
+        self.status.buffer.as_ref()
     }
 
     /// Records the sampling of `rows` rows of f32 `logits` (`[rows, vocab]`, any shape with
@@ -379,6 +389,7 @@ impl DeviceSampler {
         grown |= self.list.ensure(gpu, sampling * rv * 8)?;
         grown |= self.meta.ensure(gpu, sampling * rg * META as u64 * 4)?;
         grown |= self.fetched.ensure(gpu, sampling * rv * 8)?;
+        grown |= self.status.ensure(gpu, rows as u64 * 4)?;
         if grown {
             self.invalidate();
         }
@@ -476,6 +487,7 @@ impl DeviceSampler {
                 whole(&self.fetched),
                 out.binding(),
                 info.as_entire_binding(),
+                whole(&self.status),
             ],
         )?;
         let wide = grid((key.rows * groups) as u32);
@@ -497,7 +509,7 @@ impl DeviceSampler {
             self.ids = Some(gpu.empty("sampled ids", &[cap], ElemType::U32)?);
             self.staging = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("sampled ids readback"),
-                size: (cap * 4) as u64,
+                size: (cap * 8) as u64,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }));
@@ -512,7 +524,7 @@ impl SamplingBackend for DeviceSampler {
         "device"
     }
 
-    fn sample(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Vec<u32>> {
+    fn draw(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Draw> {
         let (rows, vocab) = logits_shape(logits, params)?;
         for p in params {
             p.validate()?;
@@ -521,31 +533,25 @@ impl SamplingBackend for DeviceSampler {
             return Err(Error::InvalidArgument(format!("sampling needs f32 logits, got {:?}", logits.ty)));
         }
         if vocab == 0 {
-            return Ok(vec![0; rows]);
+            return Ok(Draw { ids: vec![0; rows], non_finite: vec![false; rows] });
         }
         self.set_params(gpu, params, step)?;
         let out = self.ids(gpu, rows)?;
         let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sampling") });
         self.encode(gpu, &mut enc, logits, rows, &out)?;
+        // The ids, then the status words, in one readback.
         let staging = self.staging.as_ref().expect("made with the ids");
         let bytes = (rows * 4) as u64;
         enc.copy_buffer_to_buffer(&out.buffer, 0, staging, 0, bytes);
+        enc.copy_buffer_to_buffer(self.status.get(), 0, staging, bytes, bytes);
         gpu.queue.submit([enc.finish()]);
-        let slice = staging.slice(..bytes);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        gpu.wait()?;
-        rx.recv()
-            .map_err(|_| Error::Gpu("readback callback never ran".into()))?
-            .map_err(|e| Error::Gpu(format!("mapping the sampled ids: {e}")))?;
-        let ids = {
-            let view = slice.get_mapped_range().map_err(|e| Error::Gpu(format!("reading the sampled ids: {e}")))?;
-            bytemuck::pod_collect_to_vec(&view[..])
-        };
-        staging.unmap();
-        Ok(ids)
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&gpu.map_read(staging, 2 * bytes)?);
+        let (ids, status) = words.split_at(rows);
+        Ok(Draw { ids: ids.to_vec(), non_finite: status.iter().map(|&s| s != 0).collect() })
+    }
+
+    fn as_device(&mut self) -> Option<&mut DeviceSampler> {
+        Some(self)
     }
 }
 

@@ -232,8 +232,30 @@ impl PreparedParams {
 pub trait SamplingBackend {
     fn name(&self) -> &'static str;
 
-    /// Samples one token per row. Errors on invalid parameters or mismatched sizes.
-    fn sample(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Vec<u32>>;
+    /// Samples one token per row and reports which rows had non-finite logits. Errors on invalid
+    /// parameters or mismatched sizes.
+    fn draw(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Draw>;
+
+    /// [`draw`](Self::draw)'s ids alone.
+    fn sample(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Vec<u32>> {
+        Ok(self.draw(gpu, logits, params, step)?.ids)
+    }
+
+    /// The device sampler, for loops that keep the sampled ids on the GPU (encode the sampling
+    /// into a decode step's command buffer); `None` for samplers that read the logits back.
+    fn as_device(&mut self) -> Option<&mut DeviceSampler> {
+        None
+    }
+}
+
+/// What a [`SamplingBackend`] returns for a batch of rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Draw {
+    /// One token per row (the spec's token, also for rows with non-finite logits).
+    pub ids: Vec<u32>,
+    /// Per row: whether its logits held a NaN or an infinity. The spec still defines a token for
+    /// such a row, but a model that wrote them has failed: decode loops report it.
+    pub non_finite: Vec<bool>,
 }
 
 /// Rows and vocabulary of `logits` for `params.len()` rows.
@@ -254,14 +276,16 @@ impl SamplingBackend for HostSampler {
         "host"
     }
 
-    fn sample(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Vec<u32>> {
+    fn draw(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Draw> {
         let (rows, vocab) = logits_shape(logits, params)?;
         for p in params {
             p.validate()?;
         }
         let host_logits = gpu.read_f32(logits)?;
-        let mut tokens = vec![0u32; rows];
-        host::sample_rows(&host_logits, vocab, params, step, &mut tokens)?;
-        Ok(tokens)
+        let mut ids = vec![0u32; rows];
+        host::sample_rows(&host_logits, vocab, params, step, &mut ids)?;
+        let non_finite =
+            (0..rows).map(|r| host_logits[r * vocab..(r + 1) * vocab].iter().any(|l| !l.is_finite())).collect();
+        Ok(Draw { ids, non_finite })
     }
 }

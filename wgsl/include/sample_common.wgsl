@@ -43,6 +43,12 @@ const KEY_NEG_INF: u32 = 0x007FFFFFu;
 const KEY_POS_INF: u32 = 0xFF800000u;
 const NO_INDEX: u32 = 0xFFFFFFFFu;
 
+// Stats.inf flags. FLAG_POS_INF: some scaled logit s is +inf (the row's outcome is fixed).
+// FLAG_NON_FINITE: some raw logit is NaN or +-inf (sample_select reports it in `status`: a
+// model that produced such logits has failed, whatever token the spec gives the row).
+const FLAG_POS_INF: u32 = 1u;
+const FLAG_NON_FINITE: u32 = 2u;
+
 // PreparedParams (src/sampling/mod.rs), 32 bytes.
 struct Params {
     mode: u32,

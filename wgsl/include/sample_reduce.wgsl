@@ -70,7 +70,7 @@ struct Stats {
     lidx: u32,   // lowest index holding it
     skey: u32,   // largest order key of s = l * inv_temperature (NaN as -inf)
     count: u32,  // candidates: s > -inf
-    inf: u32,    // 1 when some s is +inf
+    inf: u32,    // flags: FLAG_POS_INF (some s is +inf) | FLAG_NON_FINITE (some raw logit is NaN or +-inf)
 }
 
 fn stats_combine(a: Stats, b: Stats) -> Stats {
@@ -89,9 +89,14 @@ fn stats_empty() -> Stats {
     return Stats(0u, NO_INDEX, KEY_NEG_INF, 0u, 0u);
 }
 
-// A partial as sample_stats stores it: (lkey, lidx, skey, count | inf << 31).
+// A partial as sample_stats stores it: (lkey, lidx, skey, count | flags << 30); counts stay
+// below 2^22 (MAX_VOCAB in src/sampling/device.rs).
+fn pack_count_flags(count: u32, flags: u32) -> u32 {
+    return count | (flags << 30u);
+}
+
 fn unpack_stats(v: vec4<u32>) -> Stats {
-    return Stats(v.x, v.y, v.z, v.w & 0x7FFFFFFFu, v.w >> 31u);
+    return Stats(v.x, v.y, v.z, v.w & 0x3FFFFFFFu, v.w >> 30u);
 }
 
 var<workgroup> red_k: array<u32, WG>;
