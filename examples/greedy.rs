@@ -6,7 +6,7 @@
 //! ```
 
 use std::io::Write;
-use wgpu_llm::generate::generate;
+use wgpu_llm::decode::generate;
 use wgpu_llm::gpu::{Gpu, GpuOptions};
 use wgpu_llm::loader::Checkpoint;
 use wgpu_llm::model::Model;

@@ -9,8 +9,8 @@
 //! - [`tokenizer`], [`chat`]: text in and out.
 
 pub mod chat;
+pub mod decode;
 pub mod error;
-pub mod generate;
 pub mod gpu;
 pub mod loader;
 pub mod model;

@@ -51,6 +51,23 @@ impl Plan {
         self.items.iter().filter(|i| matches!(i, Item::Kernel(_))).count()
     }
 
+    /// Whether the plan is one compute pass (no copies: every one-token plan), so that
+    /// [`encode_pass`](Self::encode_pass) can record it into a pass the caller shares with more
+    /// work (a decode step's sampler).
+    pub fn is_single_pass(&self) -> bool {
+        self.items.iter().all(|i| matches!(i, Item::Kernel(_)))
+    }
+
+    /// Records a single-pass plan's dispatches into `pass`.
+    pub fn encode_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
+        assert!(self.is_single_pass(), "a plan with copies needs its own encoder: use encode");
+        for item in &self.items {
+            if let Item::Kernel(k) = item {
+                k.encode(pass);
+            }
+        }
+    }
+
     /// Encodes the pass into `enc` (compute passes split around copies).
     pub fn encode(&self, enc: &mut wgpu::CommandEncoder) {
         let mut i = 0;
@@ -134,6 +151,37 @@ impl Model {
         self.pos = 0;
     }
 
+    /// Forgets the positions from `pos` on (tokens a pipelined loop ran past a stop): later
+    /// passes overwrite their KV entries, and attention never reads past the current position.
+    pub fn rollback(&mut self, pos: usize) {
+        assert!(pos <= self.pos, "rollback to {pos} past the current position {}", self.pos);
+        self.pos = pos;
+    }
+
+    /// Checks that `n` more tokens fit the context at the current position.
+    pub fn check_room(&self, n: usize) -> Result<()> {
+        if self.pos + n > self.max_ctx {
+            return Err(Error::InvalidArgument(format!(
+                "{n} tokens at position {} exceed the context of {} tokens (raise --ctx, up to {})",
+                self.pos, self.max_ctx, self.config.max_position_embeddings
+            )));
+        }
+        Ok(())
+    }
+
+    /// Makes the next pass run `n` tokens at the current position: records the plan for `n`
+    /// on first use, writes the step uniform (`queue.write_buffer`: ordered before the next
+    /// submission, after the ones before) and advances the position. The caller writes the ids
+    /// (or has the sampler write them on the GPU) and encodes the returned plan.
+    pub fn stage(&mut self, n: usize) -> Result<&Plan> {
+        self.check_room(n)?;
+        self.plan(n)?;
+        let step = StepParams { pos: self.pos as u32, n_tokens: n as u32, _pad: [0; 2] };
+        self.gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
+        self.pos += n;
+        Ok(&self.plans[&n])
+    }
+
     /// The plan for `t` tokens, recorded on first use.
     pub fn plan(&mut self, t: usize) -> Result<&Plan> {
         if !self.plans.contains_key(&t) {
@@ -149,15 +197,7 @@ impl Model {
         if tokens.is_empty() {
             return Err(Error::InvalidArgument("no tokens to run".into()));
         }
-        if self.pos + tokens.len() > self.max_ctx {
-            return Err(Error::InvalidArgument(format!(
-                "{} tokens at position {} exceed the context of {} tokens (raise --ctx, up to {})",
-                tokens.len(),
-                self.pos,
-                self.max_ctx,
-                self.config.max_position_embeddings
-            )));
-        }
+        self.check_room(tokens.len())?;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
             return Err(Error::InvalidArgument(format!(
                 "token id {bad} is outside the vocabulary ({})",
@@ -165,19 +205,14 @@ impl Model {
             )));
         }
         let mut logits = None;
+        let gpu = self.gpu.clone();
         for chunk in tokens.chunks(self.prefill_chunk) {
-            let pos = self.pos as u32;
-            self.plan(chunk.len())?;
-            let plan = &self.plans[&chunk.len()];
-            let q = &self.gpu.queue;
-            q.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(chunk));
-            let step = StepParams { pos, n_tokens: chunk.len() as u32, _pad: [0; 2] };
-            q.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            let plan = self.stage(chunk.len())?;
+            gpu.queue.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(chunk));
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
             plan.encode(&mut enc);
-            q.submit([enc.finish()]);
+            gpu.queue.submit([enc.finish()]);
             logits = Some(plan.logits.clone());
-            self.pos += chunk.len();
         }
         self.gpu.check()?;
         Ok(logits.expect("at least one chunk"))

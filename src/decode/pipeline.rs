@@ -1,0 +1,302 @@
+//! The GPU-resident, pipelined decode loop (see the [module docs](super)).
+//!
+//! Step `s` (`s ≥ 1`) is one command buffer: the one-token forward pass reading its input id
+//! from the plan's ids buffer, then the device sampler writing the sampled id back into that same
+//! buffer (the input of step `s + 1`) and its status word, in one compute pass with timestamp
+//! writes at its ends; then copies of the id, the status and the resolved timestamps into the
+//! step's readback slot. Queue order makes step `s + 1` read what step `s` wrote, and the
+//! uniform writes for step `s + 1` (position, sampling step) are ordered between the two
+//! submissions, so the host can record and submit up to `depth` steps ahead. The slot of the
+//! oldest step is mapped and read first: tokens reach the caller in order.
+//!
+//! Stops: max-tokens and a full context are known ahead, so no step past them is submitted. Eos,
+//! the caller's stop and non-finite logits are seen up to `depth - 1` steps late: those steps are
+//! waited for, dropped, and the model's position is rolled back to where the step-by-step loop
+//! would have left it (the KV entries they wrote lie past it and are overwritten by later passes).
+
+use super::{non_finite_error, Stats, StepTiming, StopReason};
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::model::Model;
+use crate::sampling::{DeviceSampler, SamplingParams};
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Bytes of a readback slot: id, status, then the pass's two u64 timestamps.
+const SLOT_BYTES: u64 = 24;
+
+/// One step's readback buffer and what is known about the step in flight.
+struct Slot {
+    buffer: wgpu::Buffer,
+    /// Index of this slot's timestamp pair in the query set.
+    index: u32,
+}
+
+struct InFlight {
+    slot: usize,
+    step: u32,
+    submission: wgpu::SubmissionIndex,
+    mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+    encode: Duration,
+    submit: Duration,
+}
+
+/// The readback slots and the timestamp queries of one run.
+struct Ring {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    /// Timestamps: the query set and the buffer it resolves into (256 bytes a slot).
+    queries: Option<(wgpu::QuerySet, wgpu::Buffer)>,
+    period_ns: f64,
+}
+
+impl Ring {
+    fn new(gpu: &Gpu, depth: usize) -> Ring {
+        let slots = (0..depth)
+            .map(|i| Slot {
+                buffer: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("decode readback slot"),
+                    size: SLOT_BYTES,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
+                index: i as u32,
+            })
+            .collect();
+        let queries = gpu.caps.timestamps.then(|| {
+            let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("decode step timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * depth as u32,
+            });
+            let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("decode step timestamps resolved"),
+                size: depth as u64 * wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            (set, resolve)
+        });
+        Ring {
+            slots,
+            free: (0..depth).rev().collect(),
+            queries,
+            period_ns: f64::from(gpu.queue.get_timestamp_period()),
+        }
+    }
+
+    fn timestamp_writes(&self, slot: usize) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+        self.queries.as_ref().map(|(set, _)| wgpu::ComputePassTimestampWrites {
+            query_set: set,
+            beginning_of_pass_write_index: Some(2 * self.slots[slot].index),
+            end_of_pass_write_index: Some(2 * self.slots[slot].index + 1),
+        })
+    }
+
+    /// Copies the sampled id, the sampler's status and (with timestamps) the pass's times into
+    /// the slot.
+    fn record_readback(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        slot: usize,
+        ids: &crate::gpu::Tensor,
+        status: &wgpu::Buffer,
+    ) {
+        let s = &self.slots[slot];
+        enc.copy_buffer_to_buffer(&ids.buffer, ids.offset, &s.buffer, 0, 4);
+        enc.copy_buffer_to_buffer(status, 0, &s.buffer, 4, 4);
+        if let Some((set, resolve)) = &self.queries {
+            let at = u64::from(s.index) * wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT;
+            enc.resolve_query_set(set, 2 * s.index..2 * s.index + 2, resolve, at);
+            enc.copy_buffer_to_buffer(resolve, at, &s.buffer, 8, 16);
+        }
+    }
+}
+
+/// What a step's slot held.
+struct Read {
+    token: u32,
+    non_finite: bool,
+    gpu: Option<Duration>,
+}
+
+/// Runs the loop; `model` was reset and `stats` has the prompt length.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run(
+    model: &mut Model,
+    sampler: &mut DeviceSampler,
+    prompt: &[u32],
+    max_tokens: usize,
+    params: &SamplingParams,
+    eos: &[u32],
+    on_token: &mut dyn FnMut(u32) -> Result<bool>,
+    depth: usize,
+    mut stats: Stats,
+) -> Result<Stats> {
+    let gpu = model.gpu.clone();
+    let mut ring = Ring::new(&gpu, depth);
+    let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+    // Tokens that can be produced: max_tokens, and one per free position plus the one sampled
+    // from the prompt's last position.
+    let budget = max_tokens.min(model.max_ctx - prompt.len() + 1);
+    let ids = model.plan(1)?.ids.clone();
+    stats.depth = depth;
+    stats.dispatches_per_step = model.plan(1)?.dispatches() + sampler_dispatches(params);
+    stats.submits_per_step = 1;
+    stats.waits_per_step = 1;
+
+    let t0 = Instant::now();
+    // Step 0: the prompt, then the sampler into the decode plan's ids.
+    let logits = model.forward(prompt)?;
+    let te = Instant::now();
+    sampler.set_params(&gpu, std::slice::from_ref(params), 0)?;
+    let slot = ring.free.pop().expect("depth >= 1");
+    let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sample prompt") });
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("sample prompt"),
+            timestamp_writes: ring.timestamp_writes(slot),
+        });
+        sampler.encode_pass(&gpu, &mut pass, &logits, 1, &ids)?;
+    }
+    ring.record_readback(&mut enc, slot, &ids, status_buffer(sampler)?);
+    submit(&gpu, &ring, &mut in_flight, enc, slot, 0, te)?;
+
+    let mut next_step = 1u32; // the next step to submit
+    let mut t1 = None;
+    let result = loop {
+        // Keep `depth` steps in flight, never past the budget.
+        while in_flight.len() < depth && (next_step as usize) < budget {
+            let te = Instant::now();
+            sampler.set_params(&gpu, std::slice::from_ref(params), next_step)?;
+            let slot = ring.free.pop().expect("a slot per step in flight");
+            let plan = model.stage(1)?;
+            let mut enc =
+                gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("decode step") });
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("decode step"),
+                    timestamp_writes: ring.timestamp_writes(slot),
+                });
+                plan.encode_pass(&mut pass);
+                sampler.encode_pass(&gpu, &mut pass, &plan.logits, 1, &plan.ids)?;
+            }
+            ring.record_readback(&mut enc, slot, &ids, status_buffer(sampler)?);
+            submit(&gpu, &ring, &mut in_flight, enc, slot, next_step, te)?;
+            next_step += 1;
+        }
+        let Some(f) = in_flight.pop_front() else {
+            break Ok(());
+        };
+        let tw = Instant::now();
+        let read = read_slot(&gpu, &ring, &f)?;
+        ring.free.push(f.slot);
+        let wait = tw.elapsed();
+        if read.non_finite {
+            // The logits of step s came from position prompt + s - 1.
+            break Err(non_finite_error(f.step, prompt.len() + f.step as usize - 1));
+        }
+        if f.step == 0 {
+            stats.prefill = t0.elapsed();
+            t1 = Some(Instant::now());
+        } else {
+            stats.steps.push(StepTiming { encode: f.encode, submit: f.submit, wait, gpu: read.gpu });
+        }
+        stats.generated_tokens += 1;
+        if !on_token(read.token)? {
+            stats.stop = StopReason::Caller;
+            break Ok(());
+        }
+        // The same reasons, in the same order, as the step-by-step loop's stop_after: the budget
+        // ends at max_tokens or where the context is full.
+        let stop = if eos.contains(&read.token) {
+            Some(StopReason::Eos)
+        } else if stats.generated_tokens >= max_tokens {
+            Some(StopReason::MaxTokens)
+        } else if stats.generated_tokens >= budget {
+            Some(StopReason::ContextFull)
+        } else {
+            None
+        };
+        if let Some(s) = stop {
+            stats.stop = s;
+            break Ok(());
+        }
+    };
+    // Steps past the stop: wait for them, drop their tokens, roll their positions back.
+    stats.discarded_steps = in_flight.len();
+    for f in in_flight.drain(..) {
+        read_slot(&gpu, &ring, &f)?;
+    }
+    let delivered = stats.generated_tokens;
+    if delivered > 0 {
+        model.rollback(prompt.len() + delivered - 1);
+    }
+    if let Some(t1) = t1 {
+        stats.decode = t1.elapsed();
+    }
+    gpu.check()?;
+    result.map(|()| stats)
+}
+
+/// The sampler's dispatches for these parameters (2 greedy, 3 sampling).
+fn sampler_dispatches(params: &SamplingParams) -> usize {
+    if params.is_greedy() {
+        2
+    } else {
+        3
+    }
+}
+
+fn status_buffer(sampler: &DeviceSampler) -> Result<&wgpu::Buffer> {
+    sampler.status().ok_or_else(|| Error::Gpu("the sampler's status buffer is missing after encoding".into()))
+}
+
+/// Finishes, submits and maps a step's slot.
+fn submit(
+    gpu: &Gpu,
+    ring: &Ring,
+    in_flight: &mut VecDeque<InFlight>,
+    enc: wgpu::CommandEncoder,
+    slot: usize,
+    step: u32,
+    started: Instant,
+) -> Result<()> {
+    let cmd = enc.finish();
+    let encode = started.elapsed();
+    let ts = Instant::now();
+    let submission = gpu.queue.submit([cmd]);
+    let submit = ts.elapsed();
+    let (tx, rx) = mpsc::channel();
+    ring.slots[slot].buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    in_flight.push_back(InFlight { slot, step, submission, mapped: rx, encode, submit });
+    Ok(())
+}
+
+/// Waits for a step's submission, reads its slot and unmaps it.
+fn read_slot(gpu: &Gpu, ring: &Ring, f: &InFlight) -> Result<Read> {
+    gpu.device
+        .poll(wgpu::PollType::Wait { submission_index: Some(f.submission.clone()), timeout: None })
+        .map_err(|e| Error::Gpu(format!("waiting for decode step {}: {e}", f.step)))?;
+    gpu.check()?;
+    f.mapped
+        .recv()
+        .map_err(|_| Error::Gpu("a readback callback never ran".into()))?
+        .map_err(|e| Error::Gpu(format!("mapping decode step {}'s token: {e}", f.step)))?;
+    let buffer = &ring.slots[f.slot].buffer;
+    let words: [u32; 6] = {
+        let view =
+            buffer.slice(..).get_mapped_range().map_err(|e| Error::Gpu(format!("reading a mapped slot: {e}")))?;
+        bytemuck::pod_read_unaligned(&view[..SLOT_BYTES as usize])
+    };
+    buffer.unmap();
+    let gpu_time = ring.queries.as_ref().map(|_| {
+        let begin = u64::from(words[2]) | (u64::from(words[3]) << 32);
+        let end = u64::from(words[4]) | (u64::from(words[5]) << 32);
+        Duration::from_nanos((end.saturating_sub(begin) as f64 * ring.period_ns) as u64)
+    });
+    Ok(Read { token: words[0], non_finite: words[1] != 0, gpu: gpu_time })
+}

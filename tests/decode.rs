@@ -1,0 +1,244 @@
+//! The decode loops: the GPU-resident pipelined loop gives exactly the step-by-step tokens
+//! (greedy and seeded sampling, any depth, either sampler), stops where it does with its
+//! overshoot rolled back, rebuilds nothing when sampling parameters change, and turns
+//! non-finite logits into an error instead of tokens.
+//!
+//! The model is a small synthetic one (random Q8_0 weights, llama layout) so lavapipe runs many
+//! steps quickly; the loops never look at the architecture.
+
+mod common;
+
+use wgpu_llm::decode::{generate_with, DecodeOptions, Stats, StopReason};
+use wgpu_llm::gpu::Gpu;
+use wgpu_llm::loader::synthetic;
+use wgpu_llm::model::config::{Activation, Arch, LayerAttention, ModelConfig};
+use wgpu_llm::model::Model;
+use wgpu_llm::sampling::{DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
+
+fn tiny_config() -> ModelConfig {
+    let head_dim = 16;
+    ModelConfig {
+        arch: Arch::Llama,
+        vocab_size: 1000,
+        hidden_size: 64,
+        intermediate_size: 96,
+        num_layers: 3,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim,
+        rms_norm_eps: 1e-5,
+        rope_theta: 1e4,
+        rope_local_theta: None,
+        rope_scaling_factor: 1.0,
+        max_position_embeddings: 256,
+        layer_attention: vec![LayerAttention::Full; 3],
+        tie_word_embeddings: true,
+        attention_bias: false,
+        qk_norm: false,
+        sandwich_norm: false,
+        activation: Activation::SiluGated,
+        embedding_scale: 1.0,
+        attention_scale: 1.0 / (head_dim as f32).sqrt(),
+        final_logit_softcapping: None,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+        add_bos: false,
+    }
+}
+
+fn model_of(gpu: &Gpu, config: &ModelConfig, ctx: usize) -> Model {
+    let ck = synthetic::build(config, "q8_0", "synthetic:tiny", 11).unwrap();
+    Model::load(gpu, &ck, Some(ctx), &mut |_, _| {}).unwrap()
+}
+
+fn tiny(gpu: &Gpu) -> Model {
+    model_of(gpu, &tiny_config(), 128)
+}
+
+const PROMPT: [u32; 7] = [3, 141, 59, 265, 358, 979, 323];
+
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, seed }
+}
+
+/// Runs one generation and returns its tokens and stats.
+fn run(
+    model: &mut Model,
+    sampler: &mut dyn SamplingBackend,
+    prompt: &[u32],
+    max_tokens: usize,
+    params: &SamplingParams,
+    eos: &[u32],
+    depth: usize,
+) -> (Vec<u32>, Stats) {
+    let mut tokens = Vec::new();
+    let stats = generate_with(
+        model,
+        sampler,
+        prompt,
+        max_tokens,
+        params,
+        eos,
+        &mut |t| {
+            tokens.push(t);
+            Ok(true)
+        },
+        DecodeOptions { depth },
+    )
+    .unwrap();
+    (tokens, stats)
+}
+
+#[test]
+fn pipelined_loop_gives_the_step_by_step_tokens() {
+    let gpu = common::gpu();
+    let mut model = tiny(&gpu);
+    let mut device = DeviceSampler::new(&gpu).unwrap();
+    for params in [SamplingParams::greedy(), sampled(7), sampled(8)] {
+        let (reference, s) = run(&mut model, &mut HostSampler, &PROMPT, 24, &params, &[], 0);
+        assert_eq!(reference.len(), 24);
+        assert_eq!((s.depth, s.stop), (0, StopReason::MaxTokens));
+        // A sampled run must not be one repeated token, or the comparison proves little.
+        if !params.is_greedy() {
+            let distinct = reference.iter().collect::<std::collections::HashSet<_>>().len();
+            assert!(distinct > 4, "{params:?}: only {distinct} distinct tokens in {reference:?}");
+        }
+        for depth in [0, 1, 2, 4] {
+            let (tokens, s) = run(&mut model, &mut device, &PROMPT, 24, &params, &[], depth);
+            assert_eq!(tokens, reference, "{params:?}, depth {depth}");
+            assert_eq!((s.depth, s.stop, s.discarded_steps), (depth, StopReason::MaxTokens, 0));
+            assert_eq!(s.steps.len(), 23, "one timing per decode step");
+            assert_eq!(model.pos, PROMPT.len() + 23, "depth {depth}: every token but the last was fed");
+            if depth > 0 {
+                assert_eq!((s.submits_per_step, s.waits_per_step), (1, 1));
+            }
+        }
+    }
+    // Different seeds draw different tokens (the seed reaches the pipelined sampler).
+    let a = run(&mut model, &mut device, &PROMPT, 24, &sampled(7), &[], 3).0;
+    let b = run(&mut model, &mut device, &PROMPT, 24, &sampled(8), &[], 3).0;
+    assert_ne!(a, b);
+}
+
+#[test]
+fn eos_overshoot_is_rolled_back() {
+    let gpu = common::gpu();
+    let mut model = tiny(&gpu);
+    let mut device = DeviceSampler::new(&gpu).unwrap();
+    let params = sampled(21);
+    let (free, _) = run(&mut model, &mut device, &PROMPT, 20, &params, &[], 0);
+    // An eos that first appears a few tokens in.
+    let (cut, eos) =
+        free.iter().enumerate().skip(2).find(|(i, t)| !free[..*i].contains(t)).map(|(i, &t)| (i, t)).unwrap();
+    let want = &free[..=cut];
+    let depth = 4;
+    let (tokens, s) = run(&mut model, &mut device, &PROMPT, 20, &params, &[eos], depth);
+    assert_eq!(tokens, want);
+    assert_eq!(s.stop, StopReason::Eos);
+    assert_eq!(s.discarded_steps, (depth - 1).min(20 - tokens.len()), "steps in flight past the eos");
+    assert_eq!(model.pos, PROMPT.len() + tokens.len() - 1, "the overshoot's positions are rolled back");
+
+    // Continuing from there sees no trace of the discarded steps: the logits of one more token
+    // equal those of a model that ran the step-by-step loop to the same eos.
+    let next = [17u32];
+    let after_pipelined = gpu.read_f32(&model.forward(&next).unwrap()).unwrap();
+    let mut fresh = tiny(&gpu);
+    let (tokens0, s0) = run(&mut fresh, &mut device, &PROMPT, 20, &params, &[eos], 0);
+    assert_eq!((tokens0.as_slice(), s0.discarded_steps), (want, 0));
+    let after_step_by_step = gpu.read_f32(&fresh.forward(&next).unwrap()).unwrap();
+    assert!(after_pipelined.iter().all(|l| l.is_finite()));
+    assert_eq!(after_pipelined, after_step_by_step);
+
+    // A second prompt on the same model gives what it gives on a fresh one.
+    let other = [5u32, 6, 7, 8, 9];
+    let (second, _) = run(&mut model, &mut device, &other, 12, &params, &[], depth);
+    let (fresh_second, _) = run(&mut tiny(&gpu), &mut device, &other, 12, &params, &[], 0);
+    assert_eq!(second, fresh_second);
+}
+
+#[test]
+fn caller_stop_and_a_full_context_match_the_step_by_step_loop() {
+    let gpu = common::gpu();
+    let ctx = PROMPT.len() + 6;
+    let mut model = model_of(&gpu, &tiny_config(), ctx);
+    let mut device = DeviceSampler::new(&gpu).unwrap();
+    let params = sampled(3);
+    let (reference, s0) = run(&mut model, &mut device, &PROMPT, 100, &params, &[], 0);
+    assert_eq!((s0.stop, reference.len()), (StopReason::ContextFull, 7), "one token per free position, plus one");
+    for depth in [1, 3, 8] {
+        let (tokens, s) = run(&mut model, &mut device, &PROMPT, 100, &params, &[], depth);
+        assert_eq!((tokens.as_slice(), s.stop, s.discarded_steps), (reference.as_slice(), StopReason::ContextFull, 0));
+        assert_eq!(model.pos, ctx);
+        // The caller stops after the third token.
+        let mut seen = Vec::new();
+        let s = generate_with(
+            &mut model,
+            &mut device,
+            &PROMPT,
+            100,
+            &params,
+            &[],
+            &mut |t| {
+                seen.push(t);
+                Ok(seen.len() < 3)
+            },
+            DecodeOptions { depth },
+        )
+        .unwrap();
+        assert_eq!((seen.as_slice(), s.stop), (&reference[..3], StopReason::Caller));
+        assert_eq!(model.pos, PROMPT.len() + 2);
+    }
+}
+
+#[test]
+fn new_sampling_parameters_rebuild_nothing() {
+    let gpu = common::gpu();
+    let mut model = tiny(&gpu);
+    let mut device = DeviceSampler::new(&gpu).unwrap();
+    // Warm up greedy and sampling once (pipelines for both paths, plans for both lengths).
+    run(&mut model, &mut device, &PROMPT, 4, &SamplingParams::greedy(), &[], 3);
+    run(&mut model, &mut device, &PROMPT, 4, &sampled(1), &[], 3);
+    let pipelines = gpu.pipelines().len();
+    let bind_groups = device.bind_groups_built();
+    for params in [
+        SamplingParams { temperature: 1.3, top_k: 0, top_p: 0.5, min_p: 0.0, seed: 99 },
+        SamplingParams { temperature: 0.2, top_k: 5, top_p: 1.0, min_p: 0.2, seed: 5 },
+        SamplingParams::greedy(),
+    ] {
+        run(&mut model, &mut device, &PROMPT, 6, &params, &[], 3);
+    }
+    assert_eq!(gpu.pipelines().len(), pipelines, "a pipeline was compiled for new parameters");
+    assert_eq!(device.bind_groups_built(), bind_groups, "bind groups were rebuilt for new parameters");
+}
+
+#[test]
+fn non_finite_logits_are_an_error_not_tokens() {
+    let gpu = common::gpu();
+    // Scores of q·k times 3e38 overflow to infinities and the softmax turns them into NaN.
+    let mut config = tiny_config();
+    config.attention_scale = 3e38;
+    let mut model = model_of(&gpu, &config, 64);
+    let mut device = DeviceSampler::new(&gpu).unwrap();
+    for (sampler, depth) in [(&mut device as &mut dyn SamplingBackend, 3), (&mut HostSampler, 0)] {
+        let mut delivered = 0;
+        let err = generate_with(
+            &mut model,
+            sampler,
+            &PROMPT,
+            8,
+            &SamplingParams::greedy(),
+            &[],
+            &mut |_| {
+                delivered += 1;
+                Ok(true)
+            },
+            DecodeOptions { depth },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("not finite") && err.contains("prompt's last position"), "{err}");
+        assert_eq!(delivered, 0, "no token comes from non-finite logits");
+    }
+    let step = wgpu_llm::decode::non_finite_error(5, 40).to_string();
+    assert!(step.contains("decode step 5") && step.contains("position 40"), "{step}");
+}
