@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use wgpu_llm::chat::{apply_chat_template, Message};
-use wgpu_llm::generate::generate;
+use wgpu_llm::decode::{generate_with, DecodeOptions, Stats, StepTiming, DEFAULT_DEPTH};
 use wgpu_llm::gpu::{list_adapters, BackendChoice, Gpu, GpuOptions};
 use wgpu_llm::loader::Checkpoint;
 use wgpu_llm::model::Model;
@@ -68,6 +68,51 @@ enum SamplerChoice {
     Host,
 }
 
+#[derive(Args, Clone, Copy)]
+struct SamplingArgs {
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+    temperature: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 40)]
+    top_k: u32,
+    /// 1 = off.
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
+    top_p: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
+    min_p: f32,
+    /// RNG seed; random (and printed) when absent.
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long, value_enum, default_value_t = SamplerChoice::Device)]
+    sampler: SamplerChoice,
+    /// Decode steps in flight with the device sampler (the GPU-resident loop); 1 = one at a time,
+    /// 0 = forward then sample with a readback each step.
+    #[arg(long, default_value_t = DEFAULT_DEPTH)]
+    pipeline: usize,
+}
+
+impl SamplingArgs {
+    fn params(&self) -> Result<SamplingParams> {
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: self.seed.unwrap_or_else(random_seed),
+        };
+        p.validate()?;
+        Ok(p)
+    }
+    fn decode(&self) -> Result<DecodeOptions> {
+        if self.pipeline > 64 {
+            anyhow::bail!("--pipeline {} is out of range: 0..=64 steps in flight", self.pipeline);
+        }
+        Ok(DecodeOptions { depth: self.pipeline })
+    }
+}
+
 #[derive(Args)]
 struct GenerateArgs {
     /// A GGUF file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json).
@@ -84,23 +129,8 @@ struct GenerateArgs {
     system: Option<String>,
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
-    /// 0 = off.
-    #[arg(long, default_value_t = 40)]
-    top_k: u32,
-    /// 1 = off.
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    /// 0 = off.
-    #[arg(long, default_value_t = 0.05)]
-    min_p: f32,
-    /// RNG seed; random (and printed) when absent.
-    #[arg(long)]
-    seed: Option<u64>,
-    #[arg(long, value_enum, default_value_t = SamplerChoice::Device)]
-    sampler: SamplerChoice,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Context length (KV cache positions); default min(model maximum, 4096).
     #[arg(long)]
     ctx: Option<usize>,
@@ -112,9 +142,16 @@ struct GenerateArgs {
 }
 
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["model", "synthetic"])))]
 struct BenchArgs {
+    /// A GGUF file or a Hugging Face folder.
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
+    /// Random weights with a real checkpoint's architecture, shapes and tensor types:
+    /// NAME:RECIPE, NAME one of smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, gemma3-270m and RECIPE
+    /// one of f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m.
+    #[arg(long)]
+    synthetic: Option<String>,
     /// Prompt tokens for the prefill measurement.
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,
@@ -124,8 +161,10 @@ struct BenchArgs {
     /// Timed repetitions (after one warm-up).
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    #[arg(long, value_enum, default_value_t = SamplerChoice::Device)]
-    sampler: SamplerChoice,
+    /// Sampling as in `generate` (the same defaults: llama.cpp's default chain; `--temperature 0`
+    /// for greedy).
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -199,9 +238,8 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             s
         }
     };
-    let seed = a.seed.unwrap_or_else(random_seed);
-    let params = SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, min_p: a.min_p, seed };
-    params.validate()?;
+    let params = a.sampling.params()?;
+    let opts = a.sampling.decode()?;
     let gpu = a.gpu.open()?;
     let t_load = std::time::Instant::now();
     let (ck, mut model) = load(&a.model, &gpu, a.ctx, a.quiet)?;
@@ -219,23 +257,32 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     };
     // encode adds BOS only where the model wants one and the text (a rendered template) lacks it.
     let ids = tok.encode(&text, true)?;
-    if a.seed.is_none() && a.temperature > 0.0 {
-        eprintln!("seed: {seed}");
+    if a.sampling.seed.is_none() && !params.is_greedy() {
+        eprintln!("seed: {}", params.seed);
     }
     let load_s = t_load.elapsed().as_secs_f64();
-    let mut sampler = sampler(a.sampler, &gpu)?;
+    let mut sampler = sampler(a.sampling.sampler, &gpu)?;
     let mut stream = StreamDecoder::new(&tok);
     let mut out = std::io::stdout().lock();
     let eos = ck.config.eos_token_ids.clone();
-    let stats = generate(&mut model, sampler.as_mut(), &ids, a.max_tokens, &params, &eos, &mut |t| {
-        if !eos.contains(&t) {
-            if let Some(piece) = stream.push(t)? {
-                out.write_all(piece.as_bytes()).ok();
-                out.flush().ok();
+    let stats = generate_with(
+        &mut model,
+        sampler.as_mut(),
+        &ids,
+        a.max_tokens,
+        &params,
+        &eos,
+        &mut |t| {
+            if !eos.contains(&t) {
+                if let Some(piece) = stream.push(t)? {
+                    out.write_all(piece.as_bytes()).ok();
+                    out.flush().ok();
+                }
             }
-        }
-        Ok(true)
-    })?;
+            Ok(true)
+        },
+        opts,
+    )?;
     let rest = stream.finish()?.unwrap_or_default();
     writeln!(out, "{rest}").ok();
     if !a.quiet {
@@ -248,42 +295,85 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             stats.prefill_tok_s(),
             stats.generated_tokens,
             stats.decode_tok_s(),
-            a.sampler,
+            a.sampling.sampler,
             stats.stop
         );
     }
     Ok(())
 }
 
+/// Median of `v` (empty: 0).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Per-step medians in microseconds over every timed decode step.
+fn step_medians(runs: &[Stats]) -> serde_json::Value {
+    let us = |f: &dyn Fn(&StepTiming) -> Option<std::time::Duration>| {
+        let v: Vec<f64> =
+            runs.iter().flat_map(|r| r.steps.iter()).filter_map(f).map(|d| d.as_secs_f64() * 1e6).collect();
+        (!v.is_empty()).then(|| median(v))
+    };
+    serde_json::json!({
+        "host_encode_us": us(&|s| Some(s.encode)),
+        "submit_us": us(&|s| Some(s.submit)),
+        "wait_us": us(&|s| Some(s.wait)),
+        "gpu_us": us(&|s| s.gpu),
+    })
+}
+
 fn run_bench(a: BenchArgs) -> Result<()> {
+    if a.reps == 0 || a.reps > 1000 {
+        anyhow::bail!("--reps {} is out of range: 1..=1000", a.reps);
+    }
+    if a.prompt_tokens == 0 || a.gen_tokens == 0 {
+        anyhow::bail!("--prompt-tokens and --gen-tokens must be at least 1");
+    }
+    const MAX_TOKENS: usize = 1 << 20;
+    if a.prompt_tokens > MAX_TOKENS || a.gen_tokens > MAX_TOKENS {
+        anyhow::bail!("--prompt-tokens and --gen-tokens must be at most {MAX_TOKENS}");
+    }
+    let params = a.sampling.params()?;
+    let opts = a.sampling.decode()?;
     let gpu = a.gpu.open()?;
-    let (ck, mut model) = load(&a.model, &gpu, Some((a.prompt_tokens + a.gen_tokens + 1).max(16)), a.json)?;
-    let mut sampler = sampler(a.sampler, &gpu)?;
+    let ctx = Some((a.prompt_tokens + a.gen_tokens + 1).max(16));
+    let (ck, mut model) = match (&a.model, &a.synthetic) {
+        (Some(path), _) => load(path, &gpu, ctx, a.json)?,
+        (None, Some(spec)) => {
+            let ck = wgpu_llm::loader::synthetic::open(spec)?;
+            let model = Model::load(&gpu, &ck, ctx, &mut |_, _| {})?;
+            (ck, model)
+        }
+        (None, None) => unreachable!("clap requires --model or --synthetic"),
+    };
+    let source = match (&a.model, &a.synthetic) {
+        (Some(path), _) => path.display().to_string(),
+        (None, spec) => format!("synthetic:{}", spec.as_deref().unwrap_or_default()),
+    };
+    let mut sampler = sampler(a.sampling.sampler, &gpu)?;
     // Deterministic pseudo-random prompt ids (no text needed).
     let vocab = ck.config.vocab_size as u64;
     let prompt: Vec<u32> =
         (0..a.prompt_tokens as u64).map(|i| ((i.wrapping_mul(2654435761) ^ 0x5bd1e995) % vocab) as u32).collect();
-    let params = SamplingParams::greedy();
-    let mut prefill = Vec::new();
-    let mut decode = Vec::new();
+    let mut runs = Vec::new();
     for rep in 0..=a.reps {
-        let s = generate(&mut model, sampler.as_mut(), &prompt, a.gen_tokens, &params, &[], &mut |_| Ok(true))?;
+        // No eos: every run decodes gen_tokens steps.
+        let s =
+            generate_with(&mut model, sampler.as_mut(), &prompt, a.gen_tokens, &params, &[], &mut |_| Ok(true), opts)?;
         if rep > 0 {
-            prefill.push(s.prefill_tok_s());
-            decode.push(s.decode_tok_s());
+            runs.push(s);
         }
     }
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
-    let (pp, tg) = (med(&mut prefill), med(&mut decode));
-    let dispatches = model.plan(1)?.dispatches();
+    let pp = median(runs.iter().map(Stats::prefill_tok_s).collect());
+    let tg = median(runs.iter().map(Stats::decode_tok_s).collect());
+    let last = runs.last().expect("reps >= 1");
+    let steps = step_medians(&runs);
     if a.json {
         println!(
             "{}",
             serde_json::json!({
-                "model": a.model.display().to_string(),
+                "model": source,
                 "arch": ck.config.arch.name(),
                 "adapter": gpu.info.name,
                 "backend": format!("{:?}", gpu.info.backend),
@@ -291,17 +381,32 @@ fn run_bench(a: BenchArgs) -> Result<()> {
                 "prompt_tokens": a.prompt_tokens,
                 "gen_tokens": a.gen_tokens,
                 "reps": a.reps,
-                "sampler": format!("{:?}", a.sampler),
+                "sampler": format!("{:?}", a.sampling.sampler),
+                "temperature": params.temperature,
+                "top_k": params.top_k,
+                "top_p": params.top_p,
+                "min_p": params.min_p,
+                "seed": params.seed,
+                "pipeline_depth": last.depth,
                 "prefill_tok_s": pp,
                 "decode_tok_s": tg,
-                "prefill_tok_s_all": prefill,
-                "decode_tok_s_all": decode,
-                "decode_dispatches_per_token": dispatches,
+                "prefill_tok_s_all": runs.iter().map(Stats::prefill_tok_s).collect::<Vec<_>>(),
+                "decode_tok_s_all": runs.iter().map(Stats::decode_tok_s).collect::<Vec<_>>(),
+                "decode_step": {
+                    "dispatches": last.dispatches_per_step,
+                    "submits": last.submits_per_step,
+                    "blocking_waits": last.waits_per_step,
+                    "median": steps,
+                },
+                "logits_finite": true,
             })
         );
     } else {
+        let f = |k: &str| steps[k].as_f64().map_or("n/a".to_string(), |v| format!("{v:.0}"));
         println!(
-            "{} on {}: pp{} {:.1} tok/s, tg{} {:.1} tok/s (median of {}; {} dispatches per decode step)",
+            "{} on {}: pp{} {:.1} tok/s, tg{} {:.1} tok/s (median of {}; sampler {:?}, T {} top-k {} top-p {} min-p {}, \
+             {})\nper decode step (median): {} dispatches, {} submit(s), {} blocking wait(s); host encode {} us, submit {} us, \
+             wait {} us, GPU {} us",
             ck.config.arch.name(),
             gpu.info.name,
             a.prompt_tokens,
@@ -309,7 +414,19 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             a.gen_tokens,
             tg,
             a.reps,
-            dispatches
+            a.sampling.sampler,
+            params.temperature,
+            params.top_k,
+            params.top_p,
+            params.min_p,
+            if last.depth == 0 { "readback loop".to_string() } else { format!("GPU-resident loop, {} in flight", last.depth) },
+            last.dispatches_per_step,
+            last.submits_per_step,
+            last.waits_per_step,
+            f("host_encode_us"),
+            f("submit_us"),
+            f("wait_us"),
+            f("gpu_us"),
         );
     }
     Ok(())

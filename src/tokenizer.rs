@@ -84,6 +84,12 @@ impl Tokenizer {
         let mut t = match source {
             TokenizerSource::Json(path) => Self::from_json_file(path)?,
             TokenizerSource::Gguf(data) => Self::from_gguf_data(data)?,
+            TokenizerSource::None => {
+                return Err(Error::Unsupported(
+                    "this checkpoint has no tokenizer (a synthetic model runs on token ids: use `wgpu-llm bench`)"
+                        .into(),
+                ))
+            }
         };
         t.add_bos = add_bos;
         if bos_id.is_some() {

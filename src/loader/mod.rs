@@ -15,6 +15,7 @@
 pub mod dtype;
 pub mod gguf;
 pub mod hf;
+pub mod synthetic;
 
 pub use dtype::DType;
 
@@ -54,6 +55,8 @@ pub enum TokenizerSource {
     Json(PathBuf),
     /// GGUF `tokenizer.ggml.*` metadata (owned copies).
     Gguf(gguf::GgufTokenizerData),
+    /// None: a synthetic checkpoint ([`synthetic`]) runs on token ids alone.
+    None,
 }
 
 /// A loaded checkpoint: config, tensors (memory-mapped) and tokenizer source.

@@ -1,0 +1,412 @@
+//! Synthetic checkpoints: a real model's architecture, shapes and tensor types with random weights
+//! scaled like trained ones, built in memory, so throughput can be measured at any size without
+//! carrying files (`wgpu-llm bench --synthetic qwen2.5-1.5b:q4_k_m`).
+//!
+//! Weights are never zero and give finite activations: a linear weight `[N, K]` is drawn with
+//! standard deviation `1/√K` (a normalized input gives unit-scale outputs, so the residual
+//! stream grows like √layers), the embedding with 0.05 (tied) or 0.02, the lm_head with
+//! `2/√hidden` (logits of standard deviation ~2), norms near 1, biases small. Quantized tensors
+//! tile a pool of random blocks of their type: 32-element blocks quantized from Gaussian values
+//! by ggml's reference quantizers ([`super::dtype::quantize`]), k-quant super-blocks built
+//! directly with zero-mean sub-blocks. The speed of a kernel depends on the types and shapes,
+//! not on the values; the text such a model writes is noise, and it has no tokenizer.
+//!
+//! Spec: `NAME:RECIPE`, NAME one of [`PRESETS`], RECIPE one of `f32`, `f16`, `q8_0`, `q4_0`,
+//! `q4_1`, `q5_0`, `q5_1`, `q4_k_m` (llama.cpp's mix: Q4_K, with Q6_K for the output and for
+//! `attn_v` / `ffn_down` of the layers llama.cpp gives more bits; types whose super-block does
+//! not divide a row fall back as llama.cpp does: Q4_K → Q5_0, Q6_K → Q8_0).
+
+use super::dtype::{quantize, DType, QK_K};
+use super::{Checkpoint, StoredTensor, TokenizerSource};
+use crate::error::{Error, Result};
+use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
+use half::f16;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// The architectures a synthetic checkpoint can copy (the shapes of the real checkpoints of
+/// `tools/fetch-model.sh` and of the GPU machine's shape recipes).
+pub const PRESETS: [&str; 4] = ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b", "gemma3-270m"];
+
+/// Quantization recipes.
+pub const RECIPES: [&str; 8] = ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m"];
+
+/// The config of a preset (what the real checkpoint's metadata says).
+pub fn preset_config(name: &str) -> Result<ModelConfig> {
+    let llama_like = |arch, vocab, hidden, ffn, layers, heads, kv, head_dim, theta, eps, ctx, tied, bias| ModelConfig {
+        arch,
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: ffn,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: kv,
+        head_dim,
+        rms_norm_eps: eps,
+        rope_theta: theta,
+        rope_local_theta: None,
+        rope_scaling_factor: 1.0,
+        max_position_embeddings: ctx,
+        layer_attention: vec![LayerAttention::Full; layers],
+        tie_word_embeddings: tied,
+        attention_bias: bias,
+        qk_norm: false,
+        sandwich_norm: false,
+        activation: Activation::SiluGated,
+        embedding_scale: 1.0,
+        attention_scale: 1.0 / (head_dim as f32).sqrt(),
+        final_logit_softcapping: None,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+        add_bos: false,
+    };
+    Ok(match name {
+        "smollm2-135m" => llama_like(Arch::Llama, 49152, 576, 1536, 30, 9, 3, 64, 1e5, 1e-5, 8192, true, false),
+        "qwen2.5-0.5b" => llama_like(Arch::Qwen2, 151936, 896, 4864, 24, 14, 2, 64, 1e6, 1e-6, 32768, false, true),
+        "qwen2.5-1.5b" => llama_like(Arch::Qwen2, 151936, 1536, 8960, 28, 12, 2, 128, 1e6, 1e-6, 32768, false, true),
+        "gemma3-270m" => {
+            let mut c = llama_like(Arch::Gemma3, 262144, 640, 2048, 18, 4, 1, 256, 1e6, 1e-6, 32768, true, false);
+            c.rope_local_theta = Some(1e4);
+            // Five sliding-window layers, then a global one.
+            c.layer_attention = (0..18)
+                .map(|l| if l % 6 == 5 { LayerAttention::Full } else { LayerAttention::Sliding { window: 512 } })
+                .collect();
+            c.qk_norm = true;
+            c.sandwich_norm = true;
+            c.activation = Activation::GeluTanhGated;
+            c.embedding_scale = (640f32).sqrt();
+            c.attention_scale = 1.0 / (256f32).sqrt();
+            c
+        }
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "unknown synthetic model {other:?}; choose one of {}",
+                PRESETS.join(", ")
+            )))
+        }
+    })
+}
+
+/// Builds the synthetic checkpoint of `spec` (`NAME:RECIPE`).
+pub fn open(spec: &str) -> Result<Checkpoint> {
+    let (name, recipe) = spec.split_once(':').unwrap_or((spec, "q4_k_m"));
+    if !RECIPES.contains(&recipe) {
+        return Err(Error::InvalidArgument(format!(
+            "unknown quantization recipe {recipe:?} in --synthetic {spec}; choose one of {}",
+            RECIPES.join(", ")
+        )));
+    }
+    let config = preset_config(name)?;
+    build(&config, recipe, &format!("synthetic:{name}:{recipe}"), 0x5EED)
+}
+
+/// One tensor to make: name, shape, type, standard deviation (`None`: norm weights near 1).
+struct Plan {
+    name: String,
+    shape: Vec<usize>,
+    dtype: DType,
+    std: Option<f32>,
+}
+
+/// llama.cpp's `use_more_bits`: the layers whose `attn_v` and `ffn_down` Q4_K_M stores as Q6_K.
+fn more_bits(layer: usize, layers: usize) -> bool {
+    let first = layers / 8;
+    layer < first || layer >= 7 * layers / 8 || (layer - first) % 3 == 2
+}
+
+/// The type of a 2-D tensor `name` with rows of `cols` in `recipe`.
+fn weight_type(recipe: &str, name: &str, layer: Option<usize>, layers: usize, cols: usize, tied: bool) -> DType {
+    let base = match recipe {
+        "f32" => DType::F32,
+        "f16" => DType::F16,
+        "q8_0" => DType::Q8_0,
+        "q4_0" => DType::Q4_0,
+        "q4_1" => DType::Q4_1,
+        "q5_0" => DType::Q5_0,
+        "q5_1" => DType::Q5_1,
+        _ => DType::Q4_K,
+    };
+    let want = if recipe == "q4_k_m" {
+        let more = layer.is_some_and(|l| more_bits(l, layers));
+        let output = name == "output.weight" || (tied && name == "token_embd.weight");
+        if output || (more && (name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight"))) {
+            DType::Q6_K
+        } else {
+            DType::Q4_K
+        }
+    } else if base.is_quantized()
+        && base != DType::Q8_0
+        && (name == "output.weight" || (tied && name == "token_embd.weight"))
+    {
+        // llama.cpp keeps the output layer at 8 bits or more in the 4/5-bit files.
+        DType::Q8_0
+    } else {
+        base
+    };
+    match want {
+        DType::Q4_K if cols % QK_K != 0 => DType::Q5_0,
+        DType::Q6_K if cols % QK_K != 0 => DType::Q8_0,
+        t => t,
+    }
+}
+
+fn tensor_plans(c: &ModelConfig, recipe: &str) -> Vec<Plan> {
+    let (h, f, layers) = (c.hidden_size, c.intermediate_size, c.num_layers);
+    let (qd, kvd, d) = (c.q_dim(), c.kv_dim(), c.head_dim);
+    let tied = c.tie_word_embeddings;
+    let mut out = Vec::new();
+    let mut weight = |name: String, rows: usize, cols: usize, layer: Option<usize>, std: f32| {
+        let dtype = weight_type(recipe, &name, layer, layers, cols, tied);
+        out.push(Plan { name, shape: vec![rows, cols], dtype, std: Some(std) });
+    };
+    weight("token_embd.weight".into(), c.vocab_size, h, None, if tied { 0.05 } else { 0.02 });
+    if !tied {
+        weight("output.weight".into(), c.vocab_size, h, None, 2.0 / (h as f32).sqrt());
+    }
+    for l in 0..layers {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        let lin = |k: usize| 1.0 / (k as f32).sqrt();
+        weight(n("attn_q.weight"), qd, h, Some(l), lin(h));
+        weight(n("attn_k.weight"), kvd, h, Some(l), lin(h));
+        weight(n("attn_v.weight"), kvd, h, Some(l), lin(h));
+        weight(n("attn_output.weight"), h, qd, Some(l), lin(qd));
+        weight(n("ffn_gate.weight"), f, h, Some(l), lin(h));
+        weight(n("ffn_up.weight"), f, h, Some(l), lin(h));
+        weight(n("ffn_down.weight"), h, f, Some(l), lin(f));
+    }
+    let mut small = |name: String, n: usize, std: Option<f32>| {
+        out.push(Plan { name, shape: vec![n], dtype: DType::F32, std });
+    };
+    small("output_norm.weight".into(), h, None);
+    for l in 0..layers {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        small(n("attn_norm.weight"), h, None);
+        small(n("ffn_norm.weight"), h, None);
+        if c.attention_bias {
+            small(n("attn_q.bias"), qd, Some(0.1));
+            small(n("attn_k.bias"), kvd, Some(0.1));
+            small(n("attn_v.bias"), kvd, Some(0.1));
+        }
+        if c.qk_norm {
+            small(n("attn_q_norm.weight"), d, None);
+            small(n("attn_k_norm.weight"), d, None);
+        }
+        if c.sandwich_norm {
+            small(n("post_attention_norm.weight"), h, None);
+            small(n("post_ffw_norm.weight"), h, None);
+        }
+    }
+    out
+}
+
+/// A small, fast generator (xorshift64*), Gaussian by Box-Muller.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in (0, 1).
+    fn unit(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32
+    }
+    fn normal(&mut self) -> f32 {
+        let (u, v) = (self.unit(), self.unit());
+        (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+    }
+    fn below(&mut self, n: u32) -> u32 {
+        (self.next_u64() % u64::from(n)) as u32
+    }
+    fn bytes(&mut self, out: &mut [u8]) {
+        out.iter_mut().for_each(|b| *b = self.next_u64() as u8);
+    }
+}
+
+/// Blocks in a pool of random blocks of one (type, std).
+const POOL: usize = 1024;
+/// Elements of a "block" of a float type (so float tensors tile the same way).
+const FLOAT_BLOCK: usize = 32;
+
+/// `POOL` random blocks of `dtype` whose values have standard deviation `std`.
+fn block_pool(dtype: DType, std: f32, rng: &mut Rng) -> Result<Vec<u8>> {
+    let elems = if dtype.is_quantized() { dtype.block_size() } else { FLOAT_BLOCK };
+    let f16_bytes = |x: f32| f16::from_f32(x).to_le_bytes();
+    match dtype {
+        DType::Q4_K | DType::Q5_K => {
+            // x = d·sc·q - dmin·m per 32-element sub-block, q uniform in [0, 2^bits): m = sc and
+            // dmin = d·mean(q) make every sub-block zero-mean; sc in [4, 15] keeps the 6-bit
+            // scale fields' high bits (stored in other bytes) zero.
+            let (qmax, qbytes) = if dtype == DType::Q4_K { (15.0f32, 128) } else { (31.0, 160) };
+            let q_std = ((qmax + 1.0) * (qmax + 1.0) - 1.0).sqrt() / 12f32.sqrt();
+            let d = std / (9.5 * q_std);
+            let mut out = Vec::with_capacity(POOL * dtype.block_bytes());
+            for _ in 0..POOL {
+                out.extend_from_slice(&f16_bytes(d));
+                out.extend_from_slice(&f16_bytes(d * qmax / 2.0));
+                let sc: Vec<u8> = (0..8).map(|_| 4 + rng.below(12) as u8).collect();
+                let mut scales = [0u8; 12];
+                for j in 0..4 {
+                    scales[j] = sc[j];
+                    scales[j + 4] = sc[j];
+                    scales[j + 8] = (sc[j + 4] & 0xF) | ((sc[j + 4] & 0xF) << 4);
+                }
+                out.extend_from_slice(&scales);
+                let mut q = vec![0u8; qbytes];
+                rng.bytes(&mut q);
+                out.extend_from_slice(&q);
+            }
+            Ok(out)
+        }
+        DType::Q6_K => {
+            // x = d·sc·(q - 32), q uniform in [0, 64), sc in [8, 24].
+            let d = std / (16.0 * 18.47);
+            let mut out = Vec::with_capacity(POOL * dtype.block_bytes());
+            for _ in 0..POOL {
+                let mut q = [0u8; 192];
+                rng.bytes(&mut q);
+                out.extend_from_slice(&q);
+                for _ in 0..16 {
+                    out.push(8 + rng.below(17) as u8);
+                }
+                out.extend_from_slice(&f16_bytes(d));
+            }
+            Ok(out)
+        }
+        _ => {
+            let values: Vec<f32> = (0..POOL * elems).map(|_| rng.normal() * std).collect();
+            quantize(dtype, &values)
+        }
+    }
+}
+
+/// Builds a checkpoint of `config` with `recipe`'s tensor types and random weights from `seed`.
+pub fn build(config: &ModelConfig, recipe: &str, label: &str, seed: u64) -> Result<Checkpoint> {
+    let plans = tensor_plans(config, recipe);
+    let mut rng = Rng(seed | 1);
+    let mut layout = Vec::with_capacity(plans.len());
+    let mut total = 0usize;
+    for p in &plans {
+        let numel: usize = p.shape.iter().product();
+        let len = p.dtype.byte_size(numel).ok_or_else(|| {
+            Error::InvalidArgument(format!("{label}: {} ({numel} values) is not whole {} blocks", p.name, p.dtype))
+        })?;
+        layout.push((total, len));
+        total = (total + len).next_multiple_of(32);
+    }
+    let mut map = memmap2::MmapMut::map_anon(total.max(1))
+        .map_err(|e| Error::Gpu(format!("{label}: cannot allocate {} MiB of host memory: {e}", total >> 20)))?;
+    let mut pools: HashMap<(DType, u32), Vec<u8>> = HashMap::new();
+    for (p, &(offset, len)) in plans.iter().zip(&layout) {
+        let dst = &mut map[offset..offset + len];
+        match p.std {
+            None => {
+                // Norm weights: 1 + N(0, 0.05), f32.
+                let v: Vec<f32> = (0..len / 4).map(|_| 1.0 + 0.05 * rng.normal()).collect();
+                dst.copy_from_slice(bytemuck::cast_slice(&v));
+            }
+            Some(std) if p.shape.len() == 1 => {
+                let v: Vec<f32> = (0..len / 4).map(|_| std * rng.normal()).collect();
+                dst.copy_from_slice(bytemuck::cast_slice(&v));
+            }
+            Some(std) => {
+                let pool = match pools.entry((p.dtype, std.to_bits())) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => e.insert(block_pool(p.dtype, std, &mut rng)?),
+                };
+                let bb = pool.len() / POOL;
+                for block in dst.chunks_exact_mut(bb) {
+                    let i = rng.below(POOL as u32) as usize;
+                    block.copy_from_slice(&pool[i * bb..(i + 1) * bb]);
+                }
+            }
+        }
+    }
+    let map = map.make_read_only().map_err(|e| Error::Gpu(format!("{label}: {e}")))?;
+    let tensors = plans
+        .into_iter()
+        .zip(layout)
+        .map(|(p, (offset, len))| (p.name, StoredTensor { map: 0, offset, len, dtype: p.dtype, shape: p.shape }))
+        .collect();
+    let mut config = config.clone();
+    config.eos_token_ids.clear();
+    Ok(Checkpoint {
+        path: PathBuf::from(label),
+        config,
+        tokenizer: TokenizerSource::None,
+        chat_template: None,
+        bos_token: None,
+        eos_token: None,
+        tensors,
+        maps: vec![map],
+        fixups: HashMap::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every block type's pool dequantizes to finite, non-zero values of about the asked
+    /// standard deviation with a small mean (the point of synthetic weights: finite activations).
+    #[test]
+    fn pools_have_the_asked_scale() {
+        let mut rng = Rng(7);
+        for dtype in [
+            DType::F32,
+            DType::F16,
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+        ] {
+            let std = 0.03f32;
+            let pool = block_pool(dtype, std, &mut rng).unwrap();
+            let n = pool.len() / dtype.byte_size(dtype.block_size().max(1)).unwrap() * dtype.block_size();
+            let x = super::super::dtype::to_f32(dtype, &pool, n).unwrap();
+            assert!(x.iter().all(|v| v.is_finite()), "{dtype}: non-finite values");
+            let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+            let sd = (x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
+            let zeros = x.iter().filter(|&&v| v == 0.0).count();
+            // Quantization to 4 bits moves the spread by up to ~25 %; the mean of 32k+ values of
+            // sd 0.03 is within a few 1e-4 of 0 (Q6_K's q - 32 has mean -0.5: 0.03 · 0.5 / 18.5).
+            assert!((sd / std as f64 - 1.0).abs() < 0.3, "{dtype}: sd {sd} for {std}");
+            assert!(mean.abs() < 0.1 * std as f64, "{dtype}: mean {mean}");
+            assert!(zeros < n / 8, "{dtype}: {zeros} of {n} values are 0");
+        }
+    }
+
+    /// The q4_k_m recipe reproduces the real Qwen2.5 files' types (../shared/gpu/shape-recipes):
+    /// 1.5B: Q4_K / Q6_K, output Q6_K; 0.5B (rows of 896): the Q5_0 / Q8_0 fallbacks.
+    #[test]
+    fn q4_k_m_types_follow_llama_cpp() {
+        let c = preset_config("qwen2.5-1.5b").unwrap();
+        let plans = tensor_plans(&c, "q4_k_m");
+        let ty = |n: &str| plans.iter().find(|p| p.name == n).unwrap().dtype;
+        assert_eq!(ty("output.weight"), DType::Q6_K);
+        assert_eq!(ty("token_embd.weight"), DType::Q4_K);
+        assert_eq!(ty("blk.5.attn_q.weight"), DType::Q4_K);
+        let v6 = (0..28).filter(|l| ty(&format!("blk.{l}.attn_v.weight")) == DType::Q6_K).count();
+        assert!((12..=16).contains(&v6), "{v6} of 28 attn_v layers in Q6_K (the real file: 14)");
+        let c = preset_config("qwen2.5-0.5b").unwrap();
+        let plans = tensor_plans(&c, "q4_k_m");
+        let ty = |n: &str| plans.iter().find(|p| p.name == n).unwrap().dtype;
+        assert_eq!(ty("output.weight"), DType::Q8_0);
+        assert_eq!(ty("token_embd.weight"), DType::Q5_0);
+        assert_eq!(ty("blk.0.ffn_down.weight"), DType::Q6_K);
+        assert_eq!(ty("blk.0.attn_v.weight"), DType::Q8_0);
+    }
+
+    #[test]
+    fn bad_specs_are_errors() {
+        let err = |spec: &str| open(spec).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err("llama-70b:q4_k_m").contains("smollm2-135m"));
+        assert!(err("smollm2-135m:q3_k").contains("q4_k_m"));
+    }
+}
