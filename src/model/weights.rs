@@ -7,7 +7,7 @@
 //! max storage binding (a tied lm_head shares the embedding's chunks).
 
 use super::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Tensor};
 use crate::loader::Checkpoint;
 use crate::ops::embedding::upload_row_chunks;
@@ -51,13 +51,15 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
         bytes += 2 * data.len() as u64;
         gpu.upload_f16(name, shape, data)
     };
-    let norm = |name: &str, n: usize| -> Result<Tensor> { gpu.upload_f32(name, &[n], &ck.f32(name, &[n])?) };
+    let norm =
+        |name: &str, n: usize| -> Result<Tensor> { gpu.upload_f32(name, &[n], &finite32(name, ck.f32(name, &[n])?)?) };
+    let f16 = |name: &str, shape: &[usize]| finite16(name, ck.f16(name, shape)?);
 
-    let emb = ck.f16("token_embd.weight", &[c.vocab_size, h])?;
+    let emb = f16("token_embd.weight", &[c.vocab_size, h])?;
     let embed = upload_row_chunks(gpu, "token_embd", &emb, c.vocab_size, h)?;
     progress(1, total);
     let lm_head = if ck.has("output.weight") {
-        let w = ck.f16("output.weight", &[c.vocab_size, h])?;
+        let w = f16("output.weight", &[c.vocab_size, h])?;
         upload_row_chunks(gpu, "output", &w, c.vocab_size, h)?
     } else {
         embed.clone()
@@ -69,13 +71,13 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
-        let mut qkv = ck.f16(&n("attn_q.weight"), &[qd, h])?;
-        qkv.extend(ck.f16(&n("attn_k.weight"), &[kvd, h])?);
-        qkv.extend(ck.f16(&n("attn_v.weight"), &[kvd, h])?);
+        let mut qkv = f16(&n("attn_q.weight"), &[qd, h])?;
+        qkv.extend(f16(&n("attn_k.weight"), &[kvd, h])?);
+        qkv.extend(f16(&n("attn_v.weight"), &[kvd, h])?);
         let qkv_bias = if c.attention_bias {
-            let mut b = ck.f32(&n("attn_q.bias"), &[qd])?;
-            b.extend(ck.f32(&n("attn_k.bias"), &[kvd])?);
-            b.extend(ck.f32(&n("attn_v.bias"), &[kvd])?);
+            let mut b = finite32(&n("attn_q.bias"), ck.f32(&n("attn_q.bias"), &[qd])?)?;
+            b.extend(finite32(&n("attn_k.bias"), ck.f32(&n("attn_k.bias"), &[kvd])?)?);
+            b.extend(finite32(&n("attn_v.bias"), ck.f32(&n("attn_v.bias"), &[kvd])?)?);
             Some(gpu.upload_f32(&n("attn_qkv.bias"), &[qd + 2 * kvd], &b)?)
         } else {
             None
@@ -85,8 +87,8 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
         } else {
             None
         };
-        let mut gate_up = ck.f16(&n("ffn_gate.weight"), &[f, h])?;
-        gate_up.extend(ck.f16(&n("ffn_up.weight"), &[f, h])?);
+        let mut gate_up = f16(&n("ffn_gate.weight"), &[f, h])?;
+        gate_up.extend(f16(&n("ffn_up.weight"), &[f, h])?);
         let (post_attn_norm, post_ffw_norm) = if c.sandwich_norm {
             (Some(norm(&n("post_attention_norm.weight"), h)?), Some(norm(&n("post_ffw_norm.weight"), h)?))
         } else {
@@ -97,11 +99,11 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
             qkv: up16(&n("attn_qkv.weight"), &[qd + 2 * kvd, h], &qkv)?,
             qkv_bias,
             qk_norm,
-            attn_out: up16(&n("attn_output.weight"), &[h, qd], &ck.f16(&n("attn_output.weight"), &[h, qd])?)?,
+            attn_out: up16(&n("attn_output.weight"), &[h, qd], &f16(&n("attn_output.weight"), &[h, qd])?)?,
             post_attn_norm,
             ffn_norm: norm(&n("ffn_norm.weight"), h)?,
             gate_up: up16(&n("ffn_gate_up.weight"), &[2 * f, h], &gate_up)?,
-            down: up16(&n("ffn_down.weight"), &[h, f], &ck.f16(&n("ffn_down.weight"), &[h, f])?)?,
+            down: up16(&n("ffn_down.weight"), &[h, f], &f16(&n("ffn_down.weight"), &[h, f])?)?,
             post_ffw_norm,
         });
         progress(4 + i, total);
@@ -109,4 +111,28 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
     bytes += 2 * (emb.len() as u64) * if ck.has("output.weight") { 2 } else { 1 };
     gpu.wait()?;
     Ok(Weights { embed, lm_head, output_norm, layers, bytes })
+}
+
+/// The values of `name` if they are all finite. A NaN or an infinity in a weight (a block scale
+/// that is NaN or inf, or a value beyond the f16 range the GPU copy holds) makes every logit that
+/// reads it NaN: the file is corrupt, and saying so at load beats streaming noise.
+fn finite16(name: &str, data: Vec<f16>) -> Result<Vec<f16>> {
+    match data.iter().position(|x| !x.is_finite()) {
+        None => Ok(data),
+        Some(i) => Err(non_finite(name, i, data.iter().filter(|x| !x.is_finite()).count(), data.len())),
+    }
+}
+
+fn finite32(name: &str, data: Vec<f32>) -> Result<Vec<f32>> {
+    match data.iter().position(|x| !x.is_finite()) {
+        None => Ok(data),
+        Some(i) => Err(non_finite(name, i, data.iter().filter(|x| !x.is_finite()).count(), data.len())),
+    }
+}
+
+fn non_finite(name: &str, first: usize, count: usize, len: usize) -> Error {
+    Error::Mismatch(format!(
+        "tensor {name} holds {count} non-finite values of {len} (the first at element {first}) after \
+         dequantization: a NaN or infinite block scale, or a value beyond the f16 range; the file is corrupt"
+    ))
 }

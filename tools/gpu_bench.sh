@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The decode/prefill measurements of BENCHMARKS.md, run on the GPU machine in ONE device call, with llama.cpp's Vulkan
+# backend measured in the same call (the anchor). Here, first:
+#   ../shared/gpu/prepare-carry.sh && ../shared/gpu/anchor/prepare.sh && cp -r ../shared/gpu/shape-recipes .bin/recipes
+# then a device run with carry [".gl", ".bin"] and the command `bash tools/gpu_bench.sh`. Results: $OUT/*.jsonl.
+# Models: the real-layout GGUFs of the shape recipes, rebuilt with whole blocks (tools/unpack_recipe.py), and
+# synthetic-weight models (`bench --synthetic`). MODELS / CONFIGS / REPS narrow a run.
+set -u
+. .bin/gpu-env.sh
+out=${OUT:-/tmp/gpu-bench}; mkdir -p "$out"
+models=${MODELS:-smollm2 qwen05 qwen15}
+reps=${REPS:-5}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
+git log -1 --format='%H %s' > "$out/commit.txt" 2>/dev/null || true
+for m in $models; do python3 tools/unpack_recipe.py ".bin/recipes/$m" "/tmp/$m.gguf" >/dev/null; done
+if [ -z "${NO_ANCHOR:-}" ]; then
+  mkdir -p /tmp/anchor && tar -xJf .bin/anchor.tar.xz -C /tmp/anchor
+  FA=1 REPS=$reps timeout 300 python3 tools/llama_anchor.py /tmp/anchor $(for m in $models; do echo /tmp/$m.gguf; done) \
+    > "$out/anchor.jsonl" 2> "$out/anchor.err"
+fi
+B=.bin/wgpu-llm
+# name:flags
+loops=${LOOPS:-"d3:--pipeline=3 d1:--pipeline=1 readback:--pipeline=0 host:--sampler=host"}
+chains=${CHAINS:-"greedy:--temperature=0 chain:--temperature=0.8"}
+for m in $models; do
+  for c in $chains; do
+    for l in $loops; do
+      echo "{\"model\":\"$m\",\"chain\":\"${c%%:*}\",\"loop\":\"${l%%:*}\",\"result\":" >> "$out/wgpu.jsonl"
+      timeout 120 $B bench --model "/tmp/$m.gguf" --json --reps "$reps" --seed 1 ${c#*:} ${l#*:} >> "$out/wgpu.jsonl" 2>> "$out/wgpu.err" \
+        || echo "{\"error\":$?}" >> "$out/wgpu.jsonl"
+      echo "}" >> "$out/wgpu.jsonl"
+    done
+  done
+done
+for s in ${SYNTH:-}; do
+  echo "{\"synthetic\":\"$s\",\"result\":" >> "$out/synth.jsonl"
+  timeout 180 $B bench --synthetic "$s" --json --reps "$reps" --seed 1 --temperature 0 >> "$out/synth.jsonl" 2>> "$out/wgpu.err" \
+    || echo "{\"error\":$?}" >> "$out/synth.jsonl"
+  echo "}" >> "$out/synth.jsonl"
+done
+python3 tools/bench_table.py "$out" | tee "$out/table.md"
