@@ -18,6 +18,9 @@
 use crate::error::Result;
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
 
+pub mod gguf;
+pub use gguf::{linear_quant, QuantWeight};
+
 /// Options of [`linear`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LinearOpts {
@@ -55,30 +58,43 @@ pub fn check_shapes(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, y: &Tensor, o
     let (n, k) = (w.shape[0], w.shape[1]);
     assert!(n > 0 && k > 0, "linear: empty W {:?}", w.shape);
     assert!(k % 2 == 0, "linear: K = {k} must be even (W rows are whole u32 words)");
-    assert_eq!(x.ty, ElemType::F32, "linear: x must be f32, got {:?}", x.ty);
-    assert!(x.shape.len() == 2 && x.shape[1] == k, "linear: x must be [T, K = {k}], got {:?}", x.shape);
+    let s = check_operands("linear", x, n, k, bias, y, opts);
+    assert!(n * k / 2 < u32::MAX as usize, "linear: {s:?} overflows 32-bit indexing");
+    s
+}
+
+/// The checks of x, bias and y against a weight `[n, k]` shared by [`check_shapes`] and
+/// [`gguf::linear_quant`]; `op` names the op in the panic messages.
+fn check_operands(
+    op: &str,
+    x: &Tensor,
+    n: usize,
+    k: usize,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+) -> LinearShape {
+    assert_eq!(x.ty, ElemType::F32, "{op}: x must be f32, got {:?}", x.ty);
+    assert!(x.shape.len() == 2 && x.shape[1] == k, "{op}: x must be [T, K = {k}], got {:?}", x.shape);
     let t = x.shape[0];
-    assert!(t > 0, "linear: x has no rows");
-    assert_eq!(y.ty, ElemType::F32, "linear: y must be f32, got {:?}", y.ty);
-    assert!(y.shape == [t, n], "linear: y must be [T = {t}, N = {n}], got {:?}", y.shape);
+    assert!(t > 0, "{op}: x has no rows");
+    assert_eq!(y.ty, ElemType::F32, "{op}: y must be f32, got {:?}", y.ty);
+    assert!(y.shape == [t, n], "{op}: y must be [T = {t}, N = {n}], got {:?}", y.shape);
     if let Some(b) = bias {
-        assert_eq!(b.ty, ElemType::F32, "linear: bias must be f32, got {:?}", b.ty);
-        assert!(b.shape == [n], "linear: bias must be [N = {n}], got {:?}", b.shape);
+        assert_eq!(b.ty, ElemType::F32, "{op}: bias must be f32, got {:?}", b.ty);
+        assert!(b.shape == [n], "{op}: bias must be [N = {n}], got {:?}", b.shape);
     }
     let ld_out = opts.ld_out.unwrap_or(n);
-    assert!(ld_out >= n, "linear: ld_out = {ld_out} < N = {n}");
+    assert!(ld_out >= n, "{op}: ld_out = {ld_out} < N = {n}");
     let s = LinearShape { t, n, k, ld_out };
     let end = y.offset + 4 * s.out_span() as u64;
     assert!(
         end <= y.buffer.size(),
-        "linear: y rows of stride {ld_out} from byte {} reach byte {end}, past its buffer ({} bytes)",
+        "{op}: y rows of stride {ld_out} from byte {} reach byte {end}, past its buffer ({} bytes)",
         y.offset,
         y.buffer.size()
     );
-    assert!(
-        s.out_span() < u32::MAX as usize && n * k / 2 < u32::MAX as usize && t * k < u32::MAX as usize,
-        "linear: {s:?} overflows 32-bit indexing"
-    );
+    assert!(s.out_span() < u32::MAX as usize && t * k < u32::MAX as usize, "{op}: {s:?} overflows 32-bit indexing");
     s
 }
 
@@ -258,6 +274,8 @@ fn matmul(
 }
 
 pub mod cpu {
+    pub use super::gguf::cpu::linear_quant;
+
     /// `y (+)= x · Wᵀ (+ bias)` with x `[T, K]`, w `[N, K]` (f32, e.g. the f16 weight widened),
     /// y `[T, N]`; sums in f64, so it serves as the exact reference.
     pub fn linear(x: &[f32], w: &[f32], k: usize, bias: Option<&[f32]>, y: &mut [f32], accumulate: bool) {

@@ -1,0 +1,777 @@
+//! Linear layers over GGUF quantized weights, read directly by the kernels: `y (+)= x · Wᵀ (+ bias)`
+//! with W `[N, K]` in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K ([`QuantWeight`]), x f32
+//! `[T, K]`, y f32 `[T, N]` (row stride `ld_out`, as [`super::linear`]), bias f32 `[N]`; the
+//! weights are dequantized in registers (matvec) or into workgroup memory (matmul), and every sum
+//! is f32. No f16 copy of the weight exists.
+//!
+//! [`linear_quant`] picks the kernel as [`super::linear`] does:
+//! - up to [`MATVEC_MAX_T`] tokens, `wgsl/matvec_quant.wgsl`: lanes stream whole blocks (units of
+//!   32 elements, 64 for Q6_K: one 16-byte load of quants plus the block's scales per row),
+//!   dequantize them in registers and meet them with x;
+//! - more tokens, `wgsl/matmul_quant.wgsl`: the f16 matmul's tiling, with W's tiles dequantized
+//!   into workgroup memory as f32 (bit-identical to [`crate::loader::dtype::to_f32`]).
+//!
+//! The dequantization lives in `wgsl/include/quant*.wgsl` (one file per type, shared by any kernel
+//! that reads quantized rows). Its CPU twin is [`cpu::linear_quant`] (dequantizes with `to_f32`).
+//!
+//! # GPU layout: repacked planes, not byte loads
+//!
+//! Q4_0, Q5_0, Q8_0 and Q6_K blocks (18, 22, 34, 210 bytes) are not u32-aligned in the file, and
+//! WGSL reads u32 words at best. Reading them in place takes byte loaders: two word loads, shifts
+//! and a merge per misaligned word, and no 16-byte loads at all. Instead the upload repacks each
+//! tensor once into *planes*: every field of a block (quants, high bits, scales) goes, for all
+//! blocks, into its own array, each 16-byte aligned (see `wgsl/include/quant.wgsl` for the table).
+//! Then a Q4_0 block's quants are exactly one aligned 16-byte load, its scale one half of a word,
+//! consecutive lanes read consecutive 16-byte words, and the bytes read per weight are the
+//! block's bytes. The planes hold the file's bytes and nothing else: GPU bytes = file bytes plus
+//! at most 16 bytes of alignment per plane. Q4_K and Q5_K (144 and 176 bytes, multiples of 16)
+//! stay as in the file; Q6_K moves only its trailing f16 `d` out of the 210 bytes. The cost is
+//! one pass over the bytes on the CPU at load (a copy); the price of the choice is that splitting
+//! and concatenating happen on the file's bytes, before upload ([`QuantWeight::row_chunks`],
+//! [`QuantWeight::concat_rows`]), not on GPU buffers.
+
+use super::{
+    check_operands, common_macros, out_binding, LinearOpts, LinearShape, MatmulConfig, MATVEC_MAX_T, MATVEC_WG,
+};
+use crate::error::{Error, Result};
+use crate::gpu::{kernel::grid, Gpu, Kernel, Tensor};
+use crate::loader::DType;
+use crate::ops::embedding::plan_row_chunks;
+use std::sync::Arc;
+
+/// One field of a block: (byte offset in the block, bytes).
+type Field = (usize, usize);
+
+/// The fields each plane gathers, in plane order (plane 0 first); `None`: no quantized kernel.
+fn plane_fields(dtype: DType) -> Option<&'static [Field]> {
+    Some(match dtype {
+        DType::Q4_0 => &[(2, 16), (0, 2)],
+        DType::Q4_1 => &[(4, 16), (0, 4)],
+        DType::Q5_0 => &[(6, 16), (2, 4), (0, 2)],
+        DType::Q5_1 => &[(8, 16), (4, 4), (0, 4)],
+        DType::Q8_0 => &[(2, 32), (0, 2)],
+        DType::Q4_K => &[(0, 144)],
+        DType::Q5_K => &[(0, 176)],
+        DType::Q6_K => &[(0, 208), (208, 2)],
+        DType::F32 | DType::F16 | DType::BF16 => return None,
+    })
+}
+
+/// Whether [`QuantWeight`] and [`linear_quant`] take this type (the GGUF block types).
+pub fn is_supported(dtype: DType) -> bool {
+    plane_fields(dtype).is_some()
+}
+
+/// Elements per matvec unit (`QU` of the type's WGSL file).
+fn unit_elems(dtype: DType) -> usize {
+    if dtype == DType::Q6_K {
+        64
+    } else {
+        32
+    }
+}
+
+/// The kernels' flag for the type (`wgsl/include/quant.wgsl`).
+fn type_flag(dtype: DType) -> &'static str {
+    match dtype {
+        DType::Q4_0 => "Q4_0",
+        DType::Q4_1 => "Q4_1",
+        DType::Q5_0 => "Q5_0",
+        DType::Q5_1 => "Q5_1",
+        DType::Q8_0 => "Q8_0",
+        DType::Q4_K => "Q4_K",
+        DType::Q5_K => "Q5_K",
+        DType::Q6_K => "Q6_K",
+        other => unreachable!("{other} is not a quantized type"),
+    }
+}
+
+/// Byte offsets of the planes of `blocks` blocks and the total (a multiple of 16).
+fn plane_layout(fields: &[Field], blocks: usize) -> ([usize; 3], usize) {
+    let mut starts = [0usize; 3];
+    let mut at = 0usize;
+    for (i, &(_, len)) in fields.iter().enumerate() {
+        at = at.next_multiple_of(16);
+        starts[i] = at;
+        at += len * blocks;
+    }
+    (starts, at.next_multiple_of(16).max(16))
+}
+
+/// The planes of `raw` (whole blocks of `dtype`, in file order) and the first words of planes 1
+/// and 2 (0 where the type has fewer planes).
+pub fn repack(dtype: DType, raw: &[u8]) -> (Vec<u8>, [u32; 2]) {
+    let fields = plane_fields(dtype).expect("repack: not a quantized type");
+    let bb = dtype.block_bytes();
+    assert!(raw.len() % bb == 0, "repack: {} bytes are not whole {dtype} blocks", raw.len());
+    let blocks = raw.len() / bb;
+    let (starts, total) = plane_layout(fields, blocks);
+    let mut out = vec![0u8; total];
+    for (i, &(off, len)) in fields.iter().enumerate() {
+        let plane = &mut out[starts[i]..starts[i] + len * blocks];
+        for (dst, blk) in plane.chunks_exact_mut(len).zip(raw.chunks_exact(bb)) {
+            dst.copy_from_slice(&blk[off..off + len]);
+        }
+    }
+    (out, [starts[1] as u32 / 4, starts[2] as u32 / 4])
+}
+
+/// The inverse of [`repack`]: the file's bytes of `blocks` blocks from their planes.
+pub fn unpack(dtype: DType, planes: &[u8], blocks: usize) -> Vec<u8> {
+    let fields = plane_fields(dtype).expect("unpack: not a quantized type");
+    let bb = dtype.block_bytes();
+    let (starts, _) = plane_layout(fields, blocks);
+    let mut out = vec![0u8; blocks * bb];
+    for (i, &(off, len)) in fields.iter().enumerate() {
+        let plane = &planes[starts[i]..starts[i] + len * blocks];
+        for (src, blk) in plane.chunks_exact(len).zip(out.chunks_exact_mut(bb)) {
+            blk[off..off + len].copy_from_slice(src);
+        }
+    }
+    out
+}
+
+/// A quantized weight `[N, K]` on the GPU: the blocks of a GGUF tensor (rows of K elements, each
+/// a whole number of blocks) in the planes layout of the module docs.
+#[derive(Clone, Debug)]
+pub struct QuantWeight {
+    pub buffer: Arc<wgpu::Buffer>,
+    pub dtype: DType,
+    /// `[N, K]`: output features × input features.
+    pub shape: [usize; 2],
+    /// First u32 word of planes 1 and 2 (0 where the type has fewer planes).
+    pub planes: [u32; 2],
+}
+
+impl QuantWeight {
+    /// Bytes of one row of `k` elements in the file (`None` when `k` is not whole blocks).
+    pub fn row_bytes(dtype: DType, k: usize) -> Option<usize> {
+        dtype.byte_size(k)
+    }
+
+    /// Uploads a tensor `[N, K]` of `dtype` from the file's bytes (`raw`: N rows of
+    /// `row_bytes(dtype, K)` bytes). Errors name `label`: a type without a quantized kernel, K
+    /// not a whole number of blocks, `raw` of the wrong size, a tensor beyond the device's max
+    /// storage binding (split it with [`QuantWeight::row_chunks`]), out of memory.
+    pub fn new(gpu: &Gpu, label: &str, dtype: DType, shape: [usize; 2], raw: &[u8]) -> Result<QuantWeight> {
+        let [n, k] = shape;
+        let row = check_type(label, dtype, k)?;
+        if n == 0 {
+            return Err(Error::Mismatch(format!("{label}: no rows")));
+        }
+        if raw.len() != n * row {
+            return Err(Error::Mismatch(format!(
+                "{label}: [{n}, {k}] {dtype} takes {} bytes, got {}",
+                n * row,
+                raw.len()
+            )));
+        }
+        let (bytes, planes) = repack(dtype, raw);
+        let max = gpu.limits.max_storage_buffer_binding_size.min(gpu.limits.max_buffer_size);
+        if bytes.len() as u64 > max {
+            return Err(Error::Gpu(format!(
+                "{label}: {} MiB of {dtype} exceed the device's max storage binding of {} MiB (split it by rows)",
+                bytes.len() >> 20,
+                max >> 20
+            )));
+        }
+        let buffer = gpu.scoped(&format!("allocating {label} ({} MiB)", bytes.len() >> 20), || {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes.len() as u64,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        })?;
+        gpu.queue.write_buffer(&buffer, 0, &bytes);
+        Ok(QuantWeight { buffer: Arc::new(buffer), dtype, shape, planes })
+    }
+
+    /// Uploads tensors of the same type and K stacked along their rows (`[q; k; v]`,
+    /// `[gate; up]`): `parts` are their file bytes, each whole rows of `row_bytes(dtype, k)`.
+    pub fn concat_rows(gpu: &Gpu, label: &str, dtype: DType, k: usize, parts: &[&[u8]]) -> Result<QuantWeight> {
+        let row = check_type(label, dtype, k)?;
+        let mut raw = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+        for (i, p) in parts.iter().enumerate() {
+            if p.len() % row != 0 {
+                return Err(Error::Mismatch(format!(
+                    "{label}: part {i} has {} bytes, not whole rows of {row} ({k} {dtype} elements)",
+                    p.len()
+                )));
+            }
+            raw.extend_from_slice(p);
+        }
+        QuantWeight::new(gpu, label, dtype, [raw.len() / row, k], &raw)
+    }
+
+    /// Uploads a tensor `[N, K]` as row chunks that each fit the device's max storage binding (and
+    /// max buffer size): `(first row, chunk [rows, K])`, chunks (but the last) a multiple of
+    /// [`crate::ops::embedding::CHUNK_ROW_ALIGN`] = 64 rows, so that a chunk's columns of an f32
+    /// logits row start on a 256-byte boundary (see [`super`]'s docs on output views). One chunk
+    /// when the tensor fits.
+    pub fn row_chunks(
+        gpu: &Gpu,
+        label: &str,
+        dtype: DType,
+        shape: [usize; 2],
+        raw: &[u8],
+    ) -> Result<Vec<(u32, QuantWeight)>> {
+        let max = gpu.limits.max_storage_buffer_binding_size.min(gpu.limits.max_buffer_size);
+        QuantWeight::row_chunks_max(gpu, label, dtype, shape, raw, max)
+    }
+
+    /// [`QuantWeight::row_chunks`] with an explicit byte limit per chunk (tests force small
+    /// chunks).
+    pub fn row_chunks_max(
+        gpu: &Gpu,
+        label: &str,
+        dtype: DType,
+        shape: [usize; 2],
+        raw: &[u8],
+        max_bytes: u64,
+    ) -> Result<Vec<(u32, QuantWeight)>> {
+        let [n, k] = shape;
+        let row = check_type(label, dtype, k)?;
+        if raw.len() != n * row {
+            return Err(Error::Mismatch(format!(
+                "{label}: [{n}, {k}] {dtype} takes {} bytes, got {}",
+                n * row,
+                raw.len()
+            )));
+        }
+        // Planes add at most 16 bytes of alignment each (3 planes) to the file's bytes.
+        let plan = plan_row_chunks(n, row as u64, max_bytes.saturating_sub(48))
+            .map_err(|e| Error::Unsupported(format!("{label}: {e}")))?;
+        let many = plan.len() > 1;
+        plan.into_iter()
+            .map(|r| {
+                let name = if many { format!("{label}[{}..{}]", r.start, r.end) } else { label.to_string() };
+                let w = QuantWeight::new(gpu, &name, dtype, [r.len(), k], &raw[r.start * row..r.end * row])?;
+                Ok((r.start as u32, w))
+            })
+            .collect()
+    }
+
+    /// Bytes the weight takes on the GPU.
+    pub fn gpu_bytes(&self) -> u64 {
+        self.buffer.size()
+    }
+}
+
+/// Checks that `dtype` has kernels and `k` is whole blocks; returns the bytes of a row.
+fn check_type(label: &str, dtype: DType, k: usize) -> Result<usize> {
+    if !is_supported(dtype) {
+        return Err(Error::Unsupported(format!("{label}: tensor type {dtype} has no quantized kernel")));
+    }
+    match dtype.byte_size(k) {
+        Some(row) if k > 0 => Ok(row),
+        _ => Err(Error::Mismatch(format!(
+            "{label}: K = {k} is not a whole number of {dtype} blocks of {}",
+            dtype.block_size()
+        ))),
+    }
+}
+
+/// Records `y (+)= x · Wᵀ (+ bias)` with a quantized W: matvec up to [`MATVEC_MAX_T`] tokens, the
+/// tiled matmul for more. Shapes are checked as [`super::linear`] checks them (a mismatch
+/// panics: shapes are fixed by the model); `y` may be a view with `opts.ld_out` (row chunks of an
+/// lm_head writing one logits buffer).
+pub fn linear_quant(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    let s = check_operands("linear_quant", x, w.shape[0], w.shape[1], bias, y, opts);
+    assert!(
+        is_supported(w.dtype) && s.k % w.dtype.block_size() == 0,
+        "linear_quant: K = {} is not whole {} blocks",
+        s.k,
+        w.dtype
+    );
+    if s.t <= MATVEC_MAX_T {
+        matvec_quant(gpu, x, w, bias, y, &s, opts, QMatvecConfig::new(gpu, w.dtype, &s))
+    } else {
+        matmul_quant(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
+    }
+}
+
+/// How matvec_quant runs for one shape on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct QMatvecConfig {
+    /// Threads per workgroup.
+    wg: u32,
+    /// Threads per row group of 4 rows (a power of two dividing the workgroup).
+    tpr: u32,
+    /// Tokens per pass over W: 1 or 4.
+    tok: u32,
+    /// Reduce with subgroup operations.
+    subgroups: bool,
+}
+
+impl QMatvecConfig {
+    fn new(gpu: &Gpu, dtype: DType, s: &LinearShape) -> Self {
+        let units = (s.k / unit_elems(dtype)) as u32;
+        let sg_max = gpu.caps.subgroup_max_size.max(1).next_power_of_two();
+        let subgroups = gpu.caps.subgroups && sg_max <= MATVEC_WG;
+        let tok = if s.t >= 2 { 4 } else { 1 };
+        // As the f16 matvec: every output of a pass (4 rows × tok tokens) has a storing lane, the
+        // reduction without subgroups folds 8 lanes first, a row group covers whole subgroups.
+        let min_tpr = (4 * tok).max(8).max(if subgroups { sg_max } else { 1 });
+        // About 64k lanes in flight, each on units of 4 rows; never wider than a row's units
+        // (rounded up to a power of two), nor than the workgroup.
+        let groups = s.n.div_ceil(4) as u32;
+        let want = 65536u32.div_ceil(groups).next_power_of_two();
+        let widest = units.next_power_of_two().min(MATVEC_WG).max(min_tpr);
+        let tpr = want.clamp(min_tpr.max(16).min(widest), widest);
+        QMatvecConfig { wg: MATVEC_WG, tpr, tok, subgroups }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matvec_quant(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+    cfg: QMatvecConfig,
+) -> Result<Kernel> {
+    assert!(matches!(cfg.tok, 1 | 4));
+    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
+    assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
+    let units = s.k / unit_elems(w.dtype);
+    let mut macros = common_macros(gpu, bias.is_some(), opts.accumulate)
+        .flag(type_flag(w.dtype))
+        .set("WG", cfg.wg)
+        .set("TPR", cfg.tpr)
+        .set("TOK", cfg.tok)
+        .flag_if("TOK4", cfg.tok == 4);
+    if !cfg.subgroups {
+        macros.0.remove("SUBGROUP");
+    }
+    let rows_per_wg = 4 * cfg.wg / cfg.tpr;
+    let params = gpu.uniform(
+        "matvec_quant.params",
+        &[s.n as u32, units as u32, s.t as u32, s.ld_out as u32, (s.k / 4) as u32, w.planes[0], w.planes[1], 0],
+    );
+    let mut bindings = vec![
+        w.buffer.as_entire_binding(),
+        w.buffer.as_entire_binding(),
+        x.binding(),
+        out_binding(gpu, y, s),
+        params.as_entire_binding(),
+    ];
+    if let Some(b) = bias {
+        bindings.push(b.binding());
+    }
+    gpu.kernel("matvec_quant", "main", &macros, &bindings, grid((s.n as u32).div_ceil(rows_per_wg)))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_quant(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+    cfg: MatmulConfig,
+) -> Result<Kernel> {
+    let MatmulConfig { tile, bk } = cfg;
+    // Staging: 2 runs of 4 k per thread and slice; a slice never straddles a block (K is whole
+    // blocks of 32 or 256, and bk divides 32).
+    assert!(matches!(tile, 4 | 8) && 16 * tile * bk / 4 == 2 * 256 && 32 % bk == 0);
+    let macros = common_macros(gpu, bias.is_some(), opts.accumulate)
+        .flag(type_flag(w.dtype))
+        .set("TILE", tile)
+        .flag_if("TILE8", tile == 8)
+        .set("BK", bk);
+    let bpr = s.k / w.dtype.block_size();
+    let params = gpu.uniform(
+        "matmul_quant.params",
+        &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32, w.planes[0], w.planes[1], bpr as u32, 0],
+    );
+    let mut bindings =
+        vec![w.buffer.as_entire_binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
+    if let Some(b) = bias {
+        bindings.push(b.binding());
+    }
+    let groups = [(s.n as u32).div_ceil(16 * tile), (s.t as u32).div_ceil(16 * tile), 1];
+    gpu.kernel("matmul_quant", "main", &macros, &bindings, groups)
+}
+
+pub mod cpu {
+    use crate::error::Result;
+    use crate::loader::dtype::{to_f32, DType};
+
+    /// `y (+)= x · Wᵀ (+ bias)` with x `[T, K]` and W `[N, K]` stored as `dtype` in `raw` (the
+    /// file's bytes, rows of K elements), dequantized with [`to_f32`]; sums in f64
+    /// ([`super::super::cpu::linear`]), so it serves as the exact reference.
+    pub fn linear_quant(
+        x: &[f32],
+        dtype: DType,
+        raw: &[u8],
+        k: usize,
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        accumulate: bool,
+    ) -> Result<()> {
+        let row = dtype
+            .byte_size(k)
+            .filter(|&r| r > 0)
+            .ok_or_else(|| crate::error::Error::Mismatch(format!("K = {k} is not a whole number of {dtype} blocks")))?;
+        let w = to_f32(dtype, raw, raw.len() / row * k)?;
+        super::super::cpu::linear(x, &w, k, bias, y, accumulate);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::tensor::test_util::*;
+    use crate::gpu::ElemType;
+    use crate::loader::dtype::to_f32;
+    use half::f16;
+
+    const TYPES: [DType; 8] =
+        [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
+
+    /// The f16 fields of a block that scale it, as (byte offset, magnitude): random quants times
+    /// these land at |w| ~ 1 (Q4_K: d · scale (< 64) · nibble (< 16) ≈ 0.002 · 63 · 15 ≈ 1.9).
+    fn scale_fields(t: DType) -> &'static [(usize, f32)] {
+        match t {
+            DType::Q4_0 => &[(0, 0.15)],
+            DType::Q4_1 => &[(0, 0.15), (2, 1.0)],
+            DType::Q5_0 => &[(0, 0.08)],
+            DType::Q5_1 => &[(0, 0.08), (2, 1.0)],
+            DType::Q8_0 => &[(0, 0.01)],
+            DType::Q4_K => &[(0, 0.002), (2, 0.004)],
+            DType::Q5_K => &[(0, 0.001), (2, 0.004)],
+            DType::Q6_K => &[(208, 0.0003)],
+            _ => unreachable!(),
+        }
+    }
+
+    /// Deterministic pseudo-random bytes (xorshift).
+    fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 32) as u8
+            })
+            .collect()
+    }
+
+    /// `rows` random rows of `k` elements of type `t`: every byte random (quants, high bits,
+    /// sub-block scales and mins), then each f16 scale set to a random finite value of either
+    /// sign, magnitude in [0.5, 1] × the type's (never zero, never NaN).
+    fn random_blocks(t: DType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+        let mut raw = random_bytes(rows * t.byte_size(k).unwrap(), seed);
+        let r = random(raw.len(), seed ^ 0x5555, 1.0);
+        for (b, blk) in raw.chunks_exact_mut(t.block_bytes()).enumerate() {
+            for (i, &(off, mag)) in scale_fields(t).iter().enumerate() {
+                let u = r[(2 * b + i) % r.len()];
+                let v = (0.5 + 0.5 * u.abs()) * mag * u.signum();
+                blk[off..off + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+            }
+        }
+        raw
+    }
+
+    /// Per element, the magnitude of the terms a kernel sums for it: |w|, and where the type has a
+    /// min (w = d·q + m, or d·scale·q - dmin·min) |d·q| + |m|, which can exceed |w| since a kernel
+    /// sums d·Σq·x and m·Σx apart. Computed by dequantizing the blocks with the signs of the f16
+    /// scales set so that both terms are positive (quants, scales and mins are >= 0 there).
+    fn magnitudes(t: DType, raw: &[u8], n: usize) -> Vec<f32> {
+        let mut m = raw.to_vec();
+        let signs: &[(usize, bool)] = match t {
+            DType::Q4_1 | DType::Q5_1 => &[(0, false), (2, false)],
+            DType::Q4_K | DType::Q5_K => &[(0, false), (2, true)],
+            _ => &[],
+        };
+        for blk in m.chunks_exact_mut(t.block_bytes()) {
+            for &(off, negative) in signs {
+                blk[off + 1] = (blk[off + 1] & 0x7F) | if negative { 0x80 } else { 0 };
+            }
+        }
+        to_f32(t, &m, n).unwrap().into_iter().map(f32::abs).collect()
+    }
+
+    /// Reference result and per-element tolerance of `y (+)= x·Wᵀ (+ bias)` for quantized W.
+    ///
+    /// Tolerance: the reference dequantizes with `to_f32` (exact: the kernels' dequantized values
+    /// are the same floats, or products of the same exact factors) and sums in f64, so the error
+    /// is the kernels' f32 rounding. Each f32 addition or product errs by at most eps = 2^-24 of
+    /// its result, which is at most S = Σ_k |x_k| · m_k + |bias| + |y_old|, with m_k the magnitude
+    /// of the terms summed for element k ([`magnitudes`]: matvec sums d · Σ q·x and m · Σ x per
+    /// block, so |d q| + |m| bounds them). The kernels sum in various orders (per block, strided
+    /// lanes, subgroup and tree reductions, k-slices) with errors of random sign, which grow like
+    /// sqrt(K): we allow 4 · eps · sqrt(K) · S, as the f16 tests do. With K = 896 that is 1.2e-5 · S
+    /// (S ~ K/4 ~ 220 for |x|, |w| ~ U(0, 1): 2.7e-3, against outputs of ~sqrt(K)/3 ~ 10), far
+    /// below one term's typical size (~0.25): a dropped, doubled, misplaced or mis-scaled term,
+    /// or a wrong sub-block scale, fails.
+    fn reference(
+        x: &[f32],
+        t: DType,
+        raw: &[u8],
+        k: usize,
+        bias: Option<&[f32]>,
+        y0: &[f32],
+        accumulate: bool,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let mut want = y0.to_vec();
+        cpu::linear_quant(x, t, raw, k, bias, &mut want, accumulate).unwrap();
+        let n = raw.len() / t.byte_size(k).unwrap();
+        let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+        let mut mag = abs(y0);
+        let ab = bias.map(abs);
+        super::super::cpu::linear(&abs(x), &magnitudes(t, raw, n * k), k, ab.as_deref(), &mut mag, accumulate);
+        let eps = f32::EPSILON / 2.0;
+        let tol = mag.iter().map(|m| 4.0 * eps * (k as f32).sqrt() * m).collect();
+        (want, tol)
+    }
+
+    /// Asserts |got - want| <= tol elementwise (NaN fails); returns the worst error / tolerance.
+    fn check(got: &[f32], want: &[f32], tol: &[f32], what: &str) -> f32 {
+        assert_eq!(got.len(), want.len(), "{what}");
+        let mut worst = 0.0f32;
+        for (i, ((g, w), t)) in got.iter().zip(want).zip(tol).enumerate() {
+            let d = (g - w).abs();
+            assert!(d <= *t, "{what}: element {i}: got {g}, want {w} (|diff| {d} > tol {t})");
+            worst = worst.max(d / t);
+        }
+        worst
+    }
+
+    /// Which kernel a case runs.
+    #[derive(Clone, Copy, Debug)]
+    enum Path {
+        /// What `linear_quant` picks.
+        Auto,
+        /// matvec with the narrowest row group the device allows (lanes loop over several units).
+        NarrowMatvec,
+        /// matvec even for many tokens.
+        Matvec,
+        /// The tiled matmul with a given tile, even for few tokens.
+        Matmul(MatmulConfig),
+    }
+    const TILE4: MatmulConfig = MatmulConfig { tile: 4, bk: 32 };
+    const TILE8: MatmulConfig = MatmulConfig { tile: 8, bk: 16 };
+
+    /// Runs one case on `gpu` against the CPU twin; returns the worst error / tolerance.
+    #[allow(clippy::too_many_arguments)]
+    fn run_case(
+        gpu: &Gpu,
+        ty: DType,
+        t: usize,
+        n: usize,
+        k: usize,
+        with_bias: bool,
+        accumulate: bool,
+        path: Path,
+        seed: u64,
+    ) -> f32 {
+        let raw = random_blocks(ty, n, k, seed);
+        let xv = random(t * k, seed + 1, 1.0);
+        let bv = random(n, seed + 2, 1.0);
+        let y0 = random(t * n, seed + 3, 1.0);
+        let w = QuantWeight::new(gpu, "w", ty, [n, k], &raw).unwrap();
+        let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
+        let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
+        let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
+        let bias = with_bias.then_some(&b);
+        let opts = LinearOpts { accumulate, ld_out: None };
+        let s = check_operands("test", &x, n, k, bias, &y, opts);
+        let kern = match path {
+            Path::Auto => linear_quant(gpu, &x, &w, bias, &y, opts),
+            Path::Matvec => matvec_quant(gpu, &x, &w, bias, &y, &s, opts, QMatvecConfig::new(gpu, ty, &s)),
+            Path::NarrowMatvec => {
+                let auto = QMatvecConfig::new(gpu, ty, &s);
+                let sg = if auto.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
+                let tpr = (4 * auto.tok).max(8).max(sg);
+                matvec_quant(gpu, &x, &w, bias, &y, &s, opts, QMatvecConfig { tpr, ..auto })
+            }
+            Path::Matmul(cfg) => matmul_quant(gpu, &x, &w, bias, &y, &s, opts, cfg),
+        }
+        .unwrap();
+        gpu.run(&[&kern]).unwrap();
+        let got = gpu.read_f32(&y).unwrap();
+        let (want, tol) = reference(&xv, ty, &raw, k, with_bias.then_some(&bv[..]), &y0, accumulate);
+        let what = format!(
+            "{ty} T={t} N={n} K={k} bias={with_bias} acc={accumulate} {path:?} f16={} sg={}",
+            gpu.caps.f16, gpu.caps.subgroups
+        );
+        check(&got, &want, &tol, &what)
+    }
+
+    /// K values per type: not powers of two (Qwen2.5-0.5B's hidden size for the 32-element types;
+    /// 1.5B's hidden and 0.5B's MLP sizes for the k-quants), and the MLP width 4864 for all.
+    fn ks(t: DType) -> &'static [usize] {
+        if t.block_size() == 32 {
+            &[896, 4864]
+        } else {
+            &[1536, 4864]
+        }
+    }
+
+    const EPILOGUES: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
+
+    #[test]
+    fn quant_matvec_matches_cpu() {
+        let mut worst = 0.0f32;
+        for gpu in gpu_variants() {
+            let mut seed = 100;
+            for ty in TYPES {
+                for &k in ks(ty) {
+                    for (i, t) in [1usize, 3, 32].into_iter().enumerate() {
+                        // T = 1: every epilogue; otherwise one each, in turn.
+                        let epis = if t == 1 { &EPILOGUES[..] } else { &EPILOGUES[(i + k / 32) % 4..][..1] };
+                        for &(with_bias, acc) in epis {
+                            seed += 10;
+                            worst = worst.max(run_case(&gpu, ty, t, 70, k, with_bias, acc, Path::Auto, seed));
+                        }
+                    }
+                    // Lanes looping over several units of each row.
+                    seed += 10;
+                    worst = worst.max(run_case(&gpu, ty, 1, 70, k, true, false, Path::NarrowMatvec, seed));
+                    worst = worst.max(run_case(&gpu, ty, 5, 70, k, false, true, Path::NarrowMatvec, seed + 5));
+                }
+            }
+        }
+        eprintln!("quant_matvec_matches_cpu: worst |error| / tolerance = {worst:.3}");
+    }
+
+    #[test]
+    fn quant_matmul_matches_cpu() {
+        let mut worst = 0.0f32;
+        for gpu in gpu_variants() {
+            let mut seed = 5000;
+            for ty in TYPES {
+                for &k in ks(ty) {
+                    for (i, t) in [33usize, 100].into_iter().enumerate() {
+                        let epis = if t == 33 && k < 2048 { &EPILOGUES[..] } else { &EPILOGUES[(i + k) % 4..][..1] };
+                        for &(with_bias, acc) in epis {
+                            seed += 10;
+                            worst = worst.max(run_case(&gpu, ty, t, 70, k, with_bias, acc, Path::Auto, seed));
+                        }
+                    }
+                }
+                // The 128×128 tile, with sizes off its edges, and each kernel outside its T range.
+                let k = ks(ty)[0];
+                worst = worst.max(run_case(&gpu, ty, 130, 150, k, true, true, Path::Matmul(TILE8), 7));
+                worst = worst.max(run_case(&gpu, ty, 2, 70, k, true, false, Path::Matmul(TILE4), 8));
+                worst = worst.max(run_case(&gpu, ty, 37, 70, k, false, true, Path::Matvec, 9));
+            }
+        }
+        eprintln!("quant_matmul_matches_cpu: worst |error| / tolerance = {worst:.3}");
+    }
+
+    #[test]
+    fn quant_row_chunks_write_logit_views() {
+        // An lm_head-like [V = 192, K] weight split into row chunks of 128 and 64 rows, each its
+        // own QuantWeight, writing its columns of one [T, V] logits buffer through a view with
+        // ld_out = V (T = 1 and 5: matvec; T = 40: matmul).
+        for gpu in gpu_variants() {
+            for (ty, k) in [(DType::Q6_K, 1536usize), (DType::Q8_0, 896), (DType::Q4_0, 896)] {
+                for (t, accumulate) in [(1usize, false), (5, true), (40, false)] {
+                    let v = 192;
+                    let raw = random_blocks(ty, v, k, 11);
+                    let row = ty.byte_size(k).unwrap();
+                    let chunks =
+                        QuantWeight::row_chunks_max(&gpu, "head", ty, [v, k], &raw, 128 * row as u64 + 48).unwrap();
+                    let starts: Vec<(u32, usize)> = chunks.iter().map(|(r0, w)| (*r0, w.shape[0])).collect();
+                    assert_eq!(starts, vec![(0, 128), (128, 64)], "{ty}");
+                    let xv = random(t * k, 3, 1.0);
+                    let y0 = random(t * v, 6, 1.0);
+                    let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
+                    let logits = gpu.upload_f32("logits", &[t, v], &y0).unwrap();
+                    let mut keep = Vec::new();
+                    for (r0, w) in &chunks {
+                        let rows = w.shape[0];
+                        let view = Tensor {
+                            buffer: logits.buffer.clone(),
+                            offset: logits.offset + 4 * *r0 as u64,
+                            shape: vec![t, rows],
+                            ty: ElemType::F32,
+                        };
+                        let opts = LinearOpts { accumulate, ld_out: Some(v) };
+                        keep.push(linear_quant(&gpu, &x, w, None, &view, opts).unwrap());
+                    }
+                    gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();
+                    let got = gpu.read_f32(&logits).unwrap();
+                    let (want, tol) = reference(&xv, ty, &raw, k, None, &y0, accumulate);
+                    check(&got, &want, &tol, &format!("{ty} split T={t} acc={accumulate}"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn quant_concat_rows_is_one_weight() {
+        // [q; k; v] of one type uploaded as one weight: one dispatch computes all three.
+        let gpu = gpu();
+        for (ty, k) in [(DType::Q4_K, 1536usize), (DType::Q5_0, 896)] {
+            let (q, kk, v) = (random_blocks(ty, 64, k, 1), random_blocks(ty, 32, k, 2), random_blocks(ty, 32, k, 3));
+            let w = QuantWeight::concat_rows(&gpu, "qkv", ty, k, &[&q, &kk, &v]).unwrap();
+            assert_eq!(w.shape, [128, k]);
+            let raw = [q, kk, v].concat();
+            for t in [1usize, 40] {
+                let xv = random(t * k, 4, 1.0);
+                let bv = random(128, 5, 1.0);
+                let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
+                let b = gpu.upload_f32("b", &[128], &bv).unwrap();
+                let y = gpu.empty("y", &[t, 128], ElemType::F32).unwrap();
+                let kern = linear_quant(&gpu, &x, &w, Some(&b), &y, LinearOpts::default()).unwrap();
+                gpu.run(&[&kern]).unwrap();
+                let (want, tol) = reference(&xv, ty, &raw, k, Some(&bv), &vec![0.0; t * 128], false);
+                check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{ty} qkv T={t}"));
+            }
+        }
+    }
+
+    #[test]
+    fn planes_hold_the_file_bytes() {
+        for ty in TYPES {
+            let blocks = 37;
+            let raw = random_blocks(ty, 1, blocks * ty.block_size(), 9);
+            let (planes, offs) = repack(ty, &raw);
+            assert_eq!(unpack(ty, &planes, blocks), raw, "{ty}: repack / unpack round trip");
+            assert!(planes.len() >= raw.len() && planes.len() <= raw.len() + 48, "{ty}: {} bytes", planes.len());
+            assert!(offs.iter().all(|o| o % 4 == 0), "{ty}: planes start on 16-byte boundaries: {offs:?}");
+            if matches!(ty, DType::Q4_K | DType::Q5_K) {
+                assert_eq!(&planes[..raw.len()], &raw[..], "{ty} stays as in the file");
+            }
+        }
+        // Q4_0: block 1's quants are the second 16 bytes, its d the second half of plane 1.
+        let raw = random_blocks(DType::Q4_0, 1, 64, 3);
+        let (planes, offs) = repack(DType::Q4_0, &raw);
+        assert_eq!(&planes[16..32], &raw[20..36]);
+        let d1 = 4 * offs[0] as usize + 2;
+        assert_eq!(&planes[d1..d1 + 2], &raw[18..20]);
+    }
+
+    #[test]
+    fn quant_bad_input_is_an_error() {
+        let gpu = gpu();
+        let msg = |r: Result<QuantWeight>| format!("{}", r.err().expect("an error"));
+        let m = msg(QuantWeight::new(&gpu, "blk.0.ffn_up.weight", DType::F16, [4, 64], &[0; 512]));
+        assert!(m.contains("f16") && m.contains("blk.0.ffn_up.weight"), "{m}");
+        let m = msg(QuantWeight::new(&gpu, "w", DType::Q4_K, [4, 100], &[0; 576]));
+        assert!(m.contains("K = 100") && m.contains("q4_K"), "{m}");
+        let m = msg(QuantWeight::new(&gpu, "w", DType::Q8_0, [4, 64], &[0; 100]));
+        assert!(m.contains("272 bytes, got 100"), "{m}");
+        let m = msg(QuantWeight::concat_rows(&gpu, "qkv", DType::Q4_0, 32, &[&[0; 18], &[0; 20]]));
+        assert!(m.contains("part 1"), "{m}");
+        gpu.check().unwrap();
+    }
+}

@@ -1,0 +1,186 @@
+// quant: GGUF quantized weights read directly by the kernels (matvec_quant, matmul_quant, and any
+// kernel that gathers quantized rows). One type per pipeline, picked by a flag: Q4_1, Q5_0, Q5_1,
+// Q8_0, Q4_K, Q5_K, Q6_K; none of them: Q4_0. The host side (src/ops/matmul/gguf.rs) writes the
+// layout these read and is their CPU twin's home.
+//
+// GPU layout ("planes", one buffer per tensor, made at upload from the file's bytes): each block
+// is cut into its fields, and each field of every block (row-major: block b = row · blocks per row
+// + column block) goes to its own plane, so that every load is aligned (WGSL reads u32 words at
+// best; 18-, 22-, 34- and 210-byte blocks are not word-aligned in the file). Plane 0 starts at
+// word 0, planes 1 and 2 at words q_planes().x and .y (16-byte aligned). Bytes on the GPU = bytes
+// in the file (plus at most 16 of alignment per plane). Per type (fields of ggml's block):
+//   Q4_0: plane 0 qs (16 B/block), plane 1 d (f16, two per word)
+//   Q4_1: plane 0 qs (16 B), plane 1 (d, m) (one word: d low half, m high half)
+//   Q5_0: plane 0 qs (16 B), plane 1 qh (one word), plane 2 d (f16)
+//   Q5_1: plane 0 qs (16 B), plane 1 qh (one word), plane 2 (d, m)
+//   Q8_0: plane 0 qs (32 B), plane 1 d (f16)
+//   Q4_K: plane 0 the blocks as in the file (144 B = 9 x 16 B: already aligned)
+//   Q5_K: plane 0 the blocks as in the file (176 B = 11 x 16 B)
+//   Q6_K: plane 0 ql, qh, scales (208 B = 13 x 16 B), plane 1 d (f16)
+//
+// The including kernel defines the accessors (so this file names no binding):
+//   fn qw4(i: u32) -> vec4<u32>   16-byte word i of the weight buffer (q_raw)
+//   fn qw1(i: u32) -> u32         4-byte word i of the weight buffer
+//   fn qx4(i: u32) -> vec4<f32>   x[4i .. 4i + 4] (q_x)
+//   fn q_planes() -> vec2<u32>    first words of planes 1 and 2
+//
+// Each type file provides:
+//   QK                        elements per block (32 or 256)
+//   QU                        elements per unit, a matvec lane's work item (32; Q6_K 64);
+//                             units tile a row, so unit gu of the tensor is unit gu % (K / QU)
+//                             of row gu / (K / QU)
+//   QRaw, q_raw(gu)           a unit's quantized data (loads only, plus its scales)
+//   QX, q_x(u, xr)            the x values that unit u of a row meets (xr: x's row start, in vec4)
+//   q_dot(r, v) -> f32        sum over the unit of w · x, in f32
+//   q_run(b, j) -> vec4<f32>  elements j .. j + 3 (j % 4 == 0) of block b, dequantized with the
+//                             float operations of src/loader/dtype.rs (bit-identical to to_f32)
+//
+// Dequantization in registers: quants become floats without int-to-float conversions (a quarter
+// rate or less on NVIDIA): a value v < 2^23 OR'ed into the mantissa of 2^23 is the float 2^23 + v,
+// and subtracting 2^23 (+ the type's offset) is exact. High nibbles are taken in place (16 · v) and
+// their sums scaled by 1/16 once. q_dot sums q · x per scale and applies the scale (and the min:
+// min · sum x) once per unit, so a weight costs about 4 ALU operations (mask, float, offset, FMA).
+
+const Q_MAGIC: u32 = 0x4B000000u;   // bits of 2^23
+const Q_2P23: f32 = 8388608.0;
+
+// The 4 bytes of w, byte k in the low 8 bits of lane k (the bits above are the following bytes:
+// mask them).
+fn q_bytes(w: u32) -> vec4<u32> {
+    return vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u);
+}
+
+// 2^23 + v for every lane (v < 2^23).
+fn q_f(v: vec4<u32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(v | vec4<u32>(Q_MAGIC));
+}
+
+// 2^23 + the low nibbles of the 4 bytes of w.
+fn q_lo(w: u32) -> vec4<f32> {
+    return q_f(q_bytes(w) & vec4<u32>(0xFu));
+}
+
+// 2^23 + 16 · the high nibbles of the 4 bytes of w.
+fn q_hi(w: u32) -> vec4<f32> {
+    return q_f(q_bytes(w) & vec4<u32>(0xF0u));
+}
+
+fn q_hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// Sum of all 16 entries.
+fn q_msum(m: mat4x4<f32>) -> f32 {
+    return q_hsum((m[0] + m[1]) + (m[2] + m[3]));
+}
+
+// x[4i .. 4i + 16] as 4 columns.
+fn q_x16(i: u32) -> mat4x4<f32> {
+    return mat4x4<f32>(qx4(i), qx4(i + 1u), qx4(i + 2u), qx4(i + 3u));
+}
+
+// f16 number i of a plane of packed halves starting at word o.
+fn q_half(o: u32, i: u32) -> f32 {
+    let v = unpack2x16float(qw1(o + (i >> 1u)));
+    return select(v.x, v.y, (i & 1u) == 1u);
+}
+
+// The x of one 32-element block (Q4_0, Q4_1, Q5_0, Q5_1): l[w] = elements 4w .. 4w + 3 (the low
+// nibbles of qs word w), h[w] = elements 16 + 4w .. (its high nibbles); s = sum of all 32 (for the
+// min of Q4_1 / Q5_1; dead code elsewhere).
+struct QXB32 {
+    l: mat4x4<f32>,
+    h: mat4x4<f32>,
+    s: f32,
+}
+
+fn q_x_b32(u: u32, xr: u32) -> QXB32 {
+    let i = xr + 8u * u;
+    let l = q_x16(i);
+    let h = q_x16(i + 4u);
+    return QXB32(l, h, q_msum(l) + q_msum(h));
+}
+
+// Q5_0 / Q5_1: 2^23 + (low nibble | bit 4) for elements 4w .. 4w + 3 of the block (qh4 = qh << 4:
+// bit e of qh, e < 16, lands on bit 4 after the shift right by e), and 2^23 + 16 · (high nibble |
+// bit 4) for elements 16 + 4w .. (bit 16 + e of qh lands on bit 8).
+fn q5_lo(w: u32, qh4: u32, wi: u32) -> vec4<f32> {
+    let h = vec4<u32>(qh4) >> (vec4<u32>(0u, 1u, 2u, 3u) + vec4<u32>(4u * wi));
+    return q_f((q_bytes(w) & vec4<u32>(0xFu)) | (h & vec4<u32>(0x10u)));
+}
+
+fn q5_hi(w: u32, qh: u32, wi: u32) -> vec4<f32> {
+    let h = vec4<u32>(qh) >> (vec4<u32>(8u, 9u, 10u, 11u) + vec4<u32>(4u * wi));
+    return q_f((q_bytes(w) & vec4<u32>(0xF0u)) | (h & vec4<u32>(0x100u)));
+}
+
+// Elements j .. j + 3 of a 32-element block: the nibbles (j < 16: low, else high) of qs word
+// (j % 16) / 4, whose first word is w0.
+fn q_nibbles32(w0: u32, j: u32) -> vec4<u32> {
+    let b = q_bytes(qw1(w0 + ((j & 15u) >> 2u)));
+    return select(b & vec4<u32>(0xFu), (b >> vec4<u32>(4u)) & vec4<u32>(0xFu), j >= 16u);
+}
+
+// Bit 4 of the 5-bit quants j .. j + 3 of a Q5 block: bit j + i of qh.
+fn q_qh_bits(qh: u32, j: u32) -> vec4<u32> {
+    return ((vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + vec4<u32>(j))) & vec4<u32>(1u)) << vec4<u32>(4u);
+}
+
+// ggml's get_scale_min_k4 (Q4_K, Q5_K): the 6-bit (scale, min) of sub-block j (0..8), from the
+// 12 scale bytes in words s.y, s.z, s.w of the block's first 16 bytes.
+fn q_scale_min_k4(s: vec4<u32>, j: u32) -> vec2<f32> {
+    let k = (j & 3u) * 8u;
+    let b0 = (s.y >> k) & 0xFFu;   // scales[j % 4]
+    let b1 = (s.z >> k) & 0xFFu;   // scales[j % 4 + 4]
+    let b2 = (s.w >> k) & 0xFFu;   // scales[j % 4 + 8]
+    let lo = vec2<u32>(b0 & 63u, b1 & 63u);
+    let hi = vec2<u32>((b2 & 15u) | ((b0 >> 6u) << 4u), (b2 >> 4u) | ((b1 >> 6u) << 4u));
+    return vec2<f32>(select(lo, hi, j >= 4u));
+}
+
+// The x of one Q4_K / Q5_K unit u (16 qs bytes: l = 16h .. 16h + 16 of group g, sub-blocks 2g
+// (low nibbles, elements 64g + l) and 2g + 1 (high nibbles, 64g + 32 + l)), with their sums.
+struct QXK {
+    l: mat4x4<f32>,
+    h: mat4x4<f32>,
+    sl: f32,
+    sh: f32,
+}
+
+fn q_x_k(u: u32, xr: u32) -> QXK {
+    let uu = u & 7u;
+    let i = xr + 64u * (u >> 3u) + 16u * (uu >> 1u) + 4u * (uu & 1u);
+    let l = q_x16(i);
+    let h = q_x16(i + 8u);
+    return QXK(l, h, q_msum(l), q_msum(h));
+}
+
+#ifdef Q4_1
+#include "quant_q4_1"
+#else
+#ifdef Q5_0
+#include "quant_q5_0"
+#else
+#ifdef Q5_1
+#include "quant_q5_1"
+#else
+#ifdef Q8_0
+#include "quant_q8_0"
+#else
+#ifdef Q4_K
+#include "quant_q4_k"
+#else
+#ifdef Q5_K
+#include "quant_q5_k"
+#else
+#ifdef Q6_K
+#include "quant_q6_k"
+#else
+#include "quant_q4_0"
+#endif
+#endif
+#endif
+#endif
+#endif
+#endif
+#endif

@@ -1,0 +1,39 @@
+// Q4_0 (included by quant.wgsl): 32 elements, x = (nibble - 8) · d. Byte j of qs holds element j
+// (low nibble) and j + 16 (high nibble). Planes: qs (vec4 b), d (f16 b of plane 1).
+
+const QK: u32 = 32u;
+const QU: u32 = 32u;
+
+struct QRaw {
+    qs: vec4<u32>,
+    d: f32,
+}
+
+alias QX = QXB32;
+
+fn q_raw(gu: u32) -> QRaw {
+    return QRaw(qw4(gu), q_half(q_planes().x, gu));
+}
+
+fn q_x(u: u32, xr: u32) -> QX {
+    return q_x_b32(u, xr);
+}
+
+fn q_dot(r: QRaw, v: QX) -> f32 {
+    let cl = vec4<f32>(Q_2P23 + 8.0);
+    let ch = vec4<f32>(Q_2P23 + 128.0);
+    var sl = (q_lo(r.qs.x) - cl) * v.l[0];
+    var sh = (q_hi(r.qs.x) - ch) * v.h[0];
+    sl = fma(q_lo(r.qs.y) - cl, v.l[1], sl);
+    sh = fma(q_hi(r.qs.y) - ch, v.h[1], sh);
+    sl = fma(q_lo(r.qs.z) - cl, v.l[2], sl);
+    sh = fma(q_hi(r.qs.z) - ch, v.h[2], sh);
+    sl = fma(q_lo(r.qs.w) - cl, v.l[3], sl);
+    sh = fma(q_hi(r.qs.w) - ch, v.h[3], sh);
+    return r.d * q_hsum(fma(sh, vec4<f32>(0.0625), sl));
+}
+
+fn q_run(b: u32, j: u32) -> vec4<f32> {
+    let q = q_nibbles32(4u * b, j);
+    return (vec4<f32>(q) - 8.0) * q_half(q_planes().x, b);
+}

@@ -1,0 +1,39 @@
+// Q4_1 (included by quant.wgsl): 32 elements, x = nibble · d + m. Byte j of qs holds element j
+// (low nibble) and j + 16 (high nibble). Planes: qs (vec4 b), (d, m) (word b of plane 1).
+
+const QK: u32 = 32u;
+const QU: u32 = 32u;
+
+struct QRaw {
+    qs: vec4<u32>,
+    dm: vec2<f32>,
+}
+
+alias QX = QXB32;
+
+fn q_raw(gu: u32) -> QRaw {
+    return QRaw(qw4(gu), unpack2x16float(qw1(q_planes().x + gu)));
+}
+
+fn q_x(u: u32, xr: u32) -> QX {
+    return q_x_b32(u, xr);
+}
+
+fn q_dot(r: QRaw, v: QX) -> f32 {
+    let c = vec4<f32>(Q_2P23);
+    var sl = (q_lo(r.qs.x) - c) * v.l[0];
+    var sh = (q_hi(r.qs.x) - c) * v.h[0];
+    sl = fma(q_lo(r.qs.y) - c, v.l[1], sl);
+    sh = fma(q_hi(r.qs.y) - c, v.h[1], sh);
+    sl = fma(q_lo(r.qs.z) - c, v.l[2], sl);
+    sh = fma(q_hi(r.qs.z) - c, v.h[2], sh);
+    sl = fma(q_lo(r.qs.w) - c, v.l[3], sl);
+    sh = fma(q_hi(r.qs.w) - c, v.h[3], sh);
+    return fma(r.dm.x, q_hsum(fma(sh, vec4<f32>(0.0625), sl)), r.dm.y * v.s);
+}
+
+fn q_run(b: u32, j: u32) -> vec4<f32> {
+    let q = q_nibbles32(4u * b, j);
+    let dm = unpack2x16float(qw1(q_planes().x + b));
+    return vec4<f32>(q) * dm.x + dm.y;
+}

@@ -1,0 +1,58 @@
+// Q4_K (included by quant.wgsl): super-blocks of 256 = 4 groups of 64, 144 bytes: d, dmin (f16),
+// 12 bytes of 6-bit scales and mins (8 sub-blocks of 32), qs (128 bytes). Group g: qs bytes
+// 32g + l hold element 64g + l (low nibble, sub-block 2g) and 64g + 32 + l (high nibble, sub-block
+// 2g + 1); x = d · scale · nibble - dmin · min. Plane 0 = the file's blocks (9 vec4 each: header,
+// then qs). A unit is 16 qs bytes (vec4 1 + uu, uu = 2g + h: l = 16h .. 16h + 16).
+
+const QK: u32 = 256u;
+const QU: u32 = 32u;
+
+struct QRaw {
+    qs: vec4<u32>,
+    dl: f32,   // d · scale of the low nibbles' sub-block
+    dh: f32,   // the high nibbles', / 16
+    ml: f32,   // dmin · min of the low nibbles' sub-block
+    mh: f32,
+}
+
+alias QX = QXK;
+
+fn q_raw(gu: u32) -> QRaw {
+    let sb = 9u * (gu >> 3u);
+    let uu = gu & 7u;
+    let hdr = qw4(sb);
+    let dd = unpack2x16float(hdr.x);
+    let a = q_scale_min_k4(hdr, uu & 6u);
+    let c = q_scale_min_k4(hdr, uu | 1u);
+    return QRaw(qw4(sb + 1u + uu), dd.x * a.x, dd.x * c.x * 0.0625, dd.y * a.y, dd.y * c.y);
+}
+
+fn q_x(u: u32, xr: u32) -> QX {
+    return q_x_k(u, xr);
+}
+
+fn q_dot(r: QRaw, v: QX) -> f32 {
+    let c = vec4<f32>(Q_2P23);
+    var sl = (q_lo(r.qs.x) - c) * v.l[0];
+    var sh = (q_hi(r.qs.x) - c) * v.h[0];
+    sl = fma(q_lo(r.qs.y) - c, v.l[1], sl);
+    sh = fma(q_hi(r.qs.y) - c, v.h[1], sh);
+    sl = fma(q_lo(r.qs.z) - c, v.l[2], sl);
+    sh = fma(q_hi(r.qs.z) - c, v.h[2], sh);
+    sl = fma(q_lo(r.qs.w) - c, v.l[3], sl);
+    sh = fma(q_hi(r.qs.w) - c, v.h[3], sh);
+    return fma(r.dl, q_hsum(sl), r.dh * q_hsum(sh)) - fma(r.ml, v.sl, r.mh * v.sh);
+}
+
+fn q_run(b: u32, j: u32) -> vec4<f32> {
+    let g = j >> 6u;
+    let hi = (j & 32u) != 0u;
+    let hdr = qw4(9u * b);
+    let bytes = q_bytes(qw1(36u * b + 4u + 8u * g + ((j & 31u) >> 2u)));
+    let q = select(bytes & vec4<u32>(0xFu), (bytes >> vec4<u32>(4u)) & vec4<u32>(0xFu), hi);
+    let sm = q_scale_min_k4(hdr, 2u * g + select(0u, 1u, hi));
+    let dd = unpack2x16float(hdr.x);
+    let d1 = dd.x * sm.x;
+    let m1 = dd.y * sm.y;
+    return d1 * vec4<f32>(q) - m1;
+}

@@ -1,0 +1,190 @@
+// matvec_quant: y = x · Wᵀ (+ bias) (+ y) for one token, or a few (T small), with W in a GGUF
+// quantized type (include/quant.wgsl: the type flag, the planes layout, the dequantization): the
+// decode hot path, bound by streaming W's blocks once, dequantized in registers, summed in f32.
+//
+// Work split (as matvec.wgsl, with a "unit" of QU elements in place of a 16-byte load): a
+// workgroup of WG threads is cut into WG / TPR row groups of TPR threads; a row group computes 4
+// consecutive output rows. Lane l of a row group takes units l, l + TPR, ... of each of its 4 rows
+// (consecutive lanes read consecutive 16-byte words of a plane: coalesced), loading the 4 rows'
+// units first (4 loads in flight, plus their scales), then meeting them with the unit's x (loaded
+// once per token, shared by the 4 rows) of each of TOK tokens (TOK = 1, or 4 with the flag TOK4).
+// The TPR partial sums of an output are reduced: with SUBGROUP by subgroupAdd, then the
+// per-subgroup sums through workgroup memory (TPR is a multiple of every possible subgroup size,
+// and subgroups are contiguous runs of local_invocation_index); without, in two levels of 8 and
+// TPR / 8 through workgroup memory (TPR >= 8). Lane r + 4·j of the row group stores row r of
+// token j.
+// More than TOK tokens: the workgroup repeats this over the same rows for each TOK tokens, so
+// only the first pass streams W from memory.
+// Grid: ceil(N / (4 · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N and
+// tokens past T read a clamped row or token and store nothing, so every thread reaches the
+// barriers.
+#define WG 256
+#define TPR 32
+#define TOK 1
+
+#include "quant"
+
+struct Params {
+    n: u32,       // N, output rows
+    units: u32,   // units per row: K / QU
+    t: u32,       // T, tokens
+    ld_out: u32,  // row stride of y, in elements
+    xk: u32,      // K / 4: x row stride, in vec4
+    o1: u32,      // first word of plane 1
+    o2: u32,      // first word of plane 2
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<storage, read> wv: array<vec4<u32>>;   // the planes (16-byte view)
+@group(0) @binding(1) var<storage, read> ww: array<u32>;         // the same buffer (word view)
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;    // (T, K)
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
+@group(0) @binding(4) var<uniform> p: Params;
+#ifdef BIAS
+@group(0) @binding(5) var<storage, read> bias: array<f32>;       // (N)
+#endif
+
+fn qw4(i: u32) -> vec4<u32> {
+    return wv[i];
+}
+fn qw1(i: u32) -> u32 {
+    return ww[i];
+}
+fn qx4(i: u32) -> vec4<f32> {
+    return x[i];
+}
+fn q_planes() -> vec2<u32> {
+    return vec2<u32>(p.o1, p.o2);
+}
+
+const NGROUPS: u32 = {{WG}}u / {{TPR}}u;
+
+// Partial sums: slot s of a workgroup holds TOK vec4 at [s · TOK + j] (token j, component r for
+// row r of a row group).
+var<workgroup> red: array<vec4<f32>, {{WG}} * {{TOK}}>;
+
+// The 4 rows' units against one token's x.
+fn dot4(r0: QRaw, r1: QRaw, r2: QRaw, r3: QRaw, u: u32, xr: u32) -> vec4<f32> {
+    let v = q_x(u, xr);
+    return vec4<f32>(q_dot(r0, v), q_dot(r1, v), q_dot(r2, v), q_dot(r3, v));
+}
+
+// Writes output `row` of token `t`.
+fn store(t: u32, row: u32, v: f32) {
+    var o = v;
+#ifdef BIAS
+    o += bias[row];
+#endif
+    let at = t * p.ld_out + row;
+#ifdef ACCUMULATE
+    o += y[at];
+#endif
+    y[at] = o;
+}
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+#ifdef SUBGROUP
+        @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32,
+#endif
+        @builtin(local_invocation_index) lid: u32) {
+    // Q4_K and Q5_K read only the 16-byte view: a (never taken) use keeps the word view in the
+    // bind group layout for every type (p.n > 0).
+    if (p.n == 0u) {
+        y[0] = bitcast<f32>(ww[0]);
+    }
+    let wg = wid.x + wid.y * nwg.x;
+    let grp = lid / {{TPR}}u;
+    let lane = lid % {{TPR}}u;
+    let row0 = (wg * NGROUPS + grp) * 4u;
+    let units = p.units;
+    // First unit of each of the row group's rows (clamped: rows past N compute garbage, unstored).
+    let base = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u)) * units;
+    // The output this lane stores after the reduction: row r of token j of the pass.
+    let out_r = lane % 4u;
+    let out_j = lane / 4u;
+
+    for (var t0 = 0u; t0 < p.t; t0 += {{TOK}}u) {
+        // Each token's x row start (clamped: tokens past T compute garbage, unstored).
+        let xr = min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.t - 1u)) * p.xk;
+        var acc0 = vec4<f32>(0.0);
+#ifdef TOK4
+        var acc1 = vec4<f32>(0.0);
+        var acc2 = vec4<f32>(0.0);
+        var acc3 = vec4<f32>(0.0);
+#endif
+        for (var u = lane; u < units; u += {{TPR}}u) {
+            let r0 = q_raw(base.x + u);
+            let r1 = q_raw(base.y + u);
+            let r2 = q_raw(base.z + u);
+            let r3 = q_raw(base.w + u);
+            acc0 += dot4(r0, r1, r2, r3, u, xr.x);
+#ifdef TOK4
+            acc1 += dot4(r0, r1, r2, r3, u, xr.y);
+            acc2 += dot4(r0, r1, r2, r3, u, xr.z);
+            acc3 += dot4(r0, r1, r2, r3, u, xr.w);
+#endif
+        }
+
+#ifdef SUBGROUP
+        // One sum per subgroup, then each storing lane adds its output's TPR / sg_size sums.
+        let s0 = subgroupAdd(acc0);
+#ifdef TOK4
+        let s1 = subgroupAdd(acc1);
+        let s2 = subgroupAdd(acc2);
+        let s3 = subgroupAdd(acc3);
+#endif
+        if (sg_lane == 0u) {
+            let slot = (lid / sg_size) * {{TOK}}u;
+            red[slot] = s0;
+#ifdef TOK4
+            red[slot + 1u] = s1;
+            red[slot + 2u] = s2;
+            red[slot + 3u] = s3;
+#endif
+        }
+        workgroupBarrier();
+        let per_group = {{TPR}}u / sg_size;
+        var sum = 0.0;
+        if (out_j < {{TOK}}u) {
+            for (var g = 0u; g < per_group; g++) {
+                sum += red[(grp * per_group + g) * {{TOK}}u + out_j][out_r];
+            }
+        }
+#else
+        // Two levels through workgroup memory: lane l < TPR / 8 adds the 8 slots from 8·l of its
+        // row group into slot 8·l, then each storing lane adds the TPR / 8 of them.
+        let slot = lid * {{TOK}}u;
+        red[slot] = acc0;
+#ifdef TOK4
+        red[slot + 1u] = acc1;
+        red[slot + 2u] = acc2;
+        red[slot + 3u] = acc3;
+#endif
+        workgroupBarrier();
+        let first = grp * {{TPR}}u;
+        if (lane < {{TPR}}u / 8u) {
+            let s8 = (first + 8u * lane) * {{TOK}}u;
+            for (var j = 0u; j < {{TOK}}u; j++) {
+                var v = red[s8 + j];
+                for (var m = 1u; m < 8u; m++) {
+                    v += red[s8 + m * {{TOK}}u + j];
+                }
+                red[s8 + j] = v;
+            }
+        }
+        workgroupBarrier();
+        var sum = 0.0;
+        if (out_j < {{TOK}}u) {
+            for (var g = 0u; g < {{TPR}}u / 8u; g++) {
+                sum += red[(first + 8u * g) * {{TOK}}u + out_j][out_r];
+            }
+        }
+#endif
+        if (out_j < {{TOK}}u && row0 + out_r < p.n && t0 + out_j < p.t) {
+            store(t0 + out_j, row0 + out_r, sum);
+        }
+        // `red` is rewritten by the next pass.
+        workgroupBarrier();
+    }
+}
