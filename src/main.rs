@@ -287,10 +287,12 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     writeln!(out, "{rest}").ok();
     if !a.quiet {
         eprintln!(
-            "[{} on {} | load {:.2}s | prompt {} tokens, prefill {:.1} tok/s | generated {} tokens, decode {:.1} tok/s | sampler {:?} | stop: {:?}]",
+            "[{} on {} | load {:.2}s, weights {:.0} MB ({}) | prompt {} tokens, prefill {:.1} tok/s | generated {} tokens, decode {:.1} tok/s | sampler {:?} | stop: {:?}]",
             ck.config.arch.name(),
             gpu.info.name,
             load_s,
+            model.weights.bytes as f64 / 1e6,
+            model.weights.summary(),
             stats.prompt_tokens,
             stats.prefill_tok_s(),
             stats.generated_tokens,
@@ -378,6 +380,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
                 "adapter": gpu.info.name,
                 "backend": format!("{:?}", gpu.info.backend),
                 "weights_bytes": model.weights.bytes,
+                "weights_formats": model.weights.summary(),
                 "prompt_tokens": a.prompt_tokens,
                 "gen_tokens": a.gen_tokens,
                 "reps": a.reps,

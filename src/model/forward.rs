@@ -9,14 +9,14 @@
 //! Then the last row: output rms_norm → lm_head (one dispatch per row chunk) → logits (vocab).
 
 use super::config::ModelConfig;
-use super::weights::{self, Weights};
+use super::weights::{self, linear, Weights};
 use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
 use crate::loader::Checkpoint;
 use crate::ops::attention::{attention, AttnParams};
 use crate::ops::elementwise::gated_act;
 use crate::ops::embedding::embedding;
-use crate::ops::matmul::{linear, LinearOpts};
+use crate::ops::matmul::LinearOpts;
 use crate::ops::norm::rms_norm;
 use crate::ops::rope::{rope_kv_write, RopeParams};
 use crate::ops::StepParams;
@@ -254,7 +254,9 @@ impl Model {
                 super::config::LayerAttention::Sliding { window } => Some(window),
             };
             k(norm(&x, &lw.attn_norm, &xn, false)?);
-            k(linear(g, &xn, &lw.qkv, lw.qkv_bias.as_ref(), &qkv, plain)?);
+            for kernel in lw.qkv.linear(g, &xn, lw.qkv_bias.as_ref(), &qkv, plain)? {
+                k(kernel);
+            }
             let rp = RopeParams {
                 heads: c.num_heads,
                 kv_heads: c.num_kv_heads,
@@ -286,7 +288,9 @@ impl Model {
                 None => k(linear(g, &attn, &lw.attn_out, None, &x, residual)?),
             }
             k(norm(&x, &lw.ffn_norm, &xn, false)?);
-            k(linear(g, &xn, &lw.gate_up, None, &gu, plain)?);
+            for kernel in lw.gate_up.linear(g, &xn, None, &gu, plain)? {
+                k(kernel);
+            }
             k(gated_act(g, &gu, &act, c.activation)?);
             match &lw.post_ffw_norm {
                 Some(pn) => {
@@ -306,7 +310,7 @@ impl Model {
         let mut k = |kernel: Kernel| items.push(Item::Kernel(kernel));
         k(rms_norm(g, &last_row, &w.output_norm, &last_n, c.rms_norm_eps, false)?);
         for (row_start, chunk) in &w.lm_head {
-            let rows = chunk.shape[0];
+            let rows = chunk.shape()[0];
             let out = logits.view(*row_start as usize, &[1, rows]);
             k(linear(g, &last_n, chunk, None, &out, plain)?);
         }

@@ -1,69 +1,298 @@
 //! Uploading a checkpoint's weights to the GPU in the layout the layer loop computes with.
 //!
-//! Linear weights are f16 (dequantized on load), norms and biases f32. Projections that read
-//! the same input are concatenated along their output rows so one dispatch computes them:
-//! `qkv` = [q; k; v] (rows H*D + 2*Hkv*D) and `gate_up` = [gate; up] (rows 2F).
-//! The embedding table and the lm_head are split into row chunks that each fit the device's
-//! max storage binding (a tied lm_head shares the embedding's chunks).
+//! Linear weights stay in the checkpoint's own format where a kernel reads it: GGUF block types
+//! (Q4_0 … Q6_K) as [`QuantWeight`]s, read directly by `ops::matmul::gguf` (no f16 copy); float
+//! tensors (F32/F16/BF16) as f16. Norms and biases are f32. Projections that read the same input
+//! are stacked along their output rows so one dispatch computes them: `qkv` = [q; k; v] and
+//! `gate_up` = [gate; up] ([`Proj`]); where the parts' formats differ (a Q4_K_M file's Q6_K `v`
+//! beside Q4_K `q`, `k`), each part is its own weight writing its columns of the same output.
+//! The lm_head is split into row chunks that each fit the device's max storage binding. The
+//! embedding table is f16 (the gather reads one row per token; a quantized gather is to come),
+//! and a tied lm_head reads the embedding's own blocks.
 
 use super::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, Tensor};
-use crate::loader::Checkpoint;
-use crate::ops::embedding::upload_row_chunks;
+use crate::gpu::{Gpu, Kernel, Tensor};
+use crate::loader::{Checkpoint, DType, Fixup};
+use crate::ops::embedding::{upload_row_chunks, CHUNK_ROW_ALIGN};
+use crate::ops::matmul::gguf::{is_supported, linear_quant, QuantWeight};
+use crate::ops::matmul::{linear as linear_f16, LinearOpts};
 use half::f16;
+use std::borrow::Cow;
+
+/// A linear layer's weight `[N, K]` on the GPU.
+#[derive(Clone, Debug)]
+pub enum Linear {
+    /// f16, packed two per u32.
+    F16(Tensor),
+    /// The checkpoint's quantized blocks.
+    Quant(QuantWeight),
+}
+
+impl Linear {
+    /// `[N, K]`.
+    pub fn shape(&self) -> [usize; 2] {
+        match self {
+            Linear::F16(t) => [t.shape[0], t.shape[1]],
+            Linear::Quant(q) => q.shape,
+        }
+    }
+
+    pub fn gpu_bytes(&self) -> u64 {
+        match self {
+            Linear::F16(t) => t.size_bytes(),
+            Linear::Quant(q) => q.gpu_bytes(),
+        }
+    }
+
+    /// The storage format, for summaries: `f16` or the GGUF type.
+    pub fn format(&self) -> &'static str {
+        match self {
+            Linear::F16(_) => "f16",
+            Linear::Quant(q) => q.dtype.name(),
+        }
+    }
+}
+
+/// Records `y (+)= x · Wᵀ (+ bias)` for either kind of weight.
+pub fn linear(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &Linear,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    match w {
+        Linear::F16(t) => linear_f16(gpu, x, t, bias, y, opts),
+        Linear::Quant(q) => linear_quant(gpu, x, q, bias, y, opts),
+    }
+}
+
+/// A projection whose output stacks parts along its columns (`[q; k; v]`): one weight when the
+/// parts share a format, else one weight per part with its first output column.
+#[derive(Clone, Debug)]
+pub struct Proj {
+    pub parts: Vec<(usize, Linear)>,
+    /// Output columns in all.
+    pub n: usize,
+}
+
+impl Proj {
+    /// The dispatches of `y (+)= x · Wᵀ (+ bias)`: a part starting at column `c` writes the view of
+    /// `y` from column `c` (row stride `n`) with the matching slice of the bias.
+    pub fn linear(
+        &self,
+        gpu: &Gpu,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        y: &Tensor,
+        opts: LinearOpts,
+    ) -> Result<Vec<Kernel>> {
+        if let [(0, w)] = self.parts.as_slice() {
+            return Ok(vec![linear(gpu, x, w, bias, y, opts)?]);
+        }
+        let t = y.shape[0];
+        self.parts
+            .iter()
+            .map(|(col, w)| {
+                let n = w.shape()[0];
+                let yv = y.view(*col, &[t, n]);
+                let bv = bias.map(|b| b.view(*col, &[n]));
+                linear(gpu, x, w, bv.as_ref(), &yv, LinearOpts { ld_out: Some(self.n), ..opts })
+            })
+            .collect()
+    }
+
+    pub fn gpu_bytes(&self) -> u64 {
+        self.parts.iter().map(|(_, w)| w.gpu_bytes()).sum()
+    }
+}
 
 pub struct LayerWeights {
     pub attn_norm: Tensor,
-    /// [q; k; v] rows, f16 [H*D + 2*Hkv*D, hidden].
-    pub qkv: Tensor,
+    /// [q; k; v]: rows H*D + 2*Hkv*D.
+    pub qkv: Proj,
     pub qkv_bias: Option<Tensor>,
     /// Per-head norms of q and k, f32 [D] each.
     pub qk_norm: Option<(Tensor, Tensor)>,
-    pub attn_out: Tensor,
+    pub attn_out: Linear,
     pub post_attn_norm: Option<Tensor>,
     pub ffn_norm: Tensor,
-    /// [gate; up] rows, f16 [2F, hidden].
-    pub gate_up: Tensor,
-    pub down: Tensor,
+    /// [gate; up]: rows 2F.
+    pub gate_up: Proj,
+    pub down: Linear,
     pub post_ffw_norm: Option<Tensor>,
 }
 
 pub struct Weights {
     /// (first row, chunk) of the f16 embedding table [vocab, hidden].
     pub embed: Vec<(u32, Tensor)>,
-    /// (first row, chunk) of the f16 lm_head [vocab, hidden].
-    pub lm_head: Vec<(u32, Tensor)>,
+    /// (first row, chunk) of the lm_head [vocab, hidden].
+    pub lm_head: Vec<(u32, Linear)>,
     pub output_norm: Tensor,
     pub layers: Vec<LayerWeights>,
-    /// Bytes uploaded.
+    /// Bytes of GPU memory the weights take.
     pub bytes: u64,
 }
 
-/// Reads and uploads every weight; `progress(done, total)` is called after each tensor.
+impl Weights {
+    /// The formats of the linear weights with their GPU bytes, e.g. `Q4_K 700 MB, Q6_K 300 MB`.
+    pub fn summary(&self) -> String {
+        let mut by: Vec<(&'static str, u64)> = Vec::new();
+        let mut add = |w: &Linear| match by.iter_mut().find(|(f, _)| *f == w.format()) {
+            Some((_, b)) => *b += w.gpu_bytes(),
+            None => by.push((w.format(), w.gpu_bytes())),
+        };
+        for l in &self.layers {
+            l.qkv.parts.iter().chain(&l.gate_up.parts).for_each(|(_, w)| add(w));
+            add(&l.attn_out);
+            add(&l.down);
+        }
+        self.lm_head.iter().for_each(|(_, w)| add(w));
+        by.iter().map(|(f, b)| format!("{f} {:.0} MB", *b as f64 / 1e6)).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// The bytes of tensor `name` as stored, rows `[n, k]`, with a row-permuting fixup applied to the
+/// raw rows (`None` when a fixup changes values: then the tensor goes through f16).
+fn raw_rows<'a>(ck: &'a Checkpoint, name: &'a str, n: usize, k: usize) -> Result<Option<(DType, Cow<'a, [u8]>)>> {
+    let v = ck.raw(name)?;
+    if v.shape != [n, k] {
+        return Err(Error::Mismatch(format!("tensor {name} has shape {:?}, the config implies {:?}", v.shape, [n, k])));
+    }
+    match ck.fixups.get(name) {
+        None => Ok(Some((v.dtype, Cow::Borrowed(v.bytes)))),
+        Some(Fixup::UnpermuteRope { heads }) => {
+            let row = v.bytes.len() / n;
+            let (per_head, half) = (n / heads, n / heads / 2);
+            let mut out = vec![0u8; v.bytes.len()];
+            for h in 0..*heads {
+                for i in 0..half {
+                    for j in 0..2 {
+                        let (src, dst) = (h * per_head + 2 * i + j, h * per_head + j * half + i);
+                        out[dst * row..(dst + 1) * row].copy_from_slice(&v.bytes[src * row..(src + 1) * row]);
+                    }
+                }
+            }
+            Ok(Some((v.dtype, Cow::Owned(out))))
+        }
+        Some(Fixup::AddConstant(_)) => Ok(None),
+    }
+}
+
+/// Byte range of each block scale of a GGUF block type: a quantized value is a finite multiple
+/// of its block's scales, so the tensor is finite exactly when every scale is.
+fn scale_fields(dtype: DType) -> &'static [(usize, usize)] {
+    match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[(0, 2)],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[(0, 2), (2, 4)],
+        DType::Q6_K => &[(208, 210)],
+        DType::F32 | DType::F16 | DType::BF16 => &[],
+    }
+}
+
+/// Errors when a block of `name` has a NaN or infinite scale.
+fn check_scales(name: &str, dtype: DType, bytes: &[u8]) -> Result<()> {
+    let fields = scale_fields(dtype);
+    let blocks = bytes.chunks_exact(dtype.block_bytes());
+    let total = blocks.len();
+    let bad: Vec<usize> = blocks
+        .enumerate()
+        .filter(|(_, b)| fields.iter().any(|&(s, e)| !f16::from_le_bytes([b[s], b[e - 1]]).is_finite()))
+        .map(|(i, _)| i)
+        .collect();
+    match bad.first() {
+        None => Ok(()),
+        Some(first) => Err(Error::Mismatch(format!(
+            "tensor {name} has {} {dtype} blocks of {total} with a NaN or infinite scale (the first: block {first}): \
+             the file is corrupt",
+            bad.len()
+        ))),
+    }
+}
+
+/// Uploads the parts `(name, rows)` of a projection with rows of `k` (see [`Proj`]).
+fn load_proj(gpu: &Gpu, ck: &Checkpoint, label: &str, parts: &[(String, usize)], k: usize) -> Result<Proj> {
+    let n: usize = parts.iter().map(|p| p.1).sum();
+    let mut raws = Vec::new();
+    for (name, rows) in parts {
+        match raw_rows(ck, name, *rows, k)? {
+            Some((dtype, bytes)) if is_supported(dtype) && dtype.byte_size(k).is_some() => {
+                check_scales(name, dtype, &bytes)?;
+                raws.push((dtype, bytes));
+            }
+            _ => break,
+        }
+    }
+    if raws.len() == parts.len() {
+        if raws.iter().all(|(d, _)| *d == raws[0].0) {
+            let slices: Vec<&[u8]> = raws.iter().map(|(_, b)| b.as_ref()).collect();
+            let w = QuantWeight::concat_rows(gpu, label, raws[0].0, k, &slices)?;
+            return Ok(Proj { parts: vec![(0, Linear::Quant(w))], n });
+        }
+        // Mixed formats: one weight per part, if each part's columns start where a view may.
+        let mut col = 0;
+        let mut out = Vec::new();
+        for ((name, rows), (dtype, bytes)) in parts.iter().zip(&raws) {
+            if col % CHUNK_ROW_ALIGN != 0 {
+                break;
+            }
+            out.push((col, Linear::Quant(QuantWeight::new(gpu, name, *dtype, [*rows, k], bytes)?)));
+            col += rows;
+        }
+        if out.len() == parts.len() {
+            return Ok(Proj { parts: out, n });
+        }
+    }
+    // Float tensors, fixups that change values, or parts that cannot be split: f16, stacked.
+    let mut data = Vec::with_capacity(n * k);
+    for (name, rows) in parts {
+        data.extend(finite16(name, ck.f16(name, &[*rows, k])?)?);
+    }
+    Ok(Proj { parts: vec![(0, Linear::F16(gpu.upload_f16(label, &[n, k], &data)?))], n })
+}
+
+/// Reads and uploads every weight; `progress(done, total)` is called after each tensor group.
 pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) -> Result<Weights> {
     let c: &ModelConfig = &ck.config;
     let (h, d) = (c.hidden_size, c.head_dim);
     let (qd, kvd, f) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
     let total = 3 + c.num_layers;
-    let mut bytes = 0u64;
-    let mut up16 = |name: &str, shape: &[usize], data: &[f16]| -> Result<Tensor> {
-        bytes += 2 * data.len() as u64;
-        gpu.upload_f16(name, shape, data)
-    };
     let norm =
         |name: &str, n: usize| -> Result<Tensor> { gpu.upload_f32(name, &[n], &finite32(name, ck.f32(name, &[n])?)?) };
-    let f16 = |name: &str, shape: &[usize]| finite16(name, ck.f16(name, shape)?);
-
-    let emb = f16("token_embd.weight", &[c.vocab_size, h])?;
-    let embed = upload_row_chunks(gpu, "token_embd", &emb, c.vocab_size, h)?;
-    progress(1, total);
-    let lm_head = if ck.has("output.weight") {
-        let w = f16("output.weight", &[c.vocab_size, h])?;
-        upload_row_chunks(gpu, "output", &w, c.vocab_size, h)?
-    } else {
-        embed.clone()
+    let single = |name: &str, n: usize, k: usize| -> Result<Linear> {
+        let p = load_proj(gpu, ck, name, &[(name.to_string(), n)], k)?;
+        Ok(p.parts.into_iter().next().expect("one part").1)
     };
+
+    let emb = finite16("token_embd.weight", ck.f16("token_embd.weight", &[c.vocab_size, h])?)?;
+    let embed = upload_row_chunks(gpu, "token_embd", &emb, c.vocab_size, h)?;
+    let mut bytes: u64 = embed.iter().map(|(_, t)| t.size_bytes()).sum();
+    progress(1, total);
+    let head_name = if ck.has("output.weight") { "output.weight" } else { "token_embd.weight" };
+    let lm_head: Vec<(u32, Linear)> = match raw_rows(ck, head_name, c.vocab_size, h)? {
+        Some((dtype, raw)) if is_supported(dtype) && dtype.byte_size(h).is_some() => {
+            check_scales(head_name, dtype, &raw)?;
+            QuantWeight::row_chunks(gpu, "output", dtype, [c.vocab_size, h], &raw)?
+                .into_iter()
+                .map(|(r, w)| (r, Linear::Quant(w)))
+                .collect()
+        }
+        _ if head_name == "token_embd.weight" => embed.iter().map(|(r, t)| (*r, Linear::F16(t.clone()))).collect(),
+        _ => {
+            let w = finite16(head_name, ck.f16(head_name, &[c.vocab_size, h])?)?;
+            upload_row_chunks(gpu, "output", &w, c.vocab_size, h)?
+                .into_iter()
+                .map(|(r, t)| (r, Linear::F16(t)))
+                .collect()
+        }
+    };
+    let shares_embedding =
+        matches!(lm_head.first(), Some((_, Linear::F16(t))) if std::sync::Arc::ptr_eq(&t.buffer, &embed[0].1.buffer));
+    if !shares_embedding {
+        bytes += lm_head.iter().map(|(_, w)| w.gpu_bytes()).sum::<u64>();
+    }
     progress(2, total);
     let output_norm = norm("output_norm.weight", h)?;
     progress(3, total);
@@ -71,9 +300,13 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
-        let mut qkv = f16(&n("attn_q.weight"), &[qd, h])?;
-        qkv.extend(f16(&n("attn_k.weight"), &[kvd, h])?);
-        qkv.extend(f16(&n("attn_v.weight"), &[kvd, h])?);
+        let qkv = load_proj(
+            gpu,
+            ck,
+            &n("attn_qkv.weight"),
+            &[(n("attn_q.weight"), qd), (n("attn_k.weight"), kvd), (n("attn_v.weight"), kvd)],
+            h,
+        )?;
         let qkv_bias = if c.attention_bias {
             let mut b = finite32(&n("attn_q.bias"), ck.f32(&n("attn_q.bias"), &[qd])?)?;
             b.extend(finite32(&n("attn_k.bias"), ck.f32(&n("attn_k.bias"), &[kvd])?)?);
@@ -87,28 +320,29 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
         } else {
             None
         };
-        let mut gate_up = f16(&n("ffn_gate.weight"), &[f, h])?;
-        gate_up.extend(f16(&n("ffn_up.weight"), &[f, h])?);
+        let gate_up =
+            load_proj(gpu, ck, &n("ffn_gate_up.weight"), &[(n("ffn_gate.weight"), f), (n("ffn_up.weight"), f)], h)?;
         let (post_attn_norm, post_ffw_norm) = if c.sandwich_norm {
             (Some(norm(&n("post_attention_norm.weight"), h)?), Some(norm(&n("post_ffw_norm.weight"), h)?))
         } else {
             (None, None)
         };
-        layers.push(LayerWeights {
+        let lw = LayerWeights {
             attn_norm: norm(&n("attn_norm.weight"), h)?,
-            qkv: up16(&n("attn_qkv.weight"), &[qd + 2 * kvd, h], &qkv)?,
+            qkv,
             qkv_bias,
             qk_norm,
-            attn_out: up16(&n("attn_output.weight"), &[h, qd], &f16(&n("attn_output.weight"), &[h, qd])?)?,
+            attn_out: single(&n("attn_output.weight"), h, qd)?,
             post_attn_norm,
             ffn_norm: norm(&n("ffn_norm.weight"), h)?,
-            gate_up: up16(&n("ffn_gate_up.weight"), &[2 * f, h], &gate_up)?,
-            down: up16(&n("ffn_down.weight"), &[h, f], &f16(&n("ffn_down.weight"), &[h, f])?)?,
+            gate_up,
+            down: single(&n("ffn_down.weight"), h, f)?,
             post_ffw_norm,
-        });
+        };
+        bytes += lw.qkv.gpu_bytes() + lw.gate_up.gpu_bytes() + lw.attn_out.gpu_bytes() + lw.down.gpu_bytes();
+        layers.push(lw);
         progress(4 + i, total);
     }
-    bytes += 2 * (emb.len() as u64) * if ck.has("output.weight") { 2 } else { 1 };
     gpu.wait()?;
     Ok(Weights { embed, lm_head, output_norm, layers, bytes })
 }
