@@ -763,7 +763,7 @@ mod tests {
     #[test]
     fn quant_bad_input_is_an_error() {
         let gpu = gpu();
-        let msg = |r: Result<QuantWeight>| format!("{}", r.err().expect("an error"));
+        let msg = |r: Result<QuantWeight>| format!("{}", r.expect_err("an error"));
         let m = msg(QuantWeight::new(&gpu, "blk.0.ffn_up.weight", DType::F16, [4, 64], &[0; 512]));
         assert!(m.contains("f16") && m.contains("blk.0.ffn_up.weight"), "{m}");
         let m = msg(QuantWeight::new(&gpu, "w", DType::Q4_K, [4, 100], &[0; 576]));
@@ -773,5 +773,110 @@ mod tests {
         let m = msg(QuantWeight::concat_rows(&gpu, "qkv", DType::Q4_0, 32, &[&[0; 18], &[0; 20]]));
         assert!(m.contains("part 1"), "{m}");
         gpu.check().unwrap();
+    }
+
+    /// Seconds per call of `encode`: the best of 3 batches encoded into one compute pass (each
+    /// sized to about 30 ms), after 0.1 s of warm-up.
+    fn time_per_call(gpu: &Gpu, encode: &dyn Fn(&mut wgpu::ComputePass<'_>)) -> f64 {
+        let batch = |r: usize| {
+            let t0 = std::time::Instant::now();
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for _ in 0..r {
+                    encode(&mut pass);
+                }
+            }
+            gpu.queue.submit([enc.finish()]);
+            gpu.wait().unwrap();
+            t0.elapsed().as_secs_f64()
+        };
+        let warm = std::time::Instant::now();
+        let mut one = batch(2) / 2.0;
+        while warm.elapsed().as_secs_f64() < 0.1 {
+            let r = ((0.03 / one) as usize).clamp(1, 5000);
+            one = batch(r) / r as f64;
+        }
+        let reps = ((0.03 / one) as usize).clamp(3, 5000);
+        (0..3).map(|_| batch(reps) / reps as f64).fold(f64::INFINITY, f64::min)
+    }
+
+    #[test]
+    #[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::bench_quant -- --ignored --nocapture"]
+    fn bench_quant() {
+        // Qwen2.5-1.5B's linear layers (N, K): qkv, o, gate_up, down, lm_head.
+        let gpu = gpu();
+        let big = gpu.info.device_type != wgpu::DeviceType::Cpu;
+        let shapes: &[(usize, usize)] = if big {
+            &[(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960), (151936, 1536)]
+        } else {
+            &[(2048, 1536)]
+        };
+        eprintln!(
+            "{} f16={} sg={} (max {})",
+            gpu.info.name, gpu.caps.f16, gpu.caps.subgroups, gpu.caps.subgroup_max_size
+        );
+        let opts = LinearOpts::default();
+        for ty in TYPES {
+            for &(n, k) in shapes {
+                let raw = random_blocks(ty, n, k, 2);
+                let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+                let x = gpu.upload_f32("x", &[1, k], &random(k, 1, 1.0)).unwrap();
+                let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
+                let s = check_operands("bench", &x, n, k, None, &y, opts);
+                let auto = QMatvecConfig::new(&gpu, ty, &s);
+                let mut line = format!("matvec {ty} N={n} K={k} ({:.1} MB):", w.gpu_bytes() as f64 / 1e6);
+                let mut cfgs = vec![auto];
+                for tpr in [16u32, 32, 64, 128, 256] {
+                    if tpr != auto.tpr && (tpr >= gpu.caps.subgroup_max_size || !auto.subgroups) {
+                        cfgs.push(QMatvecConfig { tpr, ..auto });
+                    }
+                }
+                for (i, c) in cfgs.iter().enumerate() {
+                    let kern = matvec_quant(&gpu, &x, &w, None, &y, &s, opts, *c).unwrap();
+                    let t = time_per_call(&gpu, &|pass| kern.encode(pass));
+                    let name = if i == 0 { format!("auto(tpr {})", c.tpr) } else { format!("tpr {}", c.tpr) };
+                    line += &format!(" {name} {:.1}us {:.0}GB/s;", t * 1e6, w.gpu_bytes() as f64 / t / 1e9);
+                }
+                eprintln!("{line}");
+            }
+        }
+        // The same shapes in f16 (the path this replaces).
+        for &(n, k) in shapes {
+            let wh: Vec<half::f16> = random(n * k, 2, 1.0).into_iter().map(f16::from_f32).collect();
+            let w = gpu.upload_f16("w", &[n, k], &wh).unwrap();
+            let x = gpu.upload_f32("x", &[1, k], &random(k, 1, 1.0)).unwrap();
+            let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
+            let kern = super::super::linear(&gpu, &x, &w, None, &y, opts).unwrap();
+            let t = time_per_call(&gpu, &|pass| kern.encode(pass));
+            eprintln!("matvec f16 N={n} K={k}: {:.1}us {:.0}GB/s", t * 1e6, (2 * n * k) as f64 / t / 1e9);
+        }
+        // Few tokens (matvec, 4 tokens per pass) and prefill (matmul).
+        let (n, k) = if big { (17920usize, 1536usize) } else { (256, 1536) };
+        let ts: &[usize] = if big { &[4, 32, 33, 128, 512] } else { &[4, 33] };
+        for ty in TYPES {
+            let raw = random_blocks(ty, n, k, 2);
+            let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+            let mut line = format!("few/many tokens {ty} N={n} K={k}:");
+            for &t in ts {
+                let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
+                let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
+                let kern = linear_quant(&gpu, &x, &w, None, &y, opts).unwrap();
+                let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                line += &format!(" T={t} {:.1}us {:.2}TFLOP/s;", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
+            }
+            eprintln!("{line}");
+        }
+        let wh: Vec<half::f16> = random(n * k, 2, 1.0).into_iter().map(f16::from_f32).collect();
+        let w = gpu.upload_f16("w", &[n, k], &wh).unwrap();
+        let mut line = format!("few/many tokens f16 N={n} K={k}:");
+        for &t in ts {
+            let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
+            let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
+            let kern = super::super::linear(&gpu, &x, &w, None, &y, opts).unwrap();
+            let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+            line += &format!(" T={t} {:.1}us {:.2}TFLOP/s;", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
+        }
+        eprintln!("{line}");
     }
 }
