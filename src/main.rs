@@ -47,6 +47,10 @@ struct GpuArgs {
     /// Do not use subgroup operations even if available.
     #[arg(long)]
     no_subgroups: bool,
+    /// Dequantize every linear weight to f16 at load instead of keeping the checkpoint's
+    /// quantized blocks on the GPU (more memory; for comparisons).
+    #[arg(long)]
+    dequantize: bool,
 }
 
 impl GpuArgs {
@@ -207,7 +211,13 @@ fn sampler(choice: SamplerChoice, gpu: &Gpu) -> Result<Box<dyn SamplingBackend>>
 }
 
 /// Loads a checkpoint and its weights with a progress bar on stderr.
-fn load(path: &std::path::Path, gpu: &Gpu, ctx: Option<usize>, quiet: bool) -> Result<(Checkpoint, Model)> {
+fn load(
+    path: &std::path::Path,
+    gpu: &Gpu,
+    ctx: Option<usize>,
+    dequantize: bool,
+    quiet: bool,
+) -> Result<(Checkpoint, Model)> {
     let ck = Checkpoint::open(path)?;
     let bar = if quiet {
         indicatif::ProgressBar::hidden()
@@ -221,7 +231,7 @@ fn load(path: &std::path::Path, gpu: &Gpu, ctx: Option<usize>, quiet: bool) -> R
         b.set_message(format!("{} on {}", ck.config.arch.name(), gpu.info.name));
         b
     };
-    let model = Model::load(gpu, &ck, ctx, &mut |done, total| {
+    let model = Model::load_with(gpu, &ck, ctx, dequantize, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })?;
@@ -242,7 +252,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     let opts = a.sampling.decode()?;
     let gpu = a.gpu.open()?;
     let t_load = std::time::Instant::now();
-    let (ck, mut model) = load(&a.model, &gpu, a.ctx, a.quiet)?;
+    let (ck, mut model) = load(&a.model, &gpu, a.ctx, a.gpu.dequantize, a.quiet)?;
     let tok = Tokenizer::from_source(&ck.tokenizer, ck.config.add_bos, ck.config.bos_token_id)?;
     let text = if a.chat {
         let template = ck.chat_template.as_deref().context("this model ships no chat template; run without --chat")?;
@@ -341,10 +351,10 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     let gpu = a.gpu.open()?;
     let ctx = Some((a.prompt_tokens + a.gen_tokens + 1).max(16));
     let (ck, mut model) = match (&a.model, &a.synthetic) {
-        (Some(path), _) => load(path, &gpu, ctx, a.json)?,
+        (Some(path), _) => load(path, &gpu, ctx, a.gpu.dequantize, a.json)?,
         (None, Some(spec)) => {
             let ck = wgpu_llm::loader::synthetic::open(spec)?;
-            let model = Model::load(&gpu, &ck, ctx, &mut |_, _| {})?;
+            let model = Model::load_with(&gpu, &ck, ctx, a.gpu.dequantize, &mut |_, _| {})?;
             (ck, model)
         }
         (None, None) => unreachable!("clap requires --model or --synthetic"),

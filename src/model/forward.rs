@@ -114,6 +114,18 @@ impl Model {
         ctx: Option<usize>,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Model> {
+        Self::load_with(gpu, ck, ctx, false, progress)
+    }
+
+    /// [`load`](Self::load); `dequantize` turns every linear weight into f16 instead of keeping
+    /// the checkpoint's quantized blocks (for comparisons).
+    pub fn load_with(
+        gpu: &Gpu,
+        ck: &Checkpoint,
+        ctx: Option<usize>,
+        dequantize: bool,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model> {
         let config = ck.config.clone();
         let max_ctx = ctx.unwrap_or(config.max_position_embeddings.min(4096));
         if max_ctx == 0 || max_ctx > config.max_position_embeddings {
@@ -122,7 +134,7 @@ impl Model {
                 config.max_position_embeddings
             )));
         }
-        let weights = weights::load(gpu, ck, progress)?;
+        let weights = weights::load(gpu, ck, dequantize, progress)?;
         let kv_shape = [config.num_kv_heads, max_ctx, config.head_dim];
         let kv = (0..config.num_layers)
             .map(|l| {

@@ -213,12 +213,19 @@ fn check_scales(name: &str, dtype: DType, bytes: &[u8]) -> Result<()> {
 }
 
 /// Uploads the parts `(name, rows)` of a projection with rows of `k` (see [`Proj`]).
-fn load_proj(gpu: &Gpu, ck: &Checkpoint, label: &str, parts: &[(String, usize)], k: usize) -> Result<Proj> {
+fn load_proj(
+    gpu: &Gpu,
+    ck: &Checkpoint,
+    label: &str,
+    parts: &[(String, usize)],
+    k: usize,
+    dequantize: bool,
+) -> Result<Proj> {
     let n: usize = parts.iter().map(|p| p.1).sum();
     let mut raws = Vec::new();
     for (name, rows) in parts {
         match raw_rows(ck, name, *rows, k)? {
-            Some((dtype, bytes)) if is_supported(dtype) && dtype.byte_size(k).is_some() => {
+            Some((dtype, bytes)) if !dequantize && is_supported(dtype) && dtype.byte_size(k).is_some() => {
                 check_scales(name, dtype, &bytes)?;
                 raws.push((dtype, bytes));
             }
@@ -254,7 +261,8 @@ fn load_proj(gpu: &Gpu, ck: &Checkpoint, label: &str, parts: &[(String, usize)],
 }
 
 /// Reads and uploads every weight; `progress(done, total)` is called after each tensor group.
-pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) -> Result<Weights> {
+/// `dequantize`: every linear weight as f16, as before the quantized kernels (for comparison).
+pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Weights> {
     let c: &ModelConfig = &ck.config;
     let (h, d) = (c.hidden_size, c.head_dim);
     let (qd, kvd, f) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
@@ -262,7 +270,7 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
     let norm =
         |name: &str, n: usize| -> Result<Tensor> { gpu.upload_f32(name, &[n], &finite32(name, ck.f32(name, &[n])?)?) };
     let single = |name: &str, n: usize, k: usize| -> Result<Linear> {
-        let p = load_proj(gpu, ck, name, &[(name.to_string(), n)], k)?;
+        let p = load_proj(gpu, ck, name, &[(name.to_string(), n)], k, dequantize)?;
         Ok(p.parts.into_iter().next().expect("one part").1)
     };
 
@@ -272,7 +280,7 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
     progress(1, total);
     let head_name = if ck.has("output.weight") { "output.weight" } else { "token_embd.weight" };
     let lm_head: Vec<(u32, Linear)> = match raw_rows(ck, head_name, c.vocab_size, h)? {
-        Some((dtype, raw)) if is_supported(dtype) && dtype.byte_size(h).is_some() => {
+        Some((dtype, raw)) if !dequantize && is_supported(dtype) && dtype.byte_size(h).is_some() => {
             check_scales(head_name, dtype, &raw)?;
             QuantWeight::row_chunks(gpu, "output", dtype, [c.vocab_size, h], &raw)?
                 .into_iter()
@@ -306,6 +314,7 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
             &n("attn_qkv.weight"),
             &[(n("attn_q.weight"), qd), (n("attn_k.weight"), kvd), (n("attn_v.weight"), kvd)],
             h,
+            dequantize,
         )?;
         let qkv_bias = if c.attention_bias {
             let mut b = finite32(&n("attn_q.bias"), ck.f32(&n("attn_q.bias"), &[qd])?)?;
@@ -320,8 +329,14 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, progress: &mut dyn FnMut(usize, usize)) 
         } else {
             None
         };
-        let gate_up =
-            load_proj(gpu, ck, &n("ffn_gate_up.weight"), &[(n("ffn_gate.weight"), f), (n("ffn_up.weight"), f)], h)?;
+        let gate_up = load_proj(
+            gpu,
+            ck,
+            &n("ffn_gate_up.weight"),
+            &[(n("ffn_gate.weight"), f), (n("ffn_up.weight"), f)],
+            h,
+            dequantize,
+        )?;
         let (post_attn_norm, post_ffw_norm) = if c.sandwich_norm {
             (Some(norm(&n("post_attention_norm.weight"), h)?), Some(norm(&n("post_ffw_norm.weight"), h)?))
         } else {
