@@ -320,10 +320,14 @@ impl QMatvecConfig {
         // As the f16 matvec: every output of a pass (4 rows × tok tokens) has a storing lane, the
         // reduction without subgroups folds 8 lanes first, a row group covers whole subgroups.
         let min_tpr = (4 * tok).max(8).max(if subgroups { sg_max } else { 1 });
-        // About 64k lanes in flight, each on units of 4 rows; never wider than a row's units
-        // (rounded up to a power of two), nor than the workgroup.
+        // About 256k lanes (a full H100's worth of resident threads), each on units of 4 rows;
+        // never wider than a row's units (rounded up to a power of two), nor than the workgroup.
+        // Measured on the H100 (`bench_quant`, every type): K = 1536 (48 units) wants 64 lanes
+        // per row group at N = 2048 and 17920 (5-10% over 32), 32 at N = 151936 (10-40% over
+        // 64); K = 8960 (280 units) at N = 1536 wants 256. Software-pipelined loads (the next
+        // unit's issued before this one's math) were 5-40% slower everywhere (registers).
         let groups = s.n.div_ceil(4) as u32;
-        let want = 65536u32.div_ceil(groups).next_power_of_two();
+        let want = 262144u32.div_ceil(groups).next_power_of_two();
         let widest = units.next_power_of_two().min(MATVEC_WG).max(min_tpr);
         let tpr = want.clamp(min_tpr.max(16).min(widest), widest);
         QMatvecConfig { wg: MATVEC_WG, tpr, tok, subgroups }
@@ -832,9 +836,14 @@ mod tests {
                         cfgs.push(QMatvecConfig { tpr, ..auto });
                     }
                 }
+                let mut first = None;
                 for (i, c) in cfgs.iter().enumerate() {
                     let kern = matvec_quant(&gpu, &x, &w, None, &y, &s, opts, *c).unwrap();
                     let t = time_per_call(&gpu, &|pass| kern.encode(pass));
+                    let out = gpu.read_f32(&y).unwrap();
+                    let first = first.get_or_insert(out.clone());
+                    let (d, at) = max_abs_diff(first, &out);
+                    assert!(d < 1e-3 * (1.0 + first[at].abs()), "{ty} N={n} K={k} {c:?}: differs by {d} at {at}");
                     let name = if i == 0 { format!("auto(tpr {})", c.tpr) } else { format!("tpr {}", c.tpr) };
                     line += &format!(" {name} {:.1}us {:.0}GB/s;", t * 1e6, w.gpu_bytes() as f64 / t / 1e9);
                 }
@@ -850,6 +859,9 @@ mod tests {
             let kern = super::super::linear(&gpu, &x, &w, None, &y, opts).unwrap();
             let t = time_per_call(&gpu, &|pass| kern.encode(pass));
             eprintln!("matvec f16 N={n} K={k}: {:.1}us {:.0}GB/s", t * 1e6, (2 * n * k) as f64 / t / 1e9);
+        }
+        if std::env::var("QBENCH").is_ok_and(|v| v == "matvec") {
+            return;
         }
         // Few tokens (matvec, 4 tokens per pass) and prefill (matmul).
         let (n, k) = if big { (17920usize, 1536usize) } else { (256, 1536) };
