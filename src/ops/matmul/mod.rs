@@ -7,6 +7,9 @@
 //!   streams W rows with 16-byte loads (2.8-2.95 TB/s on an H100's ~3.0 for lm_head shapes);
 //! - more tokens (prefill): `wgsl/matmul.wgsl`, tiled in workgroup memory.
 //!
+//! W in a GGUF quantized type (Q4_0 ... Q6_K, read by the kernels without an f16 copy): [`gguf`]
+//! ([`QuantWeight`], [`linear_quant`]), with the same options and output views.
+//!
 //! Output views: a weight too large for one storage binding (a 262144-row lm_head) is split into
 //! row chunks, each its own tensor, each writing its columns of one logits buffer `[T, V]`. For
 //! the chunk starting at row `r0` pass `y` = a view of the logits with `offset` = logits.offset +
