@@ -11,39 +11,19 @@ mod common;
 use wgpu_llm::decode::{generate_with, DecodeOptions, Stats, StopReason};
 use wgpu_llm::gpu::Gpu;
 use wgpu_llm::loader::synthetic;
-use wgpu_llm::model::config::{Activation, Arch, LayerAttention, ModelConfig};
+use wgpu_llm::model::config::{LayerAttention, ModelConfig};
 use wgpu_llm::model::Model;
 use wgpu_llm::sampling::{DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
 
+/// SmolLM2's layout (llama, tied embeddings), shrunk: 3 layers of width 64, 4 q / 2 kv heads.
 fn tiny_config() -> ModelConfig {
-    let head_dim = 16;
-    ModelConfig {
-        arch: Arch::Llama,
-        vocab_size: 1000,
-        hidden_size: 64,
-        intermediate_size: 96,
-        num_layers: 3,
-        num_heads: 4,
-        num_kv_heads: 2,
-        head_dim,
-        rms_norm_eps: 1e-5,
-        rope_theta: 1e4,
-        rope_local_theta: None,
-        rope_scaling_factor: 1.0,
-        max_position_embeddings: 256,
-        layer_attention: vec![LayerAttention::Full; 3],
-        tie_word_embeddings: true,
-        attention_bias: false,
-        qk_norm: false,
-        sandwich_norm: false,
-        activation: Activation::SiluGated,
-        embedding_scale: 1.0,
-        attention_scale: 1.0 / (head_dim as f32).sqrt(),
-        final_logit_softcapping: None,
-        bos_token_id: None,
-        eos_token_ids: vec![],
-        add_bos: false,
-    }
+    let mut c = synthetic::preset_config("smollm2-135m").unwrap();
+    (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers) = (1000, 64, 96, 3);
+    (c.num_heads, c.num_kv_heads, c.head_dim) = (4, 2, 16);
+    c.layer_attention = vec![LayerAttention::Full; c.num_layers];
+    c.attention_scale = 1.0 / (c.head_dim as f32).sqrt();
+    c.max_position_embeddings = 256;
+    c
 }
 
 fn model_of(gpu: &Gpu, config: &ModelConfig, ctx: usize) -> Model {

@@ -1,9 +1,13 @@
 // matvec: y = x · Wᵀ (+ bias) (+ y) for one token, or a few (T small): the decode hot path,
 // bound by the bandwidth of streaming W once.
 //
+// Fused input (include/linear_input.wgsl): with NORM the RMSNorm before the projection, with GATED
+// the gated activation before the down projection, is computed here instead of in a dispatch of
+// its own (VEC4 / VEC2 only: K % 4 == 0).
+//
 // W is f16, packed two per u32, row-major (N, K). Each load takes VEC u32 words (2·VEC halves) of
 // one row; the host picks the widest VEC with K % (2·VEC) == 0, so rows start on a whole load and
-// no K tail exists (K is even): VEC4 (K % 8 == 0), VEC2 (K % 4 == 0) or neither (one u32).
+// no K tail exists (K is even): VEC4 (K % 8 == 0), VEC1 (K % 4 != 0: one u32) or, with neither flag, VEC2 (K % 4 == 0).
 //
 // Work split: a workgroup of WG threads is cut into WG / TPR row groups of TPR threads; a row
 // group computes 4 consecutive output rows. Lane l of a row group reads loads l, l + TPR, ... of
@@ -23,12 +27,17 @@
 #define WG 256
 #define TPR 64
 #define TOK 1
+#define GB 4
 
 struct Params {
     n: u32,       // N, output rows
     kv: u32,      // loads per row: K / (2 · VEC)
     t: u32,       // T, tokens
     ld_out: u32,  // row stride of y, in elements
+    xs: u32,      // row stride of x, in XVec: K / (2 · VEC) · XPL (GATED: twice that)
+    half: u32,    // GATED: the up half's offset in x's row, in XVec
+    eps: f32,     // NORM: the RMSNorm epsilon
+    k4: u32,      // K / 4
 }
 
 #ifdef VEC4
@@ -37,15 +46,15 @@ alias WF = array<vec4<f32>, 2>;   // a load unpacked
 alias XVec = vec4<f32>;
 const XPL: u32 = 2u;              // XVec per load
 #else
-#ifdef VEC2
-alias WVec = vec2<u32>;           // 4 halves
-alias WF = vec4<f32>;
-alias XVec = vec4<f32>;
-const XPL: u32 = 1u;
-#else
+#ifdef VEC1
 alias WVec = u32;                 // 2 halves
 alias WF = vec2<f32>;
 alias XVec = vec2<f32>;
+const XPL: u32 = 1u;
+#else
+alias WVec = vec2<u32>;           // VEC2: 4 halves
+alias WF = vec4<f32>;
+alias XVec = vec4<f32>;
 const XPL: u32 = 1u;
 #endif
 #endif
@@ -56,6 +65,28 @@ const XPL: u32 = 1u;
 @group(0) @binding(3) var<uniform> p: Params;
 #ifdef BIAS
 @group(0) @binding(4) var<storage, read> bias: array<f32>;       // (N)
+#endif
+#ifdef NORM
+@group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
+#endif
+
+#ifdef VEC1
+fn x_at(row: u32, i: u32, half: u32) -> XVec {
+    return x[row + i];
+}
+#else
+fn li_x(i: u32) -> vec4<f32> {
+    return x[i];
+}
+#ifdef NORM
+fn li_g(i: u32) -> vec4<f32> {
+    return g[i];
+}
+#endif
+#include "linear_input"
+fn x_at(row: u32, i: u32, half: u32) -> XVec {
+    return li_load(row, i, half);
+}
 #endif
 
 const NGROUPS: u32 = {{WG}}u / {{TPR}}u;
@@ -69,31 +100,28 @@ fn unpack(wv: vec4<u32>) -> WF {
     return WF(vec4<f32>(unpack2x16float(wv.x), unpack2x16float(wv.y)),
               vec4<f32>(unpack2x16float(wv.z), unpack2x16float(wv.w)));
 }
-// xi: the first XVec of the chunk.
-fn dot_x(u: WF, xi: u32) -> f32 {
-    return dot(u[0], x[xi]) + dot(u[1], x[xi + 1u]);
+// The chunk's XVec start at o of the token row starting at XVec `row`.
+fn dot_x(u: WF, row: u32, o: u32) -> f32 {
+    return dot(u[0], x_at(row, o, p.half)) + dot(u[1], x_at(row, o + 1u, p.half));
 }
 #else
-#ifdef VEC2
-fn unpack(wv: vec2<u32>) -> WF {
-    return vec4<f32>(unpack2x16float(wv.x), unpack2x16float(wv.y));
-}
-fn dot_x(u: WF, xi: u32) -> f32 {
-    return dot(u, x[xi]);
-}
-#else
+#ifdef VEC1
 fn unpack(wv: u32) -> WF {
     return unpack2x16float(wv);
 }
-fn dot_x(u: WF, xi: u32) -> f32 {
-    return dot(u, x[xi]);
+#else
+fn unpack(wv: vec2<u32>) -> WF {
+    return vec4<f32>(unpack2x16float(wv.x), unpack2x16float(wv.y));
 }
 #endif
+fn dot_x(u: WF, row: u32, o: u32) -> f32 {
+    return dot(u, x_at(row, o, p.half));
+}
 #endif
 
-// The 4 rows' loads against one token's x chunk.
-fn dot4(u0: WF, u1: WF, u2: WF, u3: WF, xi: u32) -> vec4<f32> {
-    return vec4<f32>(dot_x(u0, xi), dot_x(u1, xi), dot_x(u2, xi), dot_x(u3, xi));
+// The 4 rows' loads against one token's x chunk (XVec o of the row starting at XVec `row`).
+fn dot4(u0: WF, u1: WF, u2: WF, u3: WF, row: u32, o: u32) -> vec4<f32> {
+    return vec4<f32>(dot_x(u0, row, o), dot_x(u1, row, o), dot_x(u2, row, o), dot_x(u3, row, o));
 }
 
 // Writes output `row` of token `t`.
@@ -128,7 +156,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     for (var t0 = 0u; t0 < p.t; t0 += {{TOK}}u) {
         // First XVec of each token's x row (clamped: tokens past T compute garbage, unstored).
-        let xr = min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.t - 1u)) * kv * XPL;
+        let xr = min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.t - 1u)) * p.xs;
+#ifdef NORM
+        let rn = li_norm_scales(xr, p.k4, p.eps, lid);
+#endif
         // acc_j: token j, component r for row r (named vectors, not an indexed array, so that
         // they stay in registers on every compiler).
         var acc0 = vec4<f32>(0.0);
@@ -143,11 +174,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let u2 = unpack(w[base.z + i]);
             let u3 = unpack(w[base.w + i]);
             let xo = i * XPL;
-            acc0 += dot4(u0, u1, u2, u3, xr.x + xo);
+            acc0 += dot4(u0, u1, u2, u3, xr.x, xo);
 #ifdef TOK4
-            acc1 += dot4(u0, u1, u2, u3, xr.y + xo);
-            acc2 += dot4(u0, u1, u2, u3, xr.z + xo);
-            acc3 += dot4(u0, u1, u2, u3, xr.w + xo);
+            acc1 += dot4(u0, u1, u2, u3, xr.y, xo);
+            acc2 += dot4(u0, u1, u2, u3, xr.z, xo);
+            acc3 += dot4(u0, u1, u2, u3, xr.w, xo);
 #endif
         }
 
@@ -205,6 +236,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 sum += red[(first + 8u * g) * {{TOK}}u + out_j][out_r];
             }
         }
+#endif
+#ifdef NORM
+        sum *= rn[min(out_j, 3u)];
 #endif
         if (out_j < {{TOK}}u && row0 + out_r < p.n && t0 + out_j < p.t) {
             store(t0 + out_j, row0 + out_r, sum);

@@ -21,6 +21,7 @@
 #define WG 256
 #define TPR 32
 #define TOK 1
+#define GB 5
 
 #include "quant"
 
@@ -33,6 +34,10 @@ struct Params {
     o1: u32,      // first word of plane 1
     o2: u32,      // first word of plane 2
     _pad: u32,
+    xs: u32,      // row stride of x, in vec4: K / 4 (GATED: K / 2)
+    half: u32,    // GATED: the up half's offset in x's row, in vec4 (K / 4)
+    eps: f32,     // NORM: the RMSNorm epsilon
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<storage, read> wv: array<vec4<u32>>;   // the planes (16-byte view)
@@ -43,6 +48,22 @@ struct Params {
 #ifdef BIAS
 @group(0) @binding(5) var<storage, read> bias: array<f32>;       // (N)
 #endif
+#ifdef NORM
+@group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
+#endif
+
+// The fused input (include/linear_input.wgsl): x as the kernel meets it. q_row is the current
+// token's row start (vec4), set before each token's dot products.
+var<private> q_row: u32;
+fn li_x(i: u32) -> vec4<f32> {
+    return x[i];
+}
+#ifdef NORM
+fn li_g(i: u32) -> vec4<f32> {
+    return g[i];
+}
+#endif
+#include "linear_input"
 
 fn qw4(i: u32) -> vec4<u32> {
     return wv[i];
@@ -51,7 +72,7 @@ fn qw1(i: u32) -> u32 {
     return ww[i];
 }
 fn qx4(i: u32) -> vec4<f32> {
-    return x[i];
+    return li_load(q_row, i - q_row, p.half);
 }
 fn q_planes() -> vec2<u32> {
     return vec2<u32>(p.o1, p.o2);
@@ -106,7 +127,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     for (var t0 = 0u; t0 < p.t; t0 += {{TOK}}u) {
         // Each token's x row start (clamped: tokens past T compute garbage, unstored).
-        let xr = min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.t - 1u)) * p.xk;
+        let xr = min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.t - 1u)) * p.xs;
+#ifdef NORM
+        let rn = li_norm_scales(xr, p.xk, p.eps, lid);
+#endif
         var acc0 = vec4<f32>(0.0);
 #ifdef TOK4
         var acc1 = vec4<f32>(0.0);
@@ -118,10 +142,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let r1 = q_raw(base.y + u);
             let r2 = q_raw(base.z + u);
             let r3 = q_raw(base.w + u);
+            q_row = xr.x;
             acc0 += dot4(r0, r1, r2, r3, u, xr.x);
 #ifdef TOK4
+            q_row = xr.y;
             acc1 += dot4(r0, r1, r2, r3, u, xr.y);
+            q_row = xr.z;
             acc2 += dot4(r0, r1, r2, r3, u, xr.z);
+            q_row = xr.w;
             acc3 += dot4(r0, r1, r2, r3, u, xr.w);
 #endif
         }
@@ -180,6 +208,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 sum += red[(first + 8u * g) * {{TOK}}u + out_j][out_r];
             }
         }
+#endif
+#ifdef NORM
+        sum *= rn[min(out_j, 3u)];
 #endif
         if (out_j < {{TOK}}u && row0 + out_r < p.n && t0 + out_j < p.t) {
             store(t0 + out_j, row0 + out_r, sum);

@@ -7,6 +7,9 @@
 //! o linear (+= residual | → tmp, rms_norm += residual) → rms_norm → gate_up linear →
 //! gated_act → down linear (+= residual | → tmp, rms_norm += residual).
 //! Then the last row: output rms_norm → lm_head (one dispatch per row chunk) → logits (vocab).
+//! Decode and short passes (up to `MATVEC_MAX_T` tokens) fuse the two rms_norms into the qkv
+//! and gate_up matvecs, gated_act into the down matvec and the output norm into lm_head
+//! (`ops::matmul::Input`): 6 dispatches a layer.
 
 use super::config::ModelConfig;
 use super::weights::{self, linear, Weights};
@@ -16,7 +19,7 @@ use crate::loader::Checkpoint;
 use crate::ops::attention::{attention, AttnParams};
 use crate::ops::elementwise::gated_act;
 use crate::ops::embedding::embedding;
-use crate::ops::matmul::LinearOpts;
+use crate::ops::matmul::{fuses_input, Input, LinearOpts};
 use crate::ops::norm::rms_norm;
 use crate::ops::rope::{rope_kv_write, RopeParams};
 use crate::ops::StepParams;
@@ -259,16 +262,24 @@ impl Model {
         };
         let plain = LinearOpts { accumulate: false, ld_out: None };
         let residual = LinearOpts { accumulate: true, ld_out: None };
+        // Up to MATVEC_MAX_T tokens the RMSNorm before a projection and the gated activation
+        // before the down projection run inside the projection's matvec (one dispatch each
+        // fewer); prefill runs them as ops of their own.
+        let eps = c.rms_norm_eps;
+        let (fuse_norm, fuse_act) = (fuses_input(t, h), fuses_input(t, f));
         for (l, lw) in w.layers.iter().enumerate() {
             let (kc, vc) = &self.kv[l];
             let sliding = match c.layer_attention[l] {
                 super::config::LayerAttention::Full => None,
                 super::config::LayerAttention::Sliding { window } => Some(window),
             };
-            k(norm(&x, &lw.attn_norm, &xn, false)?);
-            for kernel in lw.qkv.linear(g, &xn, lw.qkv_bias.as_ref(), &qkv, plain)? {
-                k(kernel);
-            }
+            let qkv_kernels = if fuse_norm {
+                lw.qkv.linear(g, &x, Input::Norm { weight: &lw.attn_norm, eps }, lw.qkv_bias.as_ref(), &qkv, plain)?
+            } else {
+                k(norm(&x, &lw.attn_norm, &xn, false)?);
+                lw.qkv.linear(g, &xn, Input::Plain, lw.qkv_bias.as_ref(), &qkv, plain)?
+            };
+            qkv_kernels.into_iter().for_each(&mut k);
             let rp = RopeParams {
                 heads: c.num_heads,
                 kv_heads: c.num_kv_heads,
@@ -294,22 +305,30 @@ impl Model {
             }
             match &lw.post_attn_norm {
                 Some(pn) => {
-                    k(linear(g, &attn, &lw.attn_out, None, &tmp, plain)?);
+                    k(linear(g, &attn, Input::Plain, &lw.attn_out, None, &tmp, plain)?);
                     k(norm(&tmp, pn, &x, true)?);
                 }
-                None => k(linear(g, &attn, &lw.attn_out, None, &x, residual)?),
+                None => k(linear(g, &attn, Input::Plain, &lw.attn_out, None, &x, residual)?),
             }
-            k(norm(&x, &lw.ffn_norm, &xn, false)?);
-            for kernel in lw.gate_up.linear(g, &xn, None, &gu, plain)? {
-                k(kernel);
-            }
-            k(gated_act(g, &gu, &act, c.activation)?);
+            let gate_up_kernels = if fuse_norm {
+                lw.gate_up.linear(g, &x, Input::Norm { weight: &lw.ffn_norm, eps }, None, &gu, plain)?
+            } else {
+                k(norm(&x, &lw.ffn_norm, &xn, false)?);
+                lw.gate_up.linear(g, &xn, Input::Plain, None, &gu, plain)?
+            };
+            gate_up_kernels.into_iter().for_each(&mut k);
+            let (down_in, down_input) = if fuse_act {
+                (&gu, Input::Gated(c.activation))
+            } else {
+                k(gated_act(g, &gu, &act, c.activation)?);
+                (&act, Input::Plain)
+            };
             match &lw.post_ffw_norm {
                 Some(pn) => {
-                    k(linear(g, &act, &lw.down, None, &tmp, plain)?);
+                    k(linear(g, down_in, down_input, &lw.down, None, &tmp, plain)?);
                     k(norm(&tmp, pn, &x, true)?);
                 }
-                None => k(linear(g, &act, &lw.down, None, &x, residual)?),
+                None => k(linear(g, down_in, down_input, &lw.down, None, &x, residual)?),
             }
         }
         // The last row only: output norm and lm_head.
@@ -320,11 +339,17 @@ impl Model {
             last.clone()
         };
         let mut k = |kernel: Kernel| items.push(Item::Kernel(kernel));
-        k(rms_norm(g, &last_row, &w.output_norm, &last_n, c.rms_norm_eps, false)?);
+        // One row: the output norm always fuses into the lm_head's matvec when K allows.
+        let (head_in, head_input) = if fuses_input(1, h) {
+            (&last_row, Input::Norm { weight: &w.output_norm, eps })
+        } else {
+            k(rms_norm(g, &last_row, &w.output_norm, &last_n, eps, false)?);
+            (&last_n, Input::Plain)
+        };
         for (row_start, chunk) in &w.lm_head {
             let rows = chunk.shape()[0];
             let out = logits.view(*row_start as usize, &[1, rows]);
-            k(linear(g, &last_n, chunk, None, &out, plain)?);
+            k(linear(g, head_in, head_input, chunk, None, &out, plain)?);
         }
         if c.final_logit_softcapping.is_some() {
             return Err(Error::Unsupported("final logit soft-capping".into()));

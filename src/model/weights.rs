@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Kernel, Tensor};
 use crate::loader::{Checkpoint, DType, Fixup};
 use crate::ops::embedding::{upload_row_chunks, CHUNK_ROW_ALIGN};
-use crate::ops::matmul::gguf::{is_supported, linear_quant, QuantWeight};
-use crate::ops::matmul::{linear as linear_f16, LinearOpts};
+use crate::ops::matmul::gguf::{is_supported, linear_quant_in, unpermute_rope_rows_raw, QuantWeight};
+use crate::ops::matmul::{linear_in, Input, LinearOpts};
 use half::f16;
 use std::borrow::Cow;
 
@@ -54,18 +54,19 @@ impl Linear {
     }
 }
 
-/// Records `y (+)= x · Wᵀ (+ bias)` for either kind of weight.
+/// Records `y (+)= input(x) · Wᵀ (+ bias)` for either kind of weight.
 pub fn linear(
     gpu: &Gpu,
     x: &Tensor,
+    input: Input<'_>,
     w: &Linear,
     bias: Option<&Tensor>,
     y: &Tensor,
     opts: LinearOpts,
 ) -> Result<Kernel> {
     match w {
-        Linear::F16(t) => linear_f16(gpu, x, t, bias, y, opts),
-        Linear::Quant(q) => linear_quant(gpu, x, q, bias, y, opts),
+        Linear::F16(t) => linear_in(gpu, x, input, t, bias, y, opts),
+        Linear::Quant(q) => linear_quant_in(gpu, x, input, q, bias, y, opts),
     }
 }
 
@@ -85,12 +86,13 @@ impl Proj {
         &self,
         gpu: &Gpu,
         x: &Tensor,
+        input: Input<'_>,
         bias: Option<&Tensor>,
         y: &Tensor,
         opts: LinearOpts,
     ) -> Result<Vec<Kernel>> {
         if let [(0, w)] = self.parts.as_slice() {
-            return Ok(vec![linear(gpu, x, w, bias, y, opts)?]);
+            return Ok(vec![linear(gpu, x, input, w, bias, y, opts)?]);
         }
         let t = y.shape[0];
         self.parts
@@ -99,7 +101,7 @@ impl Proj {
                 let n = w.shape()[0];
                 let yv = y.view(*col, &[t, n]);
                 let bv = bias.map(|b| b.view(*col, &[n]));
-                linear(gpu, x, w, bv.as_ref(), &yv, LinearOpts { ld_out: Some(self.n), ..opts })
+                linear(gpu, x, input, w, bv.as_ref(), &yv, LinearOpts { ld_out: Some(self.n), ..opts })
             })
             .collect()
     }
@@ -164,18 +166,7 @@ fn raw_rows<'a>(ck: &'a Checkpoint, name: &'a str, n: usize, k: usize) -> Result
     match ck.fixups.get(name) {
         None => Ok(Some((v.dtype, Cow::Borrowed(v.bytes)))),
         Some(Fixup::UnpermuteRope { heads }) => {
-            let row = v.bytes.len() / n;
-            let (per_head, half) = (n / heads, n / heads / 2);
-            let mut out = vec![0u8; v.bytes.len()];
-            for h in 0..*heads {
-                for i in 0..half {
-                    for j in 0..2 {
-                        let (src, dst) = (h * per_head + 2 * i + j, h * per_head + j * half + i);
-                        out[dst * row..(dst + 1) * row].copy_from_slice(&v.bytes[src * row..(src + 1) * row]);
-                    }
-                }
-            }
-            Ok(Some((v.dtype, Cow::Owned(out))))
+            Ok(Some((v.dtype, Cow::Owned(unpermute_rope_rows_raw(v.bytes, n, v.bytes.len() / n, *heads)))))
         }
         Some(Fixup::AddConstant(_)) => Ok(None),
     }

@@ -49,7 +49,7 @@
 //! 410-460 us for the tiled matmul at T = 33.
 
 use super::{
-    check_operands, common_macros, out_binding, LinearOpts, LinearShape, MatmulConfig, MATVEC_MAX_T, MATVEC_WG,
+    check_operands, common_macros, out_binding, Input, LinearOpts, LinearShape, MatmulConfig, MATVEC_MAX_T, MATVEC_WG,
 };
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, Gpu, Kernel, Tensor};
@@ -323,7 +323,20 @@ pub fn linear_quant(
     y: &Tensor,
     opts: LinearOpts,
 ) -> Result<Kernel> {
-    let s = check_operands("linear_quant", x, w.shape[0], w.shape[1], bias, y, opts);
+    linear_quant_in(gpu, x, Input::Plain, w, bias, y, opts)
+}
+
+/// [`linear_quant`] with a fused [`Input`] (matvec only: see [`super::fuses_input`]).
+pub fn linear_quant_in(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    let s = check_operands("linear_quant", &input.checked_x(x, w.shape[1]), w.shape[0], w.shape[1], bias, y, opts);
     assert!(
         is_supported(w.dtype) && s.k % w.dtype.block_size() == 0,
         "linear_quant: K = {} is not whole {} blocks",
@@ -331,8 +344,13 @@ pub fn linear_quant(
         w.dtype
     );
     if s.t <= MATVEC_MAX_T {
-        matvec_quant(gpu, x, w, bias, y, &s, opts, QMatvecConfig::new(gpu, w.dtype, &s))
+        assert!(
+            matches!(input, Input::Plain) || super::fuses_input(s.t, s.k),
+            "linear_quant: {input:?} cannot be fused at {s:?}"
+        );
+        matvec_quant(gpu, x, input, w, bias, y, &s, opts, QMatvecConfig::new(gpu, w.dtype, &s))
     } else {
+        assert!(matches!(input, Input::Plain), "linear_quant: {input:?} cannot be fused into the matmul ({s:?})");
         matmul_quant(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
     }
 }
@@ -377,6 +395,7 @@ impl QMatvecConfig {
 fn matvec_quant(
     gpu: &Gpu,
     x: &Tensor,
+    input: Input<'_>,
     w: &QuantWeight,
     bias: Option<&Tensor>,
     y: &Tensor,
@@ -388,8 +407,10 @@ fn matvec_quant(
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
     assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
     let units = s.k / unit_elems(w.dtype);
-    let mut macros = common_macros(gpu, bias.is_some(), opts.accumulate)
+    let mut macros = input
+        .macros(common_macros(gpu, bias.is_some(), opts.accumulate))
         .flag(type_flag(w.dtype))
+        .set("GB", if bias.is_some() { 6 } else { 5 })
         .set("WG", cfg.wg)
         .set("TPR", cfg.tpr)
         .set("TOK", cfg.tok)
@@ -400,7 +421,20 @@ fn matvec_quant(
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
     let params = gpu.uniform(
         "matvec_quant.params",
-        &[s.n as u32, units as u32, s.t as u32, s.ld_out as u32, (s.k / 4) as u32, w.planes[0], w.planes[1], 0],
+        &[
+            s.n as u32,
+            units as u32,
+            s.t as u32,
+            s.ld_out as u32,
+            (s.k / 4) as u32,
+            w.planes[0],
+            w.planes[1],
+            0,
+            (input.x_cols(s.k) / 4) as u32,
+            (s.k / 4) as u32,
+            input.eps().to_bits(),
+            0,
+        ],
     );
     let mut bindings = vec![
         w.buffer.as_entire_binding(),
@@ -412,6 +446,7 @@ fn matvec_quant(
     if let Some(b) = bias {
         bindings.push(b.binding());
     }
+    bindings.extend(input.binding(s.k));
     gpu.kernel("matvec_quant", "main", &macros, &bindings, grid((s.n as u32).div_ceil(rows_per_wg)))
 }
 
@@ -637,12 +672,14 @@ mod tests {
         let s = check_operands("test", &x, n, k, bias, &y, opts);
         let kern = match path {
             Path::Auto => linear_quant(gpu, &x, &w, bias, &y, opts),
-            Path::Matvec => matvec_quant(gpu, &x, &w, bias, &y, &s, opts, QMatvecConfig::new(gpu, ty, &s)),
+            Path::Matvec => {
+                matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, QMatvecConfig::new(gpu, ty, &s))
+            }
             Path::NarrowMatvec => {
                 let auto = QMatvecConfig::new(gpu, ty, &s);
                 let sg = if auto.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
                 let tpr = (4 * auto.tok).max(8).max(sg);
-                matvec_quant(gpu, &x, &w, bias, &y, &s, opts, QMatvecConfig { tpr, ..auto })
+                matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, QMatvecConfig { tpr, ..auto })
             }
             Path::Matmul(cfg) => matmul_quant(gpu, &x, &w, bias, &y, &s, opts, cfg),
         }
@@ -668,6 +705,59 @@ mod tests {
     }
 
     const EPILOGUES: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
+
+    /// A fused input (RMSNorm, gated activation) against the CPU ops run one after the other, for
+    /// every type: the tolerance of `reference` for the CPU's input plus the fused op's own
+    /// relative rounding per term (derived in `super::super::tests::fused_inputs_match_cpu_ops`:
+    /// 8·eps·S for NORM, 16·eps·S for GATED, S = Σ_k |x_in · w|).
+    #[test]
+    fn quant_fused_inputs_match_cpu_ops() {
+        use crate::model::config::Activation;
+        use crate::ops::{elementwise, norm};
+        let eps_f = f32::EPSILON / 2.0;
+        for gpu in gpu_variants() {
+            let mut seed = 900;
+            for ty in TYPES {
+                let k = ks(ty)[0];
+                for (t, kind) in [(1, 0), (5, 1), (3, 2)] {
+                    seed += 10;
+                    let n = 70;
+                    let gated = kind > 0;
+                    let act = if kind == 2 { Activation::GeluTanhGated } else { Activation::SiluGated };
+                    let raw = random_blocks(ty, n, k, seed);
+                    let xv = random(t * k * if gated { 2 } else { 1 }, seed + 1, 1.0);
+                    let gv: Vec<f32> = random(k, seed + 4, 0.5).into_iter().map(|v| 1.0 + v).collect();
+                    let bv = random(n, seed + 2, 1.0);
+                    let y0 = random(t * n, seed + 3, 1.0);
+                    let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+                    let x = gpu.upload_f32("x", &[t, xv.len() / t], &xv).unwrap();
+                    let g = gpu.upload_f32("g", &[k], &gv).unwrap();
+                    let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
+                    let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
+                    let input = if gated { Input::Gated(act) } else { Input::Norm { weight: &g, eps: 1e-6 } };
+                    let opts = LinearOpts { accumulate: kind != 0, ld_out: None };
+                    let kern = linear_quant_in(&gpu, &x, input, &w, Some(&b), &y, opts).unwrap();
+                    gpu.run(&[&kern]).unwrap();
+                    let got = gpu.read_f32(&y).unwrap();
+                    let mut xin = vec![0f32; t * k];
+                    if gated {
+                        elementwise::cpu::gated_act(&xv, &mut xin, k, act);
+                    } else {
+                        norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false);
+                    }
+                    let (want, mut tol) = reference(&xin, ty, &raw, k, Some(&bv[..]), &y0, kind != 0);
+                    let wf = to_f32(ty, &raw, n * k).unwrap();
+                    let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+                    let mut s_terms = vec![0f32; t * n];
+                    super::super::cpu::linear(&abs(&xin), &abs(&wf), k, None, &mut s_terms, false);
+                    let extra = if gated { 16.0 } else { 8.0 } * eps_f;
+                    tol.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += extra * s);
+                    let what = format!("{ty} {input:?} T={t} K={k} f16={} sg={}", gpu.caps.f16, gpu.caps.subgroups);
+                    check(&got, &want, &tol, &what);
+                }
+            }
+        }
+    }
 
     #[test]
     fn quant_matvec_matches_cpu() {
@@ -820,7 +910,7 @@ mod tests {
             let mut cfg = QMatvecConfig::new(&gpu, ty, &s);
             cfg.tpr = if cfg.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
             cfg.wg = cfg.tpr;
-            let kern = matvec_quant(&gpu, &x, &w, None, &y, &s, opts, cfg).unwrap();
+            let kern = matvec_quant(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, cfg).unwrap();
             assert!(kern.workgroups[1] > 1, "{:?}", kern.workgroups);
             gpu.run(&[&kern]).unwrap();
             let (want, tol) = reference(&xv, ty, &raw, k, None, &y0, true);
@@ -923,7 +1013,7 @@ mod tests {
                 }
                 let mut first = None;
                 for (i, c) in cfgs.iter().enumerate() {
-                    let kern = matvec_quant(&gpu, &x, &w, None, &y, &s, opts, *c).unwrap();
+                    let kern = matvec_quant(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, *c).unwrap();
                     let t = time_per_call(&gpu, &|pass| kern.encode(pass));
                     let out = gpu.read_f32(&y).unwrap();
                     let first = first.get_or_insert(out.clone());

@@ -20,9 +20,90 @@
 
 use crate::error::Result;
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+use crate::model::config::Activation;
 
 pub mod gguf;
-pub use gguf::{linear_quant, QuantWeight};
+pub use gguf::{linear_quant, linear_quant_in, QuantWeight};
+
+/// What the kernel meets W with: `x` itself, or the op before the projection fused in (matvec
+/// only: up to [`MATVEC_MAX_T`] tokens, K a multiple of 4; see [`fuses_input`]):
+/// - `Norm`: `rms_norm(x) = x · g / sqrt(mean(x²) + eps)` per token, x `[T, K]`, g f32 `[K]`;
+/// - `Gated`: `act(gate) · up` with x `[T, 2K]` = `[gate | up]` per row (the down projection).
+///
+/// One dispatch instead of two, and the normalized / activated rows are never written.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Input<'a> {
+    #[default]
+    Plain,
+    Norm {
+        weight: &'a Tensor,
+        eps: f32,
+    },
+    Gated(Activation),
+}
+
+impl Input<'_> {
+    /// Columns of x for a weight with K columns.
+    pub(crate) fn x_cols(&self, k: usize) -> usize {
+        match self {
+            Input::Gated(_) => 2 * k,
+            _ => k,
+        }
+    }
+
+    pub(crate) fn macros(&self, m: crate::gpu::Macros) -> crate::gpu::Macros {
+        match self {
+            Input::Plain => m,
+            Input::Norm { .. } => m.flag("NORM"),
+            Input::Gated(act) => m.flag("GATED").flag_if("GELU_TANH", *act == Activation::GeluTanhGated),
+        }
+    }
+
+    /// The x view [T, K] that the shape checks see (a gated x has 2K columns).
+    pub(crate) fn checked_x(&self, x: &Tensor, k: usize) -> Tensor {
+        match self {
+            Input::Gated(_) => {
+                assert!(
+                    x.shape.len() == 2 && x.shape[1] == 2 * k,
+                    "linear: a gated x must be [T, 2K = {}] ([gate | up] rows), got {:?}",
+                    2 * k,
+                    x.shape
+                );
+                Tensor { shape: vec![x.shape[0], k], ..x.clone() }
+            }
+            _ => x.clone(),
+        }
+    }
+
+    /// The extra binding (the norm weight), after checking it against K.
+    pub(crate) fn binding(&self, k: usize) -> Option<wgpu::BindingResource<'_>> {
+        match self {
+            Input::Norm { weight, .. } => {
+                assert!(
+                    weight.ty == ElemType::F32 && weight.shape == [k],
+                    "linear: the fused norm's weight must be f32 [K = {k}], got {:?} {:?}",
+                    weight.ty,
+                    weight.shape
+                );
+                Some(weight.binding())
+            }
+            _ => None,
+        }
+    }
+
+    pub(crate) fn eps(&self) -> f32 {
+        match self {
+            Input::Norm { eps, .. } => *eps,
+            _ => 0.0,
+        }
+    }
+}
+
+/// Whether a projection of `t` tokens with K = `k` can take a fused [`Input`] (otherwise run the
+/// norm or the activation as its own op first).
+pub fn fuses_input(t: usize, k: usize) -> bool {
+    t <= MATVEC_MAX_T && k % 4 == 0
+}
 
 /// Options of [`linear`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -118,10 +199,30 @@ pub fn linear(
     y: &Tensor,
     opts: LinearOpts,
 ) -> Result<Kernel> {
-    let s = check_shapes(x, w, bias, y, opts);
+    linear_in(gpu, x, Input::Plain, w, bias, y, opts)
+}
+
+/// [`linear`] with a fused [`Input`] (panics where [`fuses_input`] says no: the model decides).
+pub fn linear_in(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    let k = *w.shape.get(1).unwrap_or(&0);
+    let s = check_shapes(&input.checked_x(x, k), w, bias, y, opts);
     if s.t <= MATVEC_MAX_T {
-        matvec(gpu, x, w, bias, y, &s, opts, MatvecConfig::new(gpu, &s))
+        let cfg = MatvecConfig::new(gpu, &s);
+        assert!(
+            matches!(input, Input::Plain) || (fuses_input(s.t, s.k) && cfg.vec > 1),
+            "linear: {input:?} cannot be fused at {s:?}"
+        );
+        matvec(gpu, x, input, w, bias, y, &s, opts, cfg)
     } else {
+        assert!(matches!(input, Input::Plain), "linear: {input:?} cannot be fused into the matmul ({s:?})");
         matmul(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
     }
 }
@@ -198,6 +299,7 @@ impl MatvecConfig {
 fn matvec(
     gpu: &Gpu,
     x: &Tensor,
+    input: Input<'_>,
     w: &Tensor,
     bias: Option<&Tensor>,
     y: &Tensor,
@@ -210,9 +312,11 @@ fn matvec(
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
     assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
     let loads = (s.k / (2 * cfg.vec as usize)) as u32;
-    let mut macros = common_macros(gpu, bias.is_some(), opts.accumulate)
+    let mut macros = input
+        .macros(common_macros(gpu, bias.is_some(), opts.accumulate))
         .flag_if("VEC4", cfg.vec == 4)
-        .flag_if("VEC2", cfg.vec == 2)
+        .flag_if("VEC1", cfg.vec == 1)
+        .set("GB", if bias.is_some() { 5 } else { 4 })
         .set("WG", cfg.wg)
         .set("TPR", cfg.tpr)
         .set("TOK", cfg.tok)
@@ -221,11 +325,19 @@ fn matvec(
         macros.0.remove("SUBGROUP");
     }
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
-    let params = gpu.uniform("matvec.params", &[s.n as u32, loads, s.t as u32, s.ld_out as u32]);
+    // x's row stride and the up half's offset, in the kernel's x vectors (XPL per load).
+    let xpl = if cfg.vec == 4 { 2 } else { 1 };
+    let row = loads * xpl;
+    let xs = if matches!(input, Input::Gated(_)) { 2 * row } else { row };
+    let params = gpu.uniform(
+        "matvec.params",
+        &[s.n as u32, loads, s.t as u32, s.ld_out as u32, xs, row, input.eps().to_bits(), (s.k / 4) as u32],
+    );
     let mut bindings = vec![w.binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
     if let Some(b) = bias {
         bindings.push(b.binding());
     }
+    bindings.extend(input.binding(s.k));
     gpu.kernel("matvec", "main", &macros, &bindings, grid((s.n as u32).div_ceil(rows_per_wg)))
 }
 
@@ -394,7 +506,7 @@ mod tests {
         let opts = LinearOpts { accumulate, ld_out: None };
         let s = check_shapes(&x, &w, bias, &y, opts);
         let kern = match path {
-            Path::Matvec => matvec(gpu, &x, &w, bias, &y, &s, opts, MatvecConfig::new(gpu, &s)),
+            Path::Matvec => matvec(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, MatvecConfig::new(gpu, &s)),
             Path::Matmul(cfg) => matmul(gpu, &x, &w, bias, &y, &s, opts, cfg),
         }
         .unwrap();
@@ -436,6 +548,62 @@ mod tests {
             }
         }
         eprintln!("linear_matches_cpu: worst |error| / tolerance = {worst:.3}");
+    }
+
+    /// A fused input (the RMSNorm before a projection, the gated activation before the down
+    /// projection) against the CPU ops run one after the other. Tolerance: `reference`'s for the
+    /// projection of the CPU's input, plus the fused op's own rounding, which scales each term
+    /// by a relative error: for NORM, WGSL's inverseSqrt (2 ulp) and the products x·g·r in a
+    /// different order (2 ulp): 8·eps·S with margin; for GATED, act(x) = x / (1 + exp(-x)) with
+    /// |x| ≤ 1 here: exp errs by at most 3 + 2|x| ulp (Vulkan), the add and divide by 1 each,
+    /// so under 8 ulp a term: 16·eps·S. S = Σ|terms| as in `reference`.
+    #[test]
+    fn fused_inputs_match_cpu_ops() {
+        use crate::ops::{elementwise, norm};
+        let eps_f = f32::EPSILON / 2.0;
+        for gpu in gpu_variants() {
+            let mut seed = 500;
+            // K = 1536: VEC4 (the models' widths); 12: VEC2; T = 3 and 5: passes of 4 tokens.
+            for &(t, n, k) in &[(1, 67, 1536), (3, 130, 256), (5, 64, 96), (2, 33, 12)] {
+                for input_kind in 0..3 {
+                    seed += 10;
+                    let (with_bias, accumulate) = (input_kind != 1, input_kind != 0);
+                    let act = if input_kind == 2 { Activation::GeluTanhGated } else { Activation::SiluGated };
+                    let gated = input_kind > 0;
+                    let xv = random(t * k * if gated { 2 } else { 1 }, seed, 1.0);
+                    let gv: Vec<f32> = random(k, seed + 4, 0.5).into_iter().map(|v| 1.0 + v).collect();
+                    let (wh, wf) = weights(n, k, seed + 1);
+                    let bv = random(n, seed + 2, 1.0);
+                    let y0 = random(t * n, seed + 3, 1.0);
+                    let x = gpu.upload_f32("x", &[t, xv.len() / t], &xv).unwrap();
+                    let g = gpu.upload_f32("g", &[k], &gv).unwrap();
+                    let w = gpu.upload_f16("w", &[n, k], &wh).unwrap();
+                    let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
+                    let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
+                    let rms_eps = 1e-6;
+                    let input = if gated { Input::Gated(act) } else { Input::Norm { weight: &g, eps: rms_eps } };
+                    let opts = LinearOpts { accumulate, ld_out: None };
+                    let kern = linear_in(&gpu, &x, input, &w, with_bias.then_some(&b), &y, opts).unwrap();
+                    gpu.run(&[&kern]).unwrap();
+                    let got = gpu.read_f32(&y).unwrap();
+                    let mut xin = vec![0f32; t * k];
+                    if gated {
+                        elementwise::cpu::gated_act(&xv, &mut xin, k, act);
+                    } else {
+                        norm::cpu::rms_norm(&xv, &gv, &mut xin, rms_eps, false);
+                    }
+                    let (want, mut tol) = reference(&xin, &wf, k, with_bias.then_some(&bv[..]), &y0, accumulate);
+                    // S for the extra term: Σ_k |x_in · w| (bias and y_old carry no fused error).
+                    let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+                    let mut s_terms = vec![0f32; t * n];
+                    cpu::linear(&abs(&xin), &abs(&wf), k, None, &mut s_terms, false);
+                    let extra = if gated { 16.0 } else { 8.0 } * eps_f;
+                    tol.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += extra * s);
+                    let what = format!("{input:?} T={t} N={n} K={k} f16={} sg={}", gpu.caps.f16, gpu.caps.subgroups);
+                    check(&got, &want, &tol, &what);
+                }
+            }
+        }
     }
 
     #[test]
@@ -500,7 +668,7 @@ mod tests {
             let mut cfg = MatvecConfig::new(&gpu, &s);
             cfg.tpr = if cfg.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
             cfg.wg = cfg.tpr;
-            let kern = matvec(&gpu, &x, &w, None, &y, &s, opts, cfg).unwrap();
+            let kern = matvec(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, cfg).unwrap();
             assert!(kern.workgroups[1] > 1, "{:?}", kern.workgroups);
             gpu.run(&[&kern]).unwrap();
             let got = gpu.read_f32(&y).unwrap();
@@ -648,7 +816,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
                 cfgs.push(auto);
                 let mut line = format!("matvec sg={} N={n} K={k}:", auto.subgroups);
                 for (i, c) in cfgs.iter().enumerate() {
-                    let kern = matvec(&g, &x, &w, None, &y, &s, opts, *c).unwrap();
+                    let kern = matvec(&g, &x, Input::Plain, &w, None, &y, &s, opts, *c).unwrap();
                     let t = time_per_call(&g, &|pass| kern.encode(pass));
                     check(&g.read_f32(&y).unwrap(), &want, &tol, "sweep");
                     let name = if i == 0 || i == cfgs.len() - 1 {
@@ -675,7 +843,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
                 let tok4 = MatvecConfig { tok: 4, tpr: auto.tpr.max(16), ..auto };
                 let tok1 = MatvecConfig { tok: 1, ..auto };
                 for (name, cfg) in [("matvec tok 4", tok4), ("matvec tok 1", tok1)] {
-                    let kern = matvec(&gpu, &x, &w, None, &y, &s, opts, cfg).unwrap();
+                    let kern = matvec(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, cfg).unwrap();
                     let tv = time_per_call(&gpu, &|pass| kern.encode(pass));
                     outs.push(gpu.read_f32(&y).unwrap());
                     line += &format!(" {name} {:.1} us;", tv * 1e6);
