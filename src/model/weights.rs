@@ -71,7 +71,7 @@ pub fn linear(
 }
 
 /// A projection whose output stacks parts along its columns (`[q; k; v]`): one weight when the
-/// parts share a format, else one weight per part with its first output column.
+/// parts share a format, else one weight per run of parts of one format, with its first column.
 #[derive(Clone, Debug)]
 pub struct Proj {
     pub parts: Vec<(usize, Linear)>,
@@ -224,22 +224,20 @@ fn load_proj(
         }
     }
     if raws.len() == parts.len() {
-        if raws.iter().all(|(d, _)| *d == raws[0].0) {
-            let slices: Vec<&[u8]> = raws.iter().map(|(_, b)| b.as_ref()).collect();
-            let w = QuantWeight::concat_rows(gpu, label, raws[0].0, k, &slices)?;
-            return Ok(Proj { parts: vec![(0, Linear::Quant(w))], n });
+        // Runs of consecutive parts of one type become one weight each (all of them when the types
+        // match; a Q4_K_M file's [q; k] Q4_K and v Q6_K: two), if each run's columns start where
+        // an output view may.
+        let (mut out, mut col, mut i) = (Vec::new(), 0, 0);
+        while i < parts.len() && col % CHUNK_ROW_ALIGN == 0 {
+            let dtype = raws[i].0;
+            let end = (i..parts.len()).find(|&j| raws[j].0 != dtype).unwrap_or(parts.len());
+            let slices: Vec<&[u8]> = raws[i..end].iter().map(|(_, b)| b.as_ref()).collect();
+            let run_label = if end - i == parts.len() { label.to_string() } else { parts[i].0.clone() };
+            out.push((col, Linear::Quant(QuantWeight::concat_rows(gpu, &run_label, dtype, k, &slices)?)));
+            col += parts[i..end].iter().map(|p| p.1).sum::<usize>();
+            i = end;
         }
-        // Mixed formats: one weight per part, if each part's columns start where a view may.
-        let mut col = 0;
-        let mut out = Vec::new();
-        for ((name, rows), (dtype, bytes)) in parts.iter().zip(&raws) {
-            if col % CHUNK_ROW_ALIGN != 0 {
-                break;
-            }
-            out.push((col, Linear::Quant(QuantWeight::new(gpu, name, *dtype, [*rows, k], bytes)?)));
-            col += rows;
-        }
-        if out.len() == parts.len() {
+        if i == parts.len() {
             return Ok(Proj { parts: out, n });
         }
     }
