@@ -156,18 +156,24 @@ pub fn generate_with(
     readback_loop(model, sampler, prompt, max_tokens, params, eos, on_token, stats)
 }
 
-/// Why the loop stops after delivering `token`, the `produced`-th token (1-based), if it does.
-/// `on_token` has already seen it.
-fn stop_after(token: u32, produced: usize, max_tokens: usize, eos: &[u32], model: &Model) -> Option<StopReason> {
+/// Why a loop stops after delivering `token`, the `produced`-th token (1-based), if it does;
+/// `room` is how many tokens the context allows: one per free position after the prompt, plus the
+/// one sampled from its last position. Both loops stop by this rule.
+fn stop_after(token: u32, produced: usize, max_tokens: usize, room: usize, eos: &[u32]) -> Option<StopReason> {
     if eos.contains(&token) {
         Some(StopReason::Eos)
     } else if produced >= max_tokens {
         Some(StopReason::MaxTokens)
-    } else if model.pos >= model.max_ctx {
+    } else if produced >= room {
         Some(StopReason::ContextFull)
     } else {
         None
     }
+}
+
+/// `room` of [`stop_after`] for a prompt of `prompt` tokens.
+fn room(model: &Model, prompt: usize) -> usize {
+    model.max_ctx - prompt + 1
 }
 
 /// The readback loop: forward, then sample with a blocking wait, one step at a time.
@@ -204,7 +210,7 @@ fn readback_loop(
             stats.stop = StopReason::Caller;
             break;
         }
-        if let Some(stop) = stop_after(token, stats.generated_tokens, max_tokens, eos, model) {
+        if let Some(stop) = stop_after(token, stats.generated_tokens, max_tokens, room(model, prompt.len()), eos) {
             stats.stop = stop;
             break;
         }

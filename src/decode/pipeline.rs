@@ -14,7 +14,7 @@
 //! waited for, dropped, and the model's position is rolled back to where the step-by-step loop
 //! would have left it (the KV entries they wrote lie past it and are overwritten by later passes).
 
-use super::{non_finite_error, Stats, StepTiming, StopReason};
+use super::{non_finite_error, room, stop_after, Stats, StepTiming, StopReason};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::model::Model;
@@ -139,7 +139,8 @@ pub(super) fn run(
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     // Tokens that can be produced: max_tokens, and one per free position plus the one sampled
     // from the prompt's last position.
-    let budget = max_tokens.min(model.max_ctx - prompt.len() + 1);
+    let room = room(model, prompt.len());
+    let budget = max_tokens.min(room);
     let ids = model.plan(1)?.ids.clone();
     stats.depth = depth;
     stats.dispatches_per_step = model.plan(1)?.dispatches() + sampler_dispatches(params);
@@ -208,18 +209,7 @@ pub(super) fn run(
             stats.stop = StopReason::Caller;
             break Ok(());
         }
-        // The same reasons, in the same order, as the step-by-step loop's stop_after: the budget
-        // ends at max_tokens or where the context is full.
-        let stop = if eos.contains(&read.token) {
-            Some(StopReason::Eos)
-        } else if stats.generated_tokens >= max_tokens {
-            Some(StopReason::MaxTokens)
-        } else if stats.generated_tokens >= budget {
-            Some(StopReason::ContextFull)
-        } else {
-            None
-        };
-        if let Some(s) = stop {
+        if let Some(s) = stop_after(read.token, stats.generated_tokens, max_tokens, room, eos) {
             stats.stop = s;
             break Ok(());
         }

@@ -354,23 +354,22 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnM
 /// The values of `name` if they are all finite. A NaN or an infinity in a weight (a block scale
 /// that is NaN or inf, or a value beyond the f16 range the GPU copy holds) makes every logit that
 /// reads it NaN: the file is corrupt, and saying so at load beats streaming noise.
+fn finite<T>(name: &str, data: Vec<T>, is_finite: fn(&T) -> bool) -> Result<Vec<T>> {
+    let Some(first) = data.iter().position(|x| !is_finite(x)) else {
+        return Ok(data);
+    };
+    Err(Error::Mismatch(format!(
+        "tensor {name} holds {} non-finite values of {} (the first at element {first}) after \
+         dequantization: a NaN or infinite block scale, or a value beyond the f16 range; the file is corrupt",
+        data.iter().filter(|x| !is_finite(x)).count(),
+        data.len()
+    )))
+}
+
 fn finite16(name: &str, data: Vec<f16>) -> Result<Vec<f16>> {
-    match data.iter().position(|x| !x.is_finite()) {
-        None => Ok(data),
-        Some(i) => Err(non_finite(name, i, data.iter().filter(|x| !x.is_finite()).count(), data.len())),
-    }
+    finite(name, data, |x| x.is_finite())
 }
 
 fn finite32(name: &str, data: Vec<f32>) -> Result<Vec<f32>> {
-    match data.iter().position(|x| !x.is_finite()) {
-        None => Ok(data),
-        Some(i) => Err(non_finite(name, i, data.iter().filter(|x| !x.is_finite()).count(), data.len())),
-    }
-}
-
-fn non_finite(name: &str, first: usize, count: usize, len: usize) -> Error {
-    Error::Mismatch(format!(
-        "tensor {name} holds {count} non-finite values of {len} (the first at element {first}) after \
-         dequantization: a NaN or infinite block scale, or a value beyond the f16 range; the file is corrupt"
-    ))
+    finite(name, data, |x| x.is_finite())
 }
