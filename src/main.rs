@@ -275,6 +275,19 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     let mut stream = StreamDecoder::new(&tok);
     let mut out = std::io::stdout().lock();
     let eos = ck.config.eos_token_ids.clone();
+    // A closed pipe (`| head`) ends generation quietly; any other write error (a full disk) is an
+    // error.
+    let closed = std::cell::Cell::new(false);
+    let emit = |out: &mut std::io::StdoutLock, text: &str| -> wgpu_llm::Result<bool> {
+        match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                closed.set(true);
+                Ok(false)
+            }
+            Err(e) => Err(wgpu_llm::Error::io("standard output", e)),
+        }
+    };
     let stats = generate_with(
         &mut model,
         sampler.as_mut(),
@@ -285,8 +298,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         &mut |t| {
             if !eos.contains(&t) {
                 if let Some(piece) = stream.push(t)? {
-                    out.write_all(piece.as_bytes()).ok();
-                    out.flush().ok();
+                    return emit(&mut out, &piece);
                 }
             }
             Ok(true)
@@ -294,7 +306,9 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         opts,
     )?;
     let rest = stream.finish()?.unwrap_or_default();
-    writeln!(out, "{rest}").ok();
+    if !closed.get() {
+        emit(&mut out, &format!("{rest}\n"))?;
+    }
     if !a.quiet {
         eprintln!(
             "[{} on {} | load {:.2}s, weights {:.0} MB ({}) | prompt {} tokens, prefill {:.1} tok/s | generated {} tokens, decode {:.1} tok/s | sampler {:?} | stop: {:?}]",

@@ -92,6 +92,31 @@ fn out_of_range_sampling_parameters() {
 }
 
 #[test]
+fn negative_values_reach_the_range_checks() {
+    // `--temperature -1` (a separate value, not `=-1`) is a value the range check refuses, not an
+    // unknown argument.
+    let p = scratch("unused.gguf");
+    fails_with(generate(&p, &["--temperature", "-1"]), &["temperature must be", "got -1"]);
+    fails_with(generate(&p, &["--min-p", "-0.5"]), &["min_p must be"]);
+}
+
+#[test]
+fn bench_arguments_are_validated() {
+    // Each used to panic (median of no runs; prompt + gen + 1 wrapping) or is out of range; all are
+    // refused before a model is built.
+    let bench = |extra: &[&str]| {
+        bin().args(["bench", "--synthetic", "smollm2-135m:q4_1", "--json"]).args(extra).output().unwrap()
+    };
+    fails_with(bench(&["--reps", "0"]), &["--reps 0"]);
+    fails_with(bench(&["--prompt-tokens", "18446744073709551615"]), &["--prompt-tokens", "at most"]);
+    fails_with(bench(&["--gen-tokens", "0"]), &["at least 1"]);
+    fails_with(bench(&["--pipeline", "100"]), &["--pipeline 100"]);
+    fails_with(bench(&["--top-p", "2"]), &["top_p"]);
+    let out = bin().args(["bench", "--synthetic", "llama-70b:q4_k_m"]).output().unwrap();
+    fails_with(out, &["unknown synthetic model", "qwen2.5-1.5b"]);
+}
+
+#[test]
 fn no_adapter_for_backend() {
     // This machine has Vulkan (lavapipe) but never Metal.
     if cfg!(target_os = "macos") {
@@ -148,4 +173,29 @@ fn real_model_answers() {
     // transformers' greedy answer from the same weights (tests/fixtures/reference/smollm2_chat.json).
     assert_eq!(stdout.trim(), "The answer is 5.", "stderr:\n{stderr}");
     assert!(stderr.contains("prefill") && stderr.contains("decode") && stderr.contains("stop: Eos"), "{stderr}");
+}
+
+#[test]
+fn output_errors_stop_generation() {
+    let p = common::model("smollm2");
+    let args = ["generate", "--seed", "1", "--max-tokens", "400", "--prompt", "Tell me a long story.", "--model"];
+    // A full disk is an error.
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = bin().args(args).arg(&p).stdout(full).output().unwrap();
+    fails_with(out, &["standard output", "no space left"]);
+    // A closed pipe ends generation early and quietly: the reader takes a few bytes and leaves.
+    let mut child = bin()
+        .args(args)
+        .arg(&p)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 4];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "a closed pipe is not an error; stderr:\n{stderr}");
+    assert!(stderr.contains("stop: Caller"), "generation did not stop at the closed pipe:\n{stderr}");
 }
