@@ -91,9 +91,7 @@ fn x_at(row: u32, i: u32, half: u32) -> XVec {
 
 const NGROUPS: u32 = {{WG}}u / {{TPR}}u;
 
-// Partial sums: slot s of a workgroup holds TOK vec4 at [s · TOK + j] (token j, component r for
-// row r of a row group).
-var<workgroup> red: array<vec4<f32>, {{WG}} * {{TOK}}>;
+#include "matvec_reduce"
 
 #ifdef VEC4
 fn unpack(wv: vec4<u32>) -> WF {
@@ -162,12 +160,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
         // acc_j: token j, component r for row r (named vectors, not an indexed array, so that
         // they stay in registers on every compiler).
+        // (acc1..3 stay 0 without TOK4.)
         var acc0 = vec4<f32>(0.0);
-#ifdef TOK4
         var acc1 = vec4<f32>(0.0);
         var acc2 = vec4<f32>(0.0);
         var acc3 = vec4<f32>(0.0);
-#endif
         for (var i = lane; i < kv; i += {{TPR}}u) {
             let u0 = unpack(w[base.x + i]);
             let u1 = unpack(w[base.y + i]);
@@ -183,59 +180,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
 
 #ifdef SUBGROUP
-        // One sum per subgroup, then each storing lane adds its output's TPR / sg_size sums.
-        let s0 = subgroupAdd(acc0);
-#ifdef TOK4
-        let s1 = subgroupAdd(acc1);
-        let s2 = subgroupAdd(acc2);
-        let s3 = subgroupAdd(acc3);
-#endif
-        if (sg_lane == 0u) {
-            let slot = (lid / sg_size) * {{TOK}}u;
-            red[slot] = s0;
-#ifdef TOK4
-            red[slot + 1u] = s1;
-            red[slot + 2u] = s2;
-            red[slot + 3u] = s3;
-#endif
-        }
-        workgroupBarrier();
-        let per_group = {{TPR}}u / sg_size;
-        var sum = 0.0;
-        if (out_j < {{TOK}}u) {
-            for (var g = 0u; g < per_group; g++) {
-                sum += red[(grp * per_group + g) * {{TOK}}u + out_j][out_r];
-            }
-        }
+        var sum = mv_reduce(acc0, acc1, acc2, acc3, lid, sg_size, sg_lane);
 #else
-        // Two levels through workgroup memory: lane l < TPR / 8 adds the 8 slots from 8·l of its
-        // row group into slot 8·l, then each storing lane adds the TPR / 8 of them.
-        let slot = lid * {{TOK}}u;
-        red[slot] = acc0;
-#ifdef TOK4
-        red[slot + 1u] = acc1;
-        red[slot + 2u] = acc2;
-        red[slot + 3u] = acc3;
-#endif
-        workgroupBarrier();
-        let first = grp * {{TPR}}u;
-        if (lane < {{TPR}}u / 8u) {
-            let s8 = (first + 8u * lane) * {{TOK}}u;
-            for (var j = 0u; j < {{TOK}}u; j++) {
-                var v = red[s8 + j];
-                for (var m = 1u; m < 8u; m++) {
-                    v += red[s8 + m * {{TOK}}u + j];
-                }
-                red[s8 + j] = v;
-            }
-        }
-        workgroupBarrier();
-        var sum = 0.0;
-        if (out_j < {{TOK}}u) {
-            for (var g = 0u; g < {{TPR}}u / 8u; g++) {
-                sum += red[(first + 8u * g) * {{TOK}}u + out_j][out_r];
-            }
-        }
+        var sum = mv_reduce(acc0, acc1, acc2, acc3, lid, 1u, 0u);
 #endif
 #ifdef NORM
         sum *= rn[min(out_j, 3u)];

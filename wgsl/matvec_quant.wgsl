@@ -80,9 +80,7 @@ fn q_planes() -> vec2<u32> {
 
 const NGROUPS: u32 = {{WG}}u / {{TPR}}u;
 
-// Partial sums: slot s of a workgroup holds TOK vec4 at [s · TOK + j] (token j, component r for
-// row r of a row group).
-var<workgroup> red: array<vec4<f32>, {{WG}} * {{TOK}}>;
+#include "matvec_reduce"
 
 // The 4 rows' units against one token's x.
 fn dot4(r0: QRaw, r1: QRaw, r2: QRaw, r3: QRaw, u: u32, xr: u32) -> vec4<f32> {
@@ -131,12 +129,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #ifdef NORM
         let rn = li_norm_scales(xr, p.xk, p.eps, lid);
 #endif
+        // (acc1..3 stay 0 without TOK4.)
         var acc0 = vec4<f32>(0.0);
-#ifdef TOK4
         var acc1 = vec4<f32>(0.0);
         var acc2 = vec4<f32>(0.0);
         var acc3 = vec4<f32>(0.0);
-#endif
         for (var u = lane; u < units; u += {{TPR}}u) {
             let r0 = q_raw(base.x + u);
             let r1 = q_raw(base.y + u);
@@ -155,59 +152,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
 
 #ifdef SUBGROUP
-        // One sum per subgroup, then each storing lane adds its output's TPR / sg_size sums.
-        let s0 = subgroupAdd(acc0);
-#ifdef TOK4
-        let s1 = subgroupAdd(acc1);
-        let s2 = subgroupAdd(acc2);
-        let s3 = subgroupAdd(acc3);
-#endif
-        if (sg_lane == 0u) {
-            let slot = (lid / sg_size) * {{TOK}}u;
-            red[slot] = s0;
-#ifdef TOK4
-            red[slot + 1u] = s1;
-            red[slot + 2u] = s2;
-            red[slot + 3u] = s3;
-#endif
-        }
-        workgroupBarrier();
-        let per_group = {{TPR}}u / sg_size;
-        var sum = 0.0;
-        if (out_j < {{TOK}}u) {
-            for (var g = 0u; g < per_group; g++) {
-                sum += red[(grp * per_group + g) * {{TOK}}u + out_j][out_r];
-            }
-        }
+        var sum = mv_reduce(acc0, acc1, acc2, acc3, lid, sg_size, sg_lane);
 #else
-        // Two levels through workgroup memory: lane l < TPR / 8 adds the 8 slots from 8·l of its
-        // row group into slot 8·l, then each storing lane adds the TPR / 8 of them.
-        let slot = lid * {{TOK}}u;
-        red[slot] = acc0;
-#ifdef TOK4
-        red[slot + 1u] = acc1;
-        red[slot + 2u] = acc2;
-        red[slot + 3u] = acc3;
-#endif
-        workgroupBarrier();
-        let first = grp * {{TPR}}u;
-        if (lane < {{TPR}}u / 8u) {
-            let s8 = (first + 8u * lane) * {{TOK}}u;
-            for (var j = 0u; j < {{TOK}}u; j++) {
-                var v = red[s8 + j];
-                for (var m = 1u; m < 8u; m++) {
-                    v += red[s8 + m * {{TOK}}u + j];
-                }
-                red[s8 + j] = v;
-            }
-        }
-        workgroupBarrier();
-        var sum = 0.0;
-        if (out_j < {{TOK}}u) {
-            for (var g = 0u; g < {{TPR}}u / 8u; g++) {
-                sum += red[(first + 8u * g) * {{TOK}}u + out_j][out_r];
-            }
-        }
+        var sum = mv_reduce(acc0, acc1, acc2, acc3, lid, 1u, 0u);
 #endif
 #ifdef NORM
         sum *= rn[min(out_j, 3u)];
