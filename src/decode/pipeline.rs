@@ -20,7 +20,8 @@ use crate::gpu::Gpu;
 use crate::model::Model;
 use crate::sampling::{DeviceSampler, SamplingParams};
 use std::collections::VecDeque;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bytes of a readback slot: id, status, then the pass's two u64 timestamps.
@@ -31,13 +32,19 @@ struct Slot {
     buffer: wgpu::Buffer,
     /// Index of this slot's timestamp pair in the query set.
     index: u32,
+    /// The map callback's outcome: [`PENDING`], [`MAPPED`] or [`FAILED`] (made once, reused by
+    /// every step the slot carries).
+    state: Arc<AtomicU8>,
 }
+
+const PENDING: u8 = 0;
+const MAPPED: u8 = 1;
+const FAILED: u8 = 2;
 
 struct InFlight {
     slot: usize,
     step: u32,
     submission: wgpu::SubmissionIndex,
-    mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
     encode: Duration,
     submit: Duration,
 }
@@ -62,6 +69,7 @@ impl Ring {
                     mapped_at_creation: false,
                 }),
                 index: i as u32,
+                state: Arc::new(AtomicU8::new(PENDING)),
             })
             .collect();
         let queries = gpu.caps.timestamps.then(|| {
@@ -258,11 +266,12 @@ fn submit(
     let ts = Instant::now();
     let submission = gpu.queue.submit([cmd]);
     let submit = ts.elapsed();
-    let (tx, rx) = mpsc::channel();
+    let state = ring.slots[slot].state.clone();
+    state.store(PENDING, Ordering::Relaxed);
     ring.slots[slot].buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
+        state.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release);
     });
-    in_flight.push_back(InFlight { slot, step, submission, mapped: rx, encode, submit });
+    in_flight.push_back(InFlight { slot, step, submission, encode, submit });
     Ok(())
 }
 
@@ -272,10 +281,11 @@ fn read_slot(gpu: &Gpu, ring: &Ring, f: &InFlight) -> Result<Read> {
         .poll(wgpu::PollType::Wait { submission_index: Some(f.submission.clone()), timeout: None })
         .map_err(|e| Error::Gpu(format!("waiting for decode step {}: {e}", f.step)))?;
     gpu.check()?;
-    f.mapped
-        .recv()
-        .map_err(|_| Error::Gpu("a readback callback never ran".into()))?
-        .map_err(|e| Error::Gpu(format!("mapping decode step {}'s token: {e}", f.step)))?;
+    match ring.slots[f.slot].state.load(Ordering::Acquire) {
+        MAPPED => {}
+        FAILED => return Err(Error::Gpu(format!("mapping decode step {}'s token failed", f.step))),
+        _ => return Err(Error::Gpu(format!("decode step {}'s readback callback never ran", f.step))),
+    }
     let buffer = &ring.slots[f.slot].buffer;
     let words: [u32; 6] = {
         let view =
