@@ -42,11 +42,14 @@ impl Default for DecodeOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepTiming {
     /// Host time spent recording the step (uniform writes, the forward pass, the sampler, the
-    /// readback copies) and finishing its command buffer(s).
+    /// readback copies) and finishing its command buffer. Readback loop: the forward pass's
+    /// recording and submission.
     pub encode: Duration,
-    /// Host time inside `queue.submit`.
+    /// Host time inside `queue.submit` (readback loop: 0, counted in `encode` and `wait`).
     pub submit: Duration,
-    /// Host time blocked waiting for the step's token.
+    /// Host time blocked waiting for the step's token. Readback loop: the whole sampling call
+    /// (the device sampler's recording and submission, or the host sampler's logits readback and
+    /// CPU sampling, and the wait).
     pub wait: Duration,
     /// GPU time of the step's compute pass (timestamp queries), where the adapter has them.
     pub gpu: Option<Duration>,
@@ -188,7 +191,8 @@ fn readback_loop(
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     mut stats: Stats,
 ) -> Result<Stats> {
-    stats.dispatches_per_step = model.plan(1)?.dispatches();
+    let sampler_dispatches = if sampler.as_device().is_some() { pipeline::sampler_dispatches(params) } else { 0 };
+    stats.dispatches_per_step = model.plan(1)?.dispatches() + sampler_dispatches;
     stats.submits_per_step = 2;
     stats.waits_per_step = 1;
     let t0 = Instant::now();

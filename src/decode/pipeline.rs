@@ -239,7 +239,7 @@ pub(super) fn run(
 }
 
 /// The sampler's dispatches for these parameters (2 greedy, 3 sampling).
-fn sampler_dispatches(params: &SamplingParams) -> usize {
+pub(super) fn sampler_dispatches(params: &SamplingParams) -> usize {
     if params.is_greedy() {
         2
     } else {
