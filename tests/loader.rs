@@ -2,6 +2,9 @@
 //! every kind of bad input giving the right error (and never a panic), and, when the fetched
 //! real checkpoints are present under $WGPU_LLM_MODELS, their configs.
 
+mod common;
+
+use common::assert_clean_message;
 use half::f16;
 use std::path::{Path, PathBuf};
 use wgpu_llm::error::Error;
@@ -290,7 +293,8 @@ fn gguf_metadata_value_types_round_trip() {
     assert_eq!((t.dtype, t.shape.clone(), t.len), (DType::Q4_K, vec![2, 256], 288));
     assert_eq!(t.offset % 64, 0);
     let t = g.tensor("t").unwrap();
-    assert_eq!(&bytes[t.offset..t.offset + 4], &1f32.to_le_bytes());
+    let o = t.offset as usize;
+    assert_eq!(&bytes[o..o + 4], &1f32.to_le_bytes());
 }
 
 #[test]
@@ -378,7 +382,8 @@ fn every_truncation_is_corrupt() {
     let bytes = w.to_bytes();
     let g = GgufFile::parse(&bytes, Path::new("mem")).unwrap();
     // Every cut inside the header, and a sample of cuts inside the tensor data.
-    let cuts = (0..g.data_offset).chain((g.data_offset..bytes.len()).step_by(97));
+    let data = g.data_offset as usize;
+    let cuts = (0..data).chain((data..bytes.len()).step_by(97));
     for cut in cuts {
         let e = err_of(GgufFile::parse(&bytes[..cut], Path::new("mem")));
         assert!(matches!(e, Error::Corrupt { .. }), "cut at {cut}: {e}");
@@ -491,7 +496,7 @@ fn random_corruption_never_panics() {
     })
     .to_bytes();
     let g = GgufFile::parse(&bytes, Path::new("m")).unwrap();
-    let header = g.data_offset;
+    let header = g.data_offset as usize;
     let mut rng = 0x9e3779b9u32;
     let mut next = move || {
         rng ^= rng << 13;
@@ -511,9 +516,9 @@ fn random_corruption_never_panics() {
         }
         if let Ok(g) = GgufFile::parse(&b, Path::new("m")) {
             for t in &g.tensors {
-                assert!(t.offset + t.len <= b.len());
-                let _ =
-                    wgpu_llm::loader::dtype::to_f32(t.dtype, &b[t.offset..t.offset + t.len], t.shape.iter().product());
+                let o = t.offset as usize;
+                assert!(o + t.len <= b.len());
+                let _ = wgpu_llm::loader::dtype::to_f32(t.dtype, &b[o..o + t.len], t.shape.iter().product());
             }
         }
     }
@@ -853,6 +858,314 @@ fn hf_bad_inputs() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Validation before allocation, file kinds, messages
+// ---------------------------------------------------------------------------------------------
+
+/// Opens and expects an error whose message is clean; returns it.
+fn open_err(path: &Path) -> Error {
+    let t0 = std::time::Instant::now();
+    let e = err_of(Checkpoint::open(path));
+    assert!(t0.elapsed().as_secs_f64() < 2.0, "took {:?}: {e}", t0.elapsed());
+    assert_clean_message(&e.to_string());
+    e
+}
+
+/// Absurd layer counts fail at once, before anything is sized by them (no multi-terabyte
+/// vectors), and a count that differs by one from the tensors present is a mismatch in both
+/// directions: no layer is ignored, none is invented.
+#[test]
+fn layer_count_checked_against_tensors_before_use() {
+    for n in [1u64 << 40, 1 << 32, 1_000_000_000, u64::MAX, 5000] {
+        let mut w = tiny_gguf(&tiny_config(Arch::Llama));
+        w.add_metadata("llama.block_count", n);
+        let e = open_err(&w.write_to(&scratch("layers-absurd.gguf")));
+        assert!(e.to_string().contains("block_count"), "{e}");
+    }
+    for n in [1u32, 3] {
+        let mut w = tiny_gguf(&tiny_config(Arch::Llama));
+        w.add_metadata("llama.block_count", n);
+        let e = open_err(&w.write_to(&scratch("layers-off-by-one.gguf")));
+        assert!(
+            matches!(&e, Error::Mismatch(m) if m.contains(&format!("says {n} layers")) && m.contains("tensors for 2")),
+            "{e}"
+        );
+    }
+    // A tensor the config does not use; a layer with a tensor missing.
+    let cfg = tiny_config(Arch::Llama);
+    let mut full = tiny_gguf(&cfg);
+    full.add_f32("blk.1.attn_rot_embd", &[4], &[0.0; 4]).unwrap();
+    let e = open_err(&full.write_to(&scratch("extra-tensor.gguf")));
+    assert!(matches!(&e, Error::Mismatch(m) if m.contains("blk.1.attn_rot_embd")), "{e}");
+    let mut w = GgufWriter::new();
+    w.add_tokenizer(&tiny_tokenizer(64));
+    w.add_model_config(&cfg);
+    let mut tmp = GgufWriter::new();
+    add_model_tensors(&mut tmp, &cfg);
+    let tb = tmp.to_bytes();
+    for t in &GgufFile::parse(&tb, Path::new("m")).unwrap().tensors {
+        if t.name != "blk.1.ffn_up.weight" {
+            w.add_tensor(&t.name, t.dtype, &t.shape, tb[t.offset as usize..t.offset as usize + t.len].to_vec())
+                .unwrap();
+        }
+    }
+    let e = open_err(&w.write_to(&scratch("missing-tensor.gguf")));
+    assert!(matches!(&e, Error::Mismatch(m) if m.contains("blk.1.ffn_up.weight is missing")), "{e}");
+    // HF: the same for num_hidden_layers.
+    let (dir, _) = qwen2_folder("hf-layers");
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    for n in ["1099511627776", "18446744073709551615", "1", "3"] {
+        std::fs::write(
+            dir.join("config.json"),
+            cfg.replace("\"num_hidden_layers\":2", &format!("\"num_hidden_layers\":{n}")),
+        )
+        .unwrap();
+        let e = open_err(&dir);
+        assert!(e.to_string().contains("num_hidden_layers"), "{e}");
+    }
+}
+
+/// Every size from a config in checked arithmetic, capped with the field and the limit named.
+#[test]
+fn absurd_sizes_name_the_field_and_limit() {
+    let (dir, _) = qwen2_folder("hf-caps");
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let with = |key: &str, v: &str| {
+        let mut j: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+        j[key] = serde_json::from_str(v).unwrap();
+        std::fs::write(dir.join("config.json"), j.to_string()).unwrap();
+        open_err(&dir).to_string()
+    };
+    // 2^63 + 2^62: would wrap a KV-cache size computed unchecked.
+    let m = with("max_position_embeddings", "13835058055282163712");
+    assert!(m.contains("max_position_embeddings") && m.contains("limit"), "{m}");
+    for key in
+        ["hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size", "head_dim"]
+    {
+        let m = with(key, "1099511627776");
+        assert!(m.contains(key) && m.contains("limit"), "{key}: {m}");
+        let m = with(key, "-1");
+        assert!(m.contains(key), "{key}: {m}");
+    }
+    let m = with("rms_norm_eps", "1e300");
+    assert!(m.contains("rms_norm_eps"), "{m}");
+    // GGUF: the same through metadata.
+    for (key, v) in [
+        ("llama.context_length", 1u64 << 63),
+        ("llama.embedding_length", 1 << 40),
+        ("llama.attention.head_count", 1 << 33),
+    ] {
+        let mut w = tiny_gguf(&tiny_config(Arch::Llama));
+        w.add_metadata(key, v);
+        let m = open_err(&w.write_to(&scratch("cap.gguf"))).to_string();
+        assert!(m.contains(key) && m.contains("limit"), "{m}");
+    }
+}
+
+/// Tensor byte ranges: overlapping, gapped, retyped or resized tensors break the tiling of the
+/// data section and are refused, naming a tensor.
+#[test]
+fn overlapping_and_retyped_tensors_are_corrupt() {
+    let bytes = tiny_gguf(&tiny_config(Arch::Llama)).to_bytes();
+    let g = GgufFile::parse(&bytes, Path::new("m")).unwrap();
+    let rel = |n: &str| g.tensor(n).unwrap().offset - g.data_offset;
+    // blk.0.attn_k.weight pointed at attn_q's data (same size class, aligned, inside the file).
+    let (_, _, off) = tensor_info_fields(&bytes, "blk.0.attn_k.weight");
+    let mut b = bytes.clone();
+    b[off..off + 8].copy_from_slice(&rel("blk.0.attn_q.weight").to_le_bytes());
+    let e = open_err(&write(&scratch("overlap.gguf"), &b));
+    assert!(matches!(&e, Error::Corrupt { msg, .. } if msg.contains("overlaps")), "{e}");
+    // An offset moved one alignment step further: a gap, then an overlap.
+    let mut b = bytes.clone();
+    b[off..off + 8].copy_from_slice(&(rel("blk.0.attn_k.weight") + 32).to_le_bytes());
+    let e = open_err(&write(&scratch("gap.gguf"), &b));
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    // Types swapped for others that fit the row length: the byte size changes, the tiling breaks.
+    let (_, ty, _) = tensor_info_fields(&bytes, "token_embd.weight");
+    for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::F16, DType::F32] {
+        let mut b = bytes.clone();
+        b[ty..ty + 4].copy_from_slice(&t.ggml_type().to_le_bytes());
+        let e = open_err(&write(&scratch("retype.gguf"), &b));
+        assert!(matches!(e, Error::Corrupt { .. }), "{t}: {e}");
+    }
+    // A norm stored quantized is not what the architecture expects for that name.
+    let cfg = tiny_config(Arch::Llama);
+    let mut q = GgufWriter::new();
+    q.add_tokenizer(&tiny_tokenizer(64));
+    q.add_model_config(&cfg);
+    let mut tmp = GgufWriter::new();
+    add_model_tensors(&mut tmp, &cfg);
+    let tb = tmp.to_bytes();
+    for t in &GgufFile::parse(&tb, Path::new("m")).unwrap().tensors {
+        let data = &tb[t.offset as usize..t.offset as usize + t.len];
+        if t.name == "output_norm.weight" {
+            let x: Vec<f32> = data.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            q.add_quantized(&t.name, DType::Q8_0, &t.shape, &x).unwrap();
+        } else {
+            q.add_tensor(&t.name, t.dtype, &t.shape, data.to_vec()).unwrap();
+        }
+    }
+    let e = open_err(&q.write_to(&scratch("quantized-norm.gguf")));
+    assert!(matches!(&e, Error::Mismatch(m) if m.contains("output_norm.weight") && m.contains("q8_0")), "{e}");
+}
+
+/// The embedding has exactly one row per token of the vocabulary.
+#[test]
+fn embedding_rows_equal_vocabulary() {
+    let cfg = tiny_config(Arch::Llama);
+    for vocab in [60, 65] {
+        let mut w = tiny_gguf(&cfg);
+        w.add_tokenizer(&tiny_tokenizer(vocab));
+        let e = open_err(&w.write_to(&scratch("vocab.gguf")));
+        assert!(
+            matches!(&e, Error::Mismatch(m) if m.contains(&format!("{vocab} tokens")) && m.contains("64 rows")),
+            "{e}"
+        );
+    }
+    // An empty vocabulary is reported as such.
+    let mut w = tiny_gguf(&cfg);
+    w.add_metadata("tokenizer.ggml.tokens", GgufValue::Array(vec![]));
+    let e = open_err(&w.write_to(&scratch("no-vocab.gguf")));
+    assert!(e.to_string().contains("no vocabulary"), "{e}");
+    let (dir, _) = qwen2_folder("hf-empty-vocab");
+    let mut tj: serde_json::Value = serde_json::from_str(&tokenizer_json(&[])).unwrap();
+    tj["model"]["vocab"] = serde_json::json!({});
+    std::fs::write(dir.join("tokenizer.json"), tj.to_string()).unwrap();
+    let e = open_err(&dir);
+    assert!(e.to_string().contains("vocabulary is empty"), "{e}");
+    // HF: config vocab_size against the embedding.
+    let (dir, _) = qwen2_folder("hf-vocab-rows");
+    let c = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    std::fs::write(dir.join("config.json"), c.replace("\"vocab_size\":64", "\"vocab_size\":65")).unwrap();
+    let e = open_err(&dir);
+    assert!(matches!(&e, Error::Mismatch(m) if m.contains("token_embd.weight")), "{e}");
+}
+
+/// general.alignment must be a power of two of at least 8 (the spec: a multiple of 8; ggml: a
+/// power of two); a smaller valid-looking alignment on a file written with 32 moves the data
+/// section and is caught by the range checks.
+#[test]
+fn wrong_alignment_is_caught() {
+    // Pad the header so that its length is 1 more than a multiple of 32: aligning to 8 then
+    // starts the data 24 bytes earlier than the writer put it.
+    let mut pad = 0;
+    let (bytes, field) = loop {
+        let mut w = tiny_gguf(&tiny_config(Arch::Llama));
+        w.add_metadata("general.alignment", 32u32);
+        w.add_metadata("zz.pad", "x".repeat(pad));
+        let bytes = w.to_bytes();
+        let g = GgufFile::parse(&bytes, Path::new("m")).unwrap();
+        if g.header_len % 32 == 1 {
+            let mut needle = 17u64.to_le_bytes().to_vec();
+            needle.extend_from_slice(b"general.alignment");
+            needle.extend_from_slice(&4u32.to_le_bytes());
+            let at = bytes.windows(needle.len()).position(|x| x == needle).unwrap() + needle.len();
+            break (bytes, at);
+        }
+        pad += 1;
+    };
+    assert!(Checkpoint::open(&write(&scratch("align32.gguf"), &bytes)).is_ok());
+    for a in [0u32, 1, 2, 4, 3, 48, 1 << 31] {
+        let mut b = bytes.clone();
+        b[field..field + 4].copy_from_slice(&a.to_le_bytes());
+        let e = open_err(&write(&scratch("align.gguf"), &b));
+        assert!(e.to_string().contains("general.alignment"), "{a}: {e}");
+    }
+    for a in [8u32, 16] {
+        let mut b = bytes.clone();
+        b[field..field + 4].copy_from_slice(&a.to_le_bytes());
+        let e = open_err(&write(&scratch("align.gguf"), &b));
+        assert!(matches!(e, Error::Corrupt { .. }), "{a}: {e}");
+    }
+}
+
+/// FIFOs, devices and directories are refused by what they are, without blocking.
+#[cfg(unix)]
+#[test]
+fn only_regular_files_are_opened() {
+    let fifo = scratch("model.fifo");
+    let ok = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(ok.success());
+    let e = open_err(&fifo);
+    assert!(e.to_string().contains("FIFO"), "{e}");
+    let e = open_err(Path::new("/dev/null"));
+    assert!(e.to_string().contains("character device"), "{e}");
+    // A FIFO as a shard, a directory as tokenizer.json, a directory as config.json.
+    let (dir, _) = qwen2_folder("hf-kinds");
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    std::fs::rename(&fifo, dir.join("model.safetensors")).unwrap();
+    let e = open_err(&dir);
+    assert!(e.to_string().contains("FIFO") && e.to_string().contains("model.safetensors"), "{e}");
+    let (dir, _) = qwen2_folder("hf-kinds2");
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    std::fs::create_dir(dir.join("tokenizer.json")).unwrap();
+    let e = open_err(&dir);
+    assert!(e.to_string().contains("tokenizer.json: is a directory, not a regular file"), "{e}");
+    std::fs::remove_file(dir.join("config.json")).unwrap();
+    std::fs::create_dir(dir.join("config.json")).unwrap();
+    let e = open_err(&dir);
+    assert!(e.to_string().contains("config.json: is a directory"), "{e}");
+}
+
+/// A file that shrinks after it was opened gives an error when its tensors are read (positioned
+/// reads, no memory map: no SIGBUS).
+#[test]
+fn file_shrinking_while_loading_is_an_error() {
+    let cfg = tiny_config(Arch::Llama);
+    let p = tiny_gguf(&cfg).write_to(&scratch("shrink.gguf"));
+    let ck = Checkpoint::open(&p).unwrap();
+    assert!(ck.f16("blk.1.ffn_down.weight", &[32, 64]).is_ok());
+    let len = std::fs::metadata(&p).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(len / 2).unwrap();
+    let e = err_of(ck.f16("blk.1.ffn_down.weight", &[32, 64]));
+    assert!(matches!(&e, Error::Corrupt { msg, .. } if msg.contains("changed while it was being loaded")), "{e}");
+    assert_clean_message(&e.to_string());
+    // The same for a safetensors shard.
+    let (dir, _) = qwen2_folder("hf-shrink");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let st = dir.join("model.safetensors");
+    let len = std::fs::metadata(&st).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&st).unwrap().set_len(len - 100).unwrap();
+    let e = err_of(ck.f32("blk.1.ffn_down.weight", &[32, 64]));
+    assert!(e.to_string().contains("changed while"), "{e}");
+}
+
+/// Messages: a corrupted key length does not put the bytes it covers into the message; an OS
+/// error is said once; no `Debug` output.
+#[test]
+fn messages_are_short_single_lines() {
+    // A key of 60,000 bytes of NULs and newlines (under the spec's 65,535) that then fails.
+    let mut w = GgufWriter::new();
+    w.add_metadata("k".repeat(60_000), 1u32);
+    w.add_metadata("\0\n".repeat(30_000), 1u32);
+    let mut bytes = w.to_bytes();
+    // Both keys equal after this: a duplicate key error that names it.
+    let second = bytes.windows(2).position(|x| x == b"\0\n").unwrap();
+    bytes[second..second + 60_000].copy_from_slice(&b"\0\n".repeat(30_000));
+    let first = bytes.windows(3).position(|x| x == b"kkk").unwrap();
+    bytes[first..first + 60_000].copy_from_slice(&b"\0\n".repeat(30_000));
+    let e = err_of(GgufFile::parse(&bytes, Path::new("m")));
+    assert!(e.to_string().contains("duplicate metadata key"), "{e}");
+    assert_clean_message(&e.to_string());
+    // A key length of 25 MB in a file that long.
+    let mut big = tiny_gguf(&tiny_config(Arch::Llama)).to_bytes();
+    big.resize(30 << 20, 0);
+    big[24..32].copy_from_slice(&(25u64 << 20).to_le_bytes());
+    let e = err_of(GgufFile::parse(&big, Path::new("m")));
+    assert!(e.to_string().contains("limit"), "{e}");
+    assert_clean_message(&e.to_string());
+    // OS errors once, and no source() repeating them.
+    let e = open_err(Path::new("/definitely/not/here.gguf"));
+    assert_eq!(e.to_string().matches("os error 2").count(), 1, "{e}");
+    assert!(std::error::Error::source(&e).is_none());
+    // No Debug output in writer errors.
+    let m = err_of(GgufWriter::new().add_f32("x", &[4], &[0.0; 3])).to_string();
+    assert_clean_message(&m);
+    let m = err_of(GgufWriter::new().add_tensor("x", DType::Q8_0, &[1, 32], vec![0; 3])).to_string();
+    assert!(m.contains("needs 34 bytes, got 3"), "{m}");
+    assert_clean_message(&m);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Real checkpoints (fetched by tools/fetch-model.sh into $WGPU_LLM_MODELS)
 // ---------------------------------------------------------------------------------------------
 
@@ -945,14 +1258,53 @@ fn real_qwen05() {
     finite_sample(&ck, "blk.0.attn_v.weight", DType::Q8_0);
 }
 
+/// Reading a GGUF header reads the header and nothing after it: the parser consumes exactly
+/// `header_len` bytes, garbage in the tensor data changes nothing, and a file whose one tensor is
+/// 32 GiB (a sparse file: holes, no disk) is inspected at once.
 #[test]
 fn gguf_inspect_reads_header_only() {
-    let p = tiny_gguf(&tiny_config(Arch::Llama)).write_to(&scratch("inspect.gguf"));
-    let (g, map) = GgufFile::read(&p).unwrap();
-    assert_eq!(map.len(), std::fs::metadata(&p).unwrap().len() as usize);
+    struct Counting<'a> {
+        inner: &'a [u8],
+        read: usize,
+    }
+    impl std::io::Read for Counting<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            self.read += n;
+            Ok(n)
+        }
+    }
+    let bytes = tiny_gguf(&tiny_config(Arch::Llama)).to_bytes();
+    let mut src = Counting { inner: &bytes, read: 0 };
+    let g = GgufFile::parse_from(&mut src, bytes.len() as u64, Path::new("mem")).unwrap();
+    assert_eq!(src.read as u64, g.header_len);
+    assert!(g.header_len <= g.data_offset && g.data_offset < bytes.len() as u64);
+    assert_eq!(g.data_offset % gguf::DEFAULT_ALIGNMENT as u64, 0);
     assert_eq!(g.get("general.architecture").and_then(|v| v.as_str()), Some("llama"));
     assert_eq!(g.tensors.len(), 1 + 1 + 2 * 9);
-    let _ = gguf::DEFAULT_ALIGNMENT;
+    let mut garbage = bytes.clone();
+    garbage[g.data_offset as usize..].fill(0xa5);
+    assert_eq!(GgufFile::parse(&garbage, Path::new("mem")).unwrap().tensors, g.tensors);
+
+    // One f32 tensor of 2^33 elements, its data a hole.
+    let mut w = GgufWriter::new();
+    w.add_f32("big", &[1, 8], &[0.0; 8]).unwrap();
+    let mut head = w.to_bytes();
+    let (nd, _, _) = tensor_info_fields(&head, "big");
+    head[nd + 4..nd + 12].copy_from_slice(&(1u64 << 33).to_le_bytes());
+    let g0 = GgufFile::parse(&w.to_bytes(), Path::new("m")).unwrap();
+    head.truncate(g0.data_offset as usize);
+    let p = scratch("sparse.gguf");
+    std::fs::write(&p, &head).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.set_len(g0.data_offset + (4u64 << 33)).unwrap();
+    drop(f);
+    let t0 = std::time::Instant::now();
+    let g = GgufFile::read(&p).unwrap();
+    assert!(t0.elapsed().as_secs_f64() < 2.0, "{:?}", t0.elapsed());
+    let t = g.tensor("big").unwrap();
+    assert_eq!((t.shape.clone(), t.len), (vec![1, 1 << 33], 4usize << 33));
+    std::fs::remove_file(&p).unwrap();
 }
 
 #[test]
@@ -967,7 +1319,8 @@ fn gguf_writer_quantizes() {
     let g = GgufFile::parse(&w.to_bytes(), Path::new("m")).unwrap();
     let bytes = w.to_bytes();
     for t in &g.tensors {
-        let y = wgpu_llm::loader::dtype::to_f32(t.dtype, &bytes[t.offset..t.offset + t.len], 256).unwrap();
+        let o = t.offset as usize;
+        let y = wgpu_llm::loader::dtype::to_f32(t.dtype, &bytes[o..o + t.len], 256).unwrap();
         let tol = match t.dtype {
             DType::Q4_0 | DType::Q4_1 => 0.15,
             DType::Q5_0 | DType::Q5_1 => 0.07,

@@ -12,8 +12,11 @@
 //! GGUF dims are ggml's `ne`, innermost first; [`GgufTensorInfo::shape`] is reversed to the
 //! crate's row-major, outermost-first convention (a linear weight is `[out, in]`).
 
-use super::{Checkpoint, DType, Fixup, StoredTensor, TokenizerSource};
-use crate::error::{Error, Result};
+use super::{
+    capped, check_layer_count, check_tensors, fmt_shape, limits as cfg_limits, open_regular, Checkpoint, DType,
+    DataFile, Fixup, StoredTensor, TokenizerSource,
+};
+use crate::error::{shown, Error, Result};
 use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -144,12 +147,24 @@ impl GgufValue {
         }
     }
 
-    /// Short description for error messages: the type and, for scalars, the value.
-    fn describe(&self) -> String {
+    /// Short description for error messages: the value (strings quoted and cut short, arrays
+    /// by length) and its type.
+    pub fn describe(&self) -> String {
         match self {
-            GgufValue::String(s) if s.len() > 40 => format!("string of {} bytes", s.len()),
-            GgufValue::Array(a) => format!("array of {}", a.len()),
-            v => format!("{v:?}"),
+            GgufValue::U8(v) => format!("{v} (u8)"),
+            GgufValue::I8(v) => format!("{v} (i8)"),
+            GgufValue::U16(v) => format!("{v} (u16)"),
+            GgufValue::I16(v) => format!("{v} (i16)"),
+            GgufValue::U32(v) => format!("{v} (u32)"),
+            GgufValue::I32(v) => format!("{v} (i32)"),
+            GgufValue::U64(v) => format!("{v} (u64)"),
+            GgufValue::I64(v) => format!("{v} (i64)"),
+            GgufValue::F32(v) => format!("{v} (f32)"),
+            GgufValue::F64(v) => format!("{v} (f64)"),
+            GgufValue::Bool(v) => format!("{v} (bool)"),
+            GgufValue::String(s) if s.len() > 40 => format!("a string of {} bytes", s.len()),
+            GgufValue::String(s) => format!("the string {}", crate::error::one_line(&format!("{s:?}"), 200)),
+            GgufValue::Array(a) => format!("an array of {} elements", a.len()),
         }
     }
 }
@@ -190,6 +205,24 @@ impl From<&[&str]> for GgufValue {
 // Parsed file
 // ---------------------------------------------------------------------------------------------
 
+/// Limits the parser applies before it allocates, each named in its error message.
+pub mod limits {
+    /// Metadata key length in bytes (the GGUF spec: at most 2^16 - 1).
+    pub const KEY_BYTES: u64 = (1 << 16) - 1;
+    /// Tensor name length in bytes (ggml's `GGML_MAX_NAME` of 64, with its NUL).
+    pub const TENSOR_NAME_BYTES: u64 = 63;
+    /// One string value (a chat template, a token) in bytes.
+    pub const STRING_BYTES: u64 = 1 << 24;
+    /// Metadata keys.
+    pub const KEYS: u64 = 1 << 16;
+    /// Metadata values, array elements included (real vocabularies: under 10^6 in all).
+    pub const VALUES: u64 = 1 << 22;
+    /// Tensors.
+    pub const TENSORS: u64 = 1 << 16;
+    /// `general.alignment` (the spec: a multiple of 8; ggml: a power of two).
+    pub const MAX_ALIGNMENT: u64 = 1 << 20;
+}
+
 /// One tensor's description.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GgufTensorInfo {
@@ -198,12 +231,12 @@ pub struct GgufTensorInfo {
     /// Row-major, outermost first (GGUF's `ne` reversed).
     pub shape: Vec<usize>,
     /// Absolute offset of the data in the file.
-    pub offset: usize,
+    pub offset: u64,
     /// Bytes of data.
     pub len: usize,
 }
 
-/// The header of a GGUF file: metadata and tensor infos, all bounds-checked against the file.
+/// The header of a GGUF file: metadata and tensor infos, validated against the file's length.
 #[derive(Clone, Debug)]
 pub struct GgufFile {
     pub version: u32,
@@ -213,18 +246,30 @@ pub struct GgufFile {
     pub tensors: Vec<GgufTensorInfo>,
     pub alignment: usize,
     /// Absolute offset of the tensor data section.
-    pub data_offset: usize,
+    pub data_offset: u64,
+    /// Bytes of header read (the header ends here; `data_offset` is this aligned up).
+    pub header_len: u64,
     key_index: HashMap<String, usize>,
 }
 
 impl GgufFile {
     /// Parses and validates a whole GGUF file held in `bytes` (`path` only names it in errors).
-    /// Every tensor's data is checked to lie within `bytes`.
     pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
-        let mut r = Reader { buf: bytes, pos: 0, path };
-        let magic = r.take(4, "magic")?;
+        GgufFile::parse_from(bytes, bytes.len() as u64, path)
+    }
+
+    /// Parses and validates the header of a GGUF file of `file_len` bytes, reading it in order
+    /// from `src` and nothing past the tensor infos. Every count, length, dimension and offset is
+    /// checked (in checked arithmetic, against [`limits`] and against `file_len`) before it sizes
+    /// anything, and the tensors' data must tile the data section: each tensor at the aligned
+    /// end of the one before it (so no two overlap and a type or size changed to another fails),
+    /// the first at the start, the last ending within one alignment of the end of the file.
+    pub fn parse_from(src: impl std::io::Read, file_len: u64, path: &Path) -> Result<GgufFile> {
+        let mut r = Reader { src, pos: 0, len: file_len, path, values: 0 };
+        let magic = r.arr::<4>("magic")?;
         if magic != GGUF_MAGIC {
-            return Err(r.corrupt(format!("not a GGUF file (magic {magic:02x?}, want \"GGUF\")")));
+            let hex: String = magic.iter().map(|b| format!("{b:02x}")).collect();
+            return Err(r.corrupt(format!("not a GGUF file (first bytes {hex}, want 47475546 \"GGUF\")")));
         }
         let version = r.u32("version")?;
         match version {
@@ -235,23 +280,26 @@ impl GgufFile {
         }
         let n_tensors = r.u64("tensor count")?;
         let n_kv = r.u64("metadata count")?;
-        // Each kv takes at least 13 bytes, each tensor info at least 24: reject absurd counts
-        // before allocating anything.
-        if n_kv > (r.remaining() / 13) as u64 {
-            return Err(r.corrupt(format!("metadata count {n_kv} does not fit in the file")));
-        }
-        if n_tensors > (r.remaining() / 24) as u64 {
-            return Err(r.corrupt(format!("tensor count {n_tensors} does not fit in the file")));
+        // Each kv takes at least 13 bytes, each tensor info at least 24.
+        for (what, n, limit, min) in
+            [("metadata count", n_kv, limits::KEYS, 13), ("tensor count", n_tensors, limits::TENSORS, 24)]
+        {
+            if n > limit {
+                return Err(r.corrupt(format!("{what} {n} is above the limit of {limit}")));
+            }
+            if n > r.remaining() / min {
+                return Err(r.corrupt(format!("{what} {n} does not fit in the file ({file_len} bytes)")));
+            }
         }
 
         let mut metadata = Vec::with_capacity(n_kv as usize);
         let mut key_index = HashMap::with_capacity(n_kv as usize);
         for i in 0..n_kv as usize {
-            let key = r.string("metadata key")?;
+            let key = r.string("metadata key", limits::KEY_BYTES)?;
             let ty = r.u32("metadata value type")?;
             let value = r.value(ty, &key, 0)?;
             if key_index.insert(key.clone(), i).is_some() {
-                return Err(r.corrupt(format!("duplicate metadata key {key}")));
+                return Err(r.corrupt(format!("duplicate metadata key {}", shown(&key))));
             }
             metadata.push((key, value));
         }
@@ -259,8 +307,14 @@ impl GgufFile {
         let alignment = match metadata_get(&metadata, &key_index, "general.alignment") {
             None => DEFAULT_ALIGNMENT,
             Some(v) => match v.as_u64() {
-                Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 30 => a as usize,
-                _ => return Err(r.corrupt(format!("bad general.alignment {}", v.describe()))),
+                Some(a) if a >= 8 && a.is_power_of_two() && a <= limits::MAX_ALIGNMENT => a as usize,
+                _ => {
+                    return Err(r.corrupt(format!(
+                        "general.alignment is {}; it must be a power of two from 8 to {}",
+                        v.describe(),
+                        limits::MAX_ALIGNMENT
+                    )))
+                }
             },
         };
 
@@ -272,93 +326,131 @@ impl GgufFile {
             len: usize,
         }
         let mut raw = Vec::with_capacity(n_tensors as usize);
-        let mut names = HashMap::with_capacity(n_tensors as usize);
+        let mut names = std::collections::HashSet::with_capacity(n_tensors as usize);
         for _ in 0..n_tensors {
-            let name = r.string("tensor name")?;
-            let n_dims = r.u32("tensor dimension count")? as usize;
-            if n_dims > MAX_DIMS {
-                return Err(r.corrupt(format!("tensor {name} has {n_dims} dimensions (at most {MAX_DIMS})")));
+            let name = r.string("tensor name", limits::TENSOR_NAME_BYTES)?;
+            let n_dims = r.u32("tensor dimension count")?;
+            if n_dims as usize > MAX_DIMS {
+                return Err(r.corrupt(format!("tensor {} has {n_dims} dimensions (at most {MAX_DIMS})", shown(&name))));
             }
-            let mut ne = Vec::with_capacity(n_dims);
-            for _ in 0..n_dims {
-                ne.push(r.u64("tensor dimension")?);
+            let mut ne = [0u64; MAX_DIMS];
+            for d in ne.iter_mut().take(n_dims as usize) {
+                *d = r.u64("tensor dimension")?;
             }
+            let ne = &ne[..n_dims as usize];
             let ty = r.u32("tensor type")?;
             let rel = r.u64("tensor offset")?;
             let dtype = DType::from_ggml_type(ty).ok_or_else(|| {
                 Error::Unsupported(format!(
-                    "tensor {name} in {} has ggml type {ty} ({}), which this engine does not read",
+                    "tensor {} in {} has ggml type {ty} ({}), which this engine does not read",
+                    shown(&name),
                     path.display(),
                     ggml_type_name(ty)
                 ))
             })?;
+            let dims_err = || r.corrupt(format!("tensor {} dimensions {} overflow", shown(&name), fmt_shape(ne)));
             let mut numel: usize = 1;
-            for &d in &ne {
-                numel = usize::try_from(d)
-                    .ok()
-                    .and_then(|d| numel.checked_mul(d))
-                    .ok_or_else(|| r.corrupt(format!("tensor {name} dimensions {ne:?} overflow")))?;
+            for &d in ne {
+                numel = usize::try_from(d).ok().and_then(|d| numel.checked_mul(d)).ok_or_else(dims_err)?;
             }
             let inner = ne.first().copied().unwrap_or(1);
             if inner % dtype.block_size() as u64 != 0 {
                 return Err(r.corrupt(format!(
-                    "tensor {name}: row length {inner} is not a multiple of the {dtype} block size {}",
+                    "tensor {}: row length {inner} is not a multiple of the {dtype} block size {}",
+                    shown(&name),
                     dtype.block_size()
                 )));
             }
-            let len =
-                dtype.byte_size(numel).ok_or_else(|| r.corrupt(format!("tensor {name} dimensions {ne:?} overflow")))?;
-            if names.insert(name.clone(), ()).is_some() {
-                return Err(r.corrupt(format!("duplicate tensor {name}")));
+            let len = dtype.byte_size(numel).ok_or_else(dims_err)?;
+            if !names.insert(name.clone()) {
+                return Err(r.corrupt(format!("duplicate tensor {}", shown(&name))));
             }
             let shape = ne.iter().rev().map(|&d| d as usize).collect();
             raw.push(RawInfo { name, dtype, shape, rel, len });
         }
+        drop(names);
 
-        let data_offset = r.pos.div_ceil(alignment) * alignment;
-        if !raw.is_empty() && data_offset > bytes.len() {
+        let header_len = r.pos;
+        let data_offset = header_len.div_ceil(alignment as u64) * alignment as u64;
+        let data_len = file_len.saturating_sub(data_offset);
+        if !raw.is_empty() && data_offset > file_len {
             return Err(r.corrupt(format!(
-                "tensor data section starts at {data_offset}, past the end of the file ({} bytes)",
-                bytes.len()
+                "tensor data section starts at {data_offset}, past the end of the file ({file_len} bytes): truncated?"
             )));
         }
-        let mut tensors = Vec::with_capacity(raw.len());
-        for t in raw {
-            if t.rel % alignment as u64 != 0 {
+        // Each tensor inside the file and aligned...
+        for t in &raw {
+            let end = t.rel.checked_add(t.len as u64);
+            if end.is_none_or(|e| e > data_len) {
                 return Err(r.corrupt(format!(
-                    "tensor {} offset {} is not a multiple of the alignment {alignment}",
-                    t.name, t.rel
+                    "tensor {} data ({} bytes at data offset {}) extends past the end of the file ({file_len} bytes): truncated?",
+                    shown(&t.name),
+                    t.len,
+                    t.rel
                 )));
             }
-            let start = usize::try_from(t.rel).ok().and_then(|o| o.checked_add(data_offset));
-            let end = start.and_then(|s| s.checked_add(t.len));
-            match (start, end) {
-                (Some(start), Some(end)) if end <= bytes.len() => tensors.push(GgufTensorInfo {
-                    name: t.name,
-                    dtype: t.dtype,
-                    shape: t.shape,
-                    offset: start,
-                    len: t.len,
-                }),
-                _ => {
-                    return Err(r.corrupt(format!(
-                        "tensor {} data ({} bytes at data offset {}) extends past the end of the file ({} bytes): truncated?",
-                        t.name,
-                        t.len,
-                        t.rel,
-                        bytes.len()
-                    )))
-                }
+            if t.rel % alignment as u64 != 0 {
+                return Err(r.corrupt(format!(
+                    "tensor {} data offset {} is not a multiple of the alignment {alignment}",
+                    shown(&t.name),
+                    t.rel
+                )));
             }
         }
-        Ok(GgufFile { version, metadata, tensors, alignment, data_offset, key_index })
+        // ...and the tensors tiling the data section in offset order.
+        let mut order: Vec<usize> = (0..raw.len()).collect();
+        order.sort_by_key(|&i| raw[i].rel);
+        let mut expect = 0u64; // the aligned end of the previous tensor
+        let mut prev: Option<&RawInfo> = None;
+        for &i in &order {
+            let t = &raw[i];
+            if t.rel != expect {
+                let after = match prev {
+                    None => "the start of the data section".to_string(),
+                    Some(p) => format!("tensor {} ({} bytes at data offset {})", shown(&p.name), p.len, p.rel),
+                };
+                let what = if t.rel < expect { "overlaps" } else { "leaves a gap after" };
+                return Err(r.corrupt(format!(
+                    "tensor {} at data offset {} {what} {after}; the next aligned offset is {expect} \
+                     (wrong offset, type or shape, or wrong general.alignment?)",
+                    shown(&t.name),
+                    t.rel
+                )));
+            }
+            let end = t.rel + t.len as u64;
+            expect = end.div_ceil(alignment as u64) * alignment as u64;
+            prev = Some(t);
+        }
+        if let Some(last) = prev {
+            let end = data_offset + last.rel + last.len as u64;
+            let trailing = file_len - end;
+            if trailing >= alignment as u64 {
+                return Err(r.corrupt(format!(
+                    "{trailing} bytes follow the data of the last tensor {} (at most {} of padding expected): \
+                     wrong offsets, types or shapes, or wrong general.alignment?",
+                    shown(&last.name),
+                    alignment - 1
+                )));
+            }
+        }
+
+        let tensors = raw
+            .into_iter()
+            .map(|t| GgufTensorInfo {
+                name: t.name,
+                dtype: t.dtype,
+                shape: t.shape,
+                offset: data_offset + t.rel,
+                len: t.len,
+            })
+            .collect();
+        Ok(GgufFile { version, metadata, tensors, alignment, data_offset, header_len, key_index })
     }
 
-    /// Memory-maps and parses a GGUF file (header only; tensor data stays in the map).
-    pub fn read(path: &Path) -> Result<(GgufFile, memmap2::Mmap)> {
-        let map = map_file(path)?;
-        let g = GgufFile::parse(&map, path)?;
-        Ok((g, map))
+    /// Reads and parses the header of a GGUF file: nothing past the tensor infos is read.
+    pub fn read(path: &Path) -> Result<GgufFile> {
+        let (file, len) = open_regular(path)?;
+        GgufFile::parse_from(std::io::BufReader::with_capacity(1 << 20, file), len, path)
     }
 
     /// A metadata value by key.
@@ -373,17 +465,6 @@ impl GgufFile {
 
 fn metadata_get<'a>(md: &'a [(String, GgufValue)], index: &HashMap<String, usize>, key: &str) -> Option<&'a GgufValue> {
     index.get(key).map(|&i| &md[i].1)
-}
-
-pub(crate) fn map_file(path: &Path) -> Result<memmap2::Mmap> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-    if len == 0 {
-        return Err(Error::corrupt(path, "empty file"));
-    }
-    // SAFETY: the map is read-only; like every mmap-based model loader, we rely on the file
-    // not being truncated or rewritten while the checkpoint is alive.
-    unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))
 }
 
 /// ggml's name of a type id, for messages about types this engine does not read.
@@ -435,36 +516,45 @@ fn ggml_type_name(id: u32) -> &'static str {
     NAMES.get(id as usize).copied().unwrap_or("unknown")
 }
 
-/// Bounds-checked little-endian cursor.
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
+/// Bounds-checked little-endian reader: every length is checked against what is left of the
+/// file before anything is allocated for it.
+struct Reader<'a, R> {
+    src: R,
+    pos: u64,
+    len: u64,
     path: &'a Path,
+    /// Metadata values read so far (against [`limits::VALUES`]).
+    values: u64,
 }
 
-impl<'a> Reader<'a> {
+impl<R: std::io::Read> Reader<'_, R> {
     fn corrupt(&self, msg: impl Into<String>) -> Error {
         Error::corrupt(self.path, msg)
     }
-    fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
+    fn remaining(&self) -> u64 {
+        self.len.saturating_sub(self.pos)
     }
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+    fn truncated(&self, what: &str, n: u64) -> Error {
+        self.corrupt(format!("truncated: {what} needs {n} bytes at offset {}, the file has {}", self.pos, self.len))
+    }
+    fn fill(&mut self, buf: &mut [u8], what: &str) -> Result<()> {
+        let n = buf.len() as u64;
         if n > self.remaining() {
-            return Err(self.corrupt(format!(
-                "truncated: {what} needs {n} bytes at offset {}, the file has {}",
-                self.pos,
-                self.buf.len()
-            )));
+            return Err(self.truncated(what, n));
         }
-        let s = &self.buf[self.pos..self.pos + n];
+        self.src.read_exact(buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => self.corrupt(format!(
+                "the file ended at offset {} while reading {what}: it changed while being read?",
+                self.pos
+            )),
+            _ => Error::io(self.path, e),
+        })?;
         self.pos += n;
-        Ok(s)
+        Ok(())
     }
     fn arr<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
-        let s = self.take(N, what)?;
         let mut a = [0u8; N];
-        a.copy_from_slice(s);
+        self.fill(&mut a, what)?;
         Ok(a)
     }
     fn u32(&mut self, what: &str) -> Result<u32> {
@@ -473,66 +563,88 @@ impl<'a> Reader<'a> {
     fn u64(&mut self, what: &str) -> Result<u64> {
         Ok(u64::from_le_bytes(self.arr(what)?))
     }
-    fn string(&mut self, what: &str) -> Result<String> {
+    /// A string of at most `limit` bytes.
+    fn string(&mut self, what: &str, limit: u64) -> Result<String> {
         let len = self.u64(what)?;
-        if len > self.remaining() as u64 {
+        if len > limit {
             return Err(self.corrupt(format!(
-                "truncated: {what} of {len} bytes at offset {} runs past the end of the file ({} bytes)",
-                self.pos,
-                self.buf.len()
+                "{what} at offset {} is {len} bytes long, above the limit of {limit}",
+                self.pos - 8
             )));
         }
-        let b = self.take(len as usize, what)?;
+        if len > self.remaining() {
+            return Err(self.truncated(what, len));
+        }
+        let mut b = vec![0u8; len as usize];
+        self.fill(&mut b, what)?;
         // Strings should be UTF-8; a stray invalid byte in a vocabulary is not worth refusing
         // the model over.
-        Ok(String::from_utf8_lossy(b).into_owned())
+        Ok(String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 
     fn value(&mut self, ty: u32, key: &str, depth: usize) -> Result<GgufValue> {
         use value_type as t;
+        self.values += 1;
+        if self.values > limits::VALUES {
+            return Err(self.corrupt(format!(
+                "metadata {} takes the metadata past the limit of {} values",
+                shown(key),
+                limits::VALUES
+            )));
+        }
+        let what = || format!("metadata {}", shown(key));
         Ok(match ty {
-            t::U8 => GgufValue::U8(self.arr::<1>(key)?[0]),
-            t::I8 => GgufValue::I8(self.arr::<1>(key)?[0] as i8),
-            t::U16 => GgufValue::U16(u16::from_le_bytes(self.arr(key)?)),
-            t::I16 => GgufValue::I16(i16::from_le_bytes(self.arr(key)?)),
-            t::U32 => GgufValue::U32(u32::from_le_bytes(self.arr(key)?)),
-            t::I32 => GgufValue::I32(i32::from_le_bytes(self.arr(key)?)),
-            t::F32 => GgufValue::F32(f32::from_le_bytes(self.arr(key)?)),
-            t::BOOL => match self.arr::<1>(key)?[0] {
+            t::U8 => GgufValue::U8(self.arr::<1>(&what())?[0]),
+            t::I8 => GgufValue::I8(self.arr::<1>(&what())?[0] as i8),
+            t::U16 => GgufValue::U16(u16::from_le_bytes(self.arr(&what())?)),
+            t::I16 => GgufValue::I16(i16::from_le_bytes(self.arr(&what())?)),
+            t::U32 => GgufValue::U32(u32::from_le_bytes(self.arr(&what())?)),
+            t::I32 => GgufValue::I32(i32::from_le_bytes(self.arr(&what())?)),
+            t::F32 => GgufValue::F32(f32::from_le_bytes(self.arr(&what())?)),
+            t::BOOL => match self.arr::<1>(&what())?[0] {
                 0 => GgufValue::Bool(false),
                 1 => GgufValue::Bool(true),
-                b => return Err(self.corrupt(format!("metadata {key}: bool byte {b}"))),
+                b => return Err(self.corrupt(format!("{}: bool byte {b}", what()))),
             },
-            t::STRING => GgufValue::String(self.string(key)?),
-            t::U64 => GgufValue::U64(u64::from_le_bytes(self.arr(key)?)),
-            t::I64 => GgufValue::I64(i64::from_le_bytes(self.arr(key)?)),
-            t::F64 => GgufValue::F64(f64::from_le_bytes(self.arr(key)?)),
+            t::STRING => GgufValue::String(self.string(&what(), limits::STRING_BYTES)?),
+            t::U64 => GgufValue::U64(u64::from_le_bytes(self.arr(&what())?)),
+            t::I64 => GgufValue::I64(i64::from_le_bytes(self.arr(&what())?)),
+            t::F64 => GgufValue::F64(f64::from_le_bytes(self.arr(&what())?)),
             t::ARRAY => {
                 if depth >= MAX_NESTING {
-                    return Err(self.corrupt(format!("metadata {key}: arrays nested too deep")));
+                    return Err(self.corrupt(format!("{}: arrays nested too deep", what())));
                 }
-                let elem = self.u32(key)?;
-                let count = self.u64(key)?;
+                let elem = self.u32(&what())?;
+                let count = self.u64(&what())?;
                 let min = match elem {
                     t::U8 | t::I8 | t::BOOL => 1,
                     t::U16 | t::I16 => 2,
                     t::U32 | t::I32 | t::F32 => 4,
                     t::U64 | t::I64 | t::F64 | t::STRING => 8,
                     t::ARRAY => 12,
-                    other => return Err(self.corrupt(format!("metadata {key}: unknown array element type {other}"))),
+                    other => return Err(self.corrupt(format!("{}: unknown array element type {other}", what()))),
                 };
-                if count > (self.remaining() / min) as u64 {
+                if count > limits::VALUES {
                     return Err(self.corrupt(format!(
-                        "truncated: metadata {key} array of {count} elements runs past the end of the file"
+                        "{}: array of {count} elements is above the limit of {} values",
+                        what(),
+                        limits::VALUES
                     )));
                 }
-                let mut v = Vec::with_capacity(count as usize);
+                if count > self.remaining() / min {
+                    return Err(self.corrupt(format!(
+                        "truncated: {} array of {count} elements runs past the end of the file",
+                        what()
+                    )));
+                }
+                // Grown as elements are read, so memory follows the bytes actually present.
+                let mut v = Vec::with_capacity((count as usize).min(1 << 16));
                 for _ in 0..count {
                     v.push(self.value(elem, key, depth + 1)?);
                 }
                 GgufValue::Array(v)
             }
-            other => return Err(self.corrupt(format!("metadata {key}: unknown value type {other}"))),
+            other => return Err(self.corrupt(format!("{}: unknown value type {other}", what()))),
         })
     }
 }
@@ -612,9 +724,18 @@ pub(crate) const END_OF_TURN_TOKENS: [&str; 4] = ["<|im_end|>", "<|endoftext|>",
 /// Opens a GGUF checkpoint: parses and validates the file, builds the [`ModelConfig`] from the
 /// metadata and registers the tensors under their GGUF names.
 pub fn open(path: &Path) -> Result<Checkpoint> {
-    let map = map_file(path)?;
-    let g = GgufFile::parse(&map, path)?;
+    let (file, len) = open_regular(path)?;
+    let g = GgufFile::parse_from(std::io::BufReader::with_capacity(1 << 20, &file), len, path)?;
     let (config, tok) = build_config(&g, path)?;
+    let tensors: HashMap<String, StoredTensor> = g
+        .tensors
+        .iter()
+        .map(|t| {
+            let st = StoredTensor { file: 0, offset: t.offset, len: t.len, dtype: t.dtype, shape: t.shape.clone() };
+            (t.name.clone(), st)
+        })
+        .collect();
+    check_tensors(&config, &tensors, path)?;
 
     let mut fixups = HashMap::new();
     if config.arch == Arch::Llama {
@@ -624,20 +745,12 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
             fixups.insert(format!("blk.{i}.attn_k.weight"), Fixup::UnpermuteRope { heads: config.num_kv_heads });
         }
     }
-    let tensors: HashMap<String, StoredTensor> = g
-        .tensors
-        .iter()
-        .map(|t| {
-            let st = StoredTensor { map: 0, offset: t.offset, len: t.len, dtype: t.dtype, shape: t.shape.clone() };
-            (t.name.clone(), st)
-        })
-        .collect();
-    fixups.retain(|name, _| tensors.contains_key(name));
 
     let token_str = |id: Option<u32>| id.and_then(|i| tok.tokens.get(i as usize)).cloned();
     let bos_token = token_str(tok.bos_token_id);
     let eos_token = token_str(tok.eos_token_id);
-    let chat_template = g.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(str::to_string);
+    let m = Meta { g: &g, path, arch: "" };
+    let chat_template = m.opt_str("tokenizer.chat_template")?.map(str::to_string);
 
     Ok(Checkpoint {
         path: path.to_path_buf(),
@@ -647,7 +760,7 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
         bos_token,
         eos_token,
         tensors,
-        maps: vec![map],
+        files: vec![DataFile { path: path.to_path_buf(), file, len }],
         fixups,
     })
 }
@@ -664,10 +777,10 @@ impl Meta<'_> {
         format!("{}.{k}", self.arch)
     }
     fn wrong(&self, key: &str, want: &str, v: &GgufValue) -> Error {
-        Error::corrupt(self.path, format!("metadata {key} should be {want}, is {}", v.describe()))
+        Error::corrupt(self.path, format!("metadata {} should be {want}, is {}", shown(key), v.describe()))
     }
     fn missing(&self, key: &str) -> Error {
-        Error::corrupt(self.path, format!("required metadata {key} is missing"))
+        Error::corrupt(self.path, format!("required metadata {} is missing", shown(key)))
     }
     fn opt_u64(&self, key: &str) -> Result<Option<u64>> {
         match self.g.get(key) {
@@ -680,19 +793,21 @@ impl Meta<'_> {
             None => Ok(None),
             Some(v) => usize::try_from(v)
                 .map(Some)
-                .map_err(|_| Error::corrupt(self.path, format!("metadata {key} = {v} is too large"))),
+                .map_err(|_| Error::corrupt(self.path, format!("metadata {} = {v} is too large", shown(key)))),
         }
+    }
+    /// A required count, at most `limit`.
+    fn req_capped(&self, key: &str, limit: usize) -> Result<usize> {
+        let v = self.opt_usize(key)?.ok_or_else(|| self.missing(key))?;
+        capped(self.path, key, v, limit)
     }
     fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
         match self.opt_u64(key)? {
             None => Ok(None),
             Some(v) => u32::try_from(v)
                 .map(Some)
-                .map_err(|_| Error::corrupt(self.path, format!("metadata {key} = {v} is too large"))),
+                .map_err(|_| Error::corrupt(self.path, format!("metadata {} = {v} is too large", shown(key)))),
         }
-    }
-    fn req_usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?.ok_or_else(|| self.missing(key))
     }
     fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
         match self.g.get(key) {
@@ -730,8 +845,14 @@ impl Meta<'_> {
             let vals: Option<Vec<u64>> = a.iter().map(|x| x.as_u64()).collect();
             let vals = vals.ok_or_else(|| self.wrong(key, "integers", v))?;
             return match vals.split_first() {
-                Some((first, rest)) if rest.iter().all(|x| x == first) => Ok(Some(*first as usize)),
-                Some(_) => Err(Error::Unsupported(format!("per-layer {key} {vals:?}"))),
+                Some((first, rest)) if rest.iter().all(|x| x == first) => usize::try_from(*first)
+                    .map(Some)
+                    .map_err(|_| Error::corrupt(self.path, format!("metadata {} = {first} is too large", shown(key)))),
+                Some(_) => Err(Error::Unsupported(format!(
+                    "per-layer values of {} ({} different values; this engine needs one)",
+                    shown(key),
+                    vals.iter().collect::<std::collections::BTreeSet<_>>().len()
+                ))),
                 None => Err(self.wrong(key, "a non-empty array", v)),
             };
         }
@@ -748,19 +869,27 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
     };
     let arch = match Arch::parse(arch_name) {
         Some(a) => a,
-        None => return Err(Error::Unsupported(format!("architecture {arch_name} (in {})", path.display()))),
+        None => return Err(Error::Unsupported(format!("architecture {} (in {})", shown(arch_name), path.display()))),
     };
     let m = Meta { g, path, arch: arch_name };
     let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
 
-    let hidden = m.req_usize(&m.key("embedding_length"))?;
-    let num_layers = m.req_usize(&m.key("block_count"))?;
+    // The layer count first, against its limit and the tensors present, before anything is
+    // sized by it.
+    let layers_key = m.key("block_count");
+    let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
+    check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
+    let hidden = m.req_capped(&m.key("embedding_length"), cfg_limits::HIDDEN)?;
     let ffn_key = m.key("feed_forward_length");
     let intermediate = m.uniform_usize(&ffn_key)?.ok_or_else(|| m.missing(&ffn_key))?;
+    let intermediate = capped(path, &ffn_key, intermediate, cfg_limits::INTERMEDIATE)?;
     let heads_key = m.key("attention.head_count");
     let num_heads = m.uniform_usize(&heads_key)?.ok_or_else(|| m.missing(&heads_key))?;
-    let num_kv_heads = m.uniform_usize(&m.key("attention.head_count_kv"))?.unwrap_or(num_heads);
-    let max_pos = m.req_usize(&m.key("context_length"))?;
+    let num_heads = capped(path, &heads_key, num_heads, cfg_limits::HEADS)?;
+    let kv_key = m.key("attention.head_count_kv");
+    let num_kv_heads = m.uniform_usize(&kv_key)?.unwrap_or(num_heads);
+    let num_kv_heads = capped(path, &kv_key, num_kv_heads, cfg_limits::HEADS)?;
+    let max_pos = m.req_capped(&m.key("context_length"), cfg_limits::CONTEXT)?;
     for (what, v) in [
         ("embedding_length", hidden),
         ("block_count", num_layers),
@@ -779,7 +908,7 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
         )));
     }
     let head_dim = match m.opt_usize(&m.key("attention.key_length"))? {
-        Some(d) => d,
+        Some(d) => capped(path, &m.key("attention.key_length"), d, cfg_limits::HEAD_DIM)?,
         None => {
             if hidden % num_heads != 0 {
                 return Err(mismatch(format!(
@@ -824,7 +953,7 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
         (None | Some("linear"), Some(f)) if f > 0.0 => f,
         (None | Some("linear"), Some(f)) => return Err(mismatch(format!("rope.scaling.factor = {f}"))),
         (Some(other), Some(f)) => {
-            return Err(Error::Unsupported(format!("RoPE scaling type {other} (factor {f})")));
+            return Err(Error::Unsupported(format!("RoPE scaling type {} (factor {f})", shown(other))));
         }
     };
     if g.tensor("rope_freqs.weight").is_some() {
@@ -840,18 +969,19 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
     let vocab_size = match g.tensor("token_embd.weight") {
         Some(t) => {
             let rows = t.shape.first().copied().unwrap_or(0);
-            if tok.tokens.len() > rows {
+            if !tok.tokens.is_empty() && tok.tokens.len() != rows {
                 return Err(mismatch(format!(
-                    "the vocabulary has {} tokens but token_embd.weight only {rows} rows",
+                    "the vocabulary has {} tokens but token_embd.weight has {rows} rows (they must be equal)",
                     tok.tokens.len()
                 )));
             }
             rows
         }
-        None => tok.tokens.len(),
+        None => return Err(mismatch("tensor token_embd.weight is missing".into())),
     };
+    let vocab_size = capped(path, "token_embd.weight rows (vocabulary size)", vocab_size, cfg_limits::VOCAB)?;
     if vocab_size == 0 {
-        return Err(mismatch("no vocabulary (neither tokenizer.ggml.tokens nor token_embd.weight)".into()));
+        return Err(mismatch("the vocabulary is empty (token_embd.weight has no rows)".into()));
     }
 
     let mut eos_token_ids = Vec::new();
@@ -939,6 +1069,29 @@ pub(crate) fn validate_config(c: &ModelConfig, path: &Path) -> Result<()> {
             return bad(format!("{what} is 0"));
         }
     }
+    use cfg_limits as l;
+    for (what, v, limit) in [
+        ("vocab size", c.vocab_size, l::VOCAB),
+        ("hidden size", c.hidden_size, l::HIDDEN),
+        ("intermediate size", c.intermediate_size, l::INTERMEDIATE),
+        ("layer count", c.num_layers, l::LAYERS),
+        ("head count", c.num_heads, l::HEADS),
+        ("kv head count", c.num_kv_heads, l::HEADS),
+        ("head dimension", c.head_dim, l::HEAD_DIM),
+        ("context length", c.max_position_embeddings, l::CONTEXT),
+    ] {
+        if v > limit {
+            return bad(format!("{what} {v} is above the limit of {limit}"));
+        }
+    }
+    // The KV cache for the whole context, in f32 bytes, must be a representable size (the
+    // limits above guarantee it; this keeps the guarantee next to the use).
+    let kv_bytes = [2, c.num_layers as u64, c.max_position_embeddings as u64, c.kv_dim() as u64, 4]
+        .into_iter()
+        .try_fold(1u64, |a, b| a.checked_mul(b));
+    if kv_bytes.is_none() {
+        return bad("the KV cache size for the full context overflows".into());
+    }
     if c.num_heads % c.num_kv_heads != 0 {
         return bad(format!("{} attention heads are not a multiple of {} kv heads", c.num_heads, c.num_kv_heads));
     }
@@ -989,6 +1142,9 @@ fn tokenizer_data(m: &Meta, arch: Arch) -> Result<GgufTokenizerData> {
             .ok_or_else(|| Error::corrupt(path, format!("metadata {key} should be an array of strings")))
     };
     let tokens = strings("tokenizer.ggml.tokens")?;
+    if m.g.get("tokenizer.ggml.tokens").is_some() && tokens.is_empty() {
+        return Err(Error::corrupt(path, "tokenizer.ggml.tokens is empty: the file has no vocabulary"));
+    }
     let merges = strings("tokenizer.ggml.merges")?;
     let scores = match m.opt_array("tokenizer.ggml.scores")? {
         None => Vec::new(),
@@ -1091,8 +1247,11 @@ impl GgufWriter {
 
     /// Data alignment (a power of two); written as `general.alignment` when not 32.
     pub fn set_alignment(&mut self, alignment: usize) -> Result<&mut Self> {
-        if alignment == 0 || !alignment.is_power_of_two() || alignment > 1 << 30 {
-            return Err(Error::InvalidArgument(format!("GGUF alignment {alignment}")));
+        if alignment < 8 || !alignment.is_power_of_two() || alignment as u64 > limits::MAX_ALIGNMENT {
+            return Err(Error::InvalidArgument(format!(
+                "GGUF alignment {alignment}: a power of two from 8 to {} is needed",
+                limits::MAX_ALIGNMENT
+            )));
         }
         self.alignment = alignment;
         if alignment != DEFAULT_ALIGNMENT {
@@ -1130,19 +1289,24 @@ impl GgufWriter {
         if shape.len() > MAX_DIMS {
             return Err(Error::InvalidArgument(format!("tensor {name}: {} dimensions", shape.len())));
         }
-        if shape.last().copied().unwrap_or(1) % dtype.block_size() != 0 {
+        let row = shape.last().copied().unwrap_or(1);
+        if row % dtype.block_size() != 0 {
             return Err(Error::InvalidArgument(format!(
-                "tensor {name}: row length {:?} is not a multiple of the {dtype} block size",
-                shape.last()
+                "tensor {name}: row length {row} is not a multiple of the {dtype} block size {}",
+                dtype.block_size()
             )));
         }
         let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        let want = numel.and_then(|n| dtype.byte_size(n));
-        if want != Some(bytes.len()) {
-            return Err(Error::InvalidArgument(format!(
-                "tensor {name}: shape {shape:?} of {dtype} needs {want:?} bytes, got {}",
-                bytes.len()
-            )));
+        match numel.and_then(|n| dtype.byte_size(n)) {
+            Some(want) if want == bytes.len() => {}
+            Some(want) => {
+                return Err(Error::InvalidArgument(format!(
+                    "tensor {name}: shape {} of {dtype} needs {want} bytes, got {}",
+                    fmt_shape(shape),
+                    bytes.len()
+                )))
+            }
+            None => return Err(Error::InvalidArgument(format!("tensor {name}: shape {} overflows", fmt_shape(shape)))),
         }
         if self.tensors.iter().any(|t| t.0 == name) {
             return Err(Error::InvalidArgument(format!("tensor {name} added twice")));
@@ -1182,7 +1346,8 @@ impl GgufWriter {
         let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         if numel != Some(data.len()) {
             return Err(Error::InvalidArgument(format!(
-                "tensor {name}: shape {shape:?} does not hold {} values",
+                "tensor {name}: shape {} does not hold {} values",
+                fmt_shape(shape),
                 data.len()
             )));
         }

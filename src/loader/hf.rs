@@ -4,13 +4,17 @@
 //!
 //! Tensor names are mapped onto the canonical GGUF names (see the module docs of
 //! [`crate::loader`]); tensors that map to nothing (vision towers, rotary caches, ...) are left
-//! out. Safetensors headers are parsed here over the memory map and every offset is checked
-//! against the file. Stored types F32, F16 and BF16 are read; a used tensor of any other type is
-//! [`Error::Unsupported`].
+//! out. Safetensors headers are read and validated by the `safetensors` crate (offsets contiguous
+//! from 0, sizes matching dtype × shape, no overflow) and the data must end exactly at the end of
+//! the file. Stored types F32, F16 and BF16 are read; a used tensor of any other type is
+//! [`Error::Unsupported`]. Every file is opened only if it is a regular file.
 
-use super::gguf::{map_file, validate_config, END_OF_TURN_TOKENS};
-use super::{Checkpoint, DType, Fixup, StoredTensor, TokenizerSource};
-use crate::error::{Error, Result};
+use super::gguf::{validate_config, END_OF_TURN_TOKENS};
+use super::{
+    capped, check_layer_count, check_tensors, limits, open_regular, read_small_file, side_file_exists, Checkpoint,
+    DType, DataFile, Fixup, StoredTensor, TokenizerSource,
+};
+use crate::error::{shown, Error, Result};
 use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -32,18 +36,18 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
         (Some(arch), _) => arch,
         (None, "") => return Err(Error::corrupt(&config_path, "config.json has no model_type")),
         (None, other) => {
-            return Err(Error::Unsupported(format!("architecture {other} (in {})", config_path.display())))
+            return Err(Error::Unsupported(format!("architecture {} (in {})", shown(other), config_path.display())))
         }
     };
 
     // Tensors.
-    let mut maps = Vec::new();
+    let mut files = Vec::new();
     let mut tensors = HashMap::new();
     let single = dir.join("model.safetensors");
     let index = dir.join("model.safetensors.index.json");
-    if single.is_file() {
-        load_safetensors(&single, arch, &mut maps, &mut tensors, None)?;
-    } else if index.is_file() {
+    if side_file_exists(&single)? {
+        load_safetensors(&single, arch, &mut files, &mut tensors, None)?;
+    } else if side_file_exists(&index)? {
         let idx = read_json(&index)?;
         let weight_map = idx
             .get("weight_map")
@@ -51,23 +55,29 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
             .ok_or_else(|| Error::corrupt(&index, "no weight_map object"))?;
         let mut shards: Vec<&str> = Vec::new();
         for (name, file) in weight_map {
-            let file = file
-                .as_str()
-                .ok_or_else(|| Error::corrupt(&index, format!("weight_map entry {name} is not a file name")))?;
-            let plain =
-                Path::new(file).components().count() == 1 && !file.contains(['/', '\\']) && file != ".." && file != ".";
+            let file = file.as_str().ok_or_else(|| {
+                Error::corrupt(&index, format!("weight_map entry {} is not a file name", shown(name)))
+            })?;
+            let plain = Path::new(file).components().count() == 1
+                && !file.contains(['/', '\\'])
+                && file != ".."
+                && file != "."
+                && !file.is_empty();
             if !plain {
-                return Err(Error::corrupt(&index, format!("shard name {file:?} is not a plain file name")));
+                return Err(Error::corrupt(&index, format!("shard name {} is not a plain file name", shown(file))));
             }
             if !shards.contains(&file) {
                 shards.push(file);
             }
         }
+        if shards.is_empty() {
+            return Err(Error::corrupt(&index, "weight_map is empty"));
+        }
         shards.sort_unstable();
         for shard in shards {
             let expect: Vec<&str> =
                 weight_map.iter().filter(|(_, f)| f.as_str() == Some(shard)).map(|(n, _)| n.as_str()).collect();
-            load_safetensors(&dir.join(shard), arch, &mut maps, &mut tensors, Some(&expect))?;
+            load_safetensors(&dir.join(shard), arch, &mut files, &mut tensors, Some(&expect))?;
         }
     } else {
         return Err(Error::io(
@@ -96,10 +106,11 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
     if config.tie_word_embeddings {
         tensors.remove("output.weight");
     }
+    check_tensors(&config, &tensors, dir)?;
 
     // Tokenizer files.
     let tok_path = dir.join("tokenizer.json");
-    if !tok_path.is_file() {
+    if !side_file_exists(&tok_path)? {
         return Err(Error::io(
             &tok_path,
             std::io::Error::new(std::io::ErrorKind::NotFound, "tokenizer.json is missing"),
@@ -108,6 +119,15 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
     let tok_json = read_tokenizer_json(&tok_path)?;
     let tok_config = read_optional_json(&dir.join("tokenizer_config.json"))?;
     let gen_config = read_optional_json(&dir.join("generation_config.json"))?;
+    if let Some(t) = tok_json.added_tokens.iter().find(|t| t.id as usize >= config.vocab_size) {
+        return Err(Error::Mismatch(format!(
+            "{}: added token {} has id {}, outside the vocabulary of {}",
+            tok_path.display(),
+            shown(&t.content),
+            t.id,
+            config.vocab_size
+        )));
+    }
     let tcfg = tok_config.as_ref().and_then(Value::as_object);
 
     // Special tokens.
@@ -171,7 +191,7 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
         bos_token,
         eos_token,
         tensors,
-        maps,
+        files,
         fixups,
     })
 }
@@ -180,24 +200,30 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
 // Safetensors
 // ---------------------------------------------------------------------------------------------
 
-/// Parses one safetensors file and adds its tensors (under canonical names) to `out`, which maps
-/// canonical name → (original name, tensor). `expect`: the names an index says are in the file.
+/// The largest safetensors header read (the `safetensors` crate's own limit).
+pub const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
+
+/// Reads and validates one safetensors file's header and adds its tensors (under canonical
+/// names) to `out`, which maps canonical name → (original name, tensor). `expect`: the names an
+/// index says are in the file.
 fn load_safetensors(
     path: &Path,
     arch: Arch,
-    maps: &mut Vec<memmap2::Mmap>,
+    files: &mut Vec<DataFile>,
     out: &mut HashMap<String, (String, StoredTensor)>,
     expect: Option<&[&str]>,
 ) -> Result<()> {
-    let map = map_file(path)?;
-    let map_index = maps.len();
-    let entries = parse_safetensors_header(&map, path)?;
+    let (file, file_len) = open_regular(path)?;
+    let file_index = files.len();
+    let data = DataFile { path: path.to_path_buf(), file, len: file_len };
+    let entries = read_safetensors_header(&data)?;
     if let Some(expect) = expect {
         for name in expect {
             if !entries.iter().any(|e| e.name == *name) {
                 return Err(Error::Mismatch(format!(
-                    "{}: the index lists {name} in this shard, but it is not there",
-                    path.display()
+                    "{}: the index lists {} in this shard, but it is not there",
+                    path.display(),
+                    shown(name)
                 )));
             }
         }
@@ -206,110 +232,95 @@ fn load_safetensors(
         let Some(canonical) = canonical_name(&e.name, arch) else {
             continue;
         };
-        let dtype = match e.dtype.as_str() {
-            "F32" => DType::F32,
-            "F16" => DType::F16,
-            "BF16" => DType::BF16,
+        let dtype = match e.dtype {
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::F16 => DType::F16,
+            safetensors::Dtype::BF16 => DType::BF16,
             other => {
                 return Err(Error::Unsupported(format!(
                     "tensor {} in {} has dtype {other} (F32, F16 and BF16 are read)",
-                    e.name,
+                    shown(&e.name),
                     path.display()
                 )))
             }
         };
-        let st = StoredTensor { map: map_index, offset: e.start, len: e.end - e.start, dtype, shape: e.shape };
+        let st = StoredTensor { file: file_index, offset: e.start, len: e.len, dtype, shape: e.shape };
         if let Some((prev, _)) = out.insert(canonical.clone(), (e.name.clone(), st)) {
-            return Err(Error::corrupt(path, format!("tensors {prev} and {} both map to {canonical}", e.name)));
+            return Err(Error::corrupt(
+                path,
+                format!("tensors {} and {} both map to {canonical}", shown(&prev), shown(&e.name)),
+            ));
         }
     }
-    maps.push(map);
+    files.push(data);
     Ok(())
 }
 
 struct SafetensorsEntry {
     name: String,
-    dtype: String,
+    dtype: safetensors::Dtype,
     shape: Vec<usize>,
-    /// Absolute byte range in the file.
-    start: usize,
-    end: usize,
+    /// Absolute byte offset in the file.
+    start: u64,
+    len: usize,
 }
 
-/// Element size of a safetensors dtype name (None: unknown name).
-fn safetensors_dtype_bits(dtype: &str) -> Option<usize> {
-    Some(match dtype {
-        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" | "F8_E8M0" => 8,
-        "I16" | "U16" | "F16" | "BF16" => 16,
-        "I32" | "U32" | "F32" => 32,
-        "I64" | "U64" | "F64" | "C64" => 64,
-        "F4" | "F6_E2M3" | "F6_E3M2" => return None,
-        _ => return None,
-    })
-}
-
-/// Parses and validates a safetensors header: `u64` JSON length, then a JSON object of
-/// `name: {dtype, shape, data_offsets: [begin, end]}` (offsets relative to the data section
-/// after the header). Each tensor's range must match its shape and lie within the file.
-fn parse_safetensors_header(bytes: &[u8], path: &Path) -> Result<Vec<SafetensorsEntry>> {
+/// Reads a safetensors header (`u64` JSON length, then the JSON) and validates it with the
+/// `safetensors` crate: tensors contiguous from the start of the data, each range the size its
+/// dtype and shape imply, no overflow. The data must end exactly where the file ends.
+fn read_safetensors_header(f: &DataFile) -> Result<Vec<SafetensorsEntry>> {
+    let path = f.path.as_path();
     let corrupt = |msg: String| Error::corrupt(path, msg);
-    let Some(len_bytes) = bytes.get(..8) else {
-        return Err(corrupt(format!("truncated: {} bytes, no safetensors header", bytes.len())));
-    };
-    let n = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
-    let data_start =
-        usize::try_from(n).ok().and_then(|n| n.checked_add(8)).filter(|&e| e <= bytes.len()).ok_or_else(|| {
-            corrupt(format!("header length {n} runs past the end of the file ({} bytes)", bytes.len()))
-        })?;
-    let header: Map<String, Value> = serde_json::from_slice(&bytes[8..data_start])
-        .map_err(|e| corrupt(format!("bad safetensors header JSON: {e}")))?;
-    let data_len = bytes.len() - data_start;
-    let mut out = Vec::with_capacity(header.len());
-    for (name, info) in header {
-        if name == "__metadata__" {
-            continue;
-        }
-        let bad = |what: &str| corrupt(format!("tensor {name}: {what}"));
-        let info = info.as_object().ok_or_else(|| bad("entry is not an object"))?;
-        let dtype = info.get("dtype").and_then(Value::as_str).ok_or_else(|| bad("no dtype"))?.to_string();
-        let shape = info
-            .get("shape")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad("no shape"))?
-            .iter()
-            .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-            .collect::<Option<Vec<usize>>>()
-            .ok_or_else(|| bad("shape is not a list of sizes"))?;
-        let offs = info
-            .get("data_offsets")
-            .and_then(Value::as_array)
-            .filter(|a| a.len() == 2)
-            .ok_or_else(|| bad("no data_offsets [begin, end]"))?;
-        let (begin, end) = match (offs[0].as_u64(), offs[1].as_u64()) {
-            (Some(b), Some(e)) if b <= e => (b, e),
-            _ => return Err(bad("data_offsets are not [begin, end] with begin <= end")),
-        };
-        if end > data_len as u64 {
-            return Err(corrupt(format!(
-                "tensor {name}: data_offsets [{begin}, {end}] run past the end of the data ({data_len} bytes): truncated?"
-            )));
-        }
-        let (begin, end) = (begin as usize, end as usize);
-        if let Some(bits) = safetensors_dtype_bits(&dtype) {
-            let want = shape
-                .iter()
-                .try_fold(1usize, |a, &d| a.checked_mul(d))
-                .and_then(|n| n.checked_mul(bits))
-                .map(|b| b / 8);
-            if want != Some(end - begin) {
-                return Err(corrupt(format!(
-                    "tensor {name}: shape {shape:?} of {dtype} needs {want:?} bytes, data_offsets give {}",
-                    end - begin
-                )));
-            }
-        }
-        out.push(SafetensorsEntry { name, dtype, shape, start: data_start + begin, end: data_start + end });
+    if f.len < 8 {
+        return Err(corrupt(format!("truncated: {} bytes, no safetensors header", f.len)));
     }
+    let n = u64::from_le_bytes(f.read(0, 8)?.try_into().expect("8 bytes"));
+    if n > MAX_SAFETENSORS_HEADER {
+        return Err(corrupt(format!("header length {n} is above the limit of {MAX_SAFETENSORS_HEADER}")));
+    }
+    if n > f.len - 8 {
+        return Err(corrupt(format!("header length {n} runs past the end of the file ({} bytes)", f.len)));
+    }
+    let header = f.read(8, n as usize)?;
+    let meta: safetensors::tensor::Metadata = serde_json::from_slice(&header).map_err(|e| {
+        corrupt(format!("bad safetensors header JSON: {}", crate::error::one_line(&e.to_string(), 300)))
+    })?;
+    let data_start = 8 + n;
+    let data_len = meta.data_len() as u64;
+    let have = f.len - data_start;
+    if data_len > have {
+        let tensors = meta.tensors();
+        let mut past: Vec<_> = tensors.iter().filter(|(_, t)| t.data_offsets.1 as u64 > have).collect();
+        past.sort_by_key(|(_, t)| t.data_offsets);
+        let (name, t) = past[0];
+        return Err(corrupt(format!(
+            "tensor {}: data_offsets [{}, {}] run past the end of the data ({have} bytes after the {n}-byte header): truncated?",
+            shown(name),
+            t.data_offsets.0,
+            t.data_offsets.1
+        )));
+    }
+    if data_len < have {
+        return Err(corrupt(format!(
+            "{} bytes follow the data of the last tensor (the header accounts for {data_len} of the {have} data bytes)",
+            have - data_len
+        )));
+    }
+    let mut out = Vec::new();
+    for (name, info) in meta.tensors() {
+        let (begin, end) = info.data_offsets;
+        if info.shape.len() > 8 {
+            return Err(corrupt(format!("tensor {} has {} dimensions", shown(&name), info.shape.len())));
+        }
+        out.push(SafetensorsEntry {
+            name,
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            start: data_start + begin as u64,
+            len: end - begin,
+        });
+    }
+    out.sort_by_key(|e| e.start);
     Ok(out)
 }
 
@@ -374,7 +385,7 @@ impl Cfg<'_> {
     }
     fn wrong(&self, key: &str, want: &str) -> Error {
         let v = self.obj.get(key).unwrap_or(&Value::Null);
-        Error::corrupt(self.path, format!("{key} should be {want}, is {v}"))
+        Error::corrupt(self.path, format!("{} should be {want}, is {}", shown(key), json_shown(v)))
     }
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
@@ -387,12 +398,25 @@ impl Cfg<'_> {
         }
     }
     fn req_usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?.ok_or_else(|| Error::corrupt(self.path, format!("required key {key} is missing")))
+        self.opt_usize(key)?.ok_or_else(|| Error::corrupt(self.path, format!("required key {} is missing", shown(key))))
+    }
+    /// A count at most `limit`, if present.
+    fn opt_capped(&self, key: &str, limit: usize) -> Result<Option<usize>> {
+        self.opt_usize(key)?.map(|v| capped(self.path, key, v, limit)).transpose()
+    }
+    /// A required count at most `limit`.
+    fn req_capped(&self, key: &str, limit: usize) -> Result<usize> {
+        capped(self.path, key, self.req_usize(key)?, limit)
     }
     fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| self.wrong(key, "a number")),
+            Some(v) => v
+                .as_f64()
+                .map(|x| x as f32)
+                .filter(|x| x.is_finite())
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "a finite number (in f32 range)")),
         }
     }
     fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
@@ -409,6 +433,20 @@ impl Cfg<'_> {
     }
 }
 
+/// A JSON value inside an error message: its JSON text, cut short.
+fn json_shown(v: &Value) -> String {
+    let text = v.to_string();
+    if text.len() <= 60 {
+        crate::error::one_line(&text, 200)
+    } else {
+        format!(
+            "{}… ({} bytes of JSON)",
+            crate::error::one_line(&text.chars().take(40).collect::<String>(), 200),
+            text.len()
+        )
+    }
+}
+
 /// The linear RoPE scaling factor of a `rope_scaling` / `rope_parameters` object (1 = none).
 fn rope_factor(o: Option<&Map<String, Value>>, path: &Path) -> Result<f32> {
     let Some(o) = o else { return Ok(1.0) };
@@ -418,18 +456,21 @@ fn rope_factor(o: Option<&Map<String, Value>>, path: &Path) -> Result<f32> {
         "default" => Ok(1.0),
         "linear" if factor > 0.0 && factor.is_finite() => Ok(factor),
         "linear" => Err(Error::corrupt(path, format!("rope scaling factor {factor}"))),
-        other => Err(Error::Unsupported(format!("RoPE scaling type {other}"))),
+        other => Err(Error::Unsupported(format!("RoPE scaling type {}", shown(other)))),
     }
 }
 
 fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, dir: &Path) -> Result<ModelConfig> {
     let gemma = arch == Arch::Gemma3;
-    let hidden = c.req_usize("hidden_size")?;
-    let num_layers = c.req_usize("num_hidden_layers")?;
-    let intermediate = c.req_usize("intermediate_size")?;
-    let num_heads = c.req_usize("num_attention_heads")?;
-    let num_kv_heads = c.opt_usize("num_key_value_heads")?.unwrap_or(num_heads);
-    let vocab_size = match c.opt_usize("vocab_size")? {
+    // The layer count first, against its limit and the tensors present, before anything is
+    // sized by it.
+    let num_layers = c.req_capped("num_hidden_layers", limits::LAYERS)?;
+    check_layer_count(tensors.keys().map(String::as_str), num_layers, "num_hidden_layers", dir)?;
+    let hidden = c.req_capped("hidden_size", limits::HIDDEN)?;
+    let intermediate = c.req_capped("intermediate_size", limits::INTERMEDIATE)?;
+    let num_heads = c.req_capped("num_attention_heads", limits::HEADS)?;
+    let num_kv_heads = c.opt_capped("num_key_value_heads", limits::HEADS)?.unwrap_or(num_heads);
+    let vocab_size = match c.opt_capped("vocab_size", limits::VOCAB)? {
         Some(v) => v,
         None => tensors
             .get("token_embd.weight")
@@ -439,7 +480,7 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
     if num_heads == 0 {
         return Err(Error::Mismatch(format!("{}: num_attention_heads is 0", c.path.display())));
     }
-    let head_dim = match c.opt_usize("head_dim")? {
+    let head_dim = match c.opt_capped("head_dim", limits::HEAD_DIM)? {
         Some(d) => d,
         None if gemma => 256,
         None => {
@@ -453,7 +494,7 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
         }
     };
     let rms_norm_eps = c.opt_f32("rms_norm_eps")?.unwrap_or(if gemma { 1e-6 } else { 1e-5 });
-    let max_pos = c.opt_usize("max_position_embeddings")?.unwrap_or(match arch {
+    let max_pos = c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(match arch {
         Arch::Llama => 2048,
         Arch::Qwen2 | Arch::Qwen3 => 32768,
         Arch::Gemma3 => 131072,
@@ -510,7 +551,7 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
             .map(|t| match t.as_str() {
                 Some("full_attention") => Ok(LayerAttention::Full),
                 Some(k @ "sliding_attention") => Ok(LayerAttention::Sliding { window: window(k)? }),
-                _ => Err(Error::Unsupported(format!("layer type {t}"))),
+                _ => Err(Error::Unsupported(format!("layer type {}", json_shown(t)))),
             })
             .collect::<Result<_>>()?
     } else if gemma {
@@ -534,7 +575,7 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
     let activation = match act.unwrap_or(if gemma { "gelu_pytorch_tanh" } else { "silu" }) {
         "silu" | "swish" => Activation::SiluGated,
         "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" => Activation::GeluTanhGated,
-        other => return Err(Error::Unsupported(format!("activation {other}"))),
+        other => return Err(Error::Unsupported(format!("activation {}", shown(other)))),
     };
     if c.opt_bool("mlp_bias")? == Some(true) {
         return Err(Error::Unsupported("MLP bias (mlp_bias = true)".into()));
@@ -584,13 +625,23 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
 // Tokenizer side files
 // ---------------------------------------------------------------------------------------------
 
-fn read_json(path: &Path) -> Result<Value> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::corrupt(path, format!("bad JSON: {e}")))
+/// The largest JSON side file read (config.json, tokenizer_config.json, ...).
+const MAX_JSON_BYTES: u64 = 64 << 20;
+/// The largest tokenizer.json read (real ones: up to ~35 MB).
+const MAX_TOKENIZER_JSON_BYTES: u64 = 512 << 20;
+
+fn json_error(path: &Path, e: serde_json::Error) -> Error {
+    Error::corrupt(path, format!("bad JSON: {}", crate::error::one_line(&e.to_string(), 300)))
 }
 
+fn read_json(path: &Path) -> Result<Value> {
+    let bytes = read_small_file(path, MAX_JSON_BYTES)?;
+    serde_json::from_slice(&bytes).map_err(|e| json_error(path, e))
+}
+
+/// A JSON side file that may be absent (`None`); present but not a regular file is an error.
 fn read_optional_json(path: &Path) -> Result<Option<Value>> {
-    if path.is_file() {
+    if side_file_exists(path)? {
         read_json(path).map(Some)
     } else {
         Ok(None)
@@ -613,6 +664,15 @@ struct TokenizerJson {
     added_tokens: Vec<AddedToken>,
     #[serde(default)]
     post_processor: Option<Value>,
+    #[serde(default)]
+    model: Option<TokenizerModel>,
+}
+
+#[derive(serde::Deserialize)]
+struct TokenizerModel {
+    /// BPE / WordPiece / WordLevel: an object of token → id; Unigram: a list of [token, score].
+    #[serde(default)]
+    vocab: Option<Value>,
 }
 
 #[derive(serde::Deserialize)]
@@ -622,8 +682,21 @@ struct AddedToken {
 }
 
 fn read_tokenizer_json(path: &Path) -> Result<TokenizerJson> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::corrupt(path, format!("bad tokenizer.json: {e}")))
+    let bytes = read_small_file(path, MAX_TOKENIZER_JSON_BYTES)?;
+    let t: TokenizerJson = serde_json::from_slice(&bytes).map_err(|e| json_error(path, e))?;
+    let model_vocab = match t.model.as_ref().and_then(|m| m.vocab.as_ref()) {
+        Some(Value::Object(o)) => o.len(),
+        Some(Value::Array(a)) => a.len(),
+        Some(_) => return Err(Error::corrupt(path, "model.vocab is neither an object nor a list")),
+        None => 0,
+    };
+    if model_vocab == 0 {
+        return Err(Error::Tokenizer(format!(
+            "{}: the vocabulary is empty (model.vocab has no tokens)",
+            path.display()
+        )));
+    }
+    Ok(t)
 }
 
 /// Whether a tokenizer.json post-processor starts single sequences with a special token (BOS).
@@ -662,8 +735,11 @@ fn chat_template(dir: &Path, tcfg: Option<&Map<String, Value>>) -> Result<Option
         _ => {}
     }
     let jinja = dir.join("chat_template.jinja");
-    if jinja.is_file() {
-        return std::fs::read_to_string(&jinja).map(Some).map_err(|e| Error::io(jinja, e));
+    if side_file_exists(&jinja)? {
+        let bytes = read_small_file(&jinja, MAX_JSON_BYTES)?;
+        return String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| Error::corrupt(&jinja, "the chat template is not UTF-8 text"));
     }
     let json = dir.join("chat_template.json");
     if let Some(v) = read_optional_json(&json)? {

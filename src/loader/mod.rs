@@ -19,19 +19,20 @@ pub mod synthetic;
 
 pub use dtype::DType;
 
-use crate::error::{Error, Result};
+use crate::error::{shown, Error, Result};
 use crate::model::config::ModelConfig;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
-/// A tensor's bytes, still in its stored type.
+/// A tensor's bytes, still in its stored type (read from the file by [`Checkpoint::raw`]).
 #[derive(Clone, Debug)]
 pub struct TensorView<'a> {
     pub name: &'a str,
     pub dtype: DType,
     /// Row-major, outermost first.
     pub shape: Vec<usize>,
-    pub bytes: &'a [u8],
+    pub bytes: Vec<u8>,
 }
 
 impl TensorView<'_> {
@@ -40,11 +41,11 @@ impl TensorView<'_> {
     }
     /// Dequantizes or converts to f32.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
-        dtype::to_f32(self.dtype, self.bytes, self.numel())
+        dtype::to_f32(self.dtype, &self.bytes, self.numel())
     }
     /// Dequantizes or converts to f16 (what the GPU weights are today).
     pub fn to_f16(&self) -> Result<Vec<half::f16>> {
-        dtype::to_f16(self.dtype, self.bytes, self.numel())
+        dtype::to_f16(self.dtype, &self.bytes, self.numel())
     }
 }
 
@@ -59,7 +60,17 @@ pub enum TokenizerSource {
     None,
 }
 
-/// A loaded checkpoint: config, tensors (memory-mapped) and tokenizer source.
+/// A loaded checkpoint: config, tensor locations (validated against the files) and tokenizer
+/// source.
+///
+/// Opening reads and validates only headers and metadata: every size in checked arithmetic
+/// under a named limit, the config against the tensors present (every declared layer complete,
+/// no tensor left over, each tensor's shape and type what its name implies), and each tensor's
+/// byte range inside its file. Tensor data is read on demand ([`Checkpoint::raw`],
+/// [`Checkpoint::f16`], [`Checkpoint::f32`]) with positioned reads, not a memory map: a file
+/// that shrinks while it is being loaded then gives an error instead of `SIGBUS`, which no
+/// length check before touching a map can rule out (the file can shrink between the check and
+/// the access).
 pub struct Checkpoint {
     pub path: PathBuf,
     pub config: ModelConfig,
@@ -70,7 +81,7 @@ pub struct Checkpoint {
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
     pub(crate) tensors: HashMap<String, StoredTensor>,
-    pub(crate) maps: Vec<memmap2::Mmap>,
+    pub(crate) files: Vec<DataFile>,
     /// Row permutations / offsets applied on conversion (see module docs).
     pub(crate) fixups: HashMap<String, Fixup>,
 }
@@ -86,21 +97,164 @@ pub enum Fixup {
 
 #[derive(Clone, Debug)]
 pub(crate) struct StoredTensor {
-    pub map: usize,
-    pub offset: usize,
+    /// Index into [`Checkpoint::files`].
+    pub file: usize,
+    /// Absolute byte offset in the file.
+    pub offset: u64,
     pub len: usize,
     pub dtype: DType,
     pub shape: Vec<usize>,
 }
 
+/// An open model file and the length it had when its header was validated.
+pub(crate) struct DataFile {
+    pub path: PathBuf,
+    pub file: File,
+    pub len: u64,
+}
+
+impl DataFile {
+    /// Reads `len` bytes at `offset` (a range validated against `self.len` at open), after
+    /// checking that the file still has the length it was validated with.
+    fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let now = self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
+        if now != self.len {
+            return Err(self.changed(now));
+        }
+        let mut buf = vec![0u8; len];
+        read_exact_at(&self.file, &mut buf, offset).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => {
+                let now = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+                self.changed(now)
+            }
+            _ => Error::io(&self.path, e),
+        })?;
+        Ok(buf)
+    }
+
+    fn changed(&self, now: u64) -> Error {
+        Error::corrupt(
+            &self.path,
+            format!("the file changed while it was being loaded (it had {} bytes, now {now})", self.len),
+        )
+    }
+}
+
+#[cfg(unix)]
+fn read_exact_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(f, buf, offset)
+}
+
+#[cfg(windows)]
+fn read_exact_at(f: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match f.seek_read(buf, offset) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// What a path is when it is not a regular file, for messages.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        return "a directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if ft.is_socket() {
+            return "a socket";
+        }
+        if ft.is_block_device() {
+            return "a block device";
+        }
+        if ft.is_char_device() {
+            return "a character device";
+        }
+    }
+    "not a regular file"
+}
+
+/// The error for a path that exists but is not a regular file.
+pub(crate) fn not_a_file(path: &Path, meta: &std::fs::Metadata) -> Error {
+    let kind = file_kind(meta);
+    let text = if kind == "not a regular file" { kind.to_string() } else { format!("is {kind}, not a regular file") };
+    Error::io(path, std::io::Error::new(std::io::ErrorKind::InvalidInput, text))
+}
+
+/// Opens a regular file for reading without ever blocking: the path's type is checked before
+/// `open` (a FIFO would block there until a writer appears) and again on the open handle, which
+/// is opened with `O_NONBLOCK` in case the path was swapped in between. Returns the file and
+/// its length.
+pub(crate) fn open_regular(path: &Path) -> Result<(File, u64)> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(not_a_file(path, &meta));
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = opts.open(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(not_a_file(path, &meta));
+    }
+    Ok((file, meta.len()))
+}
+
+/// Reads a whole regular file of at most `max` bytes (JSON side files, templates).
+pub(crate) fn read_small_file(path: &Path, max: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let (file, len) = open_regular(path)?;
+    if len > max {
+        return Err(Error::corrupt(path, format!("{len} bytes is more than the limit of {max} for this file")));
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    file.take(max + 1).read_to_end(&mut out).map_err(|e| Error::io(path, e))?;
+    if out.len() as u64 > max {
+        return Err(Error::corrupt(path, format!("more than the limit of {max} bytes for this file")));
+    }
+    Ok(out)
+}
+
+/// Whether a side file exists: `Ok(false)` when the path does not exist, an error when it exists
+/// but is not a regular file (a directory named `tokenizer.json` is not a missing tokenizer).
+pub(crate) fn side_file_exists(path: &Path) -> Result<bool> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(path, e)),
+        Ok(m) if m.is_file() => Ok(true),
+        Ok(m) => Err(not_a_file(path, &m)),
+    }
+}
+
 impl Checkpoint {
-    /// Opens a GGUF file or a Hugging Face folder, by what `path` is.
+    /// Opens a GGUF file or a Hugging Face folder, by what `path` is. Anything else (a FIFO, a
+    /// device, a socket) is refused without opening it.
     pub fn open(path: &Path) -> Result<Checkpoint> {
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
         if meta.is_dir() {
             hf::open(path)
-        } else {
+        } else if meta.is_file() {
             gguf::open(path)
+        } else {
+            Err(not_a_file(path, &meta))
         }
     }
 
@@ -112,40 +266,50 @@ impl Checkpoint {
         self.tensors.contains_key(name)
     }
 
-    /// The raw stored tensor (no fixups applied).
+    /// The raw stored tensor (no fixups applied), read from its file.
     pub fn raw<'a>(&'a self, name: &'a str) -> Result<TensorView<'a>> {
-        let t = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| Error::Mismatch(format!("tensor {name} is missing from {}", self.path.display())))?;
-        Ok(TensorView {
-            name,
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            bytes: &self.maps[t.map][t.offset..t.offset + t.len],
-        })
+        let t = self.tensors.get(name).ok_or_else(|| {
+            Error::Mismatch(format!("tensor {} is missing from {}", shown(name), self.path.display()))
+        })?;
+        let bytes = self.files[t.file].read(t.offset, t.len)?;
+        Ok(TensorView { name, dtype: t.dtype, shape: t.shape.clone(), bytes })
     }
 
-    /// The tensor as f32 with fixups applied, after checking its shape.
+    /// The tensor as f32 with fixups applied, after checking its shape. Non-finite values are an
+    /// error.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let v = self.raw(name)?;
         check_shape(&v, shape)?;
         let mut data = v.to_f32()?;
         self.apply_fixup(name, &v.shape, &mut data);
+        self.check_finite(name, data.iter().map(|x| x.is_finite()))?;
         Ok(data)
     }
 
-    /// The tensor as f16 with fixups applied, after checking its shape.
+    /// The tensor as f16 with fixups applied, after checking its shape. Values that are not
+    /// finite (or overflow f16) are an error.
     pub fn f16(&self, name: &str, shape: &[usize]) -> Result<Vec<half::f16>> {
         let v = self.raw(name)?;
         check_shape(&v, shape)?;
-        match self.fixups.get(name) {
-            None => v.to_f16(),
+        let out = match self.fixups.get(name) {
+            None => v.to_f16()?,
             Some(_) => {
                 let mut data = v.to_f32()?;
                 self.apply_fixup(name, &v.shape, &mut data);
-                Ok(data.into_iter().map(half::f16::from_f32).collect())
+                data.into_iter().map(half::f16::from_f32).collect()
             }
+        };
+        self.check_finite(name, out.iter().map(|x| x.is_finite()))?;
+        Ok(out)
+    }
+
+    fn check_finite(&self, name: &str, mut finite: impl Iterator<Item = bool>) -> Result<()> {
+        match finite.position(|ok| !ok) {
+            None => Ok(()),
+            Some(i) => Err(Error::corrupt(
+                &self.path,
+                format!("tensor {} has a value that is not finite (or out of f16 range) at element {i}", shown(name)),
+            )),
         }
     }
 
@@ -163,9 +327,197 @@ impl Checkpoint {
 fn check_shape(v: &TensorView, want: &[usize]) -> Result<()> {
     if v.shape != want {
         return Err(Error::Mismatch(format!(
-            "tensor {} has shape {:?}, the config implies {:?}",
-            v.name, v.shape, want
+            "tensor {} has shape {}, the config implies {}",
+            shown(v.name),
+            fmt_shape(&v.shape),
+            fmt_shape(want)
         )));
+    }
+    Ok(())
+}
+
+/// `[a, b, c]`, at most 8 dimensions shown.
+pub(crate) fn fmt_shape<T: std::fmt::Display>(dims: &[T]) -> String {
+    let mut s = String::from("[");
+    for (i, d) in dims.iter().enumerate() {
+        if i == 8 {
+            s.push_str(&format!(", … ({} dimensions)", dims.len()));
+            break;
+        }
+        if i > 0 {
+            s.push_str(", ");
+        }
+        s.push_str(&d.to_string());
+    }
+    s.push(']');
+    s
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation shared by both loaders
+// ---------------------------------------------------------------------------------------------
+
+/// Limits on config values, far above any real model, that keep every size computed from them
+/// (KV cache, activations, weights) well inside `u64` and refuse absurd values before anything
+/// is allocated. Each error names the field and the limit.
+pub mod limits {
+    /// Vocabulary size (real models: up to 262,144).
+    pub const VOCAB: usize = 1 << 24;
+    /// Hidden size (real models: up to 16,384).
+    pub const HIDDEN: usize = 1 << 17;
+    /// MLP intermediate size (real models: up to 53,248).
+    pub const INTERMEDIATE: usize = 1 << 20;
+    /// Layers (real models: up to 126). The layer count must also match the tensors present.
+    pub const LAYERS: usize = 4096;
+    /// Attention heads, query or key/value (real models: up to 128).
+    pub const HEADS: usize = 4096;
+    /// Head dimension (real models: up to 256).
+    pub const HEAD_DIM: usize = 4096;
+    /// Context length (real models: up to ~10^7 with scaling).
+    pub const CONTEXT: usize = 1 << 26;
+}
+
+/// A config value checked against its limit: `field` is named as the file names it.
+pub(crate) fn capped(path: &Path, field: &str, value: usize, limit: usize) -> Result<usize> {
+    if value > limit {
+        return Err(Error::corrupt(path, format!("{} = {value} is above the limit of {limit}", shown(field))));
+    }
+    Ok(value)
+}
+
+/// The number of layers the tensors describe (`blk.{i}.*`, highest `i` + 1), before anything is
+/// sized by a layer count: a layer index that is not canonical decimal is an error, and so is a
+/// declared count (`field`) that differs from it, in either direction.
+pub(crate) fn check_layer_count<'a>(
+    names: impl Iterator<Item = &'a str>,
+    declared: usize,
+    field: &str,
+    path: &Path,
+) -> Result<()> {
+    let mut layers = BTreeSet::new();
+    for name in names {
+        if let Some(i) = layer_index(name, path)? {
+            layers.insert(i);
+        }
+    }
+    let present = layers.last().map_or(0, |&i| i + 1);
+    if present != declared {
+        let what = match layers.last() {
+            None => "no layer tensors".to_string(),
+            Some(&last) => format!("tensors for {present} (blk.0 to blk.{last})"),
+        };
+        return Err(Error::Mismatch(format!(
+            "{}: {} says {declared} layers, the file has {what}",
+            path.display(),
+            shown(field)
+        )));
+    }
+    if let Some(missing) = (0..present).find(|i| !layers.contains(i)) {
+        return Err(Error::Mismatch(format!("{}: layer {missing} has no tensors", path.display())));
+    }
+    Ok(())
+}
+
+/// The layer index of a canonical `blk.{i}.…` name.
+fn layer_index(name: &str, path: &Path) -> Result<Option<usize>> {
+    let Some(rest) = name.strip_prefix("blk.") else {
+        return Ok(None);
+    };
+    let digits = rest.split('.').next().unwrap_or("");
+    let canonical = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'))
+        && digits.len() <= 9;
+    if !canonical || rest.len() == digits.len() {
+        return Err(Error::corrupt(path, format!("tensor {} has no valid layer index", shown(name))));
+    }
+    Ok(digits.parse().ok())
+}
+
+/// What a tensor of a model is, for its type check.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Role {
+    /// A matrix: any supported type.
+    Matrix,
+    /// A norm weight or a bias: stored as floats (F32, F16 or BF16).
+    Vector,
+}
+
+/// Every tensor `c` implies, with its shape and role; `optional` ones may be absent.
+fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role)> {
+    let (h, d, q, kv, f, v) = (c.hidden_size, c.head_dim, c.q_dim(), c.kv_dim(), c.intermediate_size, c.vocab_size);
+    let mut out = vec![
+        ("token_embd.weight".to_string(), vec![v, h], Role::Matrix),
+        ("output_norm.weight".to_string(), vec![h], Role::Vector),
+    ];
+    if !c.tie_word_embeddings {
+        out.push(("output.weight".into(), vec![v, h], Role::Matrix));
+    }
+    for i in 0..c.num_layers {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        out.push((n("attn_norm.weight"), vec![h], Role::Vector));
+        out.push((n("attn_q.weight"), vec![q, h], Role::Matrix));
+        out.push((n("attn_k.weight"), vec![kv, h], Role::Matrix));
+        out.push((n("attn_v.weight"), vec![kv, h], Role::Matrix));
+        out.push((n("attn_output.weight"), vec![h, q], Role::Matrix));
+        out.push((n("ffn_norm.weight"), vec![h], Role::Vector));
+        out.push((n("ffn_gate.weight"), vec![f, h], Role::Matrix));
+        out.push((n("ffn_up.weight"), vec![f, h], Role::Matrix));
+        out.push((n("ffn_down.weight"), vec![h, f], Role::Matrix));
+        if c.attention_bias {
+            out.push((n("attn_q.bias"), vec![q], Role::Vector));
+            out.push((n("attn_k.bias"), vec![kv], Role::Vector));
+            out.push((n("attn_v.bias"), vec![kv], Role::Vector));
+        }
+        if c.qk_norm {
+            out.push((n("attn_q_norm.weight"), vec![d], Role::Vector));
+            out.push((n("attn_k_norm.weight"), vec![d], Role::Vector));
+        }
+        if c.sandwich_norm {
+            out.push((n("post_attention_norm.weight"), vec![h], Role::Vector));
+            out.push((n("post_ffw_norm.weight"), vec![h], Role::Vector));
+        }
+    }
+    out
+}
+
+/// Checks the tensors against the config: every tensor the config implies is present with the
+/// shape it implies and a type that fits its role, and no other tensor is there (a tensor the
+/// engine would silently ignore means the file and the config disagree). Call after
+/// [`check_layer_count`], so the layer loop here is bounded by the tensors present.
+pub(crate) fn check_tensors(c: &ModelConfig, tensors: &HashMap<String, StoredTensor>, path: &Path) -> Result<()> {
+    let expected = expected_tensors(c);
+    let mismatch = |msg: String| Err(Error::Mismatch(format!("{}: {msg}", path.display())));
+    for (name, shape, role) in &expected {
+        let Some(t) = tensors.get(name) else {
+            return mismatch(format!("tensor {name} is missing"));
+        };
+        if t.shape != *shape {
+            return mismatch(format!(
+                "tensor {name} has shape {}, the config implies {}",
+                fmt_shape(&t.shape),
+                fmt_shape(shape)
+            ));
+        }
+        if *role == Role::Vector && t.dtype.is_quantized() {
+            return mismatch(format!(
+                "tensor {name} is stored as {}, a norm or bias should be f32, f16 or bf16",
+                t.dtype
+            ));
+        }
+    }
+    if tensors.len() != expected.len() {
+        let known: std::collections::HashSet<&str> = expected.iter().map(|(n, ..)| n.as_str()).collect();
+        let mut extra: Vec<&str> = tensors.keys().map(String::as_str).filter(|n| !known.contains(n)).collect();
+        extra.sort_unstable();
+        if let Some(first) = extra.first() {
+            return mismatch(format!(
+                "{} tensor(s) the config does not use, such as {} (a {} model with these settings has no such tensor)",
+                extra.len(),
+                shown(first),
+                c.arch.name()
+            ));
+        }
     }
     Ok(())
 }

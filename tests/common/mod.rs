@@ -37,3 +37,20 @@ pub fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 pub mod stats;
+
+/// Asserts that an error message is fit for a user: one line, under 1 KB, no control characters,
+/// no Rust `Debug` output such as `Some(2)`, no OS error said twice.
+pub fn assert_clean_message(msg: &str) {
+    assert!(
+        msg.len() < 1024,
+        "message of {} bytes: {}…",
+        msg.len(),
+        &msg[..msg.char_indices().nth(200).map_or(msg.len(), |(i, _)| i)]
+    );
+    assert!(!msg.is_empty(), "empty message");
+    assert!(!msg.chars().any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}'), "control character in {msg:?}");
+    assert!(!msg.contains("Some(") && !msg.contains("None)"), "Debug output in {msg:?}");
+    if let Some(i) = msg.find("(os error") {
+        assert!(!msg[i + 1..].contains("(os error"), "OS error twice in {msg:?}");
+    }
+}
