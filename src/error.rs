@@ -172,7 +172,7 @@ mod tests {
     fn io_error_text_appears_once() {
         let e = Error::io("/nope", std::io::Error::from(std::io::ErrorKind::NotFound));
         assert!(std::error::Error::source(&e).is_none());
-        let inner = std::io::Error::new(std::io::ErrorKind::Other, "inner cause");
+        let inner = std::io::Error::other("inner cause");
         let e = Error::io("/x", std::io::Error::new(std::io::ErrorKind::InvalidData, inner));
         assert_eq!(e.to_string(), "/x: inner cause");
         let any = anyhow::Error::from(e);

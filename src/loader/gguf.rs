@@ -760,7 +760,7 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
         bos_token,
         eos_token,
         tensors,
-        files: vec![DataFile { path: path.to_path_buf(), file, len }],
+        files: vec![DataFile::file(path, file, len)],
         fixups,
     })
 }

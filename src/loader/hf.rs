@@ -215,7 +215,7 @@ fn load_safetensors(
 ) -> Result<()> {
     let (file, file_len) = open_regular(path)?;
     let file_index = files.len();
-    let data = DataFile { path: path.to_path_buf(), file, len: file_len };
+    let data = DataFile::file(path, file, file_len);
     let entries = read_safetensors_header(&data)?;
     if let Some(expect) = expect {
         for name in expect {

@@ -106,25 +106,39 @@ pub(crate) struct StoredTensor {
     pub shape: Vec<usize>,
 }
 
-/// An open model file and the length it had when its header was validated.
+/// An open model file and the length it had when its header was validated, or the bytes of a
+/// checkpoint built in memory ([`synthetic`]).
 pub(crate) struct DataFile {
     pub path: PathBuf,
-    pub file: File,
+    pub source: DataSource,
     pub len: u64,
 }
 
+pub(crate) enum DataSource {
+    File(File),
+    Memory(Vec<u8>),
+}
+
 impl DataFile {
+    pub(crate) fn file(path: &Path, file: File, len: u64) -> DataFile {
+        DataFile { path: path.to_path_buf(), source: DataSource::File(file), len }
+    }
+
     /// Reads `len` bytes at `offset` (a range validated against `self.len` at open), after
     /// checking that the file still has the length it was validated with.
     fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let now = self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
+        let file = match &self.source {
+            DataSource::Memory(bytes) => return Ok(bytes[offset as usize..offset as usize + len].to_vec()),
+            DataSource::File(file) => file,
+        };
+        let now = file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
         if now != self.len {
             return Err(self.changed(now));
         }
         let mut buf = vec![0u8; len];
-        read_exact_at(&self.file, &mut buf, offset).map_err(|e| match e.kind() {
+        read_exact_at(file, &mut buf, offset).map_err(|e| match e.kind() {
             std::io::ErrorKind::UnexpectedEof => {
-                let now = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+                let now = file.metadata().map(|m| m.len()).unwrap_or(0);
                 self.changed(now)
             }
             _ => Error::io(&self.path, e),

@@ -17,7 +17,7 @@
 //! not divide a row fall back as llama.cpp does: Q4_K → Q5_0, Q6_K → Q8_0).
 
 use super::dtype::{quantize, DType, QK_K};
-use super::{Checkpoint, StoredTensor, TokenizerSource};
+use super::{Checkpoint, DataFile, DataSource, StoredTensor, TokenizerSource};
 use crate::error::{Error, Result};
 use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
 use half::f16;
@@ -296,8 +296,10 @@ pub fn build(config: &ModelConfig, recipe: &str, label: &str, seed: u64) -> Resu
         layout.push((total, len));
         total = (total + len).next_multiple_of(32);
     }
-    let mut map = memmap2::MmapMut::map_anon(total.max(1))
+    let mut map = Vec::new();
+    map.try_reserve_exact(total)
         .map_err(|e| Error::Gpu(format!("{label}: cannot allocate {} MiB of host memory: {e}", total >> 20)))?;
+    map.resize(total, 0u8);
     let mut pools: HashMap<(DType, u32), Vec<u8>> = HashMap::new();
     for (p, &(offset, len)) in plans.iter().zip(&layout) {
         let dst = &mut map[offset..offset + len];
@@ -324,11 +326,12 @@ pub fn build(config: &ModelConfig, recipe: &str, label: &str, seed: u64) -> Resu
             }
         }
     }
-    let map = map.make_read_only().map_err(|e| Error::Gpu(format!("{label}: {e}")))?;
     let tensors = plans
         .into_iter()
         .zip(layout)
-        .map(|(p, (offset, len))| (p.name, StoredTensor { map: 0, offset, len, dtype: p.dtype, shape: p.shape }))
+        .map(|(p, (offset, len))| {
+            (p.name, StoredTensor { file: 0, offset: offset as u64, len, dtype: p.dtype, shape: p.shape })
+        })
         .collect();
     let mut config = config.clone();
     config.eos_token_ids.clear();
@@ -340,7 +343,7 @@ pub fn build(config: &ModelConfig, recipe: &str, label: &str, seed: u64) -> Resu
         bos_token: None,
         eos_token: None,
         tensors,
-        maps: vec![map],
+        files: vec![DataFile { path: PathBuf::from(label), len: map.len() as u64, source: DataSource::Memory(map) }],
         fixups: HashMap::new(),
     })
 }

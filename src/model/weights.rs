@@ -164,9 +164,9 @@ fn raw_rows<'a>(ck: &'a Checkpoint, name: &'a str, n: usize, k: usize) -> Result
         return Err(Error::Mismatch(format!("tensor {name} has shape {:?}, the config implies {:?}", v.shape, [n, k])));
     }
     match ck.fixups.get(name) {
-        None => Ok(Some((v.dtype, Cow::Borrowed(v.bytes)))),
+        None => Ok(Some((v.dtype, Cow::Owned(v.bytes)))),
         Some(Fixup::UnpermuteRope { heads }) => {
-            Ok(Some((v.dtype, Cow::Owned(unpermute_rope_rows_raw(v.bytes, n, v.bytes.len() / n, *heads)))))
+            Ok(Some((v.dtype, Cow::Owned(unpermute_rope_rows_raw(&v.bytes, n, v.bytes.len() / n, *heads)))))
         }
         Some(Fixup::AddConstant(_)) => Ok(None),
     }
