@@ -172,6 +172,10 @@ struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Also time every dispatch of a decode step (median of N steps, each dispatch in a pass of its
+    /// own between timestamps) and report where the step's GPU time goes, by kernel.
+    #[arg(long, value_name = "N")]
+    profile: Option<usize>,
     #[command(flatten)]
     gpu: GpuArgs,
 }
@@ -356,6 +360,9 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     if a.prompt_tokens == 0 || a.gen_tokens == 0 {
         anyhow::bail!("--prompt-tokens and --gen-tokens must be at least 1");
     }
+    if a.profile.is_some_and(|n| n == 0 || n > 1000) {
+        anyhow::bail!("--profile {} is out of range: 1..=1000", a.profile.unwrap_or_default());
+    }
     const MAX_TOKENS: usize = 1 << 20;
     if a.prompt_tokens > MAX_TOKENS || a.gen_tokens > MAX_TOKENS {
         anyhow::bail!("--prompt-tokens and --gen-tokens must be at most {MAX_TOKENS}");
@@ -395,6 +402,10 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     let tg = median(runs.iter().map(Stats::decode_tok_s).collect());
     let last = runs.last().expect("reps >= 1");
     let steps = step_medians(&runs);
+    let profile = match a.profile {
+        Some(n) => Some(profile_table(&model.profile_step(n)?)),
+        None => None,
+    };
     if a.json {
         println!(
             "{}",
@@ -426,6 +437,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
                     "median": steps,
                 },
                 "logits_finite": true,
+                "profile": profile,
             })
         );
     } else {
@@ -455,6 +467,54 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             f("wait_us"),
             f("gpu_us"),
         );
+        if let Some(rows) = &profile {
+            let total: f64 = rows.iter().filter_map(|r| r["us_total"].as_f64()).sum();
+            println!("per-dispatch GPU time of a decode step (sum {total:.0} us):");
+            for r in rows {
+                let us = r["us_total"].as_f64().unwrap_or(0.0);
+                println!(
+                    "{:>8.1} us {:>5.1} %  {:>3} x {:>7.2} us  {} [{}] {}",
+                    us,
+                    100.0 * us / total.max(1e-9),
+                    r["count"],
+                    r["us_each"].as_f64().unwrap_or(0.0),
+                    r["name"].as_str().unwrap_or(""),
+                    r["variant"].as_str().unwrap_or(""),
+                    r["workgroups"],
+                );
+            }
+        }
     }
     Ok(())
+}
+
+/// Dispatches grouped by kernel, variant and grid, largest total first.
+fn profile_table(times: &[wgpu_llm::model::forward::DispatchTime]) -> Vec<serde_json::Value> {
+    let mut groups: Vec<(&wgpu_llm::model::forward::DispatchTime, usize, f64)> = Vec::new();
+    for t in times {
+        match groups
+            .iter_mut()
+            .find(|(g, _, _)| g.name == t.name && g.variant == t.variant && g.workgroups == t.workgroups)
+        {
+            Some(g) => {
+                g.1 += 1;
+                g.2 += t.us;
+            }
+            None => groups.push((t, 1, t.us)),
+        }
+    }
+    groups.sort_by(|a, b| b.2.total_cmp(&a.2));
+    groups
+        .into_iter()
+        .map(|(t, count, total)| {
+            serde_json::json!({
+                "name": t.name,
+                "variant": t.variant,
+                "workgroups": t.workgroups,
+                "count": count,
+                "us_each": total / count as f64,
+                "us_total": total,
+            })
+        })
+        .collect()
 }

@@ -112,8 +112,29 @@ fn bench_arguments_are_validated() {
     fails_with(bench(&["--gen-tokens", "0"]), &["at least 1"]);
     fails_with(bench(&["--pipeline", "100"]), &["--pipeline 100"]);
     fails_with(bench(&["--top-p", "2"]), &["top_p"]);
+    fails_with(bench(&["--profile", "0"]), &["--profile 0"]);
     let out = bin().args(["bench", "--synthetic", "llama-70b:q4_k_m"]).output().unwrap();
     fails_with(out, &["unknown synthetic model", "qwen2.5-1.5b"]);
+}
+
+#[test]
+fn bench_profile_times_every_dispatch() {
+    // `--profile` times each dispatch of a decode step: one entry per (kernel, variant, grid), counts
+    // adding up to the step's dispatches, every time positive.
+    let out = bin()
+        .args(["bench", "--synthetic", "smollm2-135m:q4_1", "--json", "--reps", "1", "--prompt-tokens", "4"])
+        .args(["--gen-tokens", "2", "--temperature", "0", "--profile", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["profile"].as_array().expect("a profile array");
+    let count: u64 = rows.iter().map(|r| r["count"].as_u64().unwrap()).sum();
+    // The forward pass's dispatches: the step's, less the sampler's.
+    let step = v["decode_step"]["dispatches"].as_u64().unwrap();
+    assert!(count > 0 && count < step, "{count} profiled dispatches of a {step}-dispatch step");
+    assert!(rows.iter().any(|r| r["name"] == "matvec_quant:main" && r["variant"].as_str().unwrap().contains("Q4_1")));
+    assert!(rows.iter().all(|r| r["us_total"].as_f64().unwrap() > 0.0), "{rows:?}");
 }
 
 #[test]

@@ -155,9 +155,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var t0 = 0u; t0 < p.t; t0 += {{TOK}}u) {
         // First XVec of each token's x row (clamped: tokens past T compute garbage, unstored).
         let xr = min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.t - 1u)) * p.xs;
-#ifdef NORM
-        let rn = li_norm_scales(xr, p.k4, p.eps, lid);
-#endif
         // acc_j: token j, component r for row r (named vectors, not an indexed array, so that
         // they stay in registers on every compiler).
         // (acc1..3 stay 0 without TOK4.)
@@ -185,6 +182,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var sum = mv_reduce(acc0, acc1, acc2, acc3, lid, 1u, 0u);
 #endif
 #ifdef NORM
+        // The norm's scale last: the weights did not wait for its reduction.
+#ifdef SUBGROUP
+        let rn = li_norm_scales(xr, p.k4, p.eps, lid, sg_size, sg_lane);
+#else
+        let rn = li_norm_scales(xr, p.k4, p.eps, lid, 1u, 0u);
+#endif
         sum *= rn[min(out_j, 3u)];
 #endif
         if (out_j < {{TOK}}u && row0 + out_r < p.n && t0 + out_j < p.t) {

@@ -82,10 +82,63 @@ const NGROUPS: u32 = {{WG}}u / {{TPR}}u;
 
 #include "matvec_reduce"
 
+#ifdef PROBE_NOMATH
+// Measurement probes (tests only): the loads without the dequantization and x.
+#ifdef Q4_K
+fn q_probe(r: QRaw) -> f32 {
+    return bitcast<f32>((r.qs.x ^ r.qs.y ^ r.qs.z ^ r.qs.w) & 0x3FFFFFFFu) + r.dl + r.dh + r.ml + r.mh;
+}
+#endif
+#ifdef Q6_K
+fn q_probe(r: QRaw) -> f32 {
+    let w = r.a ^ r.c ^ r.h;
+    return bitcast<f32>((w.x ^ w.y ^ w.z ^ w.w) & 0x3FFFFFFFu) + dot(r.s, r.s);
+}
+#endif
+#ifdef Q8_0
+fn q_probe(r: QRaw) -> f32 {
+    let w = r.a ^ r.b;
+    return bitcast<f32>((w.x ^ w.y ^ w.z ^ w.w) & 0x3FFFFFFFu) + r.d;
+}
+#endif
+#ifdef Q4_1
+#else
+#ifdef Q5_0
+#else
+#ifdef Q5_1
+#else
+#ifdef Q8_0
+#else
+#ifdef Q4_K
+#else
+#ifdef Q5_K
+#else
+#ifdef Q6_K
+#else
+fn q_probe(r: QRaw) -> f32 {
+    return bitcast<f32>((r.qs.x ^ r.qs.y ^ r.qs.z ^ r.qs.w) & 0x3FFFFFFFu) + r.d;
+}
+#endif
+#endif
+#endif
+#endif
+#endif
+#endif
+#endif
+#endif
+
 // The 4 rows' units against one token's x.
 fn dot4(r0: QRaw, r1: QRaw, r2: QRaw, r3: QRaw, u: u32, xr: u32) -> vec4<f32> {
+#ifdef PROBE_NOMATH
+    return vec4<f32>(q_probe(r0), q_probe(r1), q_probe(r2), q_probe(r3));
+#else
+#ifdef PROBE_NOX
+    let v = q_x(0u, 0u);
+#else
     let v = q_x(u, xr);
+#endif
     return vec4<f32>(q_dot(r0, v), q_dot(r1, v), q_dot(r2, v), q_dot(r3, v));
+#endif
 }
 
 // Writes output `row` of token `t`.
@@ -111,6 +164,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // bind group layout for every type (p.n > 0).
     if (p.n == 0u) {
         y[0] = bitcast<f32>(ww[0]);
+#ifdef PROBE_NOMATH
+        y[0] = x[0].x;
+#endif
     }
     let wg = wid.x + wid.y * nwg.x;
     let grp = lid / {{TPR}}u;
@@ -126,9 +182,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var t0 = 0u; t0 < p.t; t0 += {{TOK}}u) {
         // Each token's x row start (clamped: tokens past T compute garbage, unstored).
         let xr = min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.t - 1u)) * p.xs;
-#ifdef NORM
-        let rn = li_norm_scales(xr, p.xk, p.eps, lid);
-#endif
         // (acc1..3 stay 0 without TOK4.)
         var acc0 = vec4<f32>(0.0);
         var acc1 = vec4<f32>(0.0);
@@ -157,6 +210,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var sum = mv_reduce(acc0, acc1, acc2, acc3, lid, 1u, 0u);
 #endif
 #ifdef NORM
+        // The norm's scale last: the weights did not wait for its reduction.
+#ifdef SUBGROUP
+        let rn = li_norm_scales(xr, p.xk, p.eps, lid, sg_size, sg_lane);
+#else
+        let rn = li_norm_scales(xr, p.xk, p.eps, lid, 1u, 0u);
+#endif
         sum *= rn[min(out_j, 3u)];
 #endif
         if (out_j < {{TOK}}u && row0 + out_r < p.n && t0 + out_j < p.t) {

@@ -32,6 +32,10 @@ impl PipelineCache {
 /// One recorded dispatch.
 pub struct Kernel {
     pub name: String,
+    /// The variant flags it was compiled with (macros set to "1", less the adapter's F16 and
+    /// SUBGROUP and the token count), joined by '+': what tells two dispatches of one shader
+    /// apart in a profile.
+    pub variant: String,
     pipeline: Arc<wgpu::ComputePipeline>,
     bind_group: wgpu::BindGroup,
     pub workgroups: [u32; 3],
@@ -111,6 +115,13 @@ impl Gpu {
             .map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32, resource: r.clone() })
             .collect();
         let name = format!("{shader_name}:{entry}");
+        let variant = macros
+            .0
+            .iter()
+            .filter(|(k, v)| v.as_str() == "1" && !matches!(k.as_str(), "F16" | "SUBGROUP" | "TOK"))
+            .map(|(k, _)| k.as_str())
+            .collect::<Vec<_>>()
+            .join("+");
         let bind_group = self.scoped(&format!("binding {name}"), || {
             self.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&name),
@@ -121,7 +132,7 @@ impl Gpu {
         if workgroups.iter().any(|&w| w > self.limits.max_compute_workgroups_per_dimension) {
             return Err(Error::Gpu(format!("{name}: grid {workgroups:?} exceeds the device limit")));
         }
-        Ok(Kernel { name, pipeline, bind_group, workgroups })
+        Ok(Kernel { name, variant, pipeline, bind_group, workgroups })
     }
 
     /// A uniform buffer holding `value`.

@@ -37,6 +37,17 @@ enum Item {
     },
 }
 
+/// One dispatch's median GPU time in [`Model::profile_step`].
+#[derive(Clone, Debug)]
+pub struct DispatchTime {
+    /// `shader:entry`.
+    pub name: String,
+    /// Its variant flags ([`Kernel::variant`]).
+    pub variant: String,
+    pub workgroups: [u32; 3],
+    pub us: f64,
+}
+
 /// The recorded forward pass for `t` tokens.
 pub struct Plan {
     pub t: usize,
@@ -195,6 +206,76 @@ impl Model {
         self.gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
         self.pos += n;
         Ok(&self.plans[&n])
+    }
+
+    /// Runs the one-token step `reps` times with every dispatch in a compute pass of its own
+    /// between two timestamps, and returns each dispatch's median GPU time, in plan order: where a
+    /// decode step's time goes. A pass per dispatch adds a little to each, so the sum is a bit
+    /// above the fused step's time; the split is what counts. The position is restored.
+    pub fn profile_step(&mut self, reps: usize) -> Result<Vec<DispatchTime>> {
+        if !self.gpu.caps.timestamps {
+            return Err(Error::Unsupported("profiling needs timestamp queries, which this adapter lacks".into()));
+        }
+        let pos = self.pos;
+        self.stage(1)?;
+        self.rollback(pos);
+        let n = self.plans[&1].dispatches();
+        let queries = 2 * n as u32;
+        if queries > wgpu::QUERY_SET_MAX_QUERIES {
+            return Err(Error::Unsupported(format!("{n} dispatches are more than one query set can time")));
+        }
+        let gpu = self.gpu.clone();
+        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: queries,
+        });
+        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("profile resolved"),
+            size: 8 * u64::from(queries),
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let period_us = f64::from(gpu.queue.get_timestamp_period()) / 1e3;
+        let mut times = vec![Vec::with_capacity(reps); n];
+        for _ in 0..reps.max(1) {
+            let plan = self.stage(1)?;
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            let kernels = plan.items.iter().filter_map(|i| if let Item::Kernel(k) = i { Some(k) } else { None });
+            for (i, k) in kernels.enumerate() {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &set,
+                        beginning_of_pass_write_index: Some(2 * i as u32),
+                        end_of_pass_write_index: Some(2 * i as u32 + 1),
+                    }),
+                });
+                k.encode(&mut pass);
+            }
+            enc.resolve_query_set(&set, 0..queries, &resolve, 0);
+            gpu.queue.submit([enc.finish()]);
+            let bytes = gpu.read_bytes(&resolve, 0, 8 * u64::from(queries));
+            self.rollback(pos);
+            let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes?);
+            for (i, t) in times.iter_mut().enumerate() {
+                t.push(ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period_us);
+            }
+        }
+        let plan = &self.plans[&1];
+        let kernels = plan.items.iter().filter_map(|i| if let Item::Kernel(k) = i { Some(k) } else { None });
+        Ok(kernels
+            .zip(times)
+            .map(|(k, mut t)| {
+                t.sort_by(f64::total_cmp);
+                DispatchTime {
+                    name: k.name.clone(),
+                    variant: k.variant.clone(),
+                    workgroups: k.workgroups,
+                    us: t[t.len() / 2],
+                }
+            })
+            .collect())
     }
 
     /// The plan for `t` tokens, recorded on first use.

@@ -3,7 +3,8 @@
 //   plain:  x[t, k]                                  x: (T, K)
 //   NORM:   rms_norm(x)[t, k] = x[t, k] · g[k] · r_t, r_t = 1 / sqrt(mean_k x[t, k]² + eps)
 //           x: (T, K), g: (K). The kernel meets x ⊙ g (li_load) and scales each token's sums
-//           by r_t (li_norm_scales, once per pass of up to 4 tokens, before the weights stream).
+//           by r_t (li_norm_scales, once per pass of up to 4 tokens, after the weights streamed:
+//           nothing waits for the reduction).
 //   GATED:  act(x[t, k]) · x[t, K + k]              x: (T, 2K) = [gate | up] per row
 //           (act: include/activation.wgsl), the gated activation fused into the down projection.
 // K must be a multiple of 4. The including kernel defines WG and the accessors
@@ -29,10 +30,11 @@ fn li_load(row: u32, i: u32, half: u32) -> vec4<f32> {
 var<workgroup> li_red: array<vec4<f32>, {{WG}}>;
 
 // r_t for the token rows starting at vec4 rows.x .. rows.w (4 with TOK4, else rows.x alone; K / 4
-// = k4 vec4 each): every
-// thread of the workgroup sums the squares of its strided share, then a tree reduction. Call it
-// from uniform control flow; it ends with a barrier, so li_red may be reused at once.
-fn li_norm_scales(rows: vec4<u32>, k4: u32, eps: f32, lid: u32) -> vec4<f32> {
+// = k4 vec4 each): every thread of the workgroup sums the squares of its strided share, then the
+// workgroup adds them: with SUBGROUP per subgroup, then the WG / sg_size subgroup sums (one
+// barrier); without, a tree through workgroup memory. Call it from uniform control flow; it ends
+// with a barrier, so li_red may be reused at once.
+fn li_norm_scales(rows: vec4<u32>, k4: u32, eps: f32, lid: u32, sg_size: u32, sg_lane: u32) -> vec4<f32> {
     var s = vec4<f32>(0.0);
     for (var i = lid; i < k4; i += {{WG}}u) {
         let a = li_x(rows.x + i);
@@ -45,6 +47,17 @@ fn li_norm_scales(rows: vec4<u32>, k4: u32, eps: f32, lid: u32) -> vec4<f32> {
         s.x += dot(a, a);
 #endif
     }
+#ifdef SUBGROUP
+    s = subgroupAdd(s);
+    if (sg_lane == 0u) {
+        li_red[lid / sg_size] = s;
+    }
+    workgroupBarrier();
+    var total = vec4<f32>(0.0);
+    for (var i = 0u; i < {{WG}}u / sg_size; i++) {
+        total += li_red[i];
+    }
+#else
     li_red[lid] = s;
     workgroupBarrier();
     for (var h = {{WG}}u / 2u; h > 0u; h >>= 1u) {
@@ -54,6 +67,7 @@ fn li_norm_scales(rows: vec4<u32>, k4: u32, eps: f32, lid: u32) -> vec4<f32> {
         workgroupBarrier();
     }
     let total = li_red[0];
+#endif
     workgroupBarrier();
     return inverseSqrt(total / f32(4u * k4) + vec4<f32>(eps));
 }

@@ -366,6 +366,9 @@ struct QMatvecConfig {
     tok: u32,
     /// Reduce with subgroup operations.
     subgroups: bool,
+    /// Measurement probes (tests only): PROBE_NOX, PROBE_NOMATH.
+    #[cfg(test)]
+    probe: &'static str,
 }
 
 impl QMatvecConfig {
@@ -387,7 +390,21 @@ impl QMatvecConfig {
         let want = 262144u32.div_ceil(groups).next_power_of_two();
         let widest = units.next_power_of_two().min(MATVEC_WG).max(min_tpr);
         let tpr = want.clamp(min_tpr.max(16).min(widest), widest);
-        QMatvecConfig { wg: MATVEC_WG, tpr, tok, subgroups }
+        // Few rows (a v or o projection): smaller workgroups, so that more of them spread over
+        // the GPU (N = 256, 32 lanes a row group: 8 workgroups of 256 threads, or 64 of 32),
+        // down to one row group, or 32 threads, a workgroup.
+        let mut wg = MATVEC_WG;
+        while wg / 2 >= tpr.max(32) && (s.n as u32).div_ceil(4 * wg / tpr) < 512 {
+            wg /= 2;
+        }
+        QMatvecConfig {
+            wg,
+            tpr,
+            tok,
+            subgroups,
+            #[cfg(test)]
+            probe: "",
+        }
     }
 }
 
@@ -417,6 +434,10 @@ fn matvec_quant(
         .flag_if("TOK4", cfg.tok == 4);
     if !cfg.subgroups {
         macros.0.remove("SUBGROUP");
+    }
+    #[cfg(test)]
+    if !cfg.probe.is_empty() {
+        macros = macros.flag(cfg.probe);
     }
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
     let params = gpu.uniform(
@@ -978,6 +999,55 @@ mod tests {
         }
         let reps = ((0.03 / one) as usize).clamp(3, 5000);
         (0..3).map(|_| batch(reps) / reps as f64).fold(f64::INFINITY, f64::min)
+    }
+
+    #[test]
+    #[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::probe_quant -- --ignored --nocapture"]
+    fn probe_quant() {
+        // Where a quantized matvec's time goes: the kernel as is, without x (PROBE_NOX), and the
+        // weight loads alone (PROBE_NOMATH); with W hot in L2 (one copy) and cold (copies
+        // rotated over > 256 MB).
+        let gpu = gpu();
+        let big = gpu.info.device_type != wgpu::DeviceType::Cpu;
+        let shapes: &[(usize, usize)] =
+            if big { &[(2048, 1536), (17920, 1536), (1536, 8960), (151936, 1536)] } else { &[(256, 1536)] };
+        let opts = LinearOpts::default();
+        for ty in [DType::Q4_K, DType::Q6_K, DType::Q4_0, DType::Q8_0] {
+            for &(n, k) in shapes {
+                let raw = random_blocks(ty, n, k, 2);
+                let bytes = ty.byte_size(n * k).unwrap();
+                let copies = if big { (256_000_000 / bytes).clamp(1, 64) } else { 2 };
+                let ws: Vec<QuantWeight> =
+                    (0..copies).map(|_| QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap()).collect();
+                let x = gpu.upload_f32("x", &[1, k], &random(k, 1, 1.0)).unwrap();
+                let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
+                let s = check_operands("probe", &x, n, k, None, &y, opts);
+                let auto = QMatvecConfig::new(&gpu, ty, &s);
+                let mut line = format!("{ty} N={n} K={k} tpr {} ({:.1} MB x{copies}):", auto.tpr, bytes as f64 / 1e6);
+                for probe in ["", "PROBE_NOX", "PROBE_NOMATH"] {
+                    let c = QMatvecConfig { probe, ..auto };
+                    let ks: Vec<Kernel> = ws
+                        .iter()
+                        .map(|w| matvec_quant(&gpu, &x, Input::Plain, w, None, &y, &s, opts, c).unwrap())
+                        .collect();
+                    let hot = time_per_call(&gpu, &|pass| ks[0].encode(pass));
+                    let cold = time_per_call(&gpu, &|pass| {
+                        for k in &ks {
+                            k.encode(pass);
+                        }
+                    }) / copies as f64;
+                    let name = if probe.is_empty() { "base" } else { probe };
+                    line += &format!(
+                        " {name} hot {:.1}us {:.2}TB/s cold {:.1}us {:.2}TB/s;",
+                        hot * 1e6,
+                        bytes as f64 / hot / 1e12,
+                        cold * 1e6,
+                        bytes as f64 / cold / 1e12
+                    );
+                }
+                eprintln!("{line}");
+            }
+        }
     }
 
     #[test]
