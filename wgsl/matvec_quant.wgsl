@@ -15,6 +15,14 @@
 // token j.
 // More than TOK tokens: the workgroup repeats this over the same rows for each TOK tokens, so
 // only the first pass streams W from memory.
+// DP4 (one token a pass; Q4_0, Q4_1, Q4_K, Q6_K): the workgroup first stages the token's x (the
+// fused input included) in workgroup memory as 16-bit fixed point per 32-element block (a
+// power-of-two scale under its largest |x|, so |q| < 2^14 + 1, round to nearest even; split into
+// low and high bytes, with the scaled sums of each 16 elements; eight threads a block with
+// subgroup shuffles under STAGE8, else a thread a block), while the first unit of every row is
+// already loading; then each unit is q_dot_i: 4-wide integer dot products of the
+// quants against those bytes (include/quant.wgsl), exact, scaled once. The CPU twin is
+// src/ops/matmul/gguf.rs `cpu::stage_x16` followed by the plain reference.
 // Grid: ceil(N / (4 · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N and
 // tokens past T read a clamped row or token and store nothing, so every thread reaches the
 // barriers.
@@ -78,9 +86,113 @@ fn q_planes() -> vec2<u32> {
     return vec2<u32>(p.o1, p.o2);
 }
 
+
 const NGROUPS: u32 = {{WG}}u / {{TPR}}u;
 
 #include "matvec_reduce"
+
+#ifdef DP4
+// 4 elements as 16-bit two's complement: their low bytes and their high bytes, packed.
+fn x16_bytes(q: vec4<i32>) -> vec2<u32> {
+    let w = bitcast<vec4<u32>>(q);
+    return vec2<u32>(pack4xU8(w & vec4<u32>(0xFFu)), pack4xU8((w >> vec4<u32>(8u)) & vec4<u32>(0xFFu)));
+}
+
+// The block's scale from the bits of its largest |x| (NaN and inf have the largest bit patterns):
+// (1 / d, d) with d = 2^(E - 140) for biased exponent E, so |x| / d < 2^14; blocks under 2^-113
+// stage as 0, and non-finite ones get a NaN scale (the output turns non-finite, as the plain
+// kernel's would).
+fn stage_scale(bits: u32) -> vec2<f32> {
+    let e = bits >> 23u;
+    let big = e >= 14u;
+    let inv = select(0.0, bitcast<f32>((267u - e) << 23u), big && e < 255u);
+    let d = select(select(0.0, bitcast<f32>((e - 13u) << 23u), big), bitcast<f32>(0x7FC00000u), e >= 255u);
+    return vec2<f32>(inv, d);
+}
+
+fn abs_bits(v: vec4<f32>) -> u32 {
+    let b = bitcast<vec4<u32>>(abs(v));
+    return max(max(b.x, b.y), max(b.z, b.w));
+}
+
+#ifdef STAGE8
+// Stages the token row starting at vec4 `xr` (q_row = xr): eight threads a block, a vec4 each,
+// the block's largest |x| and the 16-element sums by subgroup shuffles (the host sets STAGE8 where
+// subgroups are at least 8 wide: a block's eight threads are one aligned run of a subgroup). Every
+// thread runs every round (the shuffles need them), storing only in range.
+fn stage_x(xr: u32, lid: u32) {
+    let n4 = {{KB}}u * 8u;
+    for (var r = 0u; r < (n4 + {{WG}}u - 1u) / {{WG}}u; r++) {
+        let ci = r * {{WG}}u + lid;
+        let v = qx4(xr + min(ci, n4 - 1u));
+        var m = abs_bits(v);
+        m = max(m, subgroupShuffleXor(m, 1u));
+        m = max(m, subgroupShuffleXor(m, 2u));
+        m = max(m, subgroupShuffleXor(m, 4u));
+        let sc = stage_scale(m);
+        let q = vec4<i32>(round(v * sc.x));
+        let bytes = x16_bytes(q);
+        var sum = dot(q, vec4<i32>(1));
+        sum += subgroupShuffleXor(sum, 1u);
+        sum += subgroupShuffleXor(sum, 2u);
+        if (ci < n4) {
+            xs_lo[ci >> 2u][ci & 3u] = bytes.x;
+            xs_hi[ci >> 2u][ci & 3u] = bytes.y;
+            if ((ci & 3u) == 0u) {
+                xs_s[ci >> 2u] = sc.y * f32(sum);
+            }
+            if ((ci & 7u) == 0u) {
+                xs_d[ci >> 3u] = sc.y;
+            }
+        }
+    }
+}
+#else
+// Stages the token row starting at vec4 `xr` (q_row = xr): a thread a block, its 8 vec4 at once.
+fn stage_x(xr: u32, lid: u32) {
+    for (var b = lid; b < {{KB}}u; b += {{WG}}u) {
+        let i = xr + 8u * b;
+        let v0 = qx4(i);
+        let v1 = qx4(i + 1u);
+        let v2 = qx4(i + 2u);
+        let v3 = qx4(i + 3u);
+        let v4 = qx4(i + 4u);
+        let v5 = qx4(i + 5u);
+        let v6 = qx4(i + 6u);
+        let v7 = qx4(i + 7u);
+        let m = max(max(max(abs_bits(v0), abs_bits(v1)), max(abs_bits(v2), abs_bits(v3))),
+                    max(max(abs_bits(v4), abs_bits(v5)), max(abs_bits(v6), abs_bits(v7))));
+        let sc = stage_scale(m);
+        let inv = sc.x;
+        let d = sc.y;
+        let q0 = vec4<i32>(round(v0 * inv));
+        let q1 = vec4<i32>(round(v1 * inv));
+        let q2 = vec4<i32>(round(v2 * inv));
+        let q3 = vec4<i32>(round(v3 * inv));
+        let q4 = vec4<i32>(round(v4 * inv));
+        let q5 = vec4<i32>(round(v5 * inv));
+        let q6 = vec4<i32>(round(v6 * inv));
+        let q7 = vec4<i32>(round(v7 * inv));
+        let b0 = x16_bytes(q0);
+        let b1 = x16_bytes(q1);
+        let b2 = x16_bytes(q2);
+        let b3 = x16_bytes(q3);
+        let b4 = x16_bytes(q4);
+        let b5 = x16_bytes(q5);
+        let b6 = x16_bytes(q6);
+        let b7 = x16_bytes(q7);
+        xs_lo[2u * b] = vec4<u32>(b0.x, b1.x, b2.x, b3.x);
+        xs_hi[2u * b] = vec4<u32>(b0.y, b1.y, b2.y, b3.y);
+        xs_lo[2u * b + 1u] = vec4<u32>(b4.x, b5.x, b6.x, b7.x);
+        xs_hi[2u * b + 1u] = vec4<u32>(b4.y, b5.y, b6.y, b7.y);
+        let one = vec4<i32>(1);
+        xs_s[2u * b] = d * f32(dot(q0 + q1, one) + dot(q2 + q3, one));
+        xs_s[2u * b + 1u] = d * f32(dot(q4 + q5, one) + dot(q6 + q7, one));
+        xs_d[b] = d;
+    }
+}
+#endif
+#endif
 
 #ifdef PROBE_NOMATH
 // Measurement probes (tests only): the loads without the dequantization and x.
@@ -187,6 +299,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var acc1 = vec4<f32>(0.0);
         var acc2 = vec4<f32>(0.0);
         var acc3 = vec4<f32>(0.0);
+#ifdef DP4
+        // The first unit of each row loads while x is staged.
+        let uf = min(lane, units - 1u);
+        var r0 = q_raw(base.x + uf);
+        var r1 = q_raw(base.y + uf);
+        var r2 = q_raw(base.z + uf);
+        var r3 = q_raw(base.w + uf);
+        q_row = xr.x;
+        stage_x(xr.x, lid);
+        workgroupBarrier();
+        for (var u = lane; u < units; u += {{TPR}}u) {
+            if (u != lane) {
+                r0 = q_raw(base.x + u);
+                r1 = q_raw(base.y + u);
+                r2 = q_raw(base.z + u);
+                r3 = q_raw(base.w + u);
+            }
+            acc0 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
+        }
+#else
         for (var u = lane; u < units; u += {{TPR}}u) {
             let r0 = q_raw(base.x + u);
             let r1 = q_raw(base.y + u);
@@ -203,6 +335,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             acc3 += dot4(r0, r1, r2, r3, u, xr.w);
 #endif
         }
+#endif
 
 #ifdef SUBGROUP
         var sum = mv_reduce(acc0, acc1, acc2, acc3, lid, sg_size, sg_lane);

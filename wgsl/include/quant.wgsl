@@ -155,6 +155,46 @@ fn q_x_k(u: u32, xr: u32) -> QXK {
     return QXK(l, h, q_msum(l), q_msum(h));
 }
 
+// DP4: x staged by the kernel as 16-bit fixed point (per 32-element block b a power-of-two scale
+// qi_d(b), |q| < 2^14 + 1), split into an unsigned low byte and a signed high byte, so that the
+// types with quants of at most 7 bits (Q4_0, Q4_1, Q4_K, Q6_K) sum q_w · q_x with 4-wide integer
+// dot products (4 multiply-adds an instruction, exact). The kernel fills these arrays for the
+// current token (KB = K / 32 blocks), per 16-element group v (elements 16v .. 16v + 15):
+//   xs_lo[v]   the low bytes of q_x (byte j of word i: element 16v + 4i + j)
+//   xs_hi[v]   the high bytes (signed)
+//   xs_s[v]    qi_d · Σ q_x over the group (exact)
+//   xs_d[b]    the scale of block b (= v / 2)
+// and each such type file provides q_dot_i(r, u): q_dot of unit u against the staged x.
+#ifdef DP4
+#define KB 8
+var<workgroup> xs_lo: array<vec4<u32>, {{KB}} * 2>;   // (K / 16)
+var<workgroup> xs_hi: array<vec4<u32>, {{KB}} * 2>;   // (K / 16)
+var<workgroup> xs_s: array<f32, {{KB}} * 2>;          // (K / 16)
+var<workgroup> xs_d: array<f32, {{KB}}>;              // (K / 32)
+fn qi_lo(v: u32) -> vec4<u32> {
+    return xs_lo[v];
+}
+fn qi_hi(v: u32) -> vec4<u32> {
+    return xs_hi[v];
+}
+fn qi_d(b: u32) -> f32 {
+    return xs_d[b];
+}
+fn qi_s(v: u32) -> f32 {
+    return xs_s[v];
+}
+
+// Σ n · q_x over group v, for 16 unsigned quants n < 128 (byte j of word i: element 4i + j):
+// exact in i32 (|Σ| < 16 · 127 · 2^14 < 2^25), and in f32 below 2^24 (quants < 64).
+fn qi_dot16(n: vec4<u32>, v: u32) -> i32 {
+    let lo = qi_lo(v);
+    let hi = qi_hi(v);
+    let sl = (dot4U8Packed(n.x, lo.x) + dot4U8Packed(n.y, lo.y)) + (dot4U8Packed(n.z, lo.z) + dot4U8Packed(n.w, lo.w));
+    let sh = (dot4I8Packed(n.x, hi.x) + dot4I8Packed(n.y, hi.y)) + (dot4I8Packed(n.z, hi.z) + dot4I8Packed(n.w, hi.w));
+    return sh * 256 + i32(sl);
+}
+#endif
+
 #ifdef Q4_1
 #include "quant_q4_1"
 #else

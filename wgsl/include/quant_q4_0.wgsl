@@ -37,3 +37,12 @@ fn q_run(b: u32, j: u32) -> vec4<f32> {
     let q = q_nibbles32(4u * b, j);
     return (vec4<f32>(q) - 8.0) * q_half(q_planes().x, b);
 }
+
+#ifdef DP4
+// Unit u = block u: low nibbles are group 2u, high nibbles group 2u + 1; x = d · (n - 8).
+fn q_dot_i(r: QRaw, u: u32) -> f32 {
+    let m = vec4<u32>(0x0F0F0F0Fu);
+    let i = qi_dot16(r.qs & m, 2u * u) + qi_dot16((r.qs >> vec4<u32>(4u)) & m, 2u * u + 1u);
+    return r.d * (qi_d(u) * f32(i) - 8.0 * (qi_s(2u * u) + qi_s(2u * u + 1u)));
+}
+#endif

@@ -37,3 +37,12 @@ fn q_run(b: u32, j: u32) -> vec4<f32> {
     let dm = unpack2x16float(qw1(q_planes().x + b));
     return vec4<f32>(q) * dm.x + dm.y;
 }
+
+#ifdef DP4
+// Unit u = block u: low nibbles are group 2u, high nibbles group 2u + 1; x = d · n + m.
+fn q_dot_i(r: QRaw, u: u32) -> f32 {
+    let m = vec4<u32>(0x0F0F0F0Fu);
+    let i = qi_dot16(r.qs & m, 2u * u) + qi_dot16((r.qs >> vec4<u32>(4u)) & m, 2u * u + 1u);
+    return r.dm.x * qi_d(u) * f32(i) + r.dm.y * (qi_s(2u * u) + qi_s(2u * u + 1u));
+}
+#endif

@@ -56,3 +56,16 @@ fn q_run(b: u32, j: u32) -> vec4<f32> {
     let m1 = dd.y * sm.y;
     return d1 * vec4<f32>(q) - m1;
 }
+
+#ifdef DP4
+// Unit u: the low nibbles are elements 256 (u / 8) + 64 g + 16 h + l (group vl), the high ones 32
+// further (group vl + 2); x = d · sc · n - dmin · m (QRaw.dh holds d · sc / 16).
+fn q_dot_i(r: QRaw, u: u32) -> f32 {
+    let m = vec4<u32>(0x0F0F0F0Fu);
+    let vl = 16u * (u >> 3u) + 4u * ((u & 7u) >> 1u) + (u & 1u);
+    let il = qi_dot16(r.qs & m, vl);
+    let ih = qi_dot16((r.qs >> vec4<u32>(4u)) & m, vl + 2u);
+    let s = r.dl * qi_d(vl >> 1u) * f32(il) + (16.0 * r.dh) * qi_d((vl + 2u) >> 1u) * f32(ih);
+    return s - fma(r.ml, qi_s(vl), r.mh * qi_s(vl + 2u));
+}
+#endif

@@ -104,3 +104,22 @@ fn q_run(b: u32, j: u32) -> vec4<f32> {
     let d = q_half(q_planes().x, b);
     return (d * sc) * (vec4<f32>(nib | (hb << vec4<u32>(4u))) - 32.0);
 }
+
+#ifdef DP4
+// Unit u: class c is elements 256 (u / 4) + 128 H + 32 c + 16 j + l (group v0 + 2c); its 6-bit
+// quant q is a nibble of a or c with two bits of h; x = d · sc · (q - 32) (QRaw.s: d · sc, classes
+// 2 and 3 / 16).
+fn q_dot_i(r: QRaw, u: u32) -> f32 {
+    let m = vec4<u32>(0x0F0F0F0Fu);
+    let v0 = 16u * (u >> 2u) + 8u * ((u >> 1u) & 1u) + (u & 1u);
+    let q0 = (r.a & m) | ((r.h & vec4<u32>(0x03030303u)) << vec4<u32>(4u));
+    let q1 = (r.c & m) | ((r.h & vec4<u32>(0x0C0C0C0Cu)) << vec4<u32>(2u));
+    let q2 = ((r.a >> vec4<u32>(4u)) & m) | (r.h & vec4<u32>(0x30303030u));
+    let q3 = ((r.c >> vec4<u32>(4u)) & m) | ((r.h >> vec4<u32>(2u)) & vec4<u32>(0x30303030u));
+    let d = vec4<f32>(qi_d(v0 >> 1u), qi_d((v0 >> 1u) + 1u), qi_d((v0 >> 1u) + 2u), qi_d((v0 >> 1u) + 3u));
+    let i = vec4<f32>(f32(qi_dot16(q0, v0)), f32(qi_dot16(q1, v0 + 2u)), f32(qi_dot16(q2, v0 + 4u)),
+                      f32(qi_dot16(q3, v0 + 6u)));
+    let sx = vec4<f32>(qi_s(v0), qi_s(v0 + 2u), qi_s(v0 + 4u), qi_s(v0 + 6u));
+    return dot(r.s * vec4<f32>(1.0, 1.0, 16.0, 16.0), d * i - 32.0 * sx);
+}
+#endif

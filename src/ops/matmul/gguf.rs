@@ -7,7 +7,10 @@
 //! [`linear_quant`] picks the kernel as [`super::linear`] does:
 //! - up to [`MATVEC_MAX_T`] tokens, `wgsl/matvec_quant.wgsl`: lanes stream whole blocks (units of
 //!   32 elements, 64 for Q6_K: one 16-byte load of quants plus the block's scales per row),
-//!   dequantize them in registers and meet them with x;
+//!   dequantize them in registers and meet them with x; for one token over Q4_0, Q4_1, Q4_K and
+//!   Q6_K on Vulkan, with 16 rows or more a workgroup, x is first staged in workgroup memory as
+//!   16-bit fixed point per block (`DP4`) and the quants meet it in 4-wide integer dot products
+//!   (exact sums; x rounded to 2^-14 of its block's largest |x|, [`cpu::stage_x16`]);
 //! - more tokens, `wgsl/matmul_quant.wgsl`: the f16 matmul's tiling, with W's tiles dequantized
 //!   into workgroup memory as f32 (bit-identical to [`crate::loader::dtype::to_f32`]).
 //!
@@ -38,6 +41,11 @@
 //! | 17920 × 1536 (gate_up) | 18.5 us, 0.84 | 17.6 us, 0.88 | 23.3 us, 0.97 | 19.3 us, 1.5 | 24 us, 2.2 |
 //! | 1536 × 8960 (down) | 10.6 us, 0.73 | 10.5 us, 0.74 | 14.7-15.3 us, 0.75 | 12.1 us, 1.2 | 8.1-8.8 us |
 //! | 2048 × 1536 (qkv) | 6.2 us | 6.6 us | 7.5 us | 6.0 us | 5.6 us |
+//!
+//! With DP4 (`probe_quant`, same machine, W cold in L2): lm_head 151936 × 1536 Q4_0 101 → 56 us
+//! (2.36 TB/s), Q4_K 109 → 69 us (1.90), Q6_K 159 → 109 us (1.76); gate_up 17920 × 1536 Q4_0
+//! 19.1 → 12.2 us, Q4_K 18.8 → 13.9, Q6_K 25.3 → 19.4. Not used below 16 rows a workgroup (the
+//! down projection's 4: staging K = 8960 per 4 rows made it 1.4x slower).
 //!
 //! Large shapes stream 1.0-1.4 TB/s for the 4- to 6-bit types (35-50% of the ~2.8 TB/s read
 //! roofline) and 2.2 TB/s for Q8_0, 2-2.7x faster than the f16 copy on an lm_head; the weights
@@ -366,6 +374,10 @@ struct QMatvecConfig {
     tok: u32,
     /// Reduce with subgroup operations.
     subgroups: bool,
+    /// Stage x as 16-bit fixed point and sum with integer dot products (`DP4` in
+    /// wgsl/matvec_quant.wgsl): one token a pass, Q4_0 / Q4_1 / Q4_K / Q6_K, where the staged row
+    /// fits workgroup memory and the backend has the instructions.
+    dp4: bool,
     /// Measurement probes (tests only): PROBE_NOX, PROBE_NOMATH.
     #[cfg(test)]
     probe: &'static str,
@@ -397,15 +409,34 @@ impl QMatvecConfig {
         while wg / 2 >= tpr.max(32) && (s.n as u32).div_ceil(4 * wg / tpr) < 512 {
             wg /= 2;
         }
+        // Integer dot products where the backend compiles them to instructions: Vulkan (SPIR-V
+        // 1.6's OpSDot/OpUDot; naga writes a bit-field polyfill where the device lacks them),
+        // not Metal or GL, where naga always writes the polyfill (slower than the float path).
+        // The staging (K elements a workgroup) pays off from 16 rows a workgroup on (measured on
+        // the H100: 1.2-1.8x at 32 rows, 1.15-1.3x at 16, slower at 4).
+        let dp4 = tok == 1
+            && 4 * wg / tpr >= 16
+            && dp4_fits(gpu, dtype, s.k, wg)
+            && gpu.info.backend == wgpu::Backend::Vulkan;
         QMatvecConfig {
             wg,
             tpr,
             tok,
             subgroups,
+            dp4,
             #[cfg(test)]
             probe: "",
         }
     }
+}
+
+/// Whether the DP4 matvec takes `dtype` and stages a K-element row within the device's workgroup
+/// memory: 2 bytes an element plus a scale a block and a sum per 16 elements (2.375 K bytes),
+/// beside the reductions' WG × 16 bytes (twice, with a fused norm).
+fn dp4_fits(gpu: &Gpu, dtype: DType, k: usize, wg: u32) -> bool {
+    let staged = 2 * k + k / 16 * 4 + k / 32 * 4;
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q6_K)
+        && staged + 2 * 16 * wg as usize <= gpu.limits.max_compute_workgroup_storage_size as usize
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -432,6 +463,11 @@ fn matvec_quant(
         .set("TPR", cfg.tpr)
         .set("TOK", cfg.tok)
         .flag_if("TOK4", cfg.tok == 4);
+    if cfg.dp4 {
+        assert!(cfg.tok == 1 && dp4_fits(gpu, w.dtype, s.k, cfg.wg), "DP4 for {} K = {}", w.dtype, s.k);
+        macros =
+            macros.flag("DP4").set("KB", s.k / 32).flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8);
+    }
     if !cfg.subgroups {
         macros.0.remove("SUBGROUP");
     }
@@ -528,6 +564,31 @@ pub mod cpu {
         let w = to_f32(dtype, raw, raw.len() / row * k)?;
         super::super::cpu::linear(x, &w, k, bias, y, accumulate);
         Ok(())
+    }
+
+    /// x as the DP4 matvec stages it (wgsl/matvec_quant.wgsl), for rows of `k` elements: per
+    /// 32-element block with largest |x| of biased exponent E, scale d = 2^(E - 140) and each
+    /// element round(x / d) · d (nearest, ties to even: |x / d| < 2^14, so 15 bits and a sign
+    /// survive; the error is at most d / 2 ≤ 2^-14 of the block's largest |x|). Blocks under
+    /// 2^-113 become 0; a block with a non-finite value becomes NaN. Exact in f32 (d is a power of
+    /// two), so the kernel's integer sums over these values equal the reference's.
+    pub fn stage_x16(x: &[f32], k: usize) -> Vec<f32> {
+        assert!(k % 32 == 0);
+        let mut out = Vec::with_capacity(x.len());
+        for blk in x.chunks(32) {
+            // The largest |x|'s biased exponent (NaN and inf: 255).
+            let e = (blk.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
+            if e == 255 {
+                out.extend(blk.iter().map(|_| f32::NAN));
+            } else if e < 14 {
+                out.extend(blk.iter().map(|_| 0.0));
+            } else {
+                let inv = f32::from_bits((267 - e) << 23);
+                let d = f32::from_bits((e - 13) << 23);
+                out.extend(blk.iter().map(|v| (v * inv).round_ties_even() * d));
+            }
+        }
+        out
     }
 }
 
@@ -661,6 +722,10 @@ mod tests {
         NarrowMatvec,
         /// matvec even for many tokens.
         Matvec,
+        /// matvec with the float dot products (no DP4), one token.
+        MatvecFloat,
+        /// matvec with DP4 where the type and K allow it, whatever the size heuristics say.
+        MatvecDp4,
         /// The tiled matmul with a given tile, even for few tokens.
         Matmul(MatmulConfig),
     }
@@ -696,6 +761,15 @@ mod tests {
             Path::Matvec => {
                 matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, QMatvecConfig::new(gpu, ty, &s))
             }
+            Path::MatvecFloat => {
+                let c = QMatvecConfig { dp4: false, ..QMatvecConfig::new(gpu, ty, &s) };
+                matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, c)
+            }
+            Path::MatvecDp4 => {
+                let auto = QMatvecConfig::new(gpu, ty, &s);
+                let c = QMatvecConfig { dp4: t == 1 && dp4_fits(gpu, ty, k, auto.wg), ..auto };
+                matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, c)
+            }
             Path::NarrowMatvec => {
                 let auto = QMatvecConfig::new(gpu, ty, &s);
                 let sg = if auto.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
@@ -707,9 +781,18 @@ mod tests {
         .unwrap();
         gpu.run(&[&kern]).unwrap();
         let got = gpu.read_f32(&y).unwrap();
-        let (want, tol) = reference(&xv, ty, &raw, k, with_bias.then_some(&bv[..]), &y0, accumulate);
+        // The DP4 kernel meets x as staged (cpu::stage_x16).
+        let dp4 = match path {
+            Path::Auto | Path::Matvec | Path::NarrowMatvec => {
+                (t <= MATVEC_MAX_T || !matches!(path, Path::Auto)) && QMatvecConfig::new(gpu, ty, &s).dp4
+            }
+            Path::MatvecDp4 => t == 1 && dp4_fits(gpu, ty, k, QMatvecConfig::new(gpu, ty, &s).wg),
+            Path::MatvecFloat | Path::Matmul(_) => false,
+        };
+        let xs = if dp4 { cpu::stage_x16(&xv, k) } else { xv.clone() };
+        let (want, tol) = reference(&xs, ty, &raw, k, with_bias.then_some(&bv[..]), &y0, accumulate);
         let what = format!(
-            "{ty} T={t} N={n} K={k} bias={with_bias} acc={accumulate} {path:?} f16={} sg={}",
+            "{ty} T={t} N={n} K={k} bias={with_bias} acc={accumulate} {path:?} dp4={dp4} f16={} sg={}",
             gpu.caps.f16, gpu.caps.subgroups
         );
         check(&got, &want, &tol, &what)
@@ -740,7 +823,7 @@ mod tests {
             let mut seed = 900;
             for ty in TYPES {
                 let k = ks(ty)[0];
-                for (t, kind) in [(1, 0), (5, 1), (3, 2)] {
+                for (t, kind) in [(1, 0), (5, 1), (3, 2), (1, 1)] {
                     seed += 10;
                     let n = 70;
                     let gated = kind > 0;
@@ -757,12 +840,30 @@ mod tests {
                     let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
                     let input = if gated { Input::Gated(act) } else { Input::Norm { weight: &g, eps: 1e-6 } };
                     let opts = LinearOpts { accumulate: kind != 0, ld_out: None };
-                    let kern = linear_quant_in(&gpu, &x, input, &w, Some(&b), &y, opts).unwrap();
+                    // T = 1: the DP4 kernel where the type allows it (kind 0, 1), else as picked.
+                    let s = LinearShape { t, n, k, ld_out: n };
+                    let auto = QMatvecConfig::new(&gpu, ty, &s);
+                    let dp4 = t == 1 && dp4_fits(&gpu, ty, k, auto.wg) && (kind < 2 || auto.dp4);
+                    let kern = if t == 1 {
+                        matvec_quant(&gpu, &x, input, &w, Some(&b), &y, &s, opts, QMatvecConfig { dp4, ..auto })
+                    } else {
+                        linear_quant_in(&gpu, &x, input, &w, Some(&b), &y, opts)
+                    }
+                    .unwrap();
                     gpu.run(&[&kern]).unwrap();
                     let got = gpu.read_f32(&y).unwrap();
                     let mut xin = vec![0f32; t * k];
                     if gated {
                         elementwise::cpu::gated_act(&xv, &mut xin, k, act);
+                        if dp4 {
+                            xin = cpu::stage_x16(&xin, k);
+                        }
+                    } else if dp4 {
+                        // The kernel stages x ⊙ g and scales the sums by the norm's r at the end.
+                        let xg: Vec<f32> = xv.iter().zip(&gv).map(|(a, b)| a * b).collect();
+                        let ms = xv.iter().map(|v| v * v).sum::<f32>() / k as f32;
+                        let r = 1.0 / (ms + 1e-6).sqrt();
+                        xin = cpu::stage_x16(&xg, k).into_iter().map(|v| v * r).collect();
                     } else {
                         norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false);
                     }
@@ -773,6 +874,21 @@ mod tests {
                     super::super::cpu::linear(&abs(&xin), &abs(&wf), k, None, &mut s_terms, false);
                     let extra = if gated { 16.0 } else { 8.0 } * eps_f;
                     tol.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += extra * s);
+                    if dp4 && gated {
+                        // The kernel's activation may differ from the CPU's by an ulp, and move an
+                        // element to the next staged step d (a flip costs d · |w|): allow 4.
+                        let d: Vec<f32> = xin
+                            .chunks(32)
+                            .flat_map(|b| {
+                                let e = (b.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
+                                std::iter::repeat_n(f32::from_bits(e.saturating_sub(13).max(1) << 23), 32)
+                            })
+                            .collect();
+                        for (r, tl) in tol.iter_mut().enumerate() {
+                            let row = &wf[r * k..(r + 1) * k];
+                            *tl += 4.0 * row.iter().zip(&d).fold(0f32, |m, (w, d)| m.max(w.abs() * d));
+                        }
+                    }
                     let what = format!("{ty} {input:?} T={t} K={k} f16={} sg={}", gpu.caps.f16, gpu.caps.subgroups);
                     check(&got, &want, &tol, &what);
                 }
@@ -795,9 +911,15 @@ mod tests {
                             worst = worst.max(run_case(&gpu, ty, t, 70, k, with_bias, acc, Path::Auto, seed));
                         }
                     }
-                    // Lanes looping over several units of each row.
+                    // Lanes looping over several units of each row; the float path where DP4 is the
+                    // default.
                     seed += 10;
                     worst = worst.max(run_case(&gpu, ty, 1, 70, k, true, false, Path::NarrowMatvec, seed));
+                    worst = worst.max(run_case(&gpu, ty, 1, 70, k, false, true, Path::MatvecFloat, seed + 7));
+                    for (i, &(with_bias, acc)) in EPILOGUES.iter().enumerate() {
+                        worst =
+                            worst.max(run_case(&gpu, ty, 1, 70, k, with_bias, acc, Path::MatvecDp4, seed + i as u64));
+                    }
                     worst = worst.max(run_case(&gpu, ty, 5, 70, k, false, true, Path::NarrowMatvec, seed + 5));
                 }
             }
@@ -915,6 +1037,50 @@ mod tests {
     }
 
     #[test]
+    fn dp4_staging_edges() {
+        // The DP4 matvec against the plain reference on x as cpu::stage_x16 stages it, with blocks
+        // of zeros, of values under the staging's floor (2^-113), huge, and exactly on half-steps
+        // (ties to even); and stage_x16 within its bound: |x - staged| <= 2^-14 · max |x| of the
+        // block (blocks under the floor: 0).
+        let gpu = gpu();
+        let (n, k) = (70usize, 256usize);
+        let mut xv = random(k, 11, 1.0);
+        xv[..32].fill(0.0);
+        xv[32..64].iter_mut().for_each(|v| *v *= 1e-35);
+        xv[64..96].iter_mut().for_each(|v| *v *= 3e4);
+        // Block 3: largest |x| 0.99, so d = 2^(126 - 140) = 2^-14, and x = ±(i + 0.5) · d are ties:
+        // 0.5 d → 0, -1.5 d → -2 d, 2.5 d → 2 d, -3.5 d → -4 d.
+        for (i, v) in xv[96..128].iter_mut().enumerate() {
+            *v = (i as f32 + 0.5) * 2f32.powi(-14) * if i % 2 == 0 { 1.0 } else { -1.0 };
+        }
+        xv[127] = 0.99;
+        let staged = cpu::stage_x16(&xv, k);
+        for (b, (xb, sb)) in xv.chunks(32).zip(staged.chunks(32)).enumerate() {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (x, st) in xb.iter().zip(sb) {
+                let floor = 2f32.powi(-113);
+                assert!((x - st).abs() <= (amax * 2f32.powi(-14)).max(floor), "block {b}: {x} staged as {st}");
+            }
+        }
+        assert!(staged[32..64].iter().all(|&v| v == 0.0));
+        assert_eq!(&staged[96..100], &[0.0, -2f32.powi(-13), 2f32.powi(-13), -2f32.powi(-12)]);
+        for ty in [DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q6_K] {
+            let raw = random_blocks(ty, n, k, 5);
+            let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+            let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
+            let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
+            let opts = LinearOpts::default();
+            let s = check_operands("test", &x, n, k, None, &y, opts);
+            let cfg = QMatvecConfig::new(&gpu, ty, &s);
+            assert!(cfg.dp4 || gpu.info.backend != wgpu::Backend::Vulkan, "{ty}: no DP4 on Vulkan");
+            let kern = matvec_quant(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, QMatvecConfig { dp4: true, ..cfg });
+            gpu.run(&[&kern.unwrap()]).unwrap();
+            let (want, tol) = reference(&staged, ty, &raw, k, None, &vec![0.0; n], false);
+            check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{ty} DP4 edges"));
+        }
+    }
+
+    #[test]
     fn quant_matvec_folded_grid() {
         // One row group (4 rows) per (small) workgroup: 65537 workgroups fold into a 2-D grid of
         // 32769 × 2, one of them padding.
@@ -934,7 +1100,8 @@ mod tests {
             let kern = matvec_quant(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, cfg).unwrap();
             assert!(kern.workgroups[1] > 1, "{:?}", kern.workgroups);
             gpu.run(&[&kern]).unwrap();
-            let (want, tol) = reference(&xv, ty, &raw, k, None, &y0, true);
+            let xs = if cfg.dp4 { cpu::stage_x16(&xv, k) } else { xv };
+            let (want, tol) = reference(&xs, ty, &raw, k, None, &y0, true);
             check(&gpu.read_f32(&y).unwrap(), &want, &tol, "folded grid");
         }
     }
@@ -1004,8 +1171,8 @@ mod tests {
     #[test]
     #[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::probe_quant -- --ignored --nocapture"]
     fn probe_quant() {
-        // Where a quantized matvec's time goes: the kernel as is, without x (PROBE_NOX), and the
-        // weight loads alone (PROBE_NOMATH); with W hot in L2 (one copy) and cold (copies
+        // Where a quantized matvec's time goes: the kernel as picked (DP4 where it applies), the
+        // float path, without x (PROBE_NOX), and the weight loads alone (PROBE_NOMATH); with W hot in L2 (one copy) and cold (copies
         // rotated over > 256 MB).
         let gpu = gpu();
         let big = gpu.info.device_type != wgpu::DeviceType::Cpu;
@@ -1023,9 +1190,21 @@ mod tests {
                 let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
                 let s = check_operands("probe", &x, n, k, None, &y, opts);
                 let auto = QMatvecConfig::new(&gpu, ty, &s);
-                let mut line = format!("{ty} N={n} K={k} tpr {} ({:.1} MB x{copies}):", auto.tpr, bytes as f64 / 1e6);
-                for probe in ["", "PROBE_NOX", "PROBE_NOMATH"] {
-                    let c = QMatvecConfig { probe, ..auto };
+                let mut line = format!(
+                    "{ty} N={n} K={k} tpr {} wg {} dp4 {} ({:.1} MB x{copies}):",
+                    auto.tpr,
+                    auto.wg,
+                    auto.dp4,
+                    bytes as f64 / 1e6
+                );
+                let float = QMatvecConfig { dp4: false, ..auto };
+                for (name, c) in [
+                    ("auto", auto),
+                    ("dp4", QMatvecConfig { dp4: dp4_fits(&gpu, ty, k, auto.wg), ..auto }),
+                    ("float", float),
+                    ("nox", QMatvecConfig { probe: "PROBE_NOX", ..float }),
+                    ("nomath", QMatvecConfig { probe: "PROBE_NOMATH", ..float }),
+                ] {
                     let ks: Vec<Kernel> = ws
                         .iter()
                         .map(|w| matvec_quant(&gpu, &x, Input::Plain, w, None, &y, &s, opts, c).unwrap())
@@ -1036,7 +1215,6 @@ mod tests {
                             k.encode(pass);
                         }
                     }) / copies as f64;
-                    let name = if probe.is_empty() { "base" } else { probe };
                     line += &format!(
                         " {name} hot {:.1}us {:.2}TB/s cold {:.1}us {:.2}TB/s;",
                         hot * 1e6,
