@@ -148,8 +148,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let kv = p.kv;
     // First load of each of the row group's rows (clamped: rows past N compute garbage, unstored).
     let base = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u)) * kv;
-    // The output this lane stores after the reduction: row r of token j of the pass.
-    let out_r = lane % 4u;
+    // The token this lane stores after the reduction (token j = lane / 4 of the pass).
     let out_j = lane / 4u;
 
     for (var t0 = 0u; t0 < p.t; t0 += {{TOK}}u) {
@@ -177,9 +176,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
 
 #ifdef SUBGROUP
-        var sum = mv_reduce(acc0, acc1, acc2, acc3, lid, sg_size, sg_lane);
+        var sums = mv_reduce(acc0, acc1, acc2, acc3, lid, sg_size, sg_lane);
 #else
-        var sum = mv_reduce(acc0, acc1, acc2, acc3, lid, 1u, 0u);
+        var sums = mv_reduce(acc0, acc1, acc2, acc3, lid, 1u, 0u);
 #endif
 #ifdef NORM
         // The norm's scale last: the weights did not wait for its reduction.
@@ -188,11 +187,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #else
         let rn = li_norm_scales(xr, p.k4, p.eps, lid, 1u, 0u);
 #endif
-        sum *= rn[min(out_j, 3u)];
+        sums *= rn[min(out_j, 3u)];
 #endif
-        if (out_j < {{TOK}}u && row0 + out_r < p.n && t0 + out_j < p.t) {
-            store(t0 + out_j, row0 + out_r, sum);
-        }
+        mv_store(sums, lane, t0, row0, p.n, p.t);
         // `red` is rewritten by the next pass.
         workgroupBarrier();
     }

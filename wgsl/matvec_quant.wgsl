@@ -287,8 +287,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let units = p.units;
     // First unit of each of the row group's rows (clamped: rows past N compute garbage, unstored).
     let base = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u)) * units;
-    // The output this lane stores after the reduction: row r of token j of the pass.
-    let out_r = lane % 4u;
+    // The token this lane stores after the reduction (token j = lane / 4 of the pass).
     let out_j = lane / 4u;
 
     for (var t0 = 0u; t0 < p.t; t0 += {{TOK}}u) {
@@ -338,9 +337,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
 
 #ifdef SUBGROUP
-        var sum = mv_reduce(acc0, acc1, acc2, acc3, lid, sg_size, sg_lane);
+        var sums = mv_reduce(acc0, acc1, acc2, acc3, lid, sg_size, sg_lane);
 #else
-        var sum = mv_reduce(acc0, acc1, acc2, acc3, lid, 1u, 0u);
+        var sums = mv_reduce(acc0, acc1, acc2, acc3, lid, 1u, 0u);
 #endif
 #ifdef NORM
         // The norm's scale last: the weights did not wait for its reduction.
@@ -349,11 +348,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #else
         let rn = li_norm_scales(xr, p.xk, p.eps, lid, 1u, 0u);
 #endif
-        sum *= rn[min(out_j, 3u)];
+        sums *= rn[min(out_j, 3u)];
 #endif
-        if (out_j < {{TOK}}u && row0 + out_r < p.n && t0 + out_j < p.t) {
-            store(t0 + out_j, row0 + out_r, sum);
-        }
+        mv_store(sums, lane, t0, row0, p.n, p.t);
         // `red` is rewritten by the next pass.
         workgroupBarrier();
     }

@@ -8,8 +8,9 @@
 //! gated_act → down linear (+= residual | → tmp, rms_norm += residual).
 //! Then the last row: output rms_norm → lm_head (one dispatch per row chunk) → logits (vocab).
 //! Decode and short passes (up to `MATVEC_MAX_T` tokens) fuse the two rms_norms into the qkv
-//! and gate_up matvecs, gated_act into the down matvec and the output norm into lm_head
-//! (`ops::matmul::Input`): 6 dispatches a layer.
+//! and gate_up matvecs and the output norm into lm_head (`ops::matmul::Input`), and gated_act
+//! into the gate_up matvec's epilogue where gate and up share a format (their rows interleaved
+//! at load: `LinearOpts::glu`; else into the down matvec's input): 6 dispatches a layer.
 
 use super::config::ModelConfig;
 use super::weights::{self, linear, Weights};
@@ -17,9 +18,9 @@ use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
 use crate::loader::Checkpoint;
 use crate::ops::attention::{attention, AttnParams};
-use crate::ops::elementwise::gated_act;
+use crate::ops::elementwise::gated_act_in;
 use crate::ops::embedding::embedding;
-use crate::ops::matmul::{fuses_input, Input, LinearOpts};
+use crate::ops::matmul::{fuses_input, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::norm::rms_norm;
 use crate::ops::rope::{rope_kv_write, RopeParams};
 use crate::ops::StepParams;
@@ -341,8 +342,8 @@ impl Model {
         let norm = |x: &Tensor, wt: &Tensor, out: &Tensor, accumulate: bool| {
             rms_norm(g, x, wt, out, c.rms_norm_eps, accumulate)
         };
-        let plain = LinearOpts { accumulate: false, ld_out: None };
-        let residual = LinearOpts { accumulate: true, ld_out: None };
+        let plain = LinearOpts { accumulate: false, ld_out: None, glu: None };
+        let residual = LinearOpts { accumulate: true, ld_out: None, glu: None };
         // Up to MATVEC_MAX_T tokens the RMSNorm before a projection and the gated activation
         // before the down projection run inside the projection's matvec (one dispatch each
         // fewer); prefill runs them as ops of their own.
@@ -391,17 +392,24 @@ impl Model {
                 }
                 None => k(linear(g, &attn, Input::Plain, &lw.attn_out, None, &x, residual)?),
             }
+            // A GLU weight (gate and up rows interleaved) ends its matvec in the activation; after
+            // a matmul its output pairs go through gated_act.
+            let glu_out = lw.gate_up.glu && t <= MATVEC_MAX_T;
+            let (gu_y, gu_opts) =
+                if glu_out { (&act, LinearOpts { glu: Some(c.activation), ..plain }) } else { (&gu, plain) };
             let gate_up_kernels = if fuse_norm {
-                lw.gate_up.linear(g, &x, Input::Norm { weight: &lw.ffn_norm, eps }, None, &gu, plain)?
+                lw.gate_up.linear(g, &x, Input::Norm { weight: &lw.ffn_norm, eps }, None, gu_y, gu_opts)?
             } else {
                 k(norm(&x, &lw.ffn_norm, &xn, false)?);
-                lw.gate_up.linear(g, &xn, Input::Plain, None, &gu, plain)?
+                lw.gate_up.linear(g, &xn, Input::Plain, None, gu_y, gu_opts)?
             };
             gate_up_kernels.into_iter().for_each(&mut k);
-            let (down_in, down_input) = if fuse_act {
+            let (down_in, down_input) = if glu_out {
+                (&act, Input::Plain)
+            } else if fuse_act && !lw.gate_up.glu {
                 (&gu, Input::Gated(c.activation))
             } else {
-                k(gated_act(g, &gu, &act, c.activation)?);
+                k(gated_act_in(g, &gu, &act, c.activation, lw.gate_up.glu)?);
                 (&act, Input::Plain)
             };
             match &lw.post_ffw_norm {

@@ -72,11 +72,15 @@ pub fn linear(
 
 /// A projection whose output stacks parts along its columns (`[q; k; v]`): one weight when the
 /// parts share a format, else one weight per run of parts of one format, with its first column.
+/// `gate_up` with one format is instead one weight of interleaved rows (gate 0, up 0, gate 1,
+/// up 1, ...): `glu`, so that a matvec can end in the gated activation ([`LinearOpts::glu`]).
 #[derive(Clone, Debug)]
 pub struct Proj {
     pub parts: Vec<(usize, Linear)>,
     /// Output columns in all.
     pub n: usize,
+    /// One weight whose rows are (gate, up) pairs.
+    pub glu: bool,
 }
 
 impl Proj {
@@ -203,7 +207,13 @@ fn check_scales(name: &str, dtype: DType, bytes: &[u8]) -> Result<()> {
     }
 }
 
-/// Uploads the parts `(name, rows)` of a projection with rows of `k` (see [`Proj`]).
+/// The rows of `a` and `b` (each `rows` rows of `row` items) interleaved: a0, b0, a1, b1, ...
+fn interleave_rows<T: Copy>(a: &[T], b: &[T], row: usize) -> Vec<T> {
+    a.chunks(row).zip(b.chunks(row)).flat_map(|(x, y)| x.iter().chain(y).copied()).collect()
+}
+
+/// Uploads the parts `(name, rows)` of a projection with rows of `k` (see [`Proj`]); `glu`: two
+/// parts (gate, up) of one format become one weight of interleaved rows.
 fn load_proj(
     gpu: &Gpu,
     ck: &Checkpoint,
@@ -211,8 +221,10 @@ fn load_proj(
     parts: &[(String, usize)],
     k: usize,
     dequantize: bool,
+    glu: bool,
 ) -> Result<Proj> {
     let n: usize = parts.iter().map(|p| p.1).sum();
+    let glu = glu && parts.len() == 2 && parts[0].1 == parts[1].1;
     let mut raws = Vec::new();
     for (name, rows) in parts {
         match raw_rows(ck, name, *rows, k)? {
@@ -222,6 +234,12 @@ fn load_proj(
             }
             _ => break,
         }
+    }
+    if raws.len() == parts.len() && glu && raws[0].0 == raws[1].0 {
+        let (dtype, row) = (raws[0].0, raws[0].0.byte_size(k).unwrap_or(0));
+        let rows = interleave_rows(&raws[0].1, &raws[1].1, row);
+        let w = QuantWeight::concat_rows(gpu, label, dtype, k, &[&rows])?;
+        return Ok(Proj { parts: vec![(0, Linear::Quant(w))], n, glu: true });
     }
     if raws.len() == parts.len() {
         // Runs of consecutive parts of one type become one weight each (all of them when the types
@@ -238,7 +256,7 @@ fn load_proj(
             i = end;
         }
         if i == parts.len() {
-            return Ok(Proj { parts: out, n });
+            return Ok(Proj { parts: out, n, glu: false });
         }
     }
     // Float tensors, fixups that change values, or parts that cannot be split: f16, stacked.
@@ -246,7 +264,10 @@ fn load_proj(
     for (name, rows) in parts {
         data.extend(finite16(name, ck.f16(name, &[*rows, k])?)?);
     }
-    Ok(Proj { parts: vec![(0, Linear::F16(gpu.upload_f16(label, &[n, k], &data)?))], n })
+    if glu {
+        data = interleave_rows(&data[..n / 2 * k], &data[n / 2 * k..], k);
+    }
+    Ok(Proj { parts: vec![(0, Linear::F16(gpu.upload_f16(label, &[n, k], &data)?))], n, glu })
 }
 
 /// Reads and uploads every weight; `progress(done, total)` is called after each tensor group.
@@ -259,7 +280,7 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnM
     let norm =
         |name: &str, n: usize| -> Result<Tensor> { gpu.upload_f32(name, &[n], &finite32(name, ck.f32(name, &[n])?)?) };
     let single = |name: &str, n: usize, k: usize| -> Result<Linear> {
-        let p = load_proj(gpu, ck, name, &[(name.to_string(), n)], k, dequantize)?;
+        let p = load_proj(gpu, ck, name, &[(name.to_string(), n)], k, dequantize, false)?;
         Ok(p.parts.into_iter().next().expect("one part").1)
     };
 
@@ -304,6 +325,7 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnM
             &[(n("attn_q.weight"), qd), (n("attn_k.weight"), kvd), (n("attn_v.weight"), kvd)],
             h,
             dequantize,
+            false,
         )?;
         let qkv_bias = if c.attention_bias {
             let mut b = finite32(&n("attn_q.bias"), ck.f32(&n("attn_q.bias"), &[qd])?)?;
@@ -325,6 +347,7 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnM
             &[(n("ffn_gate.weight"), f), (n("ffn_up.weight"), f)],
             h,
             dequantize,
+            true,
         )?;
         let (post_attn_norm, post_ffw_norm) = if c.sandwich_norm {
             (Some(norm(&n("post_attention_norm.weight"), h)?), Some(norm(&n("post_ffw_norm.weight"), h)?))

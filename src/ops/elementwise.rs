@@ -24,6 +24,12 @@ pub fn add(gpu: &Gpu, x: &Tensor, y: &Tensor) -> Result<Kernel> {
 /// `act` = SiLU or PyTorch's `gelu(approximate='tanh')`, both computed as `x * sigmoid(y)` (see
 /// `wgsl/gated_act.wgsl`; NaN-free for any finite input).
 pub fn gated_act(gpu: &Gpu, gu: &Tensor, out: &Tensor, act: Activation) -> Result<Kernel> {
+    gated_act_in(gpu, gu, out, act, false)
+}
+
+/// [`gated_act`]; `interleaved`: gu's rows are (gate, up) pairs (a GLU weight's output after a
+/// matmul), not `[gate | up]`.
+pub fn gated_act_in(gpu: &Gpu, gu: &Tensor, out: &Tensor, act: Activation, interleaved: bool) -> Result<Kernel> {
     let f = *out.shape.last().unwrap_or(&0);
     let n_tokens = out.numel().checked_div(f).unwrap_or(0);
     if gu.ty != ElemType::F32 || out.ty != ElemType::F32 || f == 0 || gu.numel() != 2 * out.numel() {
@@ -37,7 +43,8 @@ pub fn gated_act(gpu: &Gpu, gu: &Tensor, out: &Tensor, act: Activation) -> Resul
     let macros = match act {
         Activation::SiluGated => gpu.macros().flag("SILU"),
         Activation::GeluTanhGated => gpu.macros().flag("GELU_TANH"),
-    };
+    }
+    .flag_if("INTERLEAVED", interleaved);
     gpu.kernel(
         "gated_act",
         "main",
@@ -81,6 +88,18 @@ pub mod cpu {
                 *o = (a(g) as f64 * u as f64) as f32;
             }
         }
+    }
+
+    /// [`gated_act`] over rows of (gate, up) pairs.
+    pub fn gated_act_interleaved(gu: &[f32], out: &mut [f32], f: usize, act: Activation) {
+        let pairs: Vec<f32> = gu
+            .chunks(2 * f)
+            .flat_map(|row| {
+                let (g, u): (Vec<f32>, Vec<f32>) = row.chunks(2).map(|p| (p[0], p[1])).unzip();
+                g.into_iter().chain(u)
+            })
+            .collect();
+        gated_act(&pairs, out, f, act);
     }
 }
 
@@ -140,11 +159,16 @@ mod tests {
                     }
                     let x = gpu.upload_f32("gu", &[t, 2 * f], &gu).unwrap();
                     let out = gpu.upload_f32("out", &[t, f], &random(t * f, 3, 1.0)).unwrap();
-                    let k = gated_act(&gpu, &x, &out, act).unwrap();
+                    let interleaved = f == 1000;
+                    let k = gated_act_in(&gpu, &x, &out, act, interleaved).unwrap();
                     gpu.run(&[&k]).unwrap();
                     let got = gpu.read_f32(&out).unwrap();
                     let mut want = vec![0.0; t * f];
-                    cpu::gated_act(&gu, &mut want, f, act);
+                    if interleaved {
+                        cpu::gated_act_interleaved(&gu, &mut want, f, act);
+                    } else {
+                        cpu::gated_act(&gu, &mut want, f, act);
+                    }
                     let mut worst = 0.0f64;
                     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
                         assert!(g.is_finite(), "{act:?} T={t} F={f}: {g} at {i}");

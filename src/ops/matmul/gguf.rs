@@ -57,7 +57,8 @@
 //! 410-460 us for the tiled matmul at T = 33.
 
 use super::{
-    check_operands, common_macros, out_binding, Input, LinearOpts, LinearShape, MatmulConfig, MATVEC_MAX_T, MATVEC_WG,
+    check_operands, common_macros, glu_macros, out_binding, Input, LinearOpts, LinearShape, MatmulConfig, MATVEC_MAX_T,
+    MATVEC_WG,
 };
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, Gpu, Kernel, Tensor};
@@ -359,6 +360,7 @@ pub fn linear_quant_in(
         matvec_quant(gpu, x, input, w, bias, y, &s, opts, QMatvecConfig::new(gpu, w.dtype, &s))
     } else {
         assert!(matches!(input, Input::Plain), "linear_quant: {input:?} cannot be fused into the matmul ({s:?})");
+        assert!(opts.glu.is_none(), "linear_quant: GLU is a matvec epilogue, not the matmul's ({s:?})");
         matmul_quant(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
     }
 }
@@ -455,8 +457,7 @@ fn matvec_quant(
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
     assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
     let units = s.k / unit_elems(w.dtype);
-    let mut macros = input
-        .macros(common_macros(gpu, bias.is_some(), opts.accumulate))
+    let mut macros = glu_macros(input.macros(common_macros(gpu, bias.is_some(), opts.accumulate)), opts.glu)
         .flag(type_flag(w.dtype))
         .set("GB", if bias.is_some() { 6 } else { 5 })
         .set("WG", cfg.wg)
@@ -593,7 +594,7 @@ pub mod cpu {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::gpu::tensor::test_util::*;
     use crate::gpu::ElemType;
@@ -754,7 +755,7 @@ mod tests {
         let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
         let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
         let bias = with_bias.then_some(&b);
-        let opts = LinearOpts { accumulate, ld_out: None };
+        let opts = LinearOpts { accumulate, ld_out: None, glu: None };
         let s = check_operands("test", &x, n, k, bias, &y, opts);
         let kern = match path {
             Path::Auto => linear_quant(gpu, &x, &w, bias, &y, opts),
@@ -839,9 +840,9 @@ mod tests {
                     let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
                     let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
                     let input = if gated { Input::Gated(act) } else { Input::Norm { weight: &g, eps: 1e-6 } };
-                    let opts = LinearOpts { accumulate: kind != 0, ld_out: None };
+                    let opts = LinearOpts { accumulate: kind != 0, ld_out: None, glu: None };
                     // T = 1: the DP4 kernel where the type allows it (kind 0, 1), else as picked.
-                    let s = LinearShape { t, n, k, ld_out: n };
+                    let s = LinearShape { t, n, k, ld_out: n, cols: n };
                     let auto = QMatvecConfig::new(&gpu, ty, &s);
                     let dp4 = t == 1 && dp4_fits(&gpu, ty, k, auto.wg) && (kind < 2 || auto.dp4);
                     let kern = if t == 1 {
@@ -890,6 +891,93 @@ mod tests {
                         }
                     }
                     let what = format!("{ty} {input:?} T={t} K={k} f16={} sg={}", gpu.caps.f16, gpu.caps.subgroups);
+                    check(&got, &want, &tol, &what);
+                }
+            }
+        }
+    }
+
+    /// The GLU epilogue (`LinearOpts::glu`): y[t, j] = act(g) · u from the pair (g, u) = outputs
+    /// (2j, 2j + 1) of the plain projection, against the CPU: the pair's tolerances (tol_g,
+    /// tol_u from `reference`) propagate as |act'| · tol_g · |u| + |act(g)| · tol_u (|act'| <=
+    /// 1.13 for SiLU and GELU-tanh), plus the activation's own relative error (2e-5, see
+    /// elementwise's tests) and the product's rounding.
+    pub(crate) fn glu_expected(
+        want: &[f32],
+        tol: &[f32],
+        act: crate::model::config::Activation,
+    ) -> (Vec<f32>, Vec<f32>) {
+        use crate::model::config::Activation;
+        use crate::ops::elementwise::cpu::{gelu_tanh, silu};
+        let a = match act {
+            Activation::SiluGated => silu,
+            Activation::GeluTanhGated => gelu_tanh,
+        };
+        want.chunks(2)
+            .zip(tol.chunks(2))
+            .map(|(w, t)| {
+                let (g, u) = (w[0], w[1]);
+                let v = a(g) * u;
+                (v, 1.13 * t[0] * u.abs() + a(g).abs() * t[1] + t[0] * t[1] + 3e-5 * v.abs())
+            })
+            .unzip()
+    }
+
+    #[test]
+    fn quant_glu_epilogue_matches_cpu() {
+        use crate::model::config::Activation;
+        for gpu in gpu_variants() {
+            let mut seed = 7000;
+            for ty in TYPES {
+                let k = ks(ty)[0];
+                for (t, act, norm, dp4) in [
+                    (1, Activation::SiluGated, false, false),
+                    (1, Activation::SiluGated, true, true),
+                    (1, Activation::GeluTanhGated, true, false),
+                    (3, Activation::SiluGated, true, false),
+                ] {
+                    seed += 10;
+                    let n = 2 * 36;
+                    let raw = random_blocks(ty, n, k, seed);
+                    let xv = random(t * k, seed + 1, 1.0);
+                    let gv: Vec<f32> = random(k, seed + 4, 0.5).into_iter().map(|v| 1.0 + v).collect();
+                    let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+                    let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
+                    let g = gpu.upload_f32("g", &[k], &gv).unwrap();
+                    let y = gpu.upload_f32("y", &[t, n / 2], &random(t * n / 2, seed + 3, 1.0)).unwrap();
+                    let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
+                    let opts = LinearOpts { glu: Some(act), ..Default::default() };
+                    let s = LinearShape { t, n, k, ld_out: n / 2, cols: n / 2 };
+                    let auto = QMatvecConfig::new(&gpu, ty, &s);
+                    let dp4 = dp4 && t == 1 && dp4_fits(&gpu, ty, k, auto.wg);
+                    let kern = matvec_quant(&gpu, &x, input, &w, None, &y, &s, opts, QMatvecConfig { dp4, ..auto });
+                    gpu.run(&[&kern.unwrap()]).unwrap();
+                    let got = gpu.read_f32(&y).unwrap();
+                    // The projection's input as the kernel meets it (see quant_fused_inputs_match_cpu_ops).
+                    let xin: Vec<f32> = if norm {
+                        let xg: Vec<f32> = xv.iter().zip(gv.iter().cycle()).map(|(a, b)| a * b).collect();
+                        let staged = if dp4 { cpu::stage_x16(&xg, k) } else { xg };
+                        let r: Vec<f32> = xv
+                            .chunks(k)
+                            .map(|row| 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-6).sqrt())
+                            .collect();
+                        staged.iter().enumerate().map(|(i, v)| v * r[i / k]).collect()
+                    } else if dp4 {
+                        cpu::stage_x16(&xv, k)
+                    } else {
+                        xv.clone()
+                    };
+                    let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; t * n], false);
+                    if norm {
+                        // The norm's own rounding (8 eps S, as in quant_fused_inputs_match_cpu_ops).
+                        let wf = to_f32(ty, &raw, n * k).unwrap();
+                        let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+                        let mut s_terms = vec![0f32; t * n];
+                        super::super::cpu::linear(&abs(&xin), &abs(&wf), k, None, &mut s_terms, false);
+                        tol.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += 8.0 * f32::EPSILON / 2.0 * s);
+                    }
+                    let (want, tol) = glu_expected(&want, &tol, act);
+                    let what = format!("{ty} GLU {act:?} norm={norm} dp4={dp4} T={t} K={k} sg={}", gpu.caps.subgroups);
                     check(&got, &want, &tol, &what);
                 }
             }
@@ -980,7 +1068,7 @@ mod tests {
                             shape: vec![t, rows],
                             ty: ElemType::F32,
                         };
-                        let opts = LinearOpts { accumulate, ld_out: Some(v) };
+                        let opts = LinearOpts { accumulate, ld_out: Some(v), glu: None };
                         keep.push(linear_quant(&gpu, &x, w, None, &view, opts).unwrap());
                     }
                     gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();
@@ -1092,7 +1180,7 @@ mod tests {
             let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
             let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
             let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
-            let opts = LinearOpts { accumulate: true, ld_out: None };
+            let opts = LinearOpts { accumulate: true, ld_out: None, glu: None };
             let s = check_operands("test", &x, n, k, None, &y, opts);
             let mut cfg = QMatvecConfig::new(&gpu, ty, &s);
             cfg.tpr = if cfg.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };

@@ -110,8 +110,12 @@ pub fn fuses_input(t: usize, k: usize) -> bool {
 pub struct LinearOpts {
     /// `y += x · Wᵀ (+ bias)` instead of `y = ...`.
     pub accumulate: bool,
-    /// Row stride of `y` in elements (default N): see the module docs on output views.
+    /// Row stride of `y` in elements (default: its columns): see the module docs on output views.
     pub ld_out: Option<usize>,
+    /// W's rows are (gate, up) pairs (interleaved): y `[T, N / 2]` gets `act(gate) · up` of each
+    /// pair, the gated MLP activation as the projection's epilogue (matvec only, no bias, no
+    /// accumulation; after a matmul the model runs `gated_act` on the interleaved rows).
+    pub glu: Option<Activation>,
 }
 
 /// The dimensions of one linear layer, as checked by [`check_shapes`].
@@ -125,12 +129,14 @@ pub struct LinearShape {
     pub k: usize,
     /// Row stride of y, in elements.
     pub ld_out: usize,
+    /// Columns of y: N, or N / 2 with [`LinearOpts::glu`].
+    pub cols: usize,
 }
 
 impl LinearShape {
     /// Elements of y's buffer, from its offset, that the kernel may touch.
     pub fn out_span(&self) -> usize {
-        (self.t - 1) * self.ld_out + self.n
+        (self.t - 1) * self.ld_out + self.cols
     }
 }
 
@@ -163,14 +169,22 @@ fn check_operands(
     let t = x.shape[0];
     assert!(t > 0, "{op}: x has no rows");
     assert_eq!(y.ty, ElemType::F32, "{op}: y must be f32, got {:?}", y.ty);
-    assert!(y.shape == [t, n], "{op}: y must be [T = {t}, N = {n}], got {:?}", y.shape);
+    let cols = match opts.glu {
+        Some(_) => {
+            assert!(n % 2 == 0, "{op}: GLU needs (gate, up) row pairs, N = {n}");
+            assert!(bias.is_none() && !opts.accumulate, "{op}: GLU takes no bias and no accumulation");
+            n / 2
+        }
+        None => n,
+    };
+    assert!(y.shape == [t, cols], "{op}: y must be [T = {t}, {cols}], got {:?}", y.shape);
     if let Some(b) = bias {
         assert_eq!(b.ty, ElemType::F32, "{op}: bias must be f32, got {:?}", b.ty);
         assert!(b.shape == [n], "{op}: bias must be [N = {n}], got {:?}", b.shape);
     }
-    let ld_out = opts.ld_out.unwrap_or(n);
-    assert!(ld_out >= n, "{op}: ld_out = {ld_out} < N = {n}");
-    let s = LinearShape { t, n, k, ld_out };
+    let ld_out = opts.ld_out.unwrap_or(cols);
+    assert!(ld_out >= cols, "{op}: ld_out = {ld_out} < {cols} columns");
+    let s = LinearShape { t, n, k, ld_out, cols };
     let end = y.offset + 4 * s.out_span() as u64;
     assert!(
         end <= y.buffer.size(),
@@ -223,6 +237,7 @@ pub fn linear_in(
         matvec(gpu, x, input, w, bias, y, &s, opts, cfg)
     } else {
         assert!(matches!(input, Input::Plain), "linear: {input:?} cannot be fused into the matmul ({s:?})");
+        assert!(opts.glu.is_none(), "linear: GLU is a matvec epilogue, not the matmul's ({s:?})");
         matmul(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
     }
 }
@@ -244,6 +259,14 @@ fn out_binding<'a>(gpu: &Gpu, y: &'a Tensor, s: &LinearShape) -> wgpu::BindingRe
 
 fn common_macros(gpu: &Gpu, bias: bool, accumulate: bool) -> crate::gpu::Macros {
     gpu.macros().flag_if("BIAS", bias).flag_if("ACCUMULATE", accumulate)
+}
+
+/// The GLU epilogue's flags ([`LinearOpts::glu`]).
+fn glu_macros(m: crate::gpu::Macros, glu: Option<Activation>) -> crate::gpu::Macros {
+    match glu {
+        None => m,
+        Some(act) => m.flag("GLU").flag_if("GELU_TANH", act == Activation::GeluTanhGated),
+    }
 }
 
 const MATVEC_WG: u32 = 256;
@@ -312,8 +335,7 @@ fn matvec(
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
     assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
     let loads = (s.k / (2 * cfg.vec as usize)) as u32;
-    let mut macros = input
-        .macros(common_macros(gpu, bias.is_some(), opts.accumulate))
+    let mut macros = glu_macros(input.macros(common_macros(gpu, bias.is_some(), opts.accumulate)), opts.glu)
         .flag_if("VEC4", cfg.vec == 4)
         .flag_if("VEC1", cfg.vec == 1)
         .set("GB", if bias.is_some() { 5 } else { 4 })
@@ -503,7 +525,7 @@ mod tests {
         let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
         let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
         let bias = with_bias.then_some(&b);
-        let opts = LinearOpts { accumulate, ld_out: None };
+        let opts = LinearOpts { accumulate, ld_out: None, glu: None };
         let s = check_shapes(&x, &w, bias, &y, opts);
         let kern = match path {
             Path::Matvec => matvec(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, MatvecConfig::new(gpu, &s)),
@@ -582,7 +604,7 @@ mod tests {
                     let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
                     let rms_eps = 1e-6;
                     let input = if gated { Input::Gated(act) } else { Input::Norm { weight: &g, eps: rms_eps } };
-                    let opts = LinearOpts { accumulate, ld_out: None };
+                    let opts = LinearOpts { accumulate, ld_out: None, glu: None };
                     let kern = linear_in(&gpu, &x, input, &w, with_bias.then_some(&b), &y, opts).unwrap();
                     gpu.run(&[&kern]).unwrap();
                     let got = gpu.read_f32(&y).unwrap();
@@ -602,6 +624,50 @@ mod tests {
                     let what = format!("{input:?} T={t} N={n} K={k} f16={} sg={}", gpu.caps.f16, gpu.caps.subgroups);
                     check(&got, &want, &tol, &what);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn glu_epilogue_matches_cpu() {
+        // The GLU epilogue over f16 rows (gate, up pairs), plain and with the fused norm, against
+        // the plain projection's reference and act on the CPU (tolerance: gguf's glu_expected).
+        use crate::ops::norm;
+        for gpu in gpu_variants() {
+            let mut seed = 800;
+            for &(t, n, k, norm_in, act) in &[
+                (1, 68, 1536, true, Activation::SiluGated),
+                (3, 132, 256, false, Activation::GeluTanhGated),
+                (5, 64, 96, true, Activation::SiluGated),
+                (2, 36, 12, false, Activation::SiluGated),
+            ] {
+                seed += 10;
+                let xv = random(t * k, seed, 1.0);
+                let gv: Vec<f32> = random(k, seed + 4, 0.5).into_iter().map(|v| 1.0 + v).collect();
+                let (wh, wf) = weights(n, k, seed + 1);
+                let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
+                let g = gpu.upload_f32("g", &[k], &gv).unwrap();
+                let w = gpu.upload_f16("w", &[n, k], &wh).unwrap();
+                let y = gpu.upload_f32("y", &[t, n / 2], &random(t * n / 2, seed + 3, 1.0)).unwrap();
+                let input = if norm_in { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
+                let opts = LinearOpts { glu: Some(act), ..Default::default() };
+                let kern = linear_in(&gpu, &x, input, &w, None, &y, opts).unwrap();
+                gpu.run(&[&kern]).unwrap();
+                let got = gpu.read_f32(&y).unwrap();
+                let mut xin = xv.clone();
+                if norm_in {
+                    norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false);
+                }
+                let (want, mut tol) = reference(&xin, &wf, k, None, &vec![0.0; t * n], false);
+                if norm_in {
+                    let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+                    let mut s_terms = vec![0f32; t * n];
+                    cpu::linear(&abs(&xin), &abs(&wf), k, None, &mut s_terms, false);
+                    tol.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += 8.0 * f32::EPSILON / 2.0 * s);
+                }
+                let (want, tol) = gguf::tests::glu_expected(&want, &tol, act);
+                let what = format!("GLU {act:?} norm={norm_in} T={t} N={n} K={k} sg={}", gpu.caps.subgroups);
+                check(&got, &want, &tol, &what);
             }
         }
     }
@@ -640,7 +706,7 @@ mod tests {
                         shape: vec![t, rows],
                         ty: ElemType::F32,
                     };
-                    let opts = LinearOpts { accumulate, ld_out: Some(v) };
+                    let opts = LinearOpts { accumulate, ld_out: Some(v), glu: None };
                     keep.push(linear(&gpu, &x, &w, Some(&b), &view, opts).unwrap());
                 }
                 gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();
