@@ -13,13 +13,13 @@
 //! at load: `LinearOpts::glu`; else into the down matvec's input): 6 dispatches a layer.
 
 use super::config::ModelConfig;
-use super::weights::{self, linear, Weights};
+use super::weights::{self, linear, Linear, Weights};
 use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
 use crate::loader::Checkpoint;
 use crate::ops::attention::{attention, AttnParams};
 use crate::ops::elementwise::gated_act_in;
-use crate::ops::embedding::embedding;
+use crate::ops::embedding::{embedding, embedding_quant};
 use crate::ops::matmul::{fuses_input, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::norm::rms_norm;
 use crate::ops::rope::{rope_kv_write, RopeParams};
@@ -337,7 +337,10 @@ impl Model {
         let mut items = Vec::new();
         let mut k = |kernel: Kernel| items.push(Item::Kernel(kernel));
         for (row_start, chunk) in &w.embed {
-            k(embedding(g, chunk, *row_start, &ids, &x, c.embedding_scale)?);
+            k(match chunk {
+                Linear::F16(t) => embedding(g, t, *row_start, &ids, &x, c.embedding_scale)?,
+                Linear::Quant(q) => embedding_quant(g, q, *row_start, &ids, &x, c.embedding_scale)?,
+            });
         }
         let norm = |x: &Tensor, wt: &Tensor, out: &Tensor, accumulate: bool| {
             rms_norm(g, x, wt, out, c.rms_norm_eps, accumulate)

@@ -7,8 +7,8 @@
 //! `gate_up` = [gate; up] ([`Proj`]); where the parts' formats differ (a Q4_K_M file's Q6_K `v`
 //! beside Q4_K `q`, `k`), each part is its own weight writing its columns of the same output.
 //! The lm_head is split into row chunks that each fit the device's max storage binding. The
-//! embedding table is f16 (the gather reads one row per token; a quantized gather is to come),
-//! and a tied lm_head reads the embedding's own blocks.
+//! embedding table stays in its quantized type too (`ops::embedding::embedding_quant` dequantizes
+//! the rows it gathers), and a tied lm_head reads the embedding's own chunks.
 
 use super::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -19,6 +19,7 @@ use crate::ops::matmul::gguf::{is_supported, linear_quant_in, unpermute_rope_row
 use crate::ops::matmul::{linear_in, Input, LinearOpts};
 use half::f16;
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// A linear layer's weight `[N, K]` on the GPU.
 #[derive(Clone, Debug)]
@@ -132,8 +133,9 @@ pub struct LayerWeights {
 }
 
 pub struct Weights {
-    /// (first row, chunk) of the f16 embedding table [vocab, hidden].
-    pub embed: Vec<(u32, Tensor)>,
+    /// (first row, chunk) of the embedding table [vocab, hidden]: the checkpoint's quantized
+    /// blocks, or f16.
+    pub embed: Vec<(u32, Linear)>,
     /// (first row, chunk) of the lm_head [vocab, hidden].
     pub lm_head: Vec<(u32, Linear)>,
     pub output_norm: Tensor,
@@ -155,7 +157,16 @@ impl Weights {
             add(&l.attn_out);
             add(&l.down);
         }
-        self.lm_head.iter().for_each(|(_, w)| add(w));
+        self.embed.iter().for_each(|(_, w)| add(w));
+        // A tied lm_head is the embedding's chunks: counted once.
+        let tied = match (self.embed.first(), self.lm_head.first()) {
+            (Some((_, Linear::F16(a))), Some((_, Linear::F16(b)))) => Arc::ptr_eq(&a.buffer, &b.buffer),
+            (Some((_, Linear::Quant(a))), Some((_, Linear::Quant(b)))) => Arc::ptr_eq(&a.buffer, &b.buffer),
+            _ => false,
+        };
+        if !tied {
+            self.lm_head.iter().for_each(|(_, w)| add(w));
+        }
         by.iter().map(|(f, b)| format!("{f} {:.0} MB", *b as f64 / 1e6)).collect::<Vec<_>>().join(", ")
     }
 }
@@ -284,12 +295,30 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnM
         Ok(p.parts.into_iter().next().expect("one part").1)
     };
 
-    let emb = finite16("token_embd.weight", ck.f16("token_embd.weight", &[c.vocab_size, h])?)?;
-    let embed = upload_row_chunks(gpu, "token_embd", &emb, c.vocab_size, h)?;
-    let mut bytes: u64 = embed.iter().map(|(_, t)| t.size_bytes()).sum();
+    // The embedding table in its own quantized type (the gather dequantizes the rows it reads), or
+    // f16.
+    let embed: Vec<(u32, Linear)> = match raw_rows(ck, "token_embd.weight", c.vocab_size, h)? {
+        Some((dtype, raw)) if !dequantize && is_supported(dtype) && dtype.byte_size(h).is_some() => {
+            check_scales("token_embd.weight", dtype, &raw)?;
+            QuantWeight::row_chunks(gpu, "token_embd", dtype, [c.vocab_size, h], &raw)?
+                .into_iter()
+                .map(|(r, w)| (r, Linear::Quant(w)))
+                .collect()
+        }
+        _ => {
+            let emb = finite16("token_embd.weight", ck.f16("token_embd.weight", &[c.vocab_size, h])?)?;
+            upload_row_chunks(gpu, "token_embd", &emb, c.vocab_size, h)?
+                .into_iter()
+                .map(|(r, t)| (r, Linear::F16(t)))
+                .collect()
+        }
+    };
+    let mut bytes: u64 = embed.iter().map(|(_, w)| w.gpu_bytes()).sum();
     progress(1, total);
     let head_name = if ck.has("output.weight") { "output.weight" } else { "token_embd.weight" };
     let lm_head: Vec<(u32, Linear)> = match raw_rows(ck, head_name, c.vocab_size, h)? {
+        // A tied lm_head reads the embedding's own chunks, quantized or f16.
+        _ if head_name == "token_embd.weight" => embed.clone(),
         Some((dtype, raw)) if !dequantize && is_supported(dtype) && dtype.byte_size(h).is_some() => {
             check_scales(head_name, dtype, &raw)?;
             QuantWeight::row_chunks(gpu, "output", dtype, [c.vocab_size, h], &raw)?
@@ -297,7 +326,6 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnM
                 .map(|(r, w)| (r, Linear::Quant(w)))
                 .collect()
         }
-        _ if head_name == "token_embd.weight" => embed.iter().map(|(r, t)| (*r, Linear::F16(t.clone()))).collect(),
         _ => {
             let w = finite16(head_name, ck.f16(head_name, &[c.vocab_size, h])?)?;
             upload_row_chunks(gpu, "output", &w, c.vocab_size, h)?
@@ -306,9 +334,7 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnM
                 .collect()
         }
     };
-    let shares_embedding =
-        matches!(lm_head.first(), Some((_, Linear::F16(t))) if std::sync::Arc::ptr_eq(&t.buffer, &embed[0].1.buffer));
-    if !shares_embedding {
+    if head_name != "token_embd.weight" {
         bytes += lm_head.iter().map(|(_, w)| w.gpu_bytes()).sum::<u64>();
     }
     progress(2, total);

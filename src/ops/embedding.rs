@@ -11,6 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+use crate::ops::matmul::gguf::{type_flag, QuantWeight};
 use std::ops::Range;
 
 /// Row counts of chunks (all but the last) are multiples of this.
@@ -75,6 +76,65 @@ pub fn embedding(
         "main",
         &gpu.macros(),
         &[table_chunk.binding(), ids.binding(), out.binding(), p.as_entire_binding()],
+        grid((n as u32).div_ceil(256)),
+    )
+}
+
+/// WGSL twin: `struct Params` of `wgsl/embedding_quant.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct QuantParams {
+    n_tokens: u32,
+    cols: u32,
+    row_start: u32,
+    chunk_rows: u32,
+    scale: f32,
+    planes: [u32; 2],
+    _pad: u32,
+}
+
+/// [`embedding`] from a table chunk kept in a GGUF quantized type (`wgsl/embedding_quant.wgsl`,
+/// chunks from [`QuantWeight::row_chunks`]): rows dequantized as `to_f32` does, bit for bit, then
+/// scaled. `ids`: u32 `[T]`; `out`: f32 `[T, C]`.
+pub fn embedding_quant(
+    gpu: &Gpu,
+    table_chunk: &QuantWeight,
+    row_start: u32,
+    ids: &Tensor,
+    out: &Tensor,
+    scale: f32,
+) -> Result<Kernel> {
+    let bad = |msg: String| Err(Error::InvalidArgument(format!("embedding_quant: {msg}")));
+    let [chunk_rows, cols] = table_chunk.shape;
+    if ids.ty != ElemType::U32 {
+        return bad(format!("ids must be u32, are {:?}", ids.ty));
+    }
+    let n_tokens = ids.numel();
+    if out.ty != ElemType::F32 || out.numel() != n_tokens * cols {
+        return bad(format!("out must be f32 [{n_tokens}, {cols}], is {:?} {:?}", out.ty, out.shape));
+    }
+    let n = n_tokens as u64 * cols as u64 / 4;
+    if n > u32::MAX as u64 {
+        return bad(format!("{n_tokens} tokens × {cols} columns overflow u32 indexing"));
+    }
+    let p = gpu.uniform(
+        "embedding_quant.params",
+        &QuantParams {
+            n_tokens: n_tokens as u32,
+            cols: cols as u32,
+            row_start,
+            chunk_rows: chunk_rows as u32,
+            scale,
+            planes: table_chunk.planes,
+            _pad: 0,
+        },
+    );
+    let w = table_chunk.buffer.as_entire_binding();
+    gpu.kernel(
+        "embedding_quant",
+        "main",
+        &gpu.macros().flag(type_flag(table_chunk.dtype)),
+        &[w.clone(), w, ids.binding(), out.binding(), p.as_entire_binding()],
         grid((n as u32).div_ceil(256)),
     )
 }
@@ -201,6 +261,45 @@ mod tests {
                 let (d, i) = max_abs_diff(&got, &want);
                 assert!(d <= want[i].abs() * 1.2e-7, "cols={cols}: diff {d} at {i}");
             }
+        }
+    }
+
+    #[test]
+    fn embedding_quant_matches_cpu_across_chunks() {
+        // Every GGUF type: random blocks (finite scales) in row chunks of at most 128 rows, ids
+        // across the chunk edges and out of range; the gather equals to_f32's rows times the
+        // scale (the same float operations: bit for bit).
+        use crate::loader::dtype::{to_f32, DType};
+        let gpu = gpu();
+        for ty in
+            [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K]
+        {
+            let (rows, cols) = (300usize, 512usize);
+            let raw = crate::ops::matmul::gguf::tests::random_blocks(ty, rows, cols, 81);
+            let max = 128 * ty.byte_size(cols).unwrap() as u64;
+            let chunks = QuantWeight::row_chunks_max(&gpu, "emb", ty, [rows, cols], &raw, max).unwrap();
+            assert!(chunks.len() >= 3, "{ty}: {} chunk(s)", chunks.len());
+            let ids: Vec<u32> = vec![0, 299, 5, 128, 127, 200, 64, 1, 300, 17, 256, 255, u32::MAX];
+            let init = random(ids.len() * cols, 82, 1.0);
+            let ids_t = gpu.upload_u32("ids", &[ids.len()], &ids).unwrap();
+            let out = gpu.upload_f32("out", &[ids.len(), cols], &init).unwrap();
+            let scale = 22.63;
+            let ks: Vec<Kernel> = chunks
+                .iter()
+                .map(|(start, w)| embedding_quant(&gpu, w, *start, &ids_t, &out, scale).unwrap())
+                .collect();
+            gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
+            let got = gpu.read_f32(&out).unwrap();
+            let table = to_f32(ty, &raw, rows * cols).unwrap();
+            let mut want = init.clone();
+            for (t, &id) in ids.iter().enumerate() {
+                if (id as usize) < rows {
+                    for c in 0..cols {
+                        want[t * cols + c] = table[id as usize * cols + c] * scale;
+                    }
+                }
+            }
+            assert_eq!(got, want, "{ty}");
         }
     }
 

@@ -99,7 +99,7 @@ fn unit_elems(dtype: DType) -> usize {
 }
 
 /// The kernels' flag for the type (`wgsl/include/quant.wgsl`).
-fn type_flag(dtype: DType) -> &'static str {
+pub(crate) fn type_flag(dtype: DType) -> &'static str {
     match dtype {
         DType::Q4_0 => "Q4_0",
         DType::Q4_1 => "Q4_1",
@@ -636,7 +636,7 @@ pub(crate) mod tests {
     /// `rows` random rows of `k` elements of type `t`: every byte random (quants, high bits,
     /// sub-block scales and mins), then each f16 scale set to a random finite value of either
     /// sign, magnitude in [0.5, 1] × the type's (never zero, never NaN).
-    fn random_blocks(t: DType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+    pub(crate) fn random_blocks(t: DType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
         let mut raw = random_bytes(rows * t.byte_size(k).unwrap(), seed);
         let r = random(raw.len(), seed ^ 0x5555, 1.0);
         for (b, blk) in raw.chunks_exact_mut(t.block_bytes()).enumerate() {
