@@ -220,3 +220,17 @@ fn output_errors_stop_generation() {
     assert!(out.status.success(), "a closed pipe is not an error; stderr:\n{stderr}");
     assert!(stderr.contains("stop: Caller"), "generation did not stop at the closed pipe:\n{stderr}");
 }
+
+#[test]
+fn devices_lists_capabilities() {
+    // Every adapter's line of capabilities, its limits and its cooperative-matrix configurations
+    // (lavapipe has none: "none"; a GPU with tensor cores lists M×N×K and types).
+    let out = bin().args(["devices", "--backend", "vulkan"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let adapters = text.lines().filter(|l| l.starts_with('[')).count();
+    assert!(adapters >= 1, "{text}");
+    for key in ["shader-f16:", "max storage binding:", "cooperative matrices (MxNxK, A/B -> C):"] {
+        assert_eq!(text.matches(key).count(), adapters, "{key} once per adapter:\n{text}");
+    }
+}

@@ -61,6 +61,9 @@ pub struct AdapterReport {
     pub info: wgpu::AdapterInfo,
     pub features: wgpu::Features,
     pub limits: wgpu::Limits,
+    /// The adapter's cooperative-matrix (tensor core) configurations, as wgpu reports them
+    /// (Vulkan: `vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR`); empty where it has none.
+    pub cooperative_matrices: Vec<wgpu::CooperativeMatrixProperties>,
 }
 
 impl std::fmt::Display for AdapterReport {
@@ -87,6 +90,19 @@ impl std::fmt::Display for AdapterReport {
             l.max_buffer_size >> 20,
             l.max_compute_workgroup_storage_size >> 10,
             l.max_compute_invocations_per_workgroup,
+        )?;
+        let coop: Vec<String> = self
+            .cooperative_matrices
+            .iter()
+            .map(|c| {
+                let sat = if c.saturating_accumulation { " sat" } else { "" };
+                format!("{}x{}x{} {:?}->{:?}{sat}", c.m_size, c.n_size, c.k_size, c.ab_type, c.cr_type)
+            })
+            .collect();
+        write!(
+            f,
+            "\n    cooperative matrices (MxNxK, A/B -> C): {}",
+            if coop.is_empty() { "none".to_string() } else { coop.join(", ") }
         )
     }
 }
@@ -115,7 +131,13 @@ pub fn list_adapters(backend: BackendChoice) -> Vec<AdapterReport> {
     adapters
         .into_iter()
         .enumerate()
-        .map(|(index, a)| AdapterReport { index, info: a.get_info(), features: a.features(), limits: a.limits() })
+        .map(|(index, a)| AdapterReport {
+            index,
+            info: a.get_info(),
+            features: a.features(),
+            limits: a.limits(),
+            cooperative_matrices: a.cooperative_matrix_properties(),
+        })
         .collect()
 }
 
