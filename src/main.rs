@@ -180,7 +180,25 @@ struct BenchArgs {
     gpu: GpuArgs,
 }
 
+/// Mesa's implicit Vulkan layer VK_LAYER_MESA_device_select, when it enumerates devices, looks
+/// for a Wayland compositor to put its GPU first; on a machine without one (a server, CI) that
+/// prints `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` twice, although
+/// nothing is wrong. The layer only orders adapters, which this program orders itself, so it is
+/// switched off (its documented `NODEVICE_SELECT=1`) where it would print that, unless the user
+/// asked it for a device (`MESA_VK_DEVICE_SELECT`). Runs first, before any thread exists.
+fn quiet_mesa_device_select() {
+    #[cfg(target_os = "linux")]
+    {
+        let runtime_dir = std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_dir());
+        let asked = ["NODEVICE_SELECT", "MESA_VK_DEVICE_SELECT"].iter().any(|v| std::env::var_os(v).is_some());
+        if !runtime_dir && !asked {
+            std::env::set_var("NODEVICE_SELECT", "1");
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_mesa_device_select();
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Devices { backend } => devices(backend),
@@ -214,15 +232,8 @@ fn sampler(choice: SamplerChoice, gpu: &Gpu) -> Result<Box<dyn SamplingBackend>>
     })
 }
 
-/// Loads a checkpoint and its weights with a progress bar on stderr.
-fn load(
-    path: &std::path::Path,
-    gpu: &Gpu,
-    ctx: Option<usize>,
-    dequantize: bool,
-    quiet: bool,
-) -> Result<(Checkpoint, Model)> {
-    let ck = Checkpoint::open(path)?;
+/// Uploads a checkpoint's weights with a progress bar on stderr.
+fn load(ck: &Checkpoint, gpu: &Gpu, ctx: Option<usize>, dequantize: bool, quiet: bool) -> Result<Model> {
     let bar = if quiet {
         indicatif::ProgressBar::hidden()
     } else {
@@ -235,12 +246,12 @@ fn load(
         b.set_message(format!("{} on {}", ck.config.arch.name(), gpu.info.name));
         b
     };
-    let model = Model::load_with(gpu, &ck, ctx, dequantize, &mut |done, total| {
+    let model = Model::load_with(gpu, ck, ctx, dequantize, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })?;
     bar.finish_and_clear();
-    Ok((ck, model))
+    Ok(model)
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
@@ -254,9 +265,10 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     };
     let params = a.sampling.params()?;
     let opts = a.sampling.decode()?;
-    let gpu = a.gpu.open()?;
+    // The checkpoint, its tokenizer and the prompt are checked before the GPU is touched: bad
+    // input gets its error at once, on any machine.
     let t_load = std::time::Instant::now();
-    let (ck, mut model) = load(&a.model, &gpu, a.ctx, a.gpu.dequantize, a.quiet)?;
+    let ck = Checkpoint::open(&a.model)?;
     let tok = Tokenizer::from_source(&ck.tokenizer, ck.config.add_bos, ck.config.bos_token_id)?;
     let text = if a.chat {
         let template = ck.chat_template.as_deref().context("this model ships no chat template; run without --chat")?;
@@ -271,6 +283,8 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     };
     // encode adds BOS only where the model wants one and the text (a rendered template) lacks it.
     let ids = tok.encode(&text, true)?;
+    let gpu = a.gpu.open()?;
+    let mut model = load(&ck, &gpu, a.ctx, a.gpu.dequantize, a.quiet)?;
     if a.sampling.seed.is_none() && !params.is_greedy() {
         eprintln!("seed: {}", params.seed);
     }
@@ -369,17 +383,14 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     }
     let params = a.sampling.params()?;
     let opts = a.sampling.decode()?;
-    let gpu = a.gpu.open()?;
     let ctx = Some((a.prompt_tokens + a.gen_tokens + 1).max(16));
-    let (ck, mut model) = match (&a.model, &a.synthetic) {
-        (Some(path), _) => load(path, &gpu, ctx, a.gpu.dequantize, a.json)?,
-        (None, Some(spec)) => {
-            let ck = wgpu_llm::loader::synthetic::open(spec)?;
-            let model = Model::load_with(&gpu, &ck, ctx, a.gpu.dequantize, &mut |_, _| {})?;
-            (ck, model)
-        }
+    let ck = match (&a.model, &a.synthetic) {
+        (Some(path), _) => Checkpoint::open(path)?,
+        (None, Some(spec)) => wgpu_llm::loader::synthetic::open(spec)?,
         (None, None) => unreachable!("clap requires --model or --synthetic"),
     };
+    let gpu = a.gpu.open()?;
+    let mut model = load(&ck, &gpu, ctx, a.gpu.dequantize, a.json || a.model.is_none())?;
     let source = match (&a.model, &a.synthetic) {
         (Some(path), _) => path.display().to_string(),
         (None, spec) => format!("synthetic:{}", spec.as_deref().unwrap_or_default()),

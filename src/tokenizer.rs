@@ -8,7 +8,7 @@
 //!   and the pre-tokenizer (and normalizer) the model family uses, picked by `tokenizer.ggml.pre`:
 //!   `qwen2` (Qwen2 split regex, then ByteLevel without regex; NFC normalizer), `smollm` (digits
 //!   one by one, then ByteLevel with the GPT-2 regex), `llama-bpe`/`llama3` (Llama 3 split regex),
-//!   anything else GPT-2's ByteLevel regex.
+//!   `default`/`gpt-2` (or no `pre`) GPT-2's ByteLevel regex; any other name is unsupported.
 //! - `tokenizer.ggml.model = "llama"`: sentencepiece BPE (Gemma): normalizer `" "` -> `"▁"`, no
 //!   pre-tokenizer, BPE with byte fallback whose merges are derived from the token scores the way
 //!   Hugging Face's `SpmConverter` derives them, decoder `"▁"` -> `" "`, ByteFallback, Fuse.
@@ -386,7 +386,16 @@ fn build_byte_level(v: &GgufVocab) -> Result<tk::Tokenizer> {
             (None, PreSequence::new(vec![split(LLAMA3_SPLIT)?, byte_level(false).into()]).into())
         }
         "smollm" => (None, PreSequence::new(vec![Digits::new(true).into(), byte_level(true).into()]).into()),
-        _ => (None, byte_level(true).into()),
+        "default" | "gpt-2" | "gpt2" => (None, byte_level(true).into()),
+        // llama.cpp refuses an unknown pre-tokenizer too: splitting text another way than the
+        // model was trained with would run and give wrong text.
+        other => {
+            return Err(Error::Unsupported(format!(
+                "pre-tokenizer {} (tokenizer.ggml.pre); this engine splits text as qwen2, llama-bpe, smollm or \
+                 gpt-2 (default) do",
+                crate::error::shown(other)
+            )))
+        }
     };
     tok.with_normalizer(normalizer);
     tok.with_pre_tokenizer(Some(pre));

@@ -297,6 +297,144 @@ fn gguf_metadata_value_types_round_trip() {
     assert_eq!(&bytes[o..o + 4], &1f32.to_le_bytes());
 }
 
+// ---------------------------------------------------------------------------------------------
+// Against gguf-py (llama.cpp's Python writer): not our writer against our reader
+// ---------------------------------------------------------------------------------------------
+
+/// The file gguf-py wrote: tests/fixtures/gguf/gguf_py.gguf, made by tools/make_gguf_py_fixture.py
+/// with `gguf==0.19.0` from PyPI. Regenerate: `python3 -m venv /tmp/gguf-env &&
+/// /tmp/gguf-env/bin/pip install gguf==0.19.0 && /tmp/gguf-env/bin/python tools/make_gguf_py_fixture.py`.
+fn gguf_py_fixture() -> Vec<u8> {
+    let p = common::fixture_dir().join("gguf/gguf_py.gguf");
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e} (run tools/make_gguf_py_fixture.py)", p.display()))
+}
+
+/// The Q8_0 fixture tensor: two blocks, scale 0.25 (f16 0x3400), quants (i - 16 + b) as i8.
+fn gguf_py_q8_0() -> Vec<u8> {
+    let mut b = Vec::new();
+    for blk in 0..2i32 {
+        b.extend_from_slice(&[0x00, 0x34]);
+        b.extend((0..32).map(|i| (i - 16 + blk) as i8 as u8));
+    }
+    b
+}
+
+/// The Q4_K fixture tensor: one block, byte j = (7j + 3) mod 256.
+fn gguf_py_q4_k() -> Vec<u8> {
+    (0..144u32).map(|j| ((7 * j + 3) % 256) as u8).collect()
+}
+
+/// The same content as tools/make_gguf_py_fixture.py, line by line, with our writer.
+fn gguf_py_fixture_content() -> GgufWriter {
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", "llama");
+    w.add_metadata("t.u8", 7u8);
+    w.add_metadata("t.i8", -7i8);
+    w.add_metadata("t.u16", 700u16);
+    w.add_metadata("t.i16", -700i16);
+    w.add_metadata("t.u32", 70000u32);
+    w.add_metadata("t.i32", -70000i32);
+    w.add_metadata("t.f32", 1.5f32);
+    w.add_metadata("t.bool", true);
+    w.add_metadata("t.str", "héllo ▁ world");
+    w.add_metadata("t.u64", 1u64 << 40);
+    w.add_metadata("t.i64", -(1i64 << 40));
+    w.add_metadata("t.f64", 2.25f64);
+    w.add_metadata("t.strs", vec!["x", "", "zz"]);
+    w.add_metadata("t.f32s", vec![1.0f32, -2.0, 0.1]);
+    w.add_metadata("t.u8s", vec![0u8, 255, 7]);
+    w.add_metadata("t.i64s", vec![-1i64, 1 << 50]);
+    w.add_metadata("t.bools", vec![true, false]);
+    w.add_metadata("t.nested", GgufValue::Array(vec![vec![1i32, 2].into(), vec![3i32].into()]));
+    w.set_alignment(64).unwrap();
+    w.add_metadata("tokenizer.chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}");
+    w.add_f32("f32", &[3], &[1.0, -2.5, 3.25]).unwrap();
+    let f16s: Vec<f16> = (0..6).map(|i| f16::from_f32(i as f32 * 0.5 - 1.0)).collect();
+    w.add_f16("f16", &[2, 3], &f16s).unwrap();
+    let bf16: Vec<u8> = [0x3F80u16, 0xC000, 0x3F00, 0x4040].iter().flat_map(|b| b.to_le_bytes()).collect();
+    w.add_tensor("bf16", DType::BF16, &[4], bf16).unwrap();
+    w.add_tensor("q8_0", DType::Q8_0, &[2, 32], gguf_py_q8_0()).unwrap();
+    w.add_tensor("q4_k", DType::Q4_K, &[1, 256], gguf_py_q4_k()).unwrap();
+    w
+}
+
+/// Our writer gives gguf-py's bytes, byte for byte, for the same content: key and tensor-info
+/// encoding, array element types, alignment padding of the header and of every tensor.
+#[test]
+fn gguf_writer_matches_gguf_py() {
+    let theirs = gguf_py_fixture();
+    let ours = gguf_py_fixture_content().to_bytes();
+    if let Some(i) = (0..ours.len().min(theirs.len())).find(|&i| ours[i] != theirs[i]) {
+        let near = |b: &[u8]| format!("{:02x?}", &b[i.saturating_sub(8)..(i + 8).min(b.len())]);
+        panic!("first difference at byte {i}: ours {} gguf-py {}", near(&ours), near(&theirs));
+    }
+    assert_eq!(ours.len(), theirs.len(), "same bytes up to the shorter; lengths differ");
+}
+
+/// Our reader on gguf-py's file: every field as the script wrote it (values from its formulas,
+/// not from our writer).
+#[test]
+fn gguf_reader_reads_gguf_py_file() {
+    let bytes = gguf_py_fixture();
+    let g = GgufFile::parse(&bytes, Path::new("gguf_py.gguf")).unwrap();
+    assert_eq!((g.version, g.alignment), (3, 64));
+    assert_eq!(g.data_offset % 64, 0);
+    let v = |k: &str| g.get(k).unwrap_or_else(|| panic!("{k} missing")).clone();
+    assert_eq!(v("general.architecture"), GgufValue::String("llama".into()));
+    assert_eq!(v("t.u8"), GgufValue::U8(7));
+    assert_eq!(v("t.i8"), GgufValue::I8(-7));
+    assert_eq!(v("t.u16"), GgufValue::U16(700));
+    assert_eq!(v("t.i16"), GgufValue::I16(-700));
+    assert_eq!(v("t.u32"), GgufValue::U32(70000));
+    assert_eq!(v("t.i32"), GgufValue::I32(-70000));
+    assert_eq!(v("t.f32"), GgufValue::F32(1.5));
+    assert_eq!(v("t.bool"), GgufValue::Bool(true));
+    assert_eq!(v("t.str"), GgufValue::String("héllo ▁ world".into()));
+    assert_eq!(v("t.u64"), GgufValue::U64(1 << 40));
+    assert_eq!(v("t.i64"), GgufValue::I64(-(1 << 40)));
+    assert_eq!(v("t.f64"), GgufValue::F64(2.25));
+    let s = |x: &str| GgufValue::String(x.into());
+    assert_eq!(v("t.strs"), GgufValue::Array(vec![s("x"), s(""), s("zz")]));
+    assert_eq!(v("t.f32s"), GgufValue::Array(vec![GgufValue::F32(1.0), GgufValue::F32(-2.0), GgufValue::F32(0.1)]));
+    assert_eq!(v("t.u8s"), GgufValue::Array(vec![GgufValue::U8(0), GgufValue::U8(255), GgufValue::U8(7)]));
+    assert_eq!(v("t.i64s"), GgufValue::Array(vec![GgufValue::I64(-1), GgufValue::I64(1 << 50)]));
+    assert_eq!(v("t.bools"), GgufValue::Array(vec![GgufValue::Bool(true), GgufValue::Bool(false)]));
+    let i = GgufValue::I32;
+    assert_eq!(v("t.nested"), GgufValue::Array(vec![GgufValue::Array(vec![i(1), i(2)]), GgufValue::Array(vec![i(3)])]));
+    assert_eq!(v("general.alignment"), GgufValue::U32(64));
+    assert_eq!(g.metadata.len(), 21);
+    assert_eq!(g.metadata[0].0, "general.architecture");
+
+    let names: Vec<&str> = g.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["f32", "f16", "bf16", "q8_0", "q4_k"]);
+    let data = |name: &str| {
+        let t = g.tensor(name).unwrap();
+        assert_eq!(t.offset % 64, 0, "{name}");
+        (t.clone(), &bytes[t.offset as usize..t.offset as usize + t.len])
+    };
+    let to_f32 = |t: &gguf::GgufTensorInfo, b: &[u8]| {
+        wgpu_llm::loader::dtype::to_f32(t.dtype, b, t.shape.iter().product()).unwrap()
+    };
+    let (t, b) = data("f32");
+    assert_eq!((t.dtype, t.shape.clone()), (DType::F32, vec![3]));
+    assert_eq!(to_f32(&t, b), [1.0, -2.5, 3.25]);
+    let (t, b) = data("f16");
+    assert_eq!((t.dtype, t.shape.clone()), (DType::F16, vec![2, 3]));
+    assert_eq!(to_f32(&t, b), [-1.0, -0.5, 0.0, 0.5, 1.0, 1.5]);
+    let (t, b) = data("bf16");
+    assert_eq!((t.dtype, t.shape.clone()), (DType::BF16, vec![4]));
+    assert_eq!(to_f32(&t, b), [1.0, -2.0, 0.5, 3.0]);
+    let (t, b) = data("q8_0");
+    assert_eq!((t.dtype, t.shape.clone(), t.len), (DType::Q8_0, vec![2, 32], 68));
+    let want: Vec<f32> = (0..64).map(|k| 0.25 * ((k % 32) as f32 - 16.0 + (k / 32) as f32)).collect();
+    assert_eq!(to_f32(&t, b), want);
+    let (t, b) = data("q4_k");
+    assert_eq!((t.dtype, t.shape.clone(), t.len), (DType::Q4_K, vec![1, 256], 144));
+    assert_eq!(b, &gguf_py_q4_k()[..]);
+    // The file ends with the last tensor padded to the alignment, as both writers do.
+    assert_eq!(bytes.len() as u64, (t.offset + 144).div_ceil(64) * 64);
+}
+
 #[test]
 fn gguf_v2_is_accepted() {
     let mut bytes = tiny_gguf(&tiny_config(Arch::Qwen2)).to_bytes();

@@ -15,17 +15,21 @@ use std::sync::{Arc, Mutex};
 /// Which graphics API to run on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendChoice {
+    /// Vulkan or Metal, whichever the platform has. Never GL: probing it starts EGL (Mesa then
+    /// prints `XDG_RUNTIME_DIR is invalid` on a headless machine) and its shader compiler can
+    /// take minutes on these kernels, so GL runs only when asked for.
     #[default]
     Auto,
     Vulkan,
     Metal,
+    /// OpenGL ES / WebGL through ANGLE or Mesa: only with `--backend gl`.
     Gl,
 }
 
 impl BackendChoice {
     fn backends(self) -> wgpu::Backends {
         match self {
-            BackendChoice::Auto => wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::GL,
+            BackendChoice::Auto => wgpu::Backends::VULKAN | wgpu::Backends::METAL,
             BackendChoice::Vulkan => wgpu::Backends::VULKAN,
             BackendChoice::Metal => wgpu::Backends::METAL,
             BackendChoice::Gl => wgpu::Backends::GL,

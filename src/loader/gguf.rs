@@ -929,6 +929,18 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
     if head_dim == 0 || head_dim % 2 != 0 {
         return Err(mismatch(format!("head dimension {head_dim} must be even and non-zero (RoPE)")));
     }
+    // llama.cpp rotates the first `rope.dimension_count` dimensions of each head (default: all).
+    // The engine rotates all of them: anything else would run and give wrong text.
+    let rot_key = m.key("rope.dimension_count");
+    if let Some(n) = m.opt_u64(&rot_key)? {
+        if n != head_dim as u64 {
+            return Err(Error::Unsupported(format!(
+                "{}: {rot_key} = {n}: rotary embeddings on part of a head (the head dimension is {head_dim}; \
+                 this engine rotates all of it)",
+                path.display()
+            )));
+        }
+    }
     if num_heads.checked_mul(head_dim).is_none() {
         return Err(mismatch(format!("{num_heads} heads × {head_dim} overflows")));
     }

@@ -130,33 +130,42 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
     }
     let tcfg = tok_config.as_ref().and_then(Value::as_object);
 
-    // Special tokens.
-    let token_string = |key: &str| -> Option<String> {
-        match tcfg?.get(key)? {
-            Value::String(s) => Some(s.clone()),
-            Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
-            _ => None,
+    // Special tokens: a string, an AddedToken object with a string "content", or null.
+    let tcfg_path = dir.join("tokenizer_config.json");
+    let token_string = |key: &str| -> Result<Option<String>> {
+        match tcfg.and_then(|t| t.get(key)) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::Object(o)) if o.get("content").is_some_and(Value::is_string) => {
+                Ok(o.get("content").and_then(Value::as_str).map(str::to_string))
+            }
+            Some(v) => Err(Error::corrupt(
+                &tcfg_path,
+                format!("{key} should be a string or a token object with a content string, is {}", json_shown(v)),
+            )),
         }
     };
     let added_id = |s: &str| tok_json.added_tokens.iter().find(|t| t.content == s).map(|t| t.id);
     let added_str = |id: u32| tok_json.added_tokens.iter().find(|t| t.id == id).map(|t| t.content.clone());
 
     let gen = gen_config.as_ref().and_then(Value::as_object);
-    let bos_id = token_ids(root.get("bos_token_id").or_else(|| text.get("bos_token_id")))
-        .first()
-        .copied()
-        .or_else(|| token_ids(gen.and_then(|g| g.get("bos_token_id"))).first().copied());
-    let mut bos_token = token_string("bos_token");
-    let mut eos_token = token_string("eos_token");
+    let gen_path = dir.join("generation_config.json");
+    let config_bos = root.get("bos_token_id").or_else(|| text.get("bos_token_id"));
+    // Both files' ids are checked, config.json's wins.
+    let gen_bos = token_id(gen.and_then(|g| g.get("bos_token_id")), "bos_token_id", &gen_path)?;
+    let bos_id = token_id(config_bos, "bos_token_id", &config_path)?.or(gen_bos);
+    let mut bos_token = token_string("bos_token")?;
+    let mut eos_token = token_string("eos_token")?;
     let bos_id = bos_id.or_else(|| bos_token.as_deref().and_then(added_id));
     if bos_token.is_none() {
         bos_token = bos_id.and_then(added_str);
     }
     let mut eos_ids = Vec::new();
-    let sources =
-        [root.get("eos_token_id").or_else(|| text.get("eos_token_id")), gen.and_then(|g| g.get("eos_token_id"))];
+    let from_config =
+        token_ids(root.get("eos_token_id").or_else(|| text.get("eos_token_id")), "eos_token_id", &config_path)?;
+    let from_gen = token_ids(gen.and_then(|g| g.get("eos_token_id")), "eos_token_id", &gen_path)?;
     let named = eos_token.iter().map(String::as_str).chain(END_OF_TURN_TOKENS).filter_map(added_id);
-    for id in sources.into_iter().flat_map(token_ids).chain(named) {
+    for id in from_config.into_iter().chain(from_gen).chain(named) {
         if !eos_ids.contains(&id) {
             eos_ids.push(id);
         }
@@ -164,9 +173,12 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
     if eos_token.is_none() {
         eos_token = eos_ids.first().copied().and_then(added_str);
     }
-    let add_bos = match tcfg.and_then(|t| t.get("add_bos_token")).and_then(Value::as_bool) {
-        Some(b) => b,
-        None => tok_json.post_processor.as_ref().is_some_and(prepends_special_token),
+    let add_bos = match tcfg.and_then(|t| t.get("add_bos_token")) {
+        Some(Value::Bool(b)) => *b,
+        None | Some(Value::Null) => tok_json.post_processor.as_ref().is_some_and(prepends_special_token),
+        Some(v) => {
+            return Err(Error::corrupt(&tcfg_path, format!("add_bos_token should be a bool, is {}", json_shown(v))));
+        }
     };
     config.bos_token_id = bos_id;
     config.eos_token_ids = eos_ids;
@@ -282,9 +294,22 @@ fn read_safetensors_header(f: &DataFile) -> Result<Vec<SafetensorsEntry>> {
         return Err(corrupt(format!("header length {n} runs past the end of the file ({} bytes)", f.len)));
     }
     let header = f.read(8, n as usize)?;
-    let meta: safetensors::tensor::Metadata = serde_json::from_slice(&header).map_err(|e| {
+    // JSON first, then what the safetensors crate makes of it (its own validation: offsets
+    // contiguous from 0, each range the size its dtype and shape imply).
+    let json: Value = serde_json::from_slice(&header).map_err(|e| {
         corrupt(format!("bad safetensors header JSON: {}", crate::error::one_line(&e.to_string(), 300)))
     })?;
+    let meta: safetensors::tensor::Metadata = serde_json::from_value(json.clone()).map_err(|e| {
+        let text = e.to_string();
+        // Name the tensor where the crate's message does not.
+        let which = match text.contains('`') {
+            true => None,
+            false => json.as_object().and_then(wrong_size_tensor),
+        };
+        let which = which.map(|t| format!(" ({t})")).unwrap_or_default();
+        corrupt(format!("invalid safetensors header: {}{which}", crate::error::one_line(&text, 300)))
+    })?;
+    drop(json);
     let data_start = 8 + n;
     let data_len = meta.data_len() as u64;
     let have = f.len - data_start;
@@ -324,6 +349,27 @@ fn read_safetensors_header(f: &DataFile) -> Result<Vec<SafetensorsEntry>> {
     Ok(out)
 }
 
+/// The first entry of a safetensors header whose byte range is not the size its dtype and shape
+/// imply, described for a message (the safetensors crate's error does not name it).
+fn wrong_size_tensor(header: &Map<String, Value>) -> Option<String> {
+    header.iter().filter(|(k, _)| *k != "__metadata__").find_map(|(name, v)| {
+        let dtype: safetensors::Dtype = serde_json::from_value(v.get("dtype")?.clone()).ok()?;
+        let shape: Vec<usize> = serde_json::from_value(v.get("shape")?.clone()).ok()?;
+        let [begin, end]: [usize; 2] = serde_json::from_value(v.get("data_offsets")?.clone()).ok()?;
+        let bits = shape.iter().try_fold(dtype.bitsize(), |a, &d| a.checked_mul(d));
+        let have = end.checked_sub(begin);
+        (bits.map(|b| b / 8) != have).then(|| {
+            format!(
+                "tensor {}: {dtype} {} needs {} bytes, data_offsets [{begin}, {end}] hold {}",
+                shown(name),
+                super::fmt_shape(&shape),
+                bits.map_or("more than 2^64".to_string(), |b| (b / 8).to_string()),
+                have.map_or("a negative count".to_string(), |h| h.to_string())
+            )
+        })
+    })
+}
+
 /// Maps a Hugging Face tensor name to the canonical (GGUF) one; `None` for tensors the engine
 /// does not use.
 pub fn canonical_name(hf: &str, arch: Arch) -> Option<String> {
@@ -344,6 +390,14 @@ pub fn canonical_name(hf: &str, arch: Arch) -> Option<String> {
     }
     let rest = name.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
+    // Only canonical decimal (transformers' state-dict keys): "00" or "+1" name no layer.
+    if layer.is_empty()
+        || layer.len() > 9
+        || !layer.bytes().all(|b| b.is_ascii_digit())
+        || (layer.len() > 1 && layer.starts_with('0'))
+    {
+        return None;
+    }
     let layer: usize = layer.parse().ok()?;
     let (module, suffix) = match rest.rsplit_once('.')? {
         (m, s @ ("weight" | "bias")) => (m, s),
@@ -448,15 +502,48 @@ fn json_shown(v: &Value) -> String {
 }
 
 /// The linear RoPE scaling factor of a `rope_scaling` / `rope_parameters` object (1 = none).
-fn rope_factor(o: Option<&Map<String, Value>>, path: &Path) -> Result<f32> {
-    let Some(o) = o else { return Ok(1.0) };
-    let ty = o.get("rope_type").or_else(|| o.get("type")).and_then(Value::as_str).unwrap_or("default");
-    let factor = o.get("factor").and_then(Value::as_f64).unwrap_or(1.0) as f32;
-    match ty {
-        "default" => Ok(1.0),
-        "linear" if factor > 0.0 && factor.is_finite() => Ok(factor),
-        "linear" => Err(Error::corrupt(path, format!("rope scaling factor {factor}"))),
-        other => Err(Error::Unsupported(format!("RoPE scaling type {}", shown(other)))),
+/// `what` names the key in messages. As in transformers, a linear scaling needs a positive
+/// `factor`; a kind, factor or theta of the wrong JSON type is an error, not a default.
+fn rope_factor(o: Option<&Value>, what: &str, path: &Path) -> Result<f32> {
+    let o = match o {
+        None | Some(Value::Null) => return Ok(1.0),
+        Some(Value::Object(o)) => o,
+        Some(other) => {
+            return Err(Error::corrupt(path, format!("{what} should be an object, is {}", json_shown(other))));
+        }
+    };
+    let ty = match o.get("rope_type").or_else(|| o.get("type")) {
+        None | Some(Value::Null) => "default",
+        Some(Value::String(s)) => s.as_str(),
+        Some(other) => {
+            return Err(Error::corrupt(path, format!("{what}.rope_type should be a string, is {}", json_shown(other))));
+        }
+    };
+    let factor = match o.get("factor") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_f64() {
+            Some(f) if f > 0.0 && (f as f32).is_finite() => Some(f as f32),
+            _ => {
+                return Err(Error::corrupt(
+                    path,
+                    format!("{what}.factor should be a positive number, is {}", json_shown(v)),
+                ))
+            }
+        },
+    };
+    if let Some(t) = o.get("rope_theta") {
+        if !t.as_f64().is_some_and(|t| t > 0.0 && (t as f32).is_finite()) {
+            return Err(Error::corrupt(
+                path,
+                format!("{what}.rope_theta should be a positive number, is {}", json_shown(t)),
+            ));
+        }
+    }
+    match (ty, factor) {
+        ("default", _) => Ok(1.0),
+        ("linear", Some(f)) => Ok(f),
+        ("linear", None) => Err(Error::corrupt(path, format!("{what}: linear RoPE scaling without a factor"))),
+        (other, _) => Err(Error::Unsupported(format!("RoPE scaling type {}", shown(other)))),
     }
 }
 
@@ -503,22 +590,26 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
     // RoPE: rope_theta / rope_scaling (transformers 4.x) or rope_parameters (5.x, per layer kind
     // for Gemma 3).
     let default_theta = if gemma || matches!(arch, Arch::Qwen2 | Arch::Qwen3) { 1_000_000.0 } else { 10_000.0 };
-    let params = c.get("rope_parameters").and_then(Value::as_object);
-    let (full_params, local_params) = match params {
-        Some(p) if p.contains_key("full_attention") => {
-            (p.get("full_attention").and_then(Value::as_object), p.get("sliding_attention").and_then(Value::as_object))
-        }
-        Some(p) => (Some(p), None),
+    let (full_raw, local_raw) = match c.get("rope_parameters") {
         None => (None, None),
+        Some(Value::Object(p)) if p.contains_key("full_attention") => {
+            (p.get("full_attention"), p.get("sliding_attention"))
+        }
+        Some(p @ Value::Object(_)) => (Some(p), None),
+        Some(_) => return Err(c.wrong("rope_parameters", "an object")),
     };
+    // Each kind's parameters: an object whose kind, factor and theta are checked.
+    let full_factor = rope_factor(full_raw, "rope_parameters", c.path)?;
+    rope_factor(local_raw, "rope_parameters.sliding_attention", c.path)?;
+    let (full_params, local_params) = (full_raw.and_then(Value::as_object), local_raw.and_then(Value::as_object));
     let theta_of = |p: Option<&Map<String, Value>>| p.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64);
     let rope_theta = match c.opt_f32("rope_theta")? {
         Some(t) => t,
         None => theta_of(full_params).map_or(default_theta, |t| t as f32),
     };
     let rope_scaling_factor = match c.get("rope_scaling") {
-        Some(v) => rope_factor(v.as_object(), c.path)?,
-        None => rope_factor(full_params, c.path)?,
+        Some(v) => rope_factor(Some(v), "rope_scaling", c.path)?,
+        None => full_factor,
     };
     let rope_local_theta = if gemma {
         Some(match c.opt_f32("rope_local_base_freq")? {
@@ -648,12 +739,28 @@ fn read_optional_json(path: &Path) -> Result<Option<Value>> {
     }
 }
 
-/// Ids from a config value that is an integer or a list of integers.
-fn token_ids(v: Option<&Value>) -> Vec<u32> {
+/// A token id: an integer below 2^32, or null/absent. `key` and `path` name it in errors.
+fn token_id(v: Option<&Value>, key: &str, path: &Path) -> Result<Option<u32>> {
     match v {
-        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).filter_map(|x| u32::try_from(x).ok()).collect(),
-        Some(x) => x.as_u64().and_then(|x| u32::try_from(x).ok()).into_iter().collect(),
-        None => Vec::new(),
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => match x.as_u64().and_then(|x| u32::try_from(x).ok()) {
+            Some(id) => Ok(Some(id)),
+            None => Err(Error::corrupt(path, format!("{key} should be a token id, is {}", json_shown(x)))),
+        },
+    }
+}
+
+/// Token ids from a value that is an id, a list of ids, or null/absent.
+fn token_ids(v: Option<&Value>, key: &str, path: &Path) -> Result<Vec<u32>> {
+    match v {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                token_id(Some(x), key, path)?
+                    .ok_or_else(|| Error::corrupt(path, format!("{key} should be a list of token ids, has null")))
+            })
+            .collect(),
+        other => Ok(token_id(other, key, path)?.into_iter().collect()),
     }
 }
 
@@ -718,7 +825,9 @@ fn prepends_special_token(pp: &Value) -> bool {
 /// The chat template: tokenizer_config.json `chat_template` (a string, or a list of named
 /// templates: "default" wins), else chat_template.jinja, else chat_template.json.
 fn chat_template(dir: &Path, tcfg: Option<&Map<String, Value>>) -> Result<Option<String>> {
+    let tcfg_path = dir.join("tokenizer_config.json");
     match tcfg.and_then(|t| t.get("chat_template")) {
+        None | Some(Value::Null) => {}
         Some(Value::String(s)) => return Ok(Some(s.clone())),
         Some(Value::Array(list)) => {
             let named = |n: &str| {
@@ -728,11 +837,20 @@ fn chat_template(dir: &Path, tcfg: Option<&Map<String, Value>>) -> Result<Option
                     .and_then(Value::as_str)
             };
             let first = list.first().and_then(|e| e.get("template")).and_then(Value::as_str);
-            if let Some(t) = named("default").or(first) {
-                return Ok(Some(t.to_string()));
-            }
+            return match named("default").or(first) {
+                Some(t) => Ok(Some(t.to_string())),
+                None => Err(Error::corrupt(
+                    &tcfg_path,
+                    "chat_template is a list without a template string (want [{\"name\": …, \"template\": \"…\"}])",
+                )),
+            };
         }
-        _ => {}
+        Some(v) => {
+            return Err(Error::corrupt(
+                &tcfg_path,
+                format!("chat_template should be a string or a list of named templates, is {}", json_shown(v)),
+            ));
+        }
     }
     let jinja = dir.join("chat_template.jinja");
     if side_file_exists(&jinja)? {

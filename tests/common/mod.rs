@@ -38,19 +38,33 @@ pub fn fixture_dir() -> PathBuf {
 }
 pub mod stats;
 
-/// Asserts that an error message is fit for a user: one line, under 1 KB, no control characters,
-/// no Rust `Debug` output such as `Some(2)`, no OS error said twice.
-pub fn assert_clean_message(msg: &str) {
-    assert!(
-        msg.len() < 1024,
-        "message of {} bytes: {}…",
-        msg.len(),
-        &msg[..msg.char_indices().nth(200).map_or(msg.len(), |(i, _)| i)]
-    );
-    assert!(!msg.is_empty(), "empty message");
-    assert!(!msg.chars().any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}'), "control character in {msg:?}");
-    assert!(!msg.contains("Some(") && !msg.contains("None)"), "Debug output in {msg:?}");
+/// What makes an error message unfit for a user, if anything: more than one line, 1 KB or more,
+/// empty, control characters, Rust `Debug` output such as `Some(2)`, an OS error said twice.
+pub fn message_problem(msg: &str) -> Option<String> {
+    let head = &msg[..msg.char_indices().nth(200).map_or(msg.len(), |(i, _)| i)];
+    if msg.len() >= 1024 {
+        return Some(format!("message of {} bytes: {head}…", msg.len()));
+    }
+    if msg.is_empty() {
+        return Some("empty message".into());
+    }
+    if msg.chars().any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}') {
+        return Some(format!("control character in {head:?}"));
+    }
+    if msg.contains("Some(") || msg.contains("None)") {
+        return Some(format!("Debug output in {msg:?}"));
+    }
     if let Some(i) = msg.find("(os error") {
-        assert!(!msg[i + 1..].contains("(os error"), "OS error twice in {msg:?}");
+        if msg[i + 1..].contains("(os error") {
+            return Some(format!("OS error twice in {msg:?}"));
+        }
+    }
+    None
+}
+
+/// Asserts that an error message is fit for a user (see [`message_problem`]).
+pub fn assert_clean_message(msg: &str) {
+    if let Some(p) = message_problem(msg) {
+        panic!("{p}");
     }
 }
