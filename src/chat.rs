@@ -167,11 +167,35 @@ fn raise_exception(message: String) -> std::result::Result<Value, minijinja::Err
 fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error> {
     let secs =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
-    strftime_utc(&format, secs).map_err(|m| minijinja::Error::new(ErrorKind::InvalidOperation, m))
+    strftime_local(&format, secs).map_err(|m| minijinja::Error::new(ErrorKind::InvalidOperation, m))
 }
 
-/// Python's `strftime` for the common directives, in UTC (no time zone data here).
-fn strftime_utc(format: &str, unix_secs: i64) -> std::result::Result<String, String> {
+/// transformers' `strftime_now`: `datetime.now().strftime(format)`, the local time of the
+/// machine as a naive datetime (so `%Z` and `%z` render empty, as Python's do).
+fn strftime_local(format: &str, unix_secs: i64) -> std::result::Result<String, String> {
+    strftime_naive(format, unix_secs.saturating_add(utc_offset_secs(unix_secs)))
+}
+
+/// The local time zone's offset from UTC at `unix_secs`, in seconds (`localtime_r`, which
+/// follows `TZ` and /etc/localtime); 0 where the platform gives none.
+fn utc_offset_secs(unix_secs: i64) -> i64 {
+    #[cfg(unix)]
+    {
+        let t: libc::time_t = unix_secs as libc::time_t;
+        // SAFETY: localtime_r writes only into the `tm` we pass and reads `t`; a zeroed `tm` is a
+        // valid value of the plain C struct.
+        let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+        if !unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
+            return tm.tm_gmtoff as i64;
+        }
+    }
+    let _ = unix_secs;
+    0
+}
+
+/// Python's `strftime` for the common directives, on a naive wall-clock time given as seconds
+/// since 1970-01-01 00:00 of that clock.
+fn strftime_naive(format: &str, unix_secs: i64) -> std::result::Result<String, String> {
     const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
     const MONTHS: [&str; 12] = [
         "January",
@@ -248,8 +272,8 @@ fn strftime_utc(format: &str, unix_secs: i64) -> std::result::Result<String, Str
             'u' => out.push_str(&(weekday + 1).to_string()),
             'F' => out.push_str(&format!("{year}-{month:02}-{day:02}")),
             'T' => out.push_str(&format!("{hour:02}:{min:02}:{sec:02}")),
-            'Z' => out.push_str("UTC"),
-            'z' => out.push_str("+0000"),
+            // A naive datetime has no zone: Python renders both empty.
+            'Z' | 'z' => {}
             '%' => out.push('%'),
             other => return Err(format!("strftime_now: unsupported directive %{other}")),
         }
@@ -494,14 +518,43 @@ mod tests {
 
     #[test]
     fn strftime() {
-        // 2024-02-29 13:05:09 UTC, a Thursday.
+        // 2024-02-29 13:05:09, a Thursday.
         let t = 1709211909;
         assert_eq!(
-            strftime_utc("%Y-%m-%d %H:%M:%S %A %a %B %b %j %I%p %y %-d %%", t).unwrap(),
+            strftime_naive("%Y-%m-%d %H:%M:%S %A %a %B %b %j %I%p %y %-d %%", t).unwrap(),
             "2024-02-29 13:05:09 Thursday Thu February Feb 060 01PM 24 29 %"
         );
-        assert_eq!(strftime_utc("%d %b %Y", 0).unwrap(), "01 Jan 1970");
+        assert_eq!(strftime_naive("%d %b %Y", 0).unwrap(), "01 Jan 1970");
+        assert_eq!(strftime_naive("[%Z%z]", 0).unwrap(), "[]");
         let out = apply_chat_template("{{ strftime_now('%Y') }}", &[], false, None, None).unwrap();
         assert_eq!(out.len(), 4);
+    }
+
+    /// `strftime_now` renders the local time, as transformers does: this test runs itself again in
+    /// a child process under two POSIX time zones (no zone database needed) and checks the
+    /// wall-clock time it prints for a fixed instant.
+    #[test]
+    fn strftime_now_is_local_time() {
+        const CHILD: &str = "WGPU_LLM_STRFTIME_CHILD";
+        let t = 1709211909; // 2024-02-29 13:05:09 UTC
+        if std::env::var_os(CHILD).is_some() {
+            println!("<{}>", strftime_local("%Y-%m-%d %H:%M:%S", t).unwrap());
+            return;
+        }
+        for (tz, want) in
+            [("UTC0", "2024-02-29 13:05:09"), ("XST-5:30", "2024-02-29 18:35:09"), ("YST11", "2024-02-29 02:05:09")]
+        {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["chat::tests::strftime_now_is_local_time", "--exact", "--nocapture", "--test-threads=1"])
+                .env(CHILD, "1")
+                .env("TZ", tz)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "child under TZ={tz} failed: {stdout}");
+            if cfg!(unix) {
+                assert!(stdout.contains(&format!("<{want}>")), "TZ={tz}: want {want}, child printed {stdout}");
+            }
+        }
     }
 }
