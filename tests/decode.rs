@@ -222,3 +222,37 @@ fn non_finite_logits_are_an_error_not_tokens() {
     let step = wgpu_llm::decode::non_finite_error(5, 40).to_string();
     assert!(step.contains("decode step 5") && step.contains("position 40"), "{step}");
 }
+
+/// Prompts of many distinct lengths keep at most `MAX_PLANS` plans and one set of activation
+/// buffers (sized for a prefill chunk), and a length whose plan was evicted and recorded again
+/// gives the same logits bit for bit as the first time (on the shared buffers).
+#[test]
+fn plan_cache_is_bounded_across_prompt_lengths() {
+    use wgpu_llm::model::forward::MAX_PLANS;
+    let gpu = common::gpu();
+    let mut model = tiny(&gpu);
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 1000).collect();
+    let logits_of = |model: &mut Model, n: usize| {
+        model.reset();
+        let l = model.forward(&prompt[..n]).unwrap();
+        gpu.read_f32(&l).unwrap()
+    };
+    let first = logits_of(&mut model, 5);
+    assert!(first.iter().all(|x| x.is_finite()));
+    let (_, bytes) = model.plan_cache();
+    assert!(bytes > 0);
+    for n in 6..=30 {
+        logits_of(&mut model, n);
+        let (plans, b) = model.plan_cache();
+        assert!(plans <= MAX_PLANS, "{plans} plans after {n} lengths");
+        assert_eq!(b, bytes, "activation bytes grew at length {n}");
+    }
+    // Length 5 was evicted long ago: recorded again, same numbers.
+    assert_eq!(logits_of(&mut model, 5), first);
+    // A chunk longer than any before grows the shared buffers once.
+    model.prefill_chunk = 1024;
+    let prompt_long: Vec<u32> = (0..100u32).collect();
+    model.reset();
+    let _ = model.forward(&prompt_long).unwrap();
+    assert_eq!(model.plan_cache().1, bytes, "100 tokens fit the 512-row buffers");
+}

@@ -29,6 +29,62 @@ use std::collections::HashMap;
 /// Default maximum tokens per prefill pass: longer prompts run in chunks of this size.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// Most plans kept at once (the one-token plan is never evicted): prompts of many distinct
+/// lengths replace the least recently used plan instead of adding one each.
+pub const MAX_PLANS: usize = 8;
+
+/// The activation buffers every plan shares, sized for `rows` tokens: a plan for `t <= rows`
+/// tokens binds views of their first `t` rows, so memory does not grow with the number of
+/// distinct prompt lengths (plans run one after another on the queue, never at once).
+struct Scratch {
+    rows: usize,
+    ids: Tensor,
+    /// `[rows, cols]` f32 buffers by name: x, xn, qkv, attn, gate_up, act, tmp.
+    acts: Vec<(&'static str, Tensor)>,
+    last: Tensor,
+    last_norm: Tensor,
+    logits: Tensor,
+}
+
+impl Scratch {
+    fn new(g: &Gpu, c: &ModelConfig, rows: usize) -> Result<Scratch> {
+        let (h, f) = (c.hidden_size, c.intermediate_size);
+        let cols = [
+            ("x", h),
+            ("xn", h),
+            ("qkv", c.q_dim() + 2 * c.kv_dim()),
+            ("attn", c.q_dim()),
+            ("gate_up", 2 * f),
+            ("act", f),
+            ("tmp", h),
+        ];
+        let acts = cols
+            .into_iter()
+            .map(|(name, n)| Ok((name, g.empty(name, &[rows, n], ElemType::F32)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Scratch {
+            rows,
+            ids: g.empty("ids", &[rows], ElemType::U32)?,
+            acts,
+            last: g.empty("last", &[1, h], ElemType::F32)?,
+            last_norm: g.empty("last_norm", &[1, h], ElemType::F32)?,
+            logits: g.empty("logits", &[c.vocab_size], ElemType::F32)?,
+        })
+    }
+
+    /// The first `t` rows of the activation `name`.
+    fn rows(&self, name: &str, t: usize) -> Tensor {
+        let (_, a) = self.acts.iter().find(|(n, _)| *n == name).expect("a scratch activation");
+        let cols = a.shape[1];
+        a.view(0, &[t, cols])
+    }
+
+    fn bytes(&self) -> u64 {
+        self.acts.iter().map(|(_, a)| a.size_bytes()).sum::<u64>()
+            + [&self.ids, &self.last, &self.last_norm, &self.logits].iter().map(|t| t.size_bytes()).sum::<u64>()
+    }
+}
+
 enum Item {
     Kernel(Kernel),
     /// Copy of `bytes` between buffers (ends the compute pass).
@@ -57,8 +113,8 @@ pub struct Plan {
     /// Last-position logits out, f32 [vocab].
     pub logits: Tensor,
     items: Vec<Item>,
-    /// Activation buffers, kept alive for the bind groups.
-    _acts: Vec<Tensor>,
+    /// When the plan was last staged (the [`Model`]'s use counter), for eviction.
+    last_used: u64,
 }
 
 impl Plan {
@@ -115,6 +171,9 @@ pub struct Model {
     /// The [`StepParams`] uniform.
     step: wgpu::Buffer,
     plans: HashMap<usize, Plan>,
+    /// Use counter for the plans' least-recently-used eviction.
+    uses: u64,
+    scratch: Option<Scratch>,
     /// Tokens already in the KV cache.
     pub pos: usize,
     pub prefill_chunk: usize,
@@ -168,6 +227,8 @@ impl Model {
             max_ctx,
             step,
             plans: HashMap::new(),
+            uses: 0,
+            scratch: None,
             pos: 0,
             prefill_chunk: PREFILL_CHUNK,
         })
@@ -279,13 +340,37 @@ impl Model {
             .collect())
     }
 
-    /// The plan for `t` tokens, recorded on first use.
+    /// The plan for `t` tokens, recorded on first use. At most [`MAX_PLANS`] are kept (the
+    /// least recently used one goes first; never the one-token plan), and all of them share one
+    /// set of activation buffers, sized for the longest plan yet (at least a prefill chunk).
     pub fn plan(&mut self, t: usize) -> Result<&Plan> {
+        if t == 0 {
+            return Err(Error::InvalidArgument("a plan needs at least one token".into()));
+        }
+        self.uses += 1;
         if !self.plans.contains_key(&t) {
+            if self.scratch.as_ref().is_none_or(|s| s.rows < t) {
+                // Plans bind the old buffers: record them again on the new ones.
+                self.plans.clear();
+                self.scratch = None;
+                self.scratch = Some(Scratch::new(&self.gpu, &self.config, t.max(self.prefill_chunk))?);
+            }
+            while self.plans.len() >= MAX_PLANS {
+                let oldest =
+                    self.plans.iter().filter(|(&n, _)| n != 1).min_by_key(|(_, p)| p.last_used).map(|(&n, _)| n);
+                self.plans.remove(&oldest.expect("MAX_PLANS > 1"));
+            }
             let p = self.record(t)?;
             self.plans.insert(t, p);
         }
-        Ok(&self.plans[&t])
+        let p = self.plans.get_mut(&t).expect("recorded above");
+        p.last_used = self.uses;
+        Ok(p)
+    }
+
+    /// (plans cached, bytes of the activation buffers they share).
+    pub fn plan_cache(&self) -> (usize, u64) {
+        (self.plans.len(), self.scratch.as_ref().map_or(0, Scratch::bytes))
     }
 
     /// Runs `tokens` at positions `pos..pos + len` and leaves the last position's logits on the
@@ -320,19 +405,11 @@ impl Model {
         let c = &self.config;
         let w = &self.weights;
         let (h, f) = (c.hidden_size, c.intermediate_size);
-        let qkv_dim = c.q_dim() + 2 * c.kv_dim();
-        let f32t = |name: &str, shape: &[usize]| g.empty(name, shape, ElemType::F32);
-        let ids = g.empty("ids", &[t], ElemType::U32)?;
-        let x = f32t("x", &[t, h])?;
-        let xn = f32t("xn", &[t, h])?;
-        let qkv = f32t("qkv", &[t, qkv_dim])?;
-        let attn = f32t("attn", &[t, c.q_dim()])?;
-        let gu = f32t("gate_up", &[t, 2 * f])?;
-        let act = f32t("act", &[t, f])?;
-        let tmp = f32t("tmp", &[t, h])?;
-        let last = f32t("last", &[1, h])?;
-        let last_n = f32t("last_norm", &[1, h])?;
-        let logits = f32t("logits", &[c.vocab_size])?;
+        let s = self.scratch.as_ref().expect("plan() sizes the scratch buffers");
+        let ids = s.ids.view(0, &[t]);
+        let [x, xn, qkv, attn, gu, act, tmp] =
+            ["x", "xn", "qkv", "attn", "gate_up", "act", "tmp"].map(|name| s.rows(name, t));
+        let (last, last_n, logits) = (s.last.clone(), s.last_norm.clone(), s.logits.clone());
 
         let mut items = Vec::new();
         let mut k = |kernel: Kernel| items.push(Item::Kernel(kernel));
@@ -446,6 +523,6 @@ impl Model {
         if c.final_logit_softcapping.is_some() {
             return Err(Error::Unsupported("final logit soft-capping".into()));
         }
-        Ok(Plan { t, ids, logits, items, _acts: vec![x, xn, qkv, attn, gu, act, tmp, last, last_n] })
+        Ok(Plan { t, ids, logits, items, last_used: 0 })
     }
 }
