@@ -7,8 +7,8 @@
 
 mod common;
 
-use common::gpu;
-use common::stats::{chi_square, Mix};
+use common::stats::{chi_square, reference_distribution, Mix};
+use common::{gpu, gpu_variants};
 use std::collections::BTreeSet;
 use wgpu_llm::gpu::{Gpu, Tensor};
 use wgpu_llm::sampling::device::{philox_bits, DeviceSampler};
@@ -19,16 +19,6 @@ use wgpu_llm::Error;
 
 // ---------------------------------------------------------------------------------------
 // Helpers.
-
-/// The device as is, and with f16 and subgroups off (the fallback kernels) when it has them.
-fn gpu_variants() -> Vec<Gpu> {
-    let g = gpu();
-    let mut v = vec![g.clone()];
-    if g.caps.f16 || g.caps.subgroups {
-        v.push(g.restricted(false, false));
-    }
-    v
-}
 
 fn random_logits(rng: &mut Mix, v: usize, scale: f64) -> Vec<f32> {
     (0..v).map(|_| (rng.normal() * scale) as f32).collect()
@@ -99,33 +89,6 @@ fn philox_bits_and_gumbel_match_the_host_bit_for_bit() {
 
 // ---------------------------------------------------------------------------------------
 // Goodness of fit.
-
-/// An independent reference of the target distribution (f64 throughout, straight from the
-/// spec's prose: softmax of l/T over the top-k set, nucleus by whole levels, min-p, renormalize).
-fn reference_distribution(l: &[f32], t: f64, k: usize, top_p: f64, min_p: f64) -> Vec<f64> {
-    let s: Vec<f64> = l.iter().map(|&x| x as f64 / t).collect();
-    let mut sorted = s.clone();
-    sorted.sort_by(|a, b| b.total_cmp(a));
-    let t_k = if k > 0 && k < s.len() { sorted[k - 1] } else { f64::NEG_INFINITY };
-    let m = sorted[0];
-    let w: Vec<f64> = s.iter().map(|&x| if x >= t_k { (x - m).exp() } else { 0.0 }).collect();
-    let z: f64 = w.iter().sum();
-    let mut t_p = t_k;
-    if top_p < 1.0 {
-        for &level in sorted.iter().filter(|&&x| x >= t_k) {
-            let mass: f64 = s.iter().zip(&w).filter(|(&x, _)| x >= level).map(|(_, &w)| w).sum();
-            t_p = level;
-            if mass >= top_p * z {
-                break;
-            }
-        }
-    }
-    let mut p: Vec<f64> =
-        s.iter().zip(&w).map(|(&x, &w)| if x >= t_p && (x - m).exp() >= min_p { w } else { 0.0 }).collect();
-    let z: f64 = p.iter().sum();
-    p.iter_mut().for_each(|x| *x /= z);
-    p
-}
 
 /// Rows per call and calls per fit: 10 steps of 10,000 rows = 100,000 draws.
 const FIT_ROWS: usize = 10_000;

