@@ -1456,15 +1456,57 @@ fn gguf_writer_quantizes() {
     assert!(w.add_quantized("bad", DType::Q8_0, &[2, 32], &x).is_err());
     let g = GgufFile::parse(&w.to_bytes(), Path::new("m")).unwrap();
     let bytes = w.to_bytes();
+    let mut checked = 0;
     for t in &g.tensors {
         let o = t.offset as usize;
         let y = wgpu_llm::loader::dtype::to_f32(t.dtype, &bytes[o..o + t.len], 256).unwrap();
-        let tol = match t.dtype {
-            DType::Q4_0 | DType::Q4_1 => 0.15,
-            DType::Q5_0 | DType::Q5_1 => 0.07,
-            _ => 0.01,
-        };
-        let err = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(err < tol, "{}: {err}", t.name);
+        for (blk, (xb, yb)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+            let bound = round_trip_bound(t.dtype, xb);
+            for (j, ((a, b), tol)) in xb.iter().zip(yb).zip(&bound).enumerate() {
+                let err = (a - b).abs();
+                assert!(err <= *tol, "{}: block {blk} element {j}: {a} -> {b}, error {err} > {tol}", t.name);
+            }
+        }
+        checked += 1;
     }
+    assert_eq!(checked, 7);
+}
+
+/// What ggml's reference quantizers can lose on each element of a 32-element block, from the
+/// block's own values: half a step (d = amax/127, amax/8, amax/16 or (max - min)/levels), a
+/// whole step for Q4_0/Q5_0 elements past the last positive level (their `min(15)` clamp: the
+/// scale is set by the largest magnitude, which may be negative), and the f16 rounding of the
+/// stored scale and minimum (2^-11 relative, times the largest level) — or the 2^-11 / 2^-8
+/// relative rounding of f16 / bf16, plus a few f32 ulps of the largest magnitude.
+fn round_trip_bound(t: DType, x: &[f32]) -> Vec<f32> {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (lo, hi) = x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
+    let f16_rel = 2f32.powi(-11);
+    // The quantizers' own f32 arithmetic (v / d, v - min) rounds too.
+    let f32_slack = 4.0 * f32::EPSILON * amax;
+    x.iter()
+        .map(|&v| {
+            f32_slack
+                + match t {
+                    DType::F16 => v.abs() * f16_rel,
+                    DType::BF16 => v.abs() * 2f32.powi(-8),
+                    DType::Q8_0 => amax / 127.0 / 2.0 + amax * f16_rel,
+                    DType::Q4_0 | DType::Q5_0 => {
+                        let levels = if t == DType::Q4_0 { 8.0 } else { 16.0 };
+                        let d = amax / levels;
+                        let clamped = v.abs() > (levels - 0.5) * d && v.signum() != signed_absmax(x).signum();
+                        (if clamped { d } else { d / 2.0 }) + amax * f16_rel
+                    }
+                    DType::Q4_1 | DType::Q5_1 => {
+                        let top = if t == DType::Q4_1 { 15.0 } else { 31.0 };
+                        (hi - lo) / top / 2.0 + ((hi - lo) + lo.abs()) * f16_rel
+                    }
+                    other => panic!("no round-trip bound for {other}"),
+                }
+        })
+        .collect()
+}
+
+fn signed_absmax(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m })
 }
