@@ -256,3 +256,22 @@ fn plan_cache_is_bounded_across_prompt_lengths() {
     let _ = model.forward(&prompt_long).unwrap();
     assert_eq!(model.plan_cache().1, bytes, "100 tokens fit the 512-row buffers");
 }
+
+/// A context whose KV cache one layer cannot bind is refused before anything is uploaded, with
+/// the largest `--ctx` that fits (lavapipe and most GPUs: 128 MiB; the tiny model's cache takes
+/// 2 kv heads x 16 dims x 2 bytes = 64 bytes a position).
+#[test]
+fn context_beyond_the_binding_limit_names_the_largest_ctx() {
+    let gpu = common::gpu();
+    let mut c = tiny_config();
+    c.max_position_embeddings = 1 << 30;
+    let max_bind = gpu.limits.max_storage_buffer_binding_size;
+    let fits = (max_bind / 64) as usize;
+    let ck = wgpu_llm::loader::synthetic::build(&c, "q8_0", "synthetic:tiny", 11).unwrap();
+    let err = match Model::load(&gpu, &ck, Some(fits + 1), &mut |_, _| {}) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a context of {} tokens was accepted", fits + 1),
+    };
+    common::assert_clean_message(&err);
+    assert!(err.contains(&format!("lower --ctx to at most {fits}")), "{err}");
+}

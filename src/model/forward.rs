@@ -208,6 +208,19 @@ impl Model {
                 config.max_position_embeddings
             )));
         }
+        // The KV cache is one f16 [Hkv, ctx, D] buffer per layer and K/V: check it against the
+        // device's binding limit before the weights upload, in the user's terms.
+        let per_pos = (config.num_kv_heads * config.head_dim * 2) as u64;
+        let max_bind = gpu.limits.max_storage_buffer_binding_size;
+        if per_pos > 0 && max_ctx as u64 * per_pos > max_bind {
+            return Err(Error::InvalidArgument(format!(
+                "a context of {max_ctx} tokens needs {} MiB of KV cache per layer, more than this GPU binds \
+                 ({} MiB): lower --ctx to at most {}",
+                (max_ctx as u64 * per_pos) >> 20,
+                max_bind >> 20,
+                max_bind / per_pos
+            )));
+        }
         let weights = weights::load(gpu, ck, dequantize, progress)?;
         let kv_shape = [config.num_kv_heads, max_ctx, config.head_dim];
         let kv = (0..config.num_layers)
