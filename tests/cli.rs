@@ -234,3 +234,19 @@ fn devices_lists_capabilities() {
         assert_eq!(text.matches(key).count(), adapters, "{key} once per adapter:\n{text}");
     }
 }
+
+#[test]
+fn gl_only_when_asked_and_no_mesa_noise() {
+    // Headless (no XDG_RUNTIME_DIR), as CI and servers are: the default backends list Vulkan
+    // adapters only, and stderr stays empty (no EGL probing, no device-select layer lines).
+    let out = bin().args(["devices"]).env_remove("XDG_RUNTIME_DIR").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(stderr.is_empty(), "devices printed on stderr: {stderr}");
+    let adapters: Vec<&str> = stdout.lines().filter(|l| l.starts_with('[')).collect();
+    assert!(!adapters.is_empty() && adapters.iter().all(|l| !l.contains("(Gl,")), "{stdout}");
+    // With --backend gl, GL adapters and nothing else.
+    let out = bin().args(["devices", "--backend", "gl"]).env_remove("XDG_RUNTIME_DIR").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.lines().filter(|l| l.starts_with('[')).all(|l| l.contains("(Gl,")), "{stdout}");
+}
