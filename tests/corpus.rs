@@ -45,9 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
-use wgpu_llm::chat::{apply_chat_template, Message};
 use wgpu_llm::loader::Checkpoint;
-use wgpu_llm::tokenizer::Tokenizer;
 
 /// Most heap bytes a case may hold live above what was live when it started.
 const ALLOC_BOUND: usize = 128 << 20;
@@ -180,29 +178,7 @@ fn end() -> usize {
 // Loading a case
 // ---------------------------------------------------------------------------------------------
 
-/// What `wgpu-llm generate --chat` does with a model before it touches the GPU, then the tensor
-/// reads of the weight upload (norms as floats, checked finite; matrices as stored).
-fn load(path: &Path) -> Result<(), String> {
-    let e = |e: wgpu_llm::Error| e.to_string();
-    let ck = Checkpoint::open(path).map_err(e)?;
-    let tok = Tokenizer::from_source(&ck.tokenizer, ck.config.add_bos, ck.config.bos_token_id).map_err(e)?;
-    if let Some(t) = &ck.chat_template {
-        let msgs = [Message::system("Be brief."), Message::user("What is 2+3?")];
-        let text = apply_chat_template(t, &msgs, true, ck.bos_token.as_deref(), ck.eos_token.as_deref()).map_err(e)?;
-        tok.encode(&text, true).map_err(e)?;
-    }
-    let mut names: Vec<&str> = ck.tensor_names().collect();
-    names.sort_unstable();
-    for name in names {
-        let v = ck.raw(name).map_err(e)?;
-        if v.shape.len() == 1 {
-            let shape = v.shape.clone();
-            drop(v);
-            ck.f32(name, &shape).map_err(e)?;
-        }
-    }
-    Ok(())
-}
+use mutation::load::load;
 
 struct Outcome {
     result: Result<Result<(), String>, String>,

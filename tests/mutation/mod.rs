@@ -1,4 +1,4 @@
-//! The mutation corpus generator (used by tests/corpus.rs; tests/fuzz shares nothing with it).
+//! The mutation corpus generator (used by tests/corpus.rs), and the loading path it judges cases by (`load`, shared with the fuzz targets under fuzz/).
 //!
 //! Deterministic: every case is derived from the real SmolLM2-135M-Instruct Q4_1 checkpoint
 //! (`tools/fetch-model.sh smollm2`) and from a Hugging Face folder built from it in memory
@@ -11,6 +11,7 @@
 
 pub mod gguf;
 pub mod hf;
+pub mod load;
 
 use std::path::Path;
 
