@@ -1121,7 +1121,7 @@ fn overlapping_and_retyped_tensors_are_corrupt() {
     let (_, ty, _) = tensor_info_fields(&bytes, "token_embd.weight");
     for t in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::F16, DType::F32] {
         let mut b = bytes.clone();
-        b[ty..ty + 4].copy_from_slice(&t.ggml_type().to_le_bytes());
+        b[ty..ty + 4].copy_from_slice(&t.ggml_type().unwrap().to_le_bytes());
         let e = open_err(&write(&scratch("retype.gguf"), &b));
         assert!(matches!(e, Error::Corrupt { .. }), "{t}: {e}");
     }

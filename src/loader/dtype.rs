@@ -16,8 +16,14 @@
 //! | Q5_K | 256 | 176 | `d: f16, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]` |
 //! | Q6_K | 256 | 210 | `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16` |
 //!
+//! | A4 (MLX 4-bit) | group g (32, 64, 128) | 4 + g/2 | `scale, bias: f16 or bf16, qs: [u8; g/2]` — `x = nibble * scale + bias` |
+//! | A8 (MLX 8-bit) | group g | 4 + g | `scale, bias: f16 or bf16, qs: [u8; g]` — `x = q * scale + bias` |
+//!
 //! In the 32-element types, byte `j` of `qs` holds element `j` in its low nibble and element
-//! `j + 16` in its high nibble.
+//! `j + 16` in its high nibble. The affine types are MLX's group-wise quantization (mlx-lm's
+//! `weight` (packed u32), `scales`, `biases`), gathered by the loader into one block per group
+//! ([`mlx_affine_blocks`]): A4's quants in the same nibble order as Q4_1, per 32-element
+//! sub-block, so that Q4_1's kernels read them; A8's as unsigned bytes in element order.
 
 use crate::error::{Error, Result};
 use half::f16;
@@ -27,6 +33,13 @@ use half::slice::HalfFloatSliceExt;
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// MLX affine quantization: `bits` (4 or 8) per weight, one scale and bias per `group` (32,
+    /// 64 or 128) elements, stored as bf16 (`bf16`) or f16.
+    Affine {
+        bits: u8,
+        group: u16,
+        bf16: bool,
+    },
     F32,
     F16,
     BF16,
@@ -59,9 +72,10 @@ impl DType {
         DType::Q6_K,
     ];
 
-    /// The type's id in ggml's `enum ggml_type` (what GGUF tensor infos store).
-    pub fn ggml_type(self) -> u32 {
-        match self {
+    /// The type's id in ggml's `enum ggml_type` (what GGUF tensor infos store); `None` for the
+    /// MLX affine types, which GGUF has not.
+    pub fn ggml_type(self) -> Option<u32> {
+        Some(match self {
             DType::F32 => 0,
             DType::F16 => 1,
             DType::Q4_0 => 2,
@@ -73,12 +87,30 @@ impl DType {
             DType::Q5_K => 13,
             DType::Q6_K => 14,
             DType::BF16 => 30,
-        }
+            DType::Affine { .. } => return None,
+        })
     }
 
     /// The type with this ggml id, if this engine reads it.
     pub fn from_ggml_type(id: u32) -> Option<DType> {
-        DType::ALL.into_iter().find(|t| t.ggml_type() == id)
+        DType::ALL.into_iter().find(|t| t.ggml_type() == Some(id))
+    }
+
+    /// The MLX affine type for `bits` and `group` with scales and biases stored as `scale` (f16
+    /// or bf16), or why there is none.
+    pub fn affine(bits: u64, group: u64, scale: DType) -> std::result::Result<DType, String> {
+        if bits != 4 && bits != 8 {
+            return Err(format!("{bits}-bit quantization (4 and 8 are supported)"));
+        }
+        if ![32, 64, 128].contains(&group) {
+            return Err(format!("quantization group size {group} (32, 64 and 128 are supported)"));
+        }
+        let bf16 = match scale {
+            DType::BF16 => true,
+            DType::F16 => false,
+            other => return Err(format!("{other} quantization scales (f16 and bf16 are supported)")),
+        };
+        Ok(DType::Affine { bits: bits as u8, group: group as u16, bf16 })
     }
 
     /// Elements per block (1 for the float types).
@@ -87,6 +119,7 @@ impl DType {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 32,
             DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
+            DType::Affine { group, .. } => group as usize,
         }
     }
 
@@ -103,6 +136,7 @@ impl DType {
             DType::Q4_K => 144,
             DType::Q5_K => 176,
             DType::Q6_K => 210,
+            DType::Affine { bits, group, .. } => 4 + group as usize * bits as usize / 8,
         }
     }
 
@@ -124,6 +158,24 @@ impl DType {
             DType::Q4_K => "q4_K",
             DType::Q5_K => "q5_K",
             DType::Q6_K => "q6_K",
+            DType::Affine { bits, group, bf16 } => {
+                const NAMES: [&str; 12] = [
+                    "mlx4_g32_f16",
+                    "mlx4_g64_f16",
+                    "mlx4_g128_f16",
+                    "mlx8_g32_f16",
+                    "mlx8_g64_f16",
+                    "mlx8_g128_f16",
+                    "mlx4_g32_bf16",
+                    "mlx4_g64_bf16",
+                    "mlx4_g128_bf16",
+                    "mlx8_g32_bf16",
+                    "mlx8_g64_bf16",
+                    "mlx8_g128_bf16",
+                ];
+                let g = (group as usize / 32).trailing_zeros() as usize;
+                NAMES[usize::from(bf16) * 6 + usize::from(bits == 8) * 3 + g]
+            }
         }
     }
 
@@ -247,6 +299,7 @@ pub fn quantize(dtype: DType, data: &[f32]) -> Result<Vec<u8>> {
             }
         }
         DType::Q4_K | DType::Q5_K | DType::Q6_K => return Err(Error::Unsupported(format!("quantizing to {dtype}"))),
+        DType::Affine { .. } => return quantize_affine(dtype, data),
     }
     debug_assert_eq!(out.len(), size);
     Ok(out)
@@ -477,10 +530,112 @@ fn dequant_block(t: DType, b: &[u8], y: &mut [f32]) {
                 }
             }
         }
+        DType::Affine { bits, bf16, .. } => {
+            let rd = |at: usize| if bf16 { rd_bf16(b, at) } else { rd_f16(b, at) };
+            let (scale, bias) = (rd(0), rd(2));
+            let qs = &b[4..];
+            if bits == 4 {
+                for (y, q) in y.chunks_exact_mut(32).zip(qs.chunks_exact(16)) {
+                    for j in 0..16 {
+                        y[j] = (q[j] & 0xF) as f32 * scale + bias;
+                        y[j + 16] = (q[j] >> 4) as f32 * scale + bias;
+                    }
+                }
+            } else {
+                for (y, &q) in y.iter_mut().zip(qs) {
+                    *y = q as f32 * scale + bias;
+                }
+            }
+        }
         DType::F32 | DType::F16 | DType::BF16 => {
             unreachable!("float types are not block-quantized")
         }
     }
+}
+
+fn rd_bf16(b: &[u8], at: usize) -> f32 {
+    f32::from_bits((u16::from_le_bytes([b[at], b[at + 1]]) as u32) << 16)
+}
+
+/// MLX's affine quantization of one row as [`DType::Affine`] blocks: `weight` is the row's packed
+/// u32 words as mlx-lm stores them (little-endian; element `j` in bits `bits · (j % (32 / bits))`
+/// of word `j / (32 / bits)`), `scales` and `biases` the row's 16-bit values (2 bytes per
+/// group). Appends `K / group` blocks to `out`. The caller checks the lengths.
+pub fn mlx_affine_blocks(t: DType, weight: &[u8], scales: &[u8], biases: &[u8], out: &mut Vec<u8>) {
+    let DType::Affine { bits, group, .. } = t else { panic!("{t} is not an affine type") };
+    let (g, per_word) = (group as usize, 32 / bits as usize);
+    let words = |blk: usize| weight[blk * g * bits as usize / 8..(blk + 1) * g * bits as usize / 8].chunks_exact(4);
+    for blk in 0..scales.len() / 2 {
+        out.extend_from_slice(&scales[2 * blk..2 * blk + 2]);
+        out.extend_from_slice(&biases[2 * blk..2 * blk + 2]);
+        let q: Vec<u8> = words(blk)
+            .flat_map(|w| {
+                let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                (0..per_word).map(move |i| ((w >> (bits as usize * i)) & ((1 << bits) - 1)) as u8)
+            })
+            .collect();
+        if bits == 4 {
+            // Q4_1's order per 32 elements: byte j = element j (low nibble) | element j + 16 (high).
+            for sub in q.chunks_exact(32) {
+                out.extend((0..16).map(|j| sub[j] | (sub[j + 16] << 4)));
+            }
+        } else {
+            out.extend_from_slice(&q);
+        }
+    }
+}
+
+/// Quantizes `data` (whole groups) to the affine type `t` with MLX's rule (`mx.quantize`): per
+/// group, the end of larger magnitude is kept exact (`edge = q0 · scale`), scale = (max - min) /
+/// (2^bits - 1), bias = that end (or 0 when it rounds to level 0); quants are `round((x - bias) /
+/// scale)` clamped to the levels. Scale and bias are rounded to the type's 16-bit format first,
+/// and the quants computed from the rounded values.
+pub fn quantize_affine(t: DType, data: &[f32]) -> Result<Vec<u8>> {
+    let DType::Affine { bits, group, bf16 } = t else {
+        return Err(Error::InvalidArgument(format!("{t} is not an affine type")));
+    };
+    let g = group as usize;
+    if data.len() % g != 0 {
+        return Err(Error::InvalidArgument(format!("{} values are not whole groups of {g}", data.len())));
+    }
+    let levels = ((1u32 << bits) - 1) as f32;
+    let store = |v: f32| -> (f32, [u8; 2]) {
+        if bf16 {
+            let h = half::bf16::from_f32(v);
+            (h.to_f32(), h.to_le_bytes())
+        } else {
+            let h = f16::from_f32(v);
+            (h.to_f32(), h.to_le_bytes())
+        }
+    };
+    let mut out = Vec::with_capacity(data.len() / g * t.block_bytes());
+    for x in data.chunks_exact(g) {
+        let (lo, hi) = x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
+        let neg = lo.abs() > hi.abs();
+        let mut scale = ((hi - lo) / levels).max(1e-7);
+        if !neg {
+            scale = -scale;
+        }
+        let edge = if neg { lo } else { hi };
+        let q0 = (edge / scale).round();
+        if q0 != 0.0 {
+            scale = edge / q0;
+        }
+        let bias = if q0 == 0.0 { 0.0 } else { edge };
+        let (scale, sb) = store(scale);
+        let (bias, bb) = store(bias);
+        out.extend_from_slice(&sb);
+        out.extend_from_slice(&bb);
+        let q: Vec<u8> = x.iter().map(|&v| ((v - bias) / scale).round().clamp(0.0, levels) as u8).collect();
+        if bits == 4 {
+            for sub in q.chunks_exact(32) {
+                out.extend((0..16).map(|j| sub[j] | (sub[j + 16] << 4)));
+            }
+        } else {
+            out.extend_from_slice(&q);
+        }
+    }
+    Ok(out)
 }
 
 /// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block.
@@ -611,7 +766,7 @@ mod tests {
     #[test]
     fn ggml_type_ids_round_trip() {
         for t in DType::ALL {
-            assert_eq!(DType::from_ggml_type(t.ggml_type()), Some(t));
+            assert_eq!(DType::from_ggml_type(t.ggml_type().unwrap()), Some(t));
         }
         assert_eq!(DType::from_ggml_type(12), Some(DType::Q4_K));
         assert_eq!(DType::from_ggml_type(30), Some(DType::BF16));

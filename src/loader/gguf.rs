@@ -1301,6 +1301,9 @@ impl GgufWriter {
         if shape.len() > MAX_DIMS {
             return Err(Error::InvalidArgument(format!("tensor {name}: {} dimensions", shape.len())));
         }
+        if dtype.ggml_type().is_none() {
+            return Err(Error::InvalidArgument(format!("tensor {name}: GGUF has no type {dtype}")));
+        }
         let row = shape.last().copied().unwrap_or(1);
         if row % dtype.block_size() != 0 {
             return Err(Error::InvalidArgument(format!(
@@ -1471,7 +1474,7 @@ impl GgufWriter {
             for &d in shape.iter().rev() {
                 out.extend_from_slice(&(d as u64).to_le_bytes());
             }
-            out.extend_from_slice(&dtype.ggml_type().to_le_bytes());
+            out.extend_from_slice(&dtype.ggml_type().expect("add_tensor checks the type").to_le_bytes());
             out.extend_from_slice(&(offset as u64).to_le_bytes());
             offset = align(offset + bytes.len());
         }

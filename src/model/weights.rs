@@ -192,7 +192,7 @@ fn raw_rows<'a>(ck: &'a Checkpoint, name: &'a str, n: usize, k: usize) -> Result
 fn scale_fields(dtype: DType) -> &'static [(usize, usize)] {
     match dtype {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[(0, 2)],
-        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[(0, 2), (2, 4)],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Affine { .. } => &[(0, 2), (2, 4)],
         DType::Q6_K => &[(208, 210)],
         DType::F32 | DType::F16 | DType::BF16 => &[],
     }
@@ -205,7 +205,12 @@ fn check_scales(name: &str, dtype: DType, bytes: &[u8]) -> Result<()> {
     let total = blocks.len();
     let bad: Vec<usize> = blocks
         .enumerate()
-        .filter(|(_, b)| fields.iter().any(|&(s, e)| !f16::from_le_bytes([b[s], b[e - 1]]).is_finite()))
+        .filter(|(_, b)| {
+            fields.iter().any(|&(s, e)| match dtype {
+                DType::Affine { bf16: true, .. } => !half::bf16::from_le_bytes([b[s], b[e - 1]]).is_finite(),
+                _ => !f16::from_le_bytes([b[s], b[e - 1]]).is_finite(),
+            })
+        })
         .map(|(i, _)| i)
         .collect();
     match bad.first() {

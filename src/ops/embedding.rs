@@ -11,7 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
-use crate::ops::matmul::gguf::{type_flag, QuantWeight};
+use crate::ops::matmul::gguf::{type_macros, QuantWeight};
 use std::ops::Range;
 
 /// Row counts of chunks (all but the last) are multiples of this.
@@ -133,7 +133,7 @@ pub fn embedding_quant(
     gpu.kernel(
         "embedding_quant",
         "main",
-        &gpu.macros().flag(type_flag(table_chunk.dtype)),
+        &type_macros(gpu.macros(), table_chunk.dtype),
         &[w.clone(), w, ids.binding(), out.binding(), p.as_entire_binding()],
         grid((n as u32).div_ceil(256)),
     )
@@ -266,14 +266,12 @@ mod tests {
 
     #[test]
     fn embedding_quant_matches_cpu_across_chunks() {
-        // Every GGUF type: random blocks (finite scales) in row chunks of at most 128 rows, ids
+        // Every GGUF and MLX type: random blocks (finite scales) in row chunks of at most 128 rows, ids
         // across the chunk edges and out of range; the gather equals to_f32's rows times the
         // scale (the same float operations: bit for bit).
-        use crate::loader::dtype::{to_f32, DType};
+        use crate::loader::dtype::to_f32;
         let gpu = gpu();
-        for ty in
-            [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K]
-        {
+        for ty in crate::ops::matmul::gguf::tests::TYPES {
             let (rows, cols) = (300usize, 512usize);
             let raw = crate::ops::matmul::gguf::tests::random_blocks(ty, rows, cols, 81);
             let max = 128 * ty.byte_size(cols).unwrap() as u64;

@@ -1,6 +1,7 @@
-// quant: GGUF quantized weights read directly by the kernels (matvec_quant, matmul_quant, and any
-// kernel that gathers quantized rows). One type per pipeline, picked by a flag: Q4_1, Q5_0, Q5_1,
-// Q8_0, Q4_K, Q5_K, Q6_K; none of them: Q4_0. The host side (src/ops/matmul/gguf.rs) writes the
+// quant: GGUF and MLX quantized weights read directly by the kernels (matvec_quant, matmul_quant,
+// and any kernel that gathers quantized rows). One type per pipeline, picked by a flag: Q4_1, Q5_0,
+// Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, A8; none of them: Q4_0. MLX's affine 4-bit is Q4_1 with
+// AFFINE_G (blocks per scale) and AFFINE_BF16 set; its 8-bit is A8. The host side (src/ops/matmul/gguf.rs) writes the
 // layout these read and is their CPU twin's home.
 //
 // GPU layout ("planes", one buffer per tensor, made at upload from the file's bytes): each block
@@ -17,6 +18,8 @@
 //   Q4_K: plane 0 the blocks as in the file (144 B = 9 x 16 B: already aligned)
 //   Q5_K: plane 0 the blocks as in the file (176 B = 11 x 16 B)
 //   Q6_K: plane 0 ql, qh, scales (208 B = 13 x 16 B), plane 1 d (f16)
+//   A4 / A8 (MLX, group g): plane 0 qs (g/2 or g B per group), plane 1 (scale, bias) (one word
+//   per group)
 //
 // The including kernel defines the accessors (so this file names no binding):
 //   fn qw4(i: u32) -> vec4<u32>   16-byte word i of the weight buffer (q_raw)
@@ -216,7 +219,11 @@ fn qi_dot16(n: vec4<u32>, v: u32) -> i32 {
 #ifdef Q6_K
 #include "quant_q6_k"
 #else
+#ifdef A8
+#include "quant_a8"
+#else
 #include "quant_q4_0"
+#endif
 #endif
 #endif
 #endif

@@ -1,8 +1,23 @@
 // Q4_1 (included by quant.wgsl): 32 elements, x = nibble · d + m. Byte j of qs holds element j
 // (low nibble) and j + 16 (high nibble). Planes: qs (vec4 b), (d, m) (word b of plane 1).
+//
+// Also MLX's affine 4-bit (the loader puts its nibbles in this order): one (d, m) = (scale, bias)
+// word per group of AFFINE_G blocks, as f16 or, with AFFINE_BF16, bf16 halves.
 
 const QK: u32 = 32u;
 const QU: u32 = 32u;
+#define AFFINE_G 1
+const Q_GROUP: u32 = {{AFFINE_G}}u;   // blocks per (d, m) word
+
+// The (d, m) of block b.
+fn q_dm(b: u32) -> vec2<f32> {
+    let w = qw1(q_planes().x + b / Q_GROUP);
+#ifdef AFFINE_BF16
+    return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xFFFF0000u));
+#else
+    return unpack2x16float(w);
+#endif
+}
 
 struct QRaw {
     qs: vec4<u32>,
@@ -12,7 +27,7 @@ struct QRaw {
 alias QX = QXB32;
 
 fn q_raw(gu: u32) -> QRaw {
-    return QRaw(qw4(gu), unpack2x16float(qw1(q_planes().x + gu)));
+    return QRaw(qw4(gu), q_dm(gu));
 }
 
 fn q_x(u: u32, xr: u32) -> QX {
@@ -34,7 +49,7 @@ fn q_dot(r: QRaw, v: QX) -> f32 {
 
 fn q_run(b: u32, j: u32) -> vec4<f32> {
     let q = q_nibbles32(4u * b, j);
-    let dm = unpack2x16float(qw1(q_planes().x + b));
+    let dm = q_dm(b);
     return vec4<f32>(q) * dm.x + dm.y;
 }
 

@@ -61,7 +61,7 @@ use super::{
     MATVEC_WG,
 };
 use crate::error::{Error, Result};
-use crate::gpu::{kernel::grid, Gpu, Kernel, Tensor};
+use crate::gpu::{kernel::grid, Gpu, Kernel, Macros, Tensor};
 use crate::loader::DType;
 use crate::ops::embedding::plan_row_chunks;
 use std::sync::Arc;
@@ -70,16 +70,18 @@ use std::sync::Arc;
 type Field = (usize, usize);
 
 /// The fields each plane gathers, in plane order (plane 0 first); `None`: no quantized kernel.
-fn plane_fields(dtype: DType) -> Option<&'static [Field]> {
+fn plane_fields(dtype: DType) -> Option<Vec<Field>> {
     Some(match dtype {
-        DType::Q4_0 => &[(2, 16), (0, 2)],
-        DType::Q4_1 => &[(4, 16), (0, 4)],
-        DType::Q5_0 => &[(6, 16), (2, 4), (0, 2)],
-        DType::Q5_1 => &[(8, 16), (4, 4), (0, 4)],
-        DType::Q8_0 => &[(2, 32), (0, 2)],
-        DType::Q4_K => &[(0, 144)],
-        DType::Q5_K => &[(0, 176)],
-        DType::Q6_K => &[(0, 208), (208, 2)],
+        DType::Q4_0 => vec![(2, 16), (0, 2)],
+        DType::Q4_1 => vec![(4, 16), (0, 4)],
+        DType::Q5_0 => vec![(6, 16), (2, 4), (0, 2)],
+        DType::Q5_1 => vec![(8, 16), (4, 4), (0, 4)],
+        DType::Q8_0 => vec![(2, 32), (0, 2)],
+        DType::Q4_K => vec![(0, 144)],
+        DType::Q5_K => vec![(0, 176)],
+        DType::Q6_K => vec![(0, 208), (208, 2)],
+        // Quants of a group (a multiple of 16 bytes), then its (scale, bias) word.
+        DType::Affine { .. } => vec![(4, dtype.block_bytes() - 4), (0, 4)],
         DType::F32 | DType::F16 | DType::BF16 => return None,
     })
 }
@@ -87,6 +89,15 @@ fn plane_fields(dtype: DType) -> Option<&'static [Field]> {
 /// Whether [`QuantWeight`] and [`linear_quant`] take this type (the GGUF block types).
 pub fn is_supported(dtype: DType) -> bool {
     plane_fields(dtype).is_some()
+}
+
+/// Elements per block as the kernels count them (`QK` of the type's WGSL file): the type's block,
+/// but 32 for the affine types, whose (scale, bias) the kernels find per group of such blocks.
+pub(crate) fn kernel_block(dtype: DType) -> usize {
+    match dtype {
+        DType::Affine { .. } => 32,
+        t => t.block_size(),
+    }
 }
 
 /// Elements per matvec unit (`QU` of the type's WGSL file).
@@ -98,8 +109,20 @@ fn unit_elems(dtype: DType) -> usize {
     }
 }
 
-/// The kernels' flag for the type (`wgsl/include/quant.wgsl`).
-pub(crate) fn type_flag(dtype: DType) -> &'static str {
+/// The kernels' macros for the type (`wgsl/include/quant.wgsl`): its flag, and for the MLX affine
+/// types the group (in 32-element units) and the scales' format. A4 is read by Q4_1's code (the
+/// same `x = q · d + m` and, after the loader's reordering, the same nibble order).
+pub(crate) fn type_macros(m: Macros, dtype: DType) -> Macros {
+    match dtype {
+        DType::Affine { bits, group, bf16 } => {
+            m.flag(if bits == 4 { "Q4_1" } else { "A8" }).set("AFFINE_G", group / 32).flag_if("AFFINE_BF16", bf16)
+        }
+        _ => m.flag(type_flag(dtype)),
+    }
+}
+
+/// The kernels' flag for a GGUF type (`wgsl/include/quant.wgsl`).
+fn type_flag(dtype: DType) -> &'static str {
     match dtype {
         DType::Q4_0 => "Q4_0",
         DType::Q4_1 => "Q4_1",
@@ -128,7 +151,7 @@ fn plane_layout(fields: &[Field], blocks: usize) -> ([usize; 3], usize) {
 /// The planes of `raw` (whole blocks of `dtype`, in file order) and the first words of planes 1
 /// and 2 (0 where the type has fewer planes).
 pub fn repack(dtype: DType, raw: &[u8]) -> (Vec<u8>, [u32; 2]) {
-    let fields = plane_fields(dtype).expect("repack: not a quantized type");
+    let fields = &plane_fields(dtype).expect("repack: not a quantized type")[..];
     let bb = dtype.block_bytes();
     assert!(raw.len() % bb == 0, "repack: {} bytes are not whole {dtype} blocks", raw.len());
     let blocks = raw.len() / bb;
@@ -145,7 +168,7 @@ pub fn repack(dtype: DType, raw: &[u8]) -> (Vec<u8>, [u32; 2]) {
 
 /// The inverse of [`repack`]: the file's bytes of `blocks` blocks from their planes.
 pub fn unpack(dtype: DType, planes: &[u8], blocks: usize) -> Vec<u8> {
-    let fields = plane_fields(dtype).expect("unpack: not a quantized type");
+    let fields = &plane_fields(dtype).expect("unpack: not a quantized type")[..];
     let bb = dtype.block_bytes();
     let (starts, _) = plane_layout(fields, blocks);
     let mut out = vec![0u8; blocks * bb];
@@ -437,7 +460,7 @@ impl QMatvecConfig {
 /// beside the reductions' WG × 16 bytes (twice, with a fused norm).
 fn dp4_fits(gpu: &Gpu, dtype: DType, k: usize, wg: u32) -> bool {
     let staged = 2 * k + k / 16 * 4 + k / 32 * 4;
-    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q6_K)
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q6_K | DType::Affine { bits: 4, .. })
         && staged + 2 * 16 * wg as usize <= gpu.limits.max_compute_workgroup_storage_size as usize
 }
 
@@ -457,13 +480,13 @@ fn matvec_quant(
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
     assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
     let units = s.k / unit_elems(w.dtype);
-    let mut macros = glu_macros(input.macros(common_macros(gpu, bias.is_some(), opts.accumulate)), opts.glu)
-        .flag(type_flag(w.dtype))
-        .set("GB", if bias.is_some() { 6 } else { 5 })
-        .set("WG", cfg.wg)
-        .set("TPR", cfg.tpr)
-        .set("TOK", cfg.tok)
-        .flag_if("TOK4", cfg.tok == 4);
+    let mut macros =
+        type_macros(glu_macros(input.macros(common_macros(gpu, bias.is_some(), opts.accumulate)), opts.glu), w.dtype)
+            .set("GB", if bias.is_some() { 6 } else { 5 })
+            .set("WG", cfg.wg)
+            .set("TPR", cfg.tpr)
+            .set("TOK", cfg.tok)
+            .flag_if("TOK4", cfg.tok == 4);
     if cfg.dp4 {
         assert!(cfg.tok == 1 && dp4_fits(gpu, w.dtype, s.k, cfg.wg), "DP4 for {} K = {}", w.dtype, s.k);
         macros =
@@ -523,12 +546,11 @@ fn matmul_quant(
     // Staging: 2 runs of 4 k per thread and slice; a slice never straddles a block (K is whole
     // blocks of 32 or 256, and bk divides 32).
     assert!(matches!(tile, 4 | 8) && 16 * tile * bk / 4 == 2 * 256 && 32 % bk == 0);
-    let macros = common_macros(gpu, bias.is_some(), opts.accumulate)
-        .flag(type_flag(w.dtype))
+    let macros = type_macros(common_macros(gpu, bias.is_some(), opts.accumulate), w.dtype)
         .set("TILE", tile)
         .flag_if("TILE8", tile == 8)
         .set("BK", bk);
-    let bpr = s.k / w.dtype.block_size();
+    let bpr = s.k / kernel_block(w.dtype);
     let params = gpu.uniform(
         "matmul_quant.params",
         &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32, w.planes[0], w.planes[1], bpr as u32, 0],
@@ -601,8 +623,21 @@ pub(crate) mod tests {
     use crate::loader::dtype::to_f32;
     use half::f16;
 
-    const TYPES: [DType; 8] =
-        [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K];
+    /// Every GGUF type, and the MLX affine types in both scale formats and three group sizes.
+    pub(crate) const TYPES: [DType; 12] = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Affine { bits: 4, group: 64, bf16: true },
+        DType::Affine { bits: 4, group: 32, bf16: false },
+        DType::Affine { bits: 8, group: 64, bf16: true },
+        DType::Affine { bits: 8, group: 128, bf16: false },
+    ];
 
     /// The f16 fields of a block that scale it, as (byte offset, magnitude): random quants times
     /// these land at |w| ~ 1 (Q4_K: d · scale (< 64) · nibble (< 16) ≈ 0.002 · 63 · 15 ≈ 1.9).
@@ -616,6 +651,8 @@ pub(crate) mod tests {
             DType::Q4_K => &[(0, 0.002), (2, 0.004)],
             DType::Q5_K => &[(0, 0.001), (2, 0.004)],
             DType::Q6_K => &[(208, 0.0003)],
+            DType::Affine { bits: 4, .. } => &[(0, 0.15), (2, 1.0)],
+            DType::Affine { .. } => &[(0, 0.01), (2, 1.0)],
             _ => unreachable!(),
         }
     }
@@ -635,7 +672,8 @@ pub(crate) mod tests {
 
     /// `rows` random rows of `k` elements of type `t`: every byte random (quants, high bits,
     /// sub-block scales and mins), then each f16 scale set to a random finite value of either
-    /// sign, magnitude in [0.5, 1] × the type's (never zero, never NaN).
+    /// sign, magnitude in [0.5, 1] × the type's (never zero, never NaN; bf16 for the affine types
+    /// that store their scales so).
     pub(crate) fn random_blocks(t: DType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
         let mut raw = random_bytes(rows * t.byte_size(k).unwrap(), seed);
         let r = random(raw.len(), seed ^ 0x5555, 1.0);
@@ -643,7 +681,11 @@ pub(crate) mod tests {
             for (i, &(off, mag)) in scale_fields(t).iter().enumerate() {
                 let u = r[(2 * b + i) % r.len()];
                 let v = (0.5 + 0.5 * u.abs()) * mag * u.signum();
-                blk[off..off + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+                let bytes = match t {
+                    DType::Affine { bf16: true, .. } => half::bf16::from_f32(v).to_le_bytes(),
+                    _ => f16::from_f32(v).to_le_bytes(),
+                };
+                blk[off..off + 2].copy_from_slice(&bytes);
             }
         }
         raw
@@ -656,7 +698,7 @@ pub(crate) mod tests {
     fn magnitudes(t: DType, raw: &[u8], n: usize) -> Vec<f32> {
         let mut m = raw.to_vec();
         let signs: &[(usize, bool)] = match t {
-            DType::Q4_1 | DType::Q5_1 => &[(0, false), (2, false)],
+            DType::Q4_1 | DType::Q5_1 | DType::Affine { .. } => &[(0, false), (2, false)],
             DType::Q4_K | DType::Q5_K => &[(0, false), (2, true)],
             _ => &[],
         };
@@ -802,7 +844,7 @@ pub(crate) mod tests {
     /// K values per type: not powers of two (Qwen2.5-0.5B's hidden size for the 32-element types;
     /// 1.5B's hidden and 0.5B's MLP sizes for the k-quants), and the MLP width 4864 for all.
     fn ks(t: DType) -> &'static [usize] {
-        if t.block_size() == 32 {
+        if t.block_size() < 256 {
             &[896, 4864]
         } else {
             &[1536, 4864]

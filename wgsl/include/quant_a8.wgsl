@@ -1,0 +1,66 @@
+// A8 (included by quant.wgsl): MLX's affine 8-bit, x = q · scale + bias with q an unsigned byte;
+// one (scale, bias) word per group of AFFINE_G 32-element blocks, as f16 or, with AFFINE_BF16,
+// bf16 halves. Planes: qs (vec4 2b and 2b + 1: bytes in element order), (scale, bias) (word
+// b / AFFINE_G of plane 1).
+
+const QK: u32 = 32u;
+const QU: u32 = 32u;
+#define AFFINE_G 1
+const Q_GROUP: u32 = {{AFFINE_G}}u;
+
+struct QRaw {
+    a: vec4<u32>,   // elements 0..16
+    b: vec4<u32>,   // 16..32
+    dm: vec2<f32>,
+}
+
+// a[w] = elements 4w .. 4w + 3, b[w] = 16 + 4w ...; s = their sum (for the bias).
+struct QX {
+    a: mat4x4<f32>,
+    b: mat4x4<f32>,
+    s: f32,
+}
+
+fn q_dm(b: u32) -> vec2<f32> {
+    let w = qw1(q_planes().x + b / Q_GROUP);
+#ifdef AFFINE_BF16
+    return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xFFFF0000u));
+#else
+    return unpack2x16float(w);
+#endif
+}
+
+fn q_raw(gu: u32) -> QRaw {
+    return QRaw(qw4(2u * gu), qw4(2u * gu + 1u), q_dm(gu));
+}
+
+fn q_x(u: u32, xr: u32) -> QX {
+    let i = xr + 8u * u;
+    let a = q_x16(i);
+    let b = q_x16(i + 4u);
+    return QX(a, b, q_msum(a) + q_msum(b));
+}
+
+// 2^23 + the 4 unsigned bytes of w.
+fn q_u8(w: u32) -> vec4<f32> {
+    return q_f(q_bytes(w) & vec4<u32>(0xFFu));
+}
+
+fn q_dot(r: QRaw, v: QX) -> f32 {
+    let c = vec4<f32>(Q_2P23);
+    var s = (q_u8(r.a.x) - c) * v.a[0];
+    var t = (q_u8(r.b.x) - c) * v.b[0];
+    s = fma(q_u8(r.a.y) - c, v.a[1], s);
+    t = fma(q_u8(r.b.y) - c, v.b[1], t);
+    s = fma(q_u8(r.a.z) - c, v.a[2], s);
+    t = fma(q_u8(r.b.z) - c, v.b[2], t);
+    s = fma(q_u8(r.a.w) - c, v.a[3], s);
+    t = fma(q_u8(r.b.w) - c, v.b[3], t);
+    return fma(r.dm.x, q_hsum(s + t), r.dm.y * v.s);
+}
+
+fn q_run(b: u32, j: u32) -> vec4<f32> {
+    let q = q_bytes(qw1(8u * b + (j >> 2u))) & vec4<u32>(0xFFu);
+    let dm = q_dm(b);
+    return vec4<f32>(q) * dm.x + dm.y;
+}
