@@ -31,6 +31,10 @@ fn top5(v: &[f32]) -> Vec<u32> {
 /// `steps`: how many of the reference's 16 greedy steps to teacher-force (long prompts check
 /// prefill and the window; their decode steps cost lavapipe minutes and add nothing new).
 fn check(model_name: &str, fixture: &str, steps: usize) {
+    check_path(&common::model(model_name), fixture, steps)
+}
+
+fn check_path(model_path: &std::path::Path, fixture: &str, steps: usize) {
     let dir = common::fixture_dir().join("reference");
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{fixture}.json"))).unwrap()).unwrap();
@@ -47,7 +51,7 @@ fn check(model_name: &str, fixture: &str, steps: usize) {
     let want: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
 
     let gpu = common::gpu();
-    let ck = Checkpoint::open(&common::model(model_name)).unwrap();
+    let ck = Checkpoint::open(model_path).unwrap();
     let mut model = Model::load(&gpu, &ck, Some(ids.len() + 32), &mut |_, _| {}).unwrap();
     let logits = model.forward(&ids).unwrap();
     let got = gpu.read_f32(&logits).unwrap();
@@ -122,4 +126,18 @@ fn gemma3_plain() {
 #[test]
 fn gemma3_long_prompt_sliding_window() {
     check("gemma3", "gemma3_long", 4);
+}
+
+/// MLX 4-bit (group 64) SmolLM2 made by mlx-lm's own converter (tests/common/mlx.rs), against
+/// mlx-lm's own forward on that folder (tools/make_mlx_reference.py: f32 over the same quantized
+/// weights; the chat prompt of `smollm2_chat`). The engine reads the packed weights, scales and
+/// biases as they are (affine blocks on the GPU), including the quantized, tied embedding.
+#[test]
+fn smollm2_mlx4_matches_mlx_lm() {
+    let dir = common::mlx::smollm2(4, 64);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let q = ck.raw("blk.0.attn_q.weight").unwrap();
+    assert_eq!(q.dtype.name(), "mlx4_g64_bf16", "the folder's weights are MLX 4-bit with bf16 scales");
+    assert_eq!(ck.raw("token_embd.weight").unwrap().dtype, q.dtype, "the embedding is quantized too");
+    check_path(&dir, "smollm2_mlx4", 16);
 }

@@ -731,7 +731,14 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
         .tensors
         .iter()
         .map(|t| {
-            let st = StoredTensor { file: 0, offset: t.offset, len: t.len, dtype: t.dtype, shape: t.shape.clone() };
+            let st = StoredTensor {
+                file: 0,
+                offset: t.offset,
+                len: t.len,
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                affine: None,
+            };
             (t.name.clone(), st)
         })
         .collect();

@@ -8,11 +8,17 @@
 //! from 0, sizes matching dtype × shape, no overflow) and the data must end exactly at the end of
 //! the file. Stored types F32, F16 and BF16 are read; a used tensor of any other type is
 //! [`Error::Unsupported`]. Every file is opened only if it is a regular file.
+//!
+//! MLX quantized folders (mlx-lm's `convert -q`, mlx-community checkpoints): config.json's
+//! `quantization` (`group_size`, `bits`, `mode` "affine", and per-module overrides: an object with
+//! its own `group_size`/`bits`, or `false` for a module left in floats) says how each linear
+//! layer's `weight` (packed U32), `scales` and `biases` (f16 or bf16) encode it; the three become
+//! one [`DType::Affine`] tensor of the logical shape `[N, K]` (see [`mlx_affine`]).
 
 use super::gguf::{validate_config, END_OF_TURN_TOKENS};
 use super::{
-    capped, check_layer_count, check_tensors, limits, open_regular, read_small_file, side_file_exists, Checkpoint,
-    DType, DataFile, Fixup, StoredTensor, TokenizerSource,
+    capped, check_layer_count, check_tensors, limits, open_regular, read_small_file, side_file_exists, AffineParts,
+    Checkpoint, DType, DataFile, Fixup, StoredTensor, TokenizerSource,
 };
 use crate::error::{shown, Error, Result};
 use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
@@ -43,10 +49,11 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
     // Tensors.
     let mut files = Vec::new();
     let mut tensors = HashMap::new();
+    let mut mlx = MlxParts::default();
     let single = dir.join("model.safetensors");
     let index = dir.join("model.safetensors.index.json");
     if side_file_exists(&single)? {
-        load_safetensors(&single, arch, &mut files, &mut tensors, None)?;
+        load_safetensors(&single, arch, &mut files, &mut tensors, &mut mlx, None)?;
     } else if side_file_exists(&index)? {
         let idx = read_json(&index)?;
         let weight_map = idx
@@ -77,7 +84,7 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
         for shard in shards {
             let expect: Vec<&str> =
                 weight_map.iter().filter(|(_, f)| f.as_str() == Some(shard)).map(|(n, _)| n.as_str()).collect();
-            load_safetensors(&dir.join(shard), arch, &mut files, &mut tensors, Some(&expect))?;
+            load_safetensors(&dir.join(shard), arch, &mut files, &mut tensors, &mut mlx, Some(&expect))?;
         }
     } else {
         return Err(Error::io(
@@ -88,6 +95,7 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
             ),
         ));
     }
+    mlx_affine(root, &config_path, mlx, &mut tensors)?;
     let tensors: HashMap<String, StoredTensor> = tensors.into_iter().map(|(k, (_, t))| (k, t)).collect();
 
     // Config.
@@ -218,11 +226,24 @@ pub const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
 /// Reads and validates one safetensors file's header and adds its tensors (under canonical
 /// names) to `out`, which maps canonical name → (original name, tensor). `expect`: the names an
 /// index says are in the file.
+/// One stored tensor of an MLX quantized layer: (safetensors name, file, offset, bytes, dtype,
+/// shape).
+type Part = (String, usize, u64, usize, safetensors::Dtype, Vec<usize>);
+
+/// The parts of MLX quantized layers, by the canonical name of the layer's weight.
+#[derive(Default)]
+struct MlxParts {
+    packed: HashMap<String, Part>,
+    scales: HashMap<String, Part>,
+    biases: HashMap<String, Part>,
+}
+
 fn load_safetensors(
     path: &Path,
     arch: Arch,
     files: &mut Vec<DataFile>,
     out: &mut HashMap<String, (String, StoredTensor)>,
+    mlx: &mut MlxParts,
     expect: Option<&[&str]>,
 ) -> Result<()> {
     let (file, file_len) = open_regular(path)?;
@@ -241,9 +262,29 @@ fn load_safetensors(
         }
     }
     for e in entries {
-        let Some(canonical) = canonical_name(&e.name, arch) else {
+        // MLX's quantization parts: `scales` and `biases` beside a `weight` stored as U32.
+        let side = [("scales", &mut mlx.scales), ("biases", &mut mlx.biases)]
+            .into_iter()
+            .find_map(|(suffix, map)| e.name.strip_suffix(suffix).map(|stem| (format!("{stem}weight"), map)));
+        let side = side.filter(|(w, _)| w.ends_with(".weight"));
+        let (key, map) = match side {
+            Some((w, map)) => (canonical_name(&w, arch), Some(map)),
+            None if e.dtype == safetensors::Dtype::U32 => (canonical_name(&e.name, arch), Some(&mut mlx.packed)),
+            None => (canonical_name(&e.name, arch), None),
+        };
+        let Some(canonical) = key else {
             continue;
         };
+        if let Some(map) = map {
+            let part = (e.name.clone(), file_index, e.start, e.len, e.dtype, e.shape.clone());
+            if let Some(prev) = map.insert(canonical.clone(), part) {
+                return Err(Error::corrupt(
+                    path,
+                    format!("tensors {} and {} both map to {canonical}", shown(&prev.0), shown(&e.name)),
+                ));
+            }
+            continue;
+        }
         let dtype = match e.dtype {
             safetensors::Dtype::F32 => DType::F32,
             safetensors::Dtype::F16 => DType::F16,
@@ -256,7 +297,7 @@ fn load_safetensors(
                 )))
             }
         };
-        let st = StoredTensor { file: file_index, offset: e.start, len: e.len, dtype, shape: e.shape };
+        let st = StoredTensor { file: file_index, offset: e.start, len: e.len, dtype, shape: e.shape, affine: None };
         if let Some((prev, _)) = out.insert(canonical.clone(), (e.name.clone(), st)) {
             return Err(Error::corrupt(
                 path,
@@ -265,6 +306,120 @@ fn load_safetensors(
         }
     }
     files.push(data);
+    Ok(())
+}
+
+/// Gathers each MLX quantized layer's `weight`, `scales` and `biases` into one [`DType::Affine`]
+/// tensor, by config.json's `quantization` (or `quantization_config`). Errors: parts without a
+/// quantization config, a config without `group_size` or `bits` (or another `mode` than affine),
+/// a weight without its scales or biases (or the other way round), shapes that do not agree
+/// (`weight` `[N, K·bits/32]`, `scales` and `biases` `[N, K/group]`), scales and biases of
+/// different types or not f16/bf16, unsupported bits or group sizes.
+fn mlx_affine(
+    root: &Map<String, Value>,
+    config_path: &Path,
+    mut parts: MlxParts,
+    tensors: &mut HashMap<String, (String, StoredTensor)>,
+) -> Result<()> {
+    let q = root.get("quantization").or_else(|| root.get("quantization_config"));
+    let any = [&parts.packed, &parts.scales, &parts.biases].iter().find_map(|m| m.values().next().map(|p| p.0.clone()));
+    let Some(q) = q else {
+        return match any {
+            None => Ok(()),
+            Some(name) => Err(Error::corrupt(
+                config_path,
+                format!(
+                    "tensor {} is quantized (U32, scales, biases) but config.json has no quantization",
+                    shown(&name)
+                ),
+            )),
+        };
+    };
+    let bad = |msg: String| Error::corrupt(config_path, format!("quantization: {msg}"));
+    let q = q.as_object().ok_or_else(|| bad("not an object".into()))?;
+    if let Some(mode) = q.get("mode") {
+        if mode.as_str() != Some("affine") {
+            return Err(Error::Unsupported(format!(
+                "quantization mode {} in {} (affine is supported)",
+                shown(&mode.to_string()),
+                config_path.display()
+            )));
+        }
+    }
+    let int = |o: &Map<String, Value>, key: &str, module: &str| -> Result<u64> {
+        o.get(key).and_then(Value::as_u64).ok_or_else(|| bad(format!("{module}has no integer {key}")))
+    };
+    let (bits, group) = (int(q, "bits", "")?, int(q, "group_size", "")?);
+    let mut names: Vec<String> = parts.packed.keys().cloned().collect();
+    names.sort();
+    for canonical in names {
+        let (name, file, offset, len, st_dtype, shape) = parts.packed.remove(&canonical).expect("listed");
+        let module = name.strip_suffix(".weight").unwrap_or(&name);
+        let (bits, group) = match q.get(module) {
+            None => (bits, group),
+            Some(Value::Object(o)) => {
+                (int(o, "bits", &format!("{module} "))?, int(o, "group_size", &format!("{module} "))?)
+            }
+            Some(Value::Bool(false)) => {
+                return Err(bad(format!("{module} is not quantized, but its weight is stored as U32")));
+            }
+            Some(other) => return Err(bad(format!("{module}: {}", shown(&other.to_string())))),
+        };
+        let part = |map: &mut HashMap<String, Part>, what: &str| {
+            map.remove(&canonical).ok_or_else(|| {
+                Error::Mismatch(format!("{}: quantized {} has no {what}", config_path.display(), shown(&name)))
+            })
+        };
+        let scales = part(&mut parts.scales, "scales")?;
+        let biases = part(&mut parts.biases, "biases")?;
+        let mismatch = |msg: String| Error::Mismatch(format!("{}: {}: {msg}", config_path.display(), shown(&name)));
+        if st_dtype != safetensors::Dtype::U32 || shape.len() != 2 {
+            return Err(mismatch(format!("a quantized weight is 2-D U32, not {st_dtype} {shape:?}")));
+        }
+        if scales.4 != biases.4 {
+            return Err(mismatch(format!("scales are {} but biases {}", scales.4, biases.4)));
+        }
+        let scale_type = match scales.4 {
+            safetensors::Dtype::F16 => DType::F16,
+            safetensors::Dtype::BF16 => DType::BF16,
+            safetensors::Dtype::F32 => DType::F32,
+            other => return Err(mismatch(format!("scales of type {other}"))),
+        };
+        let dtype =
+            DType::affine(bits, group, scale_type).map_err(|m| Error::Unsupported(format!("{}: {m}", shown(&name))))?;
+        let n = shape[0];
+        let k = shape[1] * 32 / bits as usize;
+        let groups = k / group as usize;
+        if k % group as usize != 0 || scales.5 != [n, groups] || biases.5 != [n, groups] {
+            return Err(mismatch(format!(
+                "weight {shape:?} ({bits}-bit: K = {k}) needs scales and biases [{n}, {groups}] (group {group}), \
+                 got {:?} and {:?}",
+                scales.5, biases.5
+            )));
+        }
+        let st = StoredTensor {
+            file,
+            offset,
+            len: dtype.byte_size(n * k).expect("whole groups"),
+            dtype,
+            shape: vec![n, k],
+            affine: Some(Box::new(AffineParts {
+                weight: (file, offset, len),
+                scales: (scales.1, scales.2, scales.3),
+                biases: (biases.1, biases.2, biases.3),
+            })),
+        };
+        if let Some((prev, _)) = tensors.insert(canonical.clone(), (name.clone(), st)) {
+            return Err(mismatch(format!("{} maps to {canonical} too", shown(&prev))));
+        }
+    }
+    if let Some((_, p)) = parts.scales.iter().chain(parts.biases.iter()).next() {
+        return Err(Error::Mismatch(format!(
+            "{}: {} belongs to no quantized weight",
+            config_path.display(),
+            shown(&p.0)
+        )));
+    }
     Ok(())
 }
 

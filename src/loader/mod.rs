@@ -101,9 +101,22 @@ pub(crate) struct StoredTensor {
     pub file: usize,
     /// Absolute byte offset in the file.
     pub offset: u64,
+    /// Bytes of the tensor as [`Checkpoint::raw`] returns it (`dtype`'s size for `shape`).
     pub len: usize,
     pub dtype: DType,
     pub shape: Vec<usize>,
+    /// An MLX affine tensor ([`DType::Affine`]) is three stored tensors, gathered into blocks by
+    /// [`Checkpoint::raw`]; `file`/`offset` are then its packed `weight`'s.
+    pub affine: Option<Box<AffineParts>>,
+}
+
+/// Where the `weight` (packed u32), `scales` and `biases` of an MLX quantized tensor are stored:
+/// (file, absolute offset, bytes) each.
+#[derive(Clone, Debug)]
+pub(crate) struct AffineParts {
+    pub weight: (usize, u64, usize),
+    pub scales: (usize, u64, usize),
+    pub biases: (usize, u64, usize),
 }
 
 /// An open model file and the length it had when its header was validated, or the bytes of a
@@ -285,7 +298,22 @@ impl Checkpoint {
         let t = self.tensors.get(name).ok_or_else(|| {
             Error::Mismatch(format!("tensor {} is missing from {}", shown(name), self.path.display()))
         })?;
-        let bytes = self.files[t.file].read(t.offset, t.len)?;
+        let bytes = match &t.affine {
+            None => self.files[t.file].read(t.offset, t.len)?,
+            Some(parts) => {
+                let read = |(f, o, l): (usize, u64, usize)| self.files[f].read(o, l);
+                let (w, sc, b) = (read(parts.weight)?, read(parts.scales)?, read(parts.biases)?);
+                let rows = t.shape[0];
+                let mut out = Vec::with_capacity(t.len);
+                let (wr, sr) = (w.len() / rows, sc.len() / rows);
+                for r in 0..rows {
+                    let (wr, sr) = (r * wr..(r + 1) * wr, r * sr..(r + 1) * sr);
+                    dtype::mlx_affine_blocks(t.dtype, &w[wr], &sc[sr.clone()], &b[sr], &mut out);
+                }
+                debug_assert_eq!(out.len(), t.len);
+                out
+            }
+        };
         Ok(TensorView { name, dtype: t.dtype, shape: t.shape.clone(), bytes })
     }
 

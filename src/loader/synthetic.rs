@@ -330,7 +330,7 @@ pub fn build(config: &ModelConfig, recipe: &str, label: &str, seed: u64) -> Resu
         .into_iter()
         .zip(layout)
         .map(|(p, (offset, len))| {
-            (p.name, StoredTensor { file: 0, offset: offset as u64, len, dtype: p.dtype, shape: p.shape })
+            (p.name, StoredTensor { file: 0, offset: offset as u64, len, dtype: p.dtype, shape: p.shape, affine: None })
         })
         .collect();
     let mut config = config.clone();

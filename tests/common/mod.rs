@@ -28,6 +28,7 @@ pub use wgpu_llm::gpu::tensor::test_util::{gpu, gpu_variants};
 pub fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
+pub mod mlx;
 pub mod stats;
 
 /// What makes an error message unfit for a user, if anything: more than one line, 1 KB or more,
