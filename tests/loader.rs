@@ -1510,3 +1510,212 @@ fn round_trip_bound(t: DType, x: &[f32]) -> Vec<f32> {
 fn signed_absmax(x: &[f32]) -> f32 {
     x.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m })
 }
+
+/// MLX's affine quantization written independently of the engine: per group, scale = (max -
+/// min) / (2^bits - 1), bias = min, q = round((x - bias) / scale); quants packed as mlx-lm stores
+/// them (element j in bits `bits · (j % per_word)` of u32 word `j / per_word`). Returns the
+/// packed weight, scales and biases (bf16) and the values they decode to.
+fn mlx_quantize(x: &[f32], k: usize, bits: u32, group: usize) -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<f32>) {
+    let per_word = 32 / bits as usize;
+    let levels = ((1u32 << bits) - 1) as f32;
+    let (mut words, mut scales, mut biases, mut dq) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for row in x.chunks(k) {
+        let mut q_row = Vec::with_capacity(k);
+        for g in row.chunks(group) {
+            let (lo, hi) = g.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
+            let scale = half::bf16::from_f32((hi - lo) / levels);
+            let bias = half::bf16::from_f32(lo);
+            scales.extend(scale.to_le_bytes());
+            biases.extend(bias.to_le_bytes());
+            let (s, b) = (scale.to_f32(), bias.to_f32());
+            for &v in g {
+                let q = ((v - b) / s).round().clamp(0.0, levels) as u32;
+                q_row.push(q);
+                dq.push(q as f32 * s + b);
+            }
+        }
+        for w in q_row.chunks(per_word) {
+            let word = w.iter().enumerate().fold(0u32, |acc, (i, &q)| acc | (q << (bits as usize * i)));
+            words.extend(word.to_le_bytes());
+        }
+    }
+    (words, scales, biases, dq)
+}
+
+/// A tiny MLX folder (llama, hidden 32, 2 layers): every projection and the embedding quantized
+/// (4-bit group 32; layer 1's down projection 8-bit group 64 by a per-module override), norms in
+/// f32. Returns the dequantized values the engine must read for each quantized tensor.
+fn mlx_folder(
+    dir: &Path,
+    config_edit: impl Fn(&mut serde_json::Value),
+    tensor_edit: impl Fn(&mut Vec<StTensor>),
+) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut config = serde_json::json!({
+        "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 128,
+        "tie_word_embeddings": true,
+        "quantization": {"group_size": 32, "bits": 4, "mode": "affine",
+            "model.layers.1.mlp.down_proj": {"group_size": 64, "bits": 8}}
+    });
+    config_edit(&mut config);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut t = Vec::new();
+    let mut want = Vec::new();
+    for (name, dtype, shape, bytes) in hf_tensors("model.", false, false) {
+        if shape.len() == 1 {
+            t.push((name, dtype, shape, bytes));
+            continue;
+        }
+        let (n, k) = (shape[0], shape[1]);
+        let x = values(n * k, (name.len() * 7 + n) as u32);
+        let (bits, group) = if name.contains("layers.1.mlp.down_proj") { (8, 64) } else { (4, 32) };
+        let (w, s, b, dq) = mlx_quantize(&x, k, bits, group);
+        let stem = name.strip_suffix("weight").unwrap();
+        t.push((name.clone(), "U32", vec![n, k * bits as usize / 32], w));
+        t.push((format!("{stem}scales"), "BF16", vec![n, k / group], s));
+        t.push((format!("{stem}biases"), "BF16", vec![n, k / group], b));
+        let canonical = wgpu_llm::loader::hf::canonical_name(&name, Arch::Llama).unwrap();
+        want.push((canonical, shape, dq));
+    }
+    tensor_edit(&mut t);
+    write_st(&dir.join("model.safetensors"), &t);
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json(&[])).unwrap();
+    want
+}
+
+#[test]
+fn hf_mlx_affine_folder() {
+    let dir = scratch("hf-mlx");
+    let want = mlx_folder(&dir, |_| {}, |_| {});
+    let ck = Checkpoint::open(&dir).unwrap();
+    assert_eq!(want.len(), 15, "7 projections x 2 layers + the embedding");
+    for (name, shape, dq) in &want {
+        let raw = ck.raw(name).unwrap();
+        let expect = if name == "blk.1.ffn_down.weight" { "mlx8_g64_bf16" } else { "mlx4_g32_bf16" };
+        assert_eq!((raw.dtype.name(), &raw.shape), (expect, shape), "{name}");
+        assert_eq!(&raw.to_f32().unwrap(), dq, "{name}: the engine's blocks decode to MLX's values");
+    }
+}
+
+#[test]
+fn hf_mlx_bad_folders_are_clear_errors() {
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    type TEdit = Box<dyn Fn(&mut Vec<StTensor>)>;
+    let none_c: fn() -> Edit = || Box::new(|_| {});
+    let none_t: fn() -> TEdit = || Box::new(|_| {});
+    let q = |f: fn(&mut serde_json::Map<String, serde_json::Value>)| -> Edit {
+        Box::new(move |c| f(c["quantization"].as_object_mut().unwrap()))
+    };
+    let cases: Vec<(&str, Edit, TEdit, &str)> = vec![
+        (
+            "no config",
+            Box::new(|c| {
+                c.as_object_mut().unwrap().remove("quantization");
+            }),
+            none_t(),
+            "has no quantization",
+        ),
+        (
+            "no group size",
+            q(|m| {
+                m.remove("group_size");
+            }),
+            none_t(),
+            "no integer group_size",
+        ),
+        (
+            "no bits",
+            q(|m| {
+                m.remove("bits");
+            }),
+            none_t(),
+            "no integer bits",
+        ),
+        (
+            "mode",
+            q(|m| {
+                m.insert("mode".into(), "mxfp4".into());
+            }),
+            none_t(),
+            "quantization mode",
+        ),
+        (
+            "3 bits",
+            q(|m| {
+                m.insert("bits".into(), 3.into());
+            }),
+            none_t(),
+            "3-bit quantization",
+        ),
+        (
+            "group 16",
+            q(|m| {
+                m.insert("group_size".into(), 16.into());
+            }),
+            none_t(),
+            "group size 16",
+        ),
+        (
+            "override false",
+            q(|m| {
+                m.insert("model.layers.0.self_attn.q_proj".into(), false.into());
+            }),
+            none_t(),
+            "is not quantized",
+        ),
+        (
+            "no biases",
+            none_c(),
+            Box::new(|t| t.retain(|x| x.0 != "model.layers.0.mlp.up_proj.biases")),
+            "has no biases",
+        ),
+        (
+            "no scales",
+            none_c(),
+            Box::new(|t| t.retain(|x| x.0 != "model.layers.1.self_attn.k_proj.scales")),
+            "has no scales",
+        ),
+        (
+            "scales shape",
+            none_c(),
+            Box::new(|t| {
+                let s = t.iter_mut().find(|x| x.0 == "model.layers.0.mlp.gate_proj.scales").unwrap();
+                s.2 = vec![32, 2]; // the same 64 values, the wrong shape
+            }),
+            "needs scales and biases [64, 1]",
+        ),
+        (
+            "f32 scales",
+            none_c(),
+            Box::new(|t| {
+                for x in t.iter_mut().filter(|x| x.0.starts_with("model.layers.0.self_attn.v_proj.")) {
+                    if x.1 == "BF16" {
+                        x.1 = "F32";
+                        x.3 =
+                            x.3.chunks(2)
+                                .flat_map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes())
+                                .collect();
+                    }
+                }
+            }),
+            "f32 quantization scales",
+        ),
+        (
+            "stray scales",
+            none_c(),
+            Box::new(|t| {
+                t.push(("model.layers.0.input_layernorm.scales".into(), "BF16", vec![1], vec![0, 0x3f]));
+            }),
+            "belongs to no quantized weight",
+        ),
+    ];
+    for (what, c, t, needle) in cases {
+        let dir = scratch(&format!("hf-mlx-bad-{}", what.replace(' ', "-")));
+        mlx_folder(&dir, c, t);
+        let msg = err_of(Checkpoint::open(&dir)).to_string();
+        common::assert_clean_message(&msg);
+        assert!(msg.contains(needle), "{what}: {msg}");
+    }
+}
