@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use wgpu_llm::chat::{apply_chat_template, Message};
 use wgpu_llm::decode::{generate_with, DecodeOptions, Stats, StepTiming, DEFAULT_DEPTH};
 use wgpu_llm::gpu::{list_adapters, BackendChoice, Gpu, GpuOptions};
-use wgpu_llm::loader::Checkpoint;
-use wgpu_llm::model::Model;
+use wgpu_llm::loader::{Checkpoint, DType};
+use wgpu_llm::model::{Model, WeightFormat};
 use wgpu_llm::sampling::{random_seed, DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
 use wgpu_llm::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -49,11 +49,33 @@ struct GpuArgs {
     no_subgroups: bool,
     /// Dequantize every linear weight to f16 at load instead of keeping the checkpoint's
     /// quantized blocks on the GPU (more memory; for comparisons).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "quantize")]
     dequantize: bool,
+    /// Quantize float weights (F32/F16/BF16 checkpoints) at load to MLX's affine 4- or 8-bit
+    /// format, group 64 (weights already quantized in the file stay as they are).
+    #[arg(long, value_enum)]
+    quantize: Option<QuantizeChoice>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum QuantizeChoice {
+    Q4,
+    Q8,
 }
 
 impl GpuArgs {
+    /// The type linear weights take on the GPU.
+    fn weight_format(&self) -> WeightFormat {
+        match (self.dequantize, self.quantize) {
+            (true, _) => WeightFormat::F16,
+            (false, None) => WeightFormat::Native,
+            (false, Some(q)) => {
+                let bits = if matches!(q, QuantizeChoice::Q4) { 4 } else { 8 };
+                WeightFormat::Quantize(DType::Affine { bits, group: 64, bf16: false })
+            }
+        }
+    }
+
     fn open(&self) -> Result<Gpu> {
         Ok(Gpu::new(&GpuOptions {
             backend: self.backend,
@@ -233,7 +255,7 @@ fn sampler(choice: SamplerChoice, gpu: &Gpu) -> Result<Box<dyn SamplingBackend>>
 }
 
 /// Uploads a checkpoint's weights with a progress bar on stderr.
-fn load(ck: &Checkpoint, gpu: &Gpu, ctx: Option<usize>, dequantize: bool, quiet: bool) -> Result<Model> {
+fn load(ck: &Checkpoint, gpu: &Gpu, ctx: Option<usize>, format: WeightFormat, quiet: bool) -> Result<Model> {
     let bar = if quiet {
         indicatif::ProgressBar::hidden()
     } else {
@@ -246,7 +268,7 @@ fn load(ck: &Checkpoint, gpu: &Gpu, ctx: Option<usize>, dequantize: bool, quiet:
         b.set_message(format!("{} on {}", ck.config.arch.name(), gpu.info.name));
         b
     };
-    let model = Model::load_with(gpu, ck, ctx, dequantize, &mut |done, total| {
+    let model = Model::load_with(gpu, ck, ctx, format, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })?;
@@ -284,7 +306,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     // encode adds BOS only where the model wants one and the text (a rendered template) lacks it.
     let ids = tok.encode(&text, true)?;
     let gpu = a.gpu.open()?;
-    let mut model = load(&ck, &gpu, a.ctx, a.gpu.dequantize, a.quiet)?;
+    let mut model = load(&ck, &gpu, a.ctx, a.gpu.weight_format(), a.quiet)?;
     if a.sampling.seed.is_none() && !params.is_greedy() {
         eprintln!("seed: {}", params.seed);
     }
@@ -390,7 +412,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         (None, None) => unreachable!("clap requires --model or --synthetic"),
     };
     let gpu = a.gpu.open()?;
-    let mut model = load(&ck, &gpu, ctx, a.gpu.dequantize, a.json || a.model.is_none())?;
+    let mut model = load(&ck, &gpu, ctx, a.gpu.weight_format(), a.json || a.model.is_none())?;
     let source = match (&a.model, &a.synthetic) {
         (Some(path), _) => path.display().to_string(),
         (None, spec) => format!("synthetic:{}", spec.as_deref().unwrap_or_default()),

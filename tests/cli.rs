@@ -250,3 +250,42 @@ fn gl_only_when_asked_and_no_mesa_noise() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.lines().filter(|l| l.starts_with('[')).all(|l| l.contains("(Gl,")), "{stdout}");
 }
+
+#[test]
+fn quantize_at_load() {
+    // A bf16 Hugging Face folder (SmolLM2, written from the real GGUF): --quantize q8 keeps the
+    // greedy answer and puts 8-bit affine weights on the GPU; q4 about half of those bytes.
+    let hf = common::mlx::smollm2_hf();
+    let run = |q: &str| {
+        let out = bin()
+            .args(["generate", "--chat", "--temperature", "0", "--max-tokens", "10", "--quantize", q])
+            .args(["--prompt", "What is the capital of France?", "--model"])
+            .arg(&hf)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "--quantize {q}: {stderr}");
+        (stdout.into_owned(), stderr.into_owned())
+    };
+    let mb = |stderr: &str| -> u64 {
+        let at = stderr.find("weights ").expect("the summary names the weight bytes") + 8;
+        stderr[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    let (text, summary) = run("q8");
+    assert!(text.contains("Paris"), "{text}");
+    assert!(summary.contains("mlx8_g64_f16"), "{summary}");
+    let (_, summary4) = run("q4");
+    assert!(summary4.contains("mlx4_g64_f16"), "{summary4}");
+    // 4.5 and 8.5 bits a weight (f16 scale and bias per 64): 0.53x.
+    let (q8, q4) = (mb(&summary), mb(&summary4));
+    assert!(q4 * 100 < q8 * 56 && q4 * 100 > q8 * 50, "q4 {q4} MB, q8 {q8} MB");
+    // Argument errors: clap's exit status 2 and one error line.
+    for (args, needle) in
+        [(&["--quantize", "q4", "--dequantize"][..], "cannot be used with"), (&["--quantize", "q3"], "q3")]
+    {
+        let out = generate(&hf, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.starts_with("error:") && err.contains(needle), "{err}");
+    }
+}

@@ -585,11 +585,11 @@ pub fn mlx_affine_blocks(t: DType, weight: &[u8], scales: &[u8], biases: &[u8], 
     }
 }
 
-/// Quantizes `data` (whole groups) to the affine type `t` with MLX's rule (`mx.quantize`): per
-/// group, the end of larger magnitude is kept exact (`edge = q0 · scale`), scale = (max - min) /
-/// (2^bits - 1), bias = that end (or 0 when it rounds to level 0); quants are `round((x - bias) /
-/// scale)` clamped to the levels. Scale and bias are rounded to the type's 16-bit format first,
-/// and the quants computed from the rounded values.
+/// Quantizes `data` (whole groups) to the affine type `t` (MLX's layout; `--quantize`): per group
+/// scale = (max - min) / (2^bits - 1) and bias = min, rounded to the type's 16-bit format, then
+/// quants `round((x - bias) / scale)` from the rounded values, clamped to the levels: at most half
+/// a step from x plus the 16-bit rounding. (mx.quantize keeps the end of larger magnitude exact
+/// instead and can lose a whole step at the other end.)
 pub fn quantize_affine(t: DType, data: &[f32]) -> Result<Vec<u8>> {
     let DType::Affine { bits, group, bf16 } = t else {
         return Err(Error::InvalidArgument(format!("{t} is not an affine type")));
@@ -611,22 +611,13 @@ pub fn quantize_affine(t: DType, data: &[f32]) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(data.len() / g * t.block_bytes());
     for x in data.chunks_exact(g) {
         let (lo, hi) = x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &v| (l.min(v), h.max(v)));
-        let neg = lo.abs() > hi.abs();
-        let mut scale = ((hi - lo) / levels).max(1e-7);
-        if !neg {
-            scale = -scale;
-        }
-        let edge = if neg { lo } else { hi };
-        let q0 = (edge / scale).round();
-        if q0 != 0.0 {
-            scale = edge / q0;
-        }
-        let bias = if q0 == 0.0 { 0.0 } else { edge };
+        let (scale, bias) = ((hi - lo) / levels, lo);
         let (scale, sb) = store(scale);
         let (bias, bb) = store(bias);
         out.extend_from_slice(&sb);
         out.extend_from_slice(&bb);
-        let q: Vec<u8> = x.iter().map(|&v| ((v - bias) / scale).round().clamp(0.0, levels) as u8).collect();
+        let inv = if scale == 0.0 { 0.0 } else { 1.0 / scale };
+        let q: Vec<u8> = x.iter().map(|&v| ((v - bias) * inv).round().clamp(0.0, levels) as u8).collect();
         if bits == 4 {
             for sub in q.chunks_exact(32) {
                 out.extend((0..16).map(|j| sub[j] | (sub[j + 16] << 4)));
@@ -746,6 +737,48 @@ mod tests {
         assert!(matches!(quantize(DType::Q8_0, &[0.0; 33]), Err(Error::InvalidArgument(_))));
         let zeros = quantize(DType::Q4_1, &[0.0; 64]).unwrap();
         assert_eq!(to_f32(DType::Q4_1, &zeros, 64).unwrap(), vec![0.0; 64]);
+    }
+
+    /// `quantize_affine` loses at most half a step per element, plus the 16-bit rounding of scale
+    /// and bias (2^-11 relative for f16, 2^-8 for bf16, times the largest level and the bias); the
+    /// blocks decode through `to_f32`; a constant group is exact.
+    #[test]
+    fn quantize_affine_error_is_half_a_step() {
+        let mut s = 0x1234_5678u64;
+        let mut x = Vec::new();
+        for g in 0..256 {
+            // Groups of various spreads and offsets, one of them constant.
+            let (scale, offset) = (0.01 + (g % 7) as f32 * 0.3, (g % 5) as f32 - 2.0);
+            for _ in 0..128 {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let u = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                x.push(if g == 3 { 0.75 } else { offset + u * scale });
+            }
+        }
+        for (bits, group, bf16) in [(4u8, 64u16, false), (4, 32, true), (8, 128, false), (8, 64, true)] {
+            let t = DType::Affine { bits, group, bf16 };
+            let q = quantize_affine(t, &x).unwrap();
+            let y = to_f32(t, &q, x.len()).unwrap();
+            let rel = if bf16 { 2f32.powi(-8) } else { 2f32.powi(-11) };
+            let levels = ((1u32 << bits) - 1) as f32;
+            for (gi, ((xg, yg), blk)) in
+                x.chunks(group as usize).zip(y.chunks(group as usize)).zip(q.chunks(t.block_bytes())).enumerate()
+            {
+                let rd = |at: usize| if bf16 { rd_bf16(blk, at) } else { rd_f16(blk, at) };
+                let (scale, bias) = (rd(0).abs(), rd(2).abs());
+                let bound = 0.5 * scale + (levels * scale + bias) * rel + 4.0 * f32::EPSILON * bias.max(1.0);
+                if xg.iter().all(|&v| v == xg[0]) {
+                    assert!(xg.iter().zip(yg).all(|(a, b)| a == b), "{t}: a constant group is exact");
+                }
+                for (j, (a, b)) in xg.iter().zip(yg).enumerate() {
+                    assert!((a - b).abs() <= bound, "{t} group {gi} element {j}: {a} -> {b} (bound {bound})");
+                }
+            }
+        }
+        assert!(quantize_affine(DType::Q4_0, &x).is_err());
+        assert!(quantize_affine(DType::Affine { bits: 4, group: 64, bf16: false }, &x[..100]).is_err());
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! at load: `LinearOpts::glu`; else into the down matvec's input): 6 dispatches a layer.
 
 use super::config::ModelConfig;
-use super::weights::{self, linear, Linear, Weights};
+use super::weights::{self, linear, Linear, WeightFormat, Weights};
 use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
 use crate::loader::Checkpoint;
@@ -188,16 +188,16 @@ impl Model {
         ctx: Option<usize>,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Model> {
-        Self::load_with(gpu, ck, ctx, false, progress)
+        Self::load_with(gpu, ck, ctx, WeightFormat::Native, progress)
     }
 
-    /// [`load`](Self::load); `dequantize` turns every linear weight into f16 instead of keeping
-    /// the checkpoint's quantized blocks (for comparisons).
+    /// [`load`](Self::load) with linear weights in `format` (dequantized to f16, or float weights
+    /// quantized at load: [`WeightFormat`]).
     pub fn load_with(
         gpu: &Gpu,
         ck: &Checkpoint,
         ctx: Option<usize>,
-        dequantize: bool,
+        format: WeightFormat,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Model> {
         let config = ck.config.clone();
@@ -221,7 +221,7 @@ impl Model {
                 max_bind / per_pos
             )));
         }
-        let weights = weights::load(gpu, ck, dequantize, progress)?;
+        let weights = weights::load(gpu, ck, format, progress)?;
         let kv_shape = [config.num_kv_heads, max_ctx, config.head_dim];
         let kv = (0..config.num_layers)
             .map(|l| {

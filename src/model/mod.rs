@@ -4,3 +4,4 @@ pub mod forward;
 pub mod weights;
 
 pub use forward::{Model, Plan};
+pub use weights::WeightFormat;

@@ -171,6 +171,45 @@ impl Weights {
     }
 }
 
+/// How linear weights (projections, embedding, lm_head) go to the GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// In the checkpoint's own type: quantized blocks stay quantized, floats become f16.
+    #[default]
+    Native,
+    /// Every one as f16 (dequantized at load; for comparisons).
+    F16,
+    /// Float weights (F32, F16, BF16) quantized at load to this MLX affine type (`--quantize`);
+    /// quantized ones stay as they are.
+    Quantize(DType),
+}
+
+/// The stored bytes of `name` (rows `[n, k]`) in the type `format` puts on the GPU, if that type
+/// has quantized kernels; `None`: the weight goes through f16.
+fn gpu_rows<'a>(
+    ck: &'a Checkpoint,
+    name: &'a str,
+    n: usize,
+    k: usize,
+    format: WeightFormat,
+) -> Result<Option<(DType, Cow<'a, [u8]>)>> {
+    let stored = match format {
+        WeightFormat::F16 => return Ok(None),
+        _ => raw_rows(ck, name, n, k)?,
+    };
+    match (stored, format) {
+        (Some((dtype, bytes)), _) if is_supported(dtype) && dtype.byte_size(k).is_some() => {
+            check_scales(name, dtype, &bytes)?;
+            Ok(Some((dtype, bytes)))
+        }
+        (_, WeightFormat::Quantize(t)) if k % t.block_size() == 0 => {
+            let x = finite32(name, ck.f32(name, &[n, k])?)?;
+            Ok(Some((t, Cow::Owned(crate::loader::dtype::quantize_affine(t, &x)?))))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// The bytes of tensor `name` as stored, rows `[n, k]`, with a row-permuting fixup applied to the
 /// raw rows (`None` when a fixup changes values: then the tensor goes through f16).
 fn raw_rows<'a>(ck: &'a Checkpoint, name: &'a str, n: usize, k: usize) -> Result<Option<(DType, Cow<'a, [u8]>)>> {
@@ -236,19 +275,16 @@ fn load_proj(
     label: &str,
     parts: &[(String, usize)],
     k: usize,
-    dequantize: bool,
+    format: WeightFormat,
     glu: bool,
 ) -> Result<Proj> {
     let n: usize = parts.iter().map(|p| p.1).sum();
     let glu = glu && parts.len() == 2 && parts[0].1 == parts[1].1;
     let mut raws = Vec::new();
     for (name, rows) in parts {
-        match raw_rows(ck, name, *rows, k)? {
-            Some((dtype, bytes)) if !dequantize && is_supported(dtype) && dtype.byte_size(k).is_some() => {
-                check_scales(name, dtype, &bytes)?;
-                raws.push((dtype, bytes));
-            }
-            _ => break,
+        match gpu_rows(ck, name, *rows, k, format)? {
+            Some(r) => raws.push(r),
+            None => break,
         }
     }
     if raws.len() == parts.len() && glu && raws[0].0 == raws[1].0 {
@@ -287,8 +323,13 @@ fn load_proj(
 }
 
 /// Reads and uploads every weight; `progress(done, total)` is called after each tensor group.
-/// `dequantize`: every linear weight as f16, as before the quantized kernels (for comparison).
-pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnMut(usize, usize)) -> Result<Weights> {
+/// `format`: the type linear weights take on the GPU.
+pub fn load(
+    gpu: &Gpu,
+    ck: &Checkpoint,
+    format: WeightFormat,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Weights> {
     let c: &ModelConfig = &ck.config;
     let (h, d) = (c.hidden_size, c.head_dim);
     let (qd, kvd, f) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
@@ -296,20 +337,17 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnM
     let norm =
         |name: &str, n: usize| -> Result<Tensor> { gpu.upload_f32(name, &[n], &finite32(name, ck.f32(name, &[n])?)?) };
     let single = |name: &str, n: usize, k: usize| -> Result<Linear> {
-        let p = load_proj(gpu, ck, name, &[(name.to_string(), n)], k, dequantize, false)?;
+        let p = load_proj(gpu, ck, name, &[(name.to_string(), n)], k, format, false)?;
         Ok(p.parts.into_iter().next().expect("one part").1)
     };
 
     // The embedding table in its own quantized type (the gather dequantizes the rows it reads), or
     // f16.
-    let embed: Vec<(u32, Linear)> = match raw_rows(ck, "token_embd.weight", c.vocab_size, h)? {
-        Some((dtype, raw)) if !dequantize && is_supported(dtype) && dtype.byte_size(h).is_some() => {
-            check_scales("token_embd.weight", dtype, &raw)?;
-            QuantWeight::row_chunks(gpu, "token_embd", dtype, [c.vocab_size, h], &raw)?
-                .into_iter()
-                .map(|(r, w)| (r, Linear::Quant(w)))
-                .collect()
-        }
+    let embed: Vec<(u32, Linear)> = match gpu_rows(ck, "token_embd.weight", c.vocab_size, h, format)? {
+        Some((dtype, raw)) => QuantWeight::row_chunks(gpu, "token_embd", dtype, [c.vocab_size, h], &raw)?
+            .into_iter()
+            .map(|(r, w)| (r, Linear::Quant(w)))
+            .collect(),
         _ => {
             let emb = finite16("token_embd.weight", ck.f16("token_embd.weight", &[c.vocab_size, h])?)?;
             upload_row_chunks(gpu, "token_embd", &emb, c.vocab_size, h)?
@@ -321,16 +359,17 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnM
     let mut bytes: u64 = embed.iter().map(|(_, w)| w.gpu_bytes()).sum();
     progress(1, total);
     let head_name = if ck.has("output.weight") { "output.weight" } else { "token_embd.weight" };
-    let lm_head: Vec<(u32, Linear)> = match raw_rows(ck, head_name, c.vocab_size, h)? {
+    let head_rows = match head_name {
+        "token_embd.weight" => None,
+        _ => gpu_rows(ck, head_name, c.vocab_size, h, format)?,
+    };
+    let lm_head: Vec<(u32, Linear)> = match head_rows {
         // A tied lm_head reads the embedding's own chunks, quantized or f16.
         _ if head_name == "token_embd.weight" => embed.clone(),
-        Some((dtype, raw)) if !dequantize && is_supported(dtype) && dtype.byte_size(h).is_some() => {
-            check_scales(head_name, dtype, &raw)?;
-            QuantWeight::row_chunks(gpu, "output", dtype, [c.vocab_size, h], &raw)?
-                .into_iter()
-                .map(|(r, w)| (r, Linear::Quant(w)))
-                .collect()
-        }
+        Some((dtype, raw)) => QuantWeight::row_chunks(gpu, "output", dtype, [c.vocab_size, h], &raw)?
+            .into_iter()
+            .map(|(r, w)| (r, Linear::Quant(w)))
+            .collect(),
         _ => {
             let w = finite16(head_name, ck.f16(head_name, &[c.vocab_size, h])?)?;
             upload_row_chunks(gpu, "output", &w, c.vocab_size, h)?
@@ -355,7 +394,7 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnM
             &n("attn_qkv.weight"),
             &[(n("attn_q.weight"), qd), (n("attn_k.weight"), kvd), (n("attn_v.weight"), kvd)],
             h,
-            dequantize,
+            format,
             false,
         )?;
         let qkv_bias = if c.attention_bias {
@@ -377,7 +416,7 @@ pub fn load(gpu: &Gpu, ck: &Checkpoint, dequantize: bool, progress: &mut dyn FnM
             &n("ffn_gate_up.weight"),
             &[(n("ffn_gate.weight"), f), (n("ffn_up.weight"), f)],
             h,
-            dequantize,
+            format,
             true,
         )?;
         let (post_attn_norm, post_ffw_norm) = if c.sandwich_norm {

@@ -24,10 +24,7 @@ pub fn smollm2(bits: u32, group: u32) -> PathBuf {
     if out.join("config.json").is_file() && out.join("model.safetensors").is_file() {
         return out;
     }
-    let hf = cache.join("smollm2-hf-bf16");
-    if !hf.join("model.safetensors").is_file() {
-        write_hf_folder(&super::model("smollm2"), &hf);
-    }
+    let hf = smollm2_hf();
     let root = env!("CARGO_MANIFEST_DIR");
     let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let status = Command::new(&py)
@@ -42,6 +39,16 @@ pub fn smollm2(bits: u32, group: u32) -> PathBuf {
         String::from_utf8_lossy(&status.stderr)
     );
     out
+}
+
+/// SmolLM2-135M-Instruct as a Hugging Face folder with bf16 weights (from the real GGUF), built
+/// on first use.
+pub fn smollm2_hf() -> PathBuf {
+    let hf = cache_dir().join("smollm2-hf-bf16");
+    if !hf.join("model.safetensors").is_file() {
+        write_hf_folder(&super::model("smollm2"), &hf);
+    }
+    hf
 }
 
 /// Writes the GGUF checkpoint (llama architecture) as a Hugging Face folder: transformers'
