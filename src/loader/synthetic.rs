@@ -14,7 +14,9 @@
 //! Spec: `NAME:RECIPE`, NAME one of [`PRESETS`], RECIPE one of `f32`, `f16`, `q8_0`, `q4_0`,
 //! `q4_1`, `q5_0`, `q5_1`, `q4_k_m` (llama.cpp's mix: Q4_K, with Q6_K for the output and for
 //! `attn_v` / `ffn_down` of the layers llama.cpp gives more bits; types whose super-block does
-//! not divide a row fall back as llama.cpp does: Q4_K → Q5_0, Q6_K → Q8_0).
+//! not divide a row fall back as llama.cpp does: Q4_K → Q5_0, Q6_K → Q8_0), `mlx4`, `mlx8`
+//! (mlx-lm's `convert -q`: every linear layer and the embedding in MLX affine 4 or 8 bits, group
+//! 64, bf16 scales and biases).
 
 use super::dtype::{quantize, DType, QK_K};
 use super::{Checkpoint, DataFile, DataSource, StoredTensor, TokenizerSource};
@@ -29,7 +31,7 @@ use std::path::PathBuf;
 pub const PRESETS: [&str; 4] = ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b", "gemma3-270m"];
 
 /// Quantization recipes.
-pub const RECIPES: [&str; 8] = ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m"];
+pub const RECIPES: [&str; 10] = ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "mlx4", "mlx8"];
 
 /// The config of a preset (what the real checkpoint's metadata says).
 pub fn preset_config(name: &str) -> Result<ModelConfig> {
@@ -124,6 +126,10 @@ fn weight_type(recipe: &str, name: &str, layer: Option<usize>, layers: usize, co
         "q4_1" => DType::Q4_1,
         "q5_0" => DType::Q5_0,
         "q5_1" => DType::Q5_1,
+        "mlx4" | "mlx8" => {
+            let bits = if recipe == "mlx4" { 4 } else { 8 };
+            return if cols % 64 == 0 { DType::Affine { bits, group: 64, bf16: true } } else { DType::F16 };
+        }
         _ => DType::Q4_K,
     };
     let want = if recipe == "q4_k_m" {
@@ -368,6 +374,8 @@ mod tests {
             DType::Q4_K,
             DType::Q5_K,
             DType::Q6_K,
+            DType::Affine { bits: 4, group: 64, bf16: true },
+            DType::Affine { bits: 8, group: 64, bf16: true },
         ] {
             let std = 0.03f32;
             let pool = block_pool(dtype, std, &mut rng).unwrap();
@@ -382,6 +390,17 @@ mod tests {
             assert!((sd / std as f64 - 1.0).abs() < 0.3, "{dtype}: sd {sd} for {std}");
             assert!(mean.abs() < 0.1 * std as f64, "{dtype}: mean {mean}");
             assert!(zeros < n / 8, "{dtype}: {zeros} of {n} values are 0");
+        }
+    }
+
+    /// The MLX recipes quantize every matrix, embedding included, to one affine type.
+    #[test]
+    fn mlx_recipes_quantize_every_matrix() {
+        let c = preset_config("qwen2.5-1.5b").unwrap();
+        for (recipe, bits) in [("mlx4", 4), ("mlx8", 8)] {
+            let plans = tensor_plans(&c, recipe);
+            let want = DType::Affine { bits, group: 64, bf16: true };
+            assert!(plans.iter().filter(|p| p.shape.len() == 2).all(|p| p.dtype == want), "{recipe}");
         }
     }
 
