@@ -4,15 +4,21 @@
 #   ../shared/gpu/prepare-carry.sh && ../shared/gpu/anchor/prepare.sh && cp -r ../shared/gpu/shape-recipes .bin/recipes
 # then a device run with carry [".gl", ".bin"] and the command `bash tools/gpu_bench.sh`. Results: $OUT/*.jsonl.
 # Models: the real-layout GGUFs of the shape recipes, rebuilt with whole blocks (tools/unpack_recipe.py), and
-# synthetic-weight models (`bench --synthetic`). MODELS / CONFIGS / REPS narrow a run.
+# synthetic-weight models (`bench --synthetic`). MODELS / CONFIGS / REPS narrow a run. RETYPE="qwen15:q8_0 ..." adds
+# copies of unpacked models with their weight matrices retyped (examples/gguf_retype, carried as .bin/gguf_retype),
+# run by both engines. The commit measured: .bin/commit.txt (written here before carrying).
 set -u
 . .bin/gpu-env.sh
 out=${OUT:-/tmp/gpu-bench}; mkdir -p "$out"
 models=${MODELS:-smollm2 qwen05 qwen15}
 reps=${REPS:-5}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
-git log -1 --format='%H %s' > "$out/commit.txt" 2>/dev/null || true
+cp .bin/commit.txt "$out/commit.txt" 2>/dev/null || git log -1 --format='%H %s' > "$out/commit.txt" 2>/dev/null || true
 for m in $models; do python3 tools/unpack_recipe.py ".bin/recipes/$m" "/tmp/$m.gguf" >/dev/null; done
+for r in ${RETYPE:-}; do
+  base=${r%%:*}; ty=${r#*:}
+  .bin/gguf_retype "/tmp/$base.gguf" "/tmp/${base}_$ty.gguf" "$ty" 2>> "$out/wgpu.err" && models="$models ${base}_$ty"
+done
 if [ -z "${NO_ANCHOR:-}" ]; then
   mkdir -p /tmp/anchor && tar -xJf .bin/anchor.tar.xz -C /tmp/anchor
   FA=1 REPS=$reps timeout 300 python3 tools/llama_anchor.py /tmp/anchor $(for m in $models; do echo /tmp/$m.gguf; done) \

@@ -150,8 +150,11 @@ impl Tiling {
         let budget = (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10) - (4 << 10);
         let bq = (p.n_tokens * g).next_power_of_two().clamp(4, 16);
         let lpr = 128 / bq;
+        // Tuning knob for benchmarks: WGPU_LLM_ATTN_BK caps the key tile (16, 32 or 64).
+        let bk_cap = std::env::var("WGPU_LLM_ATTN_BK").ok().and_then(|v| v.parse().ok()).unwrap_or(64usize);
         let bk = [64, 32, 16, 8]
             .into_iter()
+            .filter(|&bk| bk <= bk_cap)
             .find(|&bk| Tiling { bq, lpr, bk, nsplit: 1 }.valid(d, budget))
             .ok_or_else(|| Error::Gpu(format!("attention: head_dim {d} does not fit the device's workgroup memory")))?;
         let blocks = (p.n_tokens * g).div_ceil(bq) * p.kv_heads;
