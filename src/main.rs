@@ -184,6 +184,11 @@ struct BenchArgs {
     /// Tokens for the decode measurement.
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
+    /// Context length (KV cache positions) to load the model with; default just what the
+    /// measurement needs (prompt + generated tokens + 1). `generate`'s default is min(model
+    /// maximum, 4096): attention's work split follows the context length.
+    #[arg(long)]
+    ctx: Option<usize>,
     /// Timed repetitions (after one warm-up).
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -405,7 +410,14 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     }
     let params = a.sampling.params()?;
     let opts = a.sampling.decode()?;
-    let ctx = Some((a.prompt_tokens + a.gen_tokens + 1).max(16));
+    let need = (a.prompt_tokens + a.gen_tokens + 1).max(16);
+    if a.ctx.is_some_and(|c| c < need) {
+        anyhow::bail!(
+            "--ctx {} is below the {need} positions the measurement needs (--prompt-tokens + --gen-tokens + 1)",
+            a.ctx.unwrap_or_default()
+        );
+    }
+    let ctx = Some(a.ctx.unwrap_or(need));
     let ck = match (&a.model, &a.synthetic) {
         (Some(path), _) => Checkpoint::open(path)?,
         (None, Some(spec)) => wgpu_llm::loader::synthetic::open(spec)?,

@@ -141,31 +141,45 @@ impl Tiling {
 
     /// The tiling for `p` on `gpu`: 128 threads; 4, 8 or 16 rows per workgroup (as T * G
     /// allows: 4 in decode), 32, 16 or 8 lanes per row; the largest key tile up to 64 that
-    /// fits the register slots and 28 KiB of workgroup memory; and, when there are fewer than
-    /// 128 row blocks, key splits for about 512 workgroups, at most 128 splits and one tile
-    /// per split at full context (or window). Tuned on an H100 (see `tests::bench`).
+    /// fits the register slots and 28 KiB of workgroup memory (smaller where a short context
+    /// would otherwise give too few splits); and, when there are fewer than 128 row blocks, key
+    /// splits for about 512 workgroups, at most 128 splits and one tile per split at full
+    /// context (or window). Tuned on an H100 (see `tests::bench`).
     pub fn choose(gpu: &Gpu, p: &AttnParams) -> Result<Tiling> {
         let g = p.heads / p.kv_heads;
         let d = p.head_dim;
         let budget = (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10) - (4 << 10);
         let bq = (p.n_tokens * g).next_power_of_two().clamp(4, 16);
         let lpr = 128 / bq;
-        // Tuning knob for benchmarks: WGPU_LLM_ATTN_BK caps the key tile (16, 32 or 64).
-        let bk_cap = std::env::var("WGPU_LLM_ATTN_BK").ok().and_then(|v| v.parse().ok()).unwrap_or(64usize);
-        let bk = [64, 32, 16, 8]
-            .into_iter()
-            .filter(|&bk| bk <= bk_cap)
-            .find(|&bk| Tiling { bq, lpr, bk, nsplit: 1 }.valid(d, budget))
-            .ok_or_else(|| Error::Gpu(format!("attention: head_dim {d} does not fit the device's workgroup memory")))?;
         let blocks = (p.n_tokens * g).div_ceil(bq) * p.kv_heads;
+        // keys one row block can see at most
+        let span = if p.window > 0 { p.max_ctx.min(p.window + p.n_tokens) } else { p.max_ctx };
+        // Split decode (fewer than 128 row blocks) aims at ~512 workgroups, one key tile each at
+        // full span: where the span is too short for that, smaller tiles make more splits (H100,
+        // Qwen2.5-1.5B decode at 641 positions: 16-key tiles, 41 splits, 8.4 us a layer against
+        // 12.3 us with 64-key tiles and 11 splits; -4.5 % a step). Otherwise the largest tile that
+        // fits. WGPU_LLM_ATTN_BK caps the tile (a tuning knob for benchmarks).
+        let target = 512usize.div_ceil(blocks);
+        let bk_cap = std::env::var("WGPU_LLM_ATTN_BK").ok().and_then(|v| v.parse().ok()).unwrap_or(64usize);
+        let fits = |bk: usize| bk <= bk_cap && Tiling { bq, lpr, bk, nsplit: 1 }.valid(d, budget);
+        let short = blocks < 128 && p.splits == 0 && span.div_ceil(64) < target;
+        let bk = if short {
+            // The largest tile that still gives `target` splits, else the smallest that fits.
+            [64, 32, 16, 8]
+                .into_iter()
+                .filter(|&bk| fits(bk))
+                .find(|&bk| span.div_ceil(bk) >= target)
+                .or_else(|| [8, 16, 32, 64].into_iter().find(|&bk| fits(bk)))
+        } else {
+            [64, 32, 16, 8].into_iter().find(|&bk| fits(bk))
+        }
+        .ok_or_else(|| Error::Gpu(format!("attention: head_dim {d} does not fit the device's workgroup memory")))?;
         let nsplit = if p.splits > 0 {
             p.splits
         } else if blocks >= 128 {
             1
         } else {
-            // keys one row block can see at most
-            let span = if p.window > 0 { p.max_ctx.min(p.window + p.n_tokens) } else { p.max_ctx };
-            512usize.div_ceil(blocks).min(span.div_ceil(bk)).clamp(1, 128)
+            target.min(span.div_ceil(bk)).clamp(1, 128)
         };
         // The partial results must fit a binding.
         let max_bytes = (gpu.limits.max_storage_buffer_binding_size as usize).min(64 << 20);
@@ -442,6 +456,22 @@ mod tests {
                 l.pass(&gpu, 38, 1, 1, None, 4);
             }
         }
+    }
+
+    /// Decode tilings: a short context takes small key tiles for more splits (Qwen2.5-1.5B's 12 /
+    /// 2 heads of 128 at 641 positions: 16-key tiles, 41 splits; at 4096: 16, 128), a long one
+    /// keeps 64-key tiles (32768: 128 splits of 4 tiles); 512 rows need no split.
+    #[test]
+    fn tiling_follows_the_context() {
+        let gpu = gpu();
+        let t = |ctx: usize, n_tokens: usize| {
+            let tl = Tiling::choose(&gpu, &AttnParams { n_tokens, ..params(12, 2, 128, ctx, 0) }).unwrap();
+            (tl.bk, tl.nsplit)
+        };
+        assert_eq!(t(641, 1), (16, 41));
+        assert_eq!(t(4096, 1), (16, 128));
+        assert_eq!(t(32768, 1), (64, 128));
+        assert_eq!(t(4096, 512).1, 1);
     }
 
     #[test]
