@@ -26,6 +26,12 @@
 // tiles, one per workgroup z; each writes its unnormalized accumulator and (m, l), and the MERGE
 // entry (this file compiled with MERGE) combines them. Without SPLIT the output is written here.
 //
+// ROPE (decode, one token, no q/k norm): q and k arrive unrotated and this kernel does what
+// rope with KV_WRITE would have done before it: queries are rotated as they are loaded, and the
+// one key at step.pos is taken from qkv (k rotated, v as is) instead of the caches, rounded to
+// f16 as the cache holds it, and written to both caches for the steps after (by the one workgroup
+// whose tile holds it: decode has one row block per KV head). A dispatch a layer fewer.
+//
 // Macros: D (multiple of 16, <= 256), G, BQ, LPR, WG (= BQ * LPR), BK (= KPL * LPR), KPL, NW
 // (= ceil(D / 4 / LPR)), LD (= ceil(BK * D / 8 / WG)), QL (= ceil(BQ * D / 4 / WG)), NSPLIT.
 // All <= 8 where slots are used.
@@ -42,6 +48,7 @@
 #define LD 2
 #define QL 1
 #define NSPLIT 1
+#define RB 7
 struct Step {
     pos: u32,
     n_tokens: u32,
@@ -153,8 +160,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #else
 // ---- attention ----
 @group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;     // (T, (H + 2 Hkv) * D): [q | k | v], q roped
+#ifdef ROPE
+@group(0) @binding(1) var<storage, read_write> k_cache: array<vec4<u32>>; // (Hkv, max_ctx, D) f16, 8 per vec4
+@group(0) @binding(2) var<storage, read_write> v_cache: array<vec4<u32>>; // (Hkv, max_ctx, D) f16, 8 per vec4
+@group(0) @binding({{RB}}) var<storage, read> inv_freq: array<f32>;        // (D / 2)
+#else
 @group(0) @binding(1) var<storage, read> k_cache: array<vec4<u32>>; // (Hkv, max_ctx, D) f16, 8 per vec4
 @group(0) @binding(2) var<storage, read> v_cache: array<vec4<u32>>; // (Hkv, max_ctx, D) f16, 8 per vec4
+#endif
 @group(0) @binding(3) var<uniform> step: Step;
 @group(0) @binding(4) var<uniform> p: Params;
 #ifdef SPLIT
@@ -184,13 +197,62 @@ fn unpack4(w: vec2<u32>) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
 
+#ifdef ROPE
+#include "sincos"
+#include "attention_f16"
+
+// Unit u (dims 4u .. 4u + 3) of the head whose first unit in qkv is `hb`, rotated to position
+// step.pos as the rope kernel rotates it (pairs (i, i + D/2)).
+fn rope_unit(hb: u32, u: u32) -> vec4<f32> {
+    let half = DU / 2u;
+    let x = qkv[hb + u];
+    let xp = qkv[hb + select(u + half, u - half, u >= half)];
+    let i0 = 4u * (u % half);
+    let pos = f32(step.pos);
+    let s0 = sincos(pos * inv_freq[i0]);
+    let s1 = sincos(pos * inv_freq[i0 + 1u]);
+    let s2 = sincos(pos * inv_freq[i0 + 2u]);
+    let s3 = sincos(pos * inv_freq[i0 + 3u]);
+    let c = vec4<f32>(s0.y, s1.y, s2.y, s3.y);
+    let sn = vec4<f32>(s0.x, s1.x, s2.x, s3.x);
+    if (u < half) {
+        return x * c - xp * sn;
+    }
+    return x * c + xp * sn;
+}
+
+// The 8 halves of cache unit w of this step's key (rotated) or value of KV head g, from qkv.
+fn current_kv(g: u32, w: u32, value: bool) -> vec4<u32> {
+    var a: vec4<f32>;
+    var b: vec4<f32>;
+    if (value) {
+        let hb = (p.heads + p.kv_heads + g) * DU;
+        a = qkv[hb + 2u * w];
+        b = qkv[hb + 2u * w + 1u];
+    } else {
+        let hb = (p.heads + g) * DU;
+        a = rope_unit(hb, 2u * w);
+        b = rope_unit(hb, 2u * w + 1u);
+    }
+    return vec4<u32>(pack_rne(a.x, a.y), pack_rne(a.z, a.w), pack_rne(b.x, b.y), pack_rne(b.z, b.w));
+}
+#endif
+
 // Slot s of this thread's share of a tile: 8 halves of key e / DV, starting at key `base` of the
-// cache (rows past `nk` are zeros).
+// cache (rows past `nk` are zeros). With ROPE the key at step.pos comes from qkv, and is stored.
 fn load_k(s: u32, tid: u32, base: u32, nk: u32) -> vec4<u32> {
     let e = tid + {{WG}}u * s;
     var v = vec4<u32>(0u);
     if (e / DV < nk) {
-        v = k_cache[(base + e / DV) * DV + e % DV];
+        let at = (base + e / DV) * DV + e % DV;
+#ifdef ROPE
+        if ((base + e / DV) % p.max_ctx == step.pos) {
+            v = current_kv((base + e / DV) / p.max_ctx, e % DV, false);
+            k_cache[at] = v;
+            return v;
+        }
+#endif
+        v = k_cache[at];
     }
     return v;
 }
@@ -199,7 +261,15 @@ fn load_v(s: u32, tid: u32, base: u32, nk: u32) -> vec4<u32> {
     let e = tid + {{WG}}u * s;
     var v = vec4<u32>(0u);
     if (e / DV < nk) {
-        v = v_cache[(base + e / DV) * DV + e % DV];
+        let at = (base + e / DV) * DV + e % DV;
+#ifdef ROPE
+        if ((base + e / DV) % p.max_ctx == step.pos) {
+            v = current_kv((base + e / DV) / p.max_ctx, e % DV, true);
+            v_cache[at] = v;
+            return v;
+        }
+#endif
+        v = v_cache[at];
     }
     return v;
 }
@@ -220,7 +290,11 @@ fn load_q(s: u32, tid: u32, row0: u32, g: u32, n_tok: u32, stride: u32) -> vec4<
     let t = rw / {{G}}u;
     var q = vec4<f32>(0.0);
     if (e < {{BQ}}u * DU && t < n_tok) {
+#ifdef ROPE
+        q = rope_unit(t * stride + (g * {{G}}u + rw % {{G}}u) * DU, e % DU);
+#else
         q = qkv[t * stride + (g * {{G}}u + rw % {{G}}u) * DU + e % DU];
+#endif
     }
     return q;
 }

@@ -2,7 +2,8 @@
 //! buffers, bind groups and dispatches are made once and replayed; what changes per call (the
 //! token ids and the [`StepParams`] uniform) is written with `queue.write_buffer`.
 //!
-//! Per layer (9 dispatches, +1 when attention splits its keys, +2 with sandwich norms):
+//! Per layer (9 dispatches, +1 when attention splits its keys, +2 with sandwich norms; one decode
+//! token without q/k norm rotates inside attention: -1):
 //! rms_norm → qkv linear (+bias) → rope (+q/k norm) and KV-cache write → attention →
 //! o linear (+= residual | → tmp, rms_norm += residual) → rms_norm → gate_up linear →
 //! gated_act → down linear (+= residual | → tmp, rms_norm += residual).
@@ -17,12 +18,12 @@ use super::weights::{self, linear, Linear, WeightFormat, Weights};
 use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
 use crate::loader::Checkpoint;
-use crate::ops::attention::{attention, AttnParams};
+use crate::ops::attention::{attention, attention_rope, AttnParams};
 use crate::ops::elementwise::gated_act_in;
 use crate::ops::embedding::{embedding, embedding_quant};
 use crate::ops::matmul::{fuses_input, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::norm::rms_norm;
-use crate::ops::rope::{rope_kv_write, RopeParams};
+use crate::ops::rope::{inv_freq, rope_kv_write, RopeParams};
 use crate::ops::StepParams;
 use std::collections::HashMap;
 
@@ -474,10 +475,17 @@ impl Model {
                 n_tokens: t,
                 splits: 0,
             };
-            k(rope_kv_write(g, &qkv, &self.step, rp, qk, kc, vc)?);
-            for kernel in attention(g, &qkv, kc, vc, &attn, &self.step, ap)? {
-                k(kernel);
-            }
+            // One decode token without q/k norm: the rotation and the cache write happen inside
+            // attention (a dispatch fewer); else rope (+ q/k norm) writes the caches first.
+            let attn_kernels = if t == 1 && qk.is_none() {
+                let table =
+                    g.upload_f32("rope.inv_freq", &[c.head_dim / 2], &inv_freq(c.head_dim, rp.theta, rp.scaling))?;
+                attention_rope(g, &qkv, kc, vc, &attn, &self.step, ap, &table)?
+            } else {
+                k(rope_kv_write(g, &qkv, &self.step, rp, qk, kc, vc)?);
+                attention(g, &qkv, kc, vc, &attn, &self.step, ap)?
+            };
+            attn_kernels.into_iter().for_each(&mut k);
             match &lw.post_attn_norm {
                 Some(pn) => {
                     k(linear(g, &attn, Input::Plain, &lw.attn_out, None, &tmp, plain)?);

@@ -208,6 +208,27 @@ pub fn attention(
     attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling)
 }
 
+/// [`attention`] for one decode token whose q and k heads in `qkv` are not yet rotated, fused with
+/// what [`crate::ops::rope::rope_kv_write`] would do first (no q/k norm): the queries are rotated
+/// as they load, and this step's key (rotated) and value are read from `qkv` and written to the
+/// caches. `inv_freq`: f32 `[D / 2]` ([`crate::ops::rope::inv_freq`]). One dispatch fewer a layer.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_rope(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    out: &Tensor,
+    step: &wgpu::Buffer,
+    p: AttnParams,
+    inv_freq: &Tensor,
+) -> Result<Vec<Kernel>> {
+    assert_eq!(p.n_tokens, 1, "attention_rope: one token (decode)");
+    assert_eq!(inv_freq.numel(), p.head_dim / 2, "attention_rope: inv_freq has D / 2 entries");
+    let tiling = Tiling::choose(gpu, &p)?;
+    record(gpu, qkv, k_cache, v_cache, out, step, p, tiling, Some(inv_freq))
+}
+
 /// [`attention`] with a given tiling (tests, benchmarks).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_with(
@@ -219,6 +240,21 @@ pub fn attention_with(
     step: &wgpu::Buffer,
     p: AttnParams,
     tl: Tiling,
+) -> Result<Vec<Kernel>> {
+    record(gpu, qkv, k_cache, v_cache, out, step, p, tl, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    out: &Tensor,
+    step: &wgpu::Buffer,
+    p: AttnParams,
+    tl: Tiling,
+    rope: Option<&Tensor>,
 ) -> Result<Vec<Kernel>> {
     p.check(qkv, k_cache, v_cache);
     let Tiling { bq, lpr, bk, nsplit } = tl;
@@ -256,14 +292,24 @@ pub fn attention_with(
         vec![qkv.binding(), k_cache.binding(), v_cache.binding(), step.as_entire_binding(), params.as_entire_binding()];
     if nsplit == 1 {
         bindings.push(out.binding());
-        return Ok(vec![gpu.kernel("attention", "main", &macros, &bindings, wgs)?]);
+        let mut m = macros;
+        if let Some(t) = rope {
+            m = m.flag("ROPE").set("RB", bindings.len());
+            bindings.push(t.binding());
+        }
+        return Ok(vec![gpu.kernel("attention", "main", &m, &bindings, wgs)?]);
     }
     let rows = p.n_tokens * p.heads;
     let part_o = gpu.empty("attention.part_o", &[nsplit, rows, d], ElemType::F32)?;
     let part_ml = gpu.empty("attention.part_ml", &[nsplit, rows, 2], ElemType::F32)?;
     bindings.push(part_o.binding());
     bindings.push(part_ml.binding());
-    let main = gpu.kernel("attention", "main", &macros.clone().flag("SPLIT"), &bindings, wgs)?;
+    let mut m = macros.clone().flag("SPLIT");
+    if let Some(t) = rope {
+        m = m.flag("ROPE").set("RB", bindings.len());
+        bindings.push(t.binding());
+    }
+    let main = gpu.kernel("attention", "main", &m, &bindings, wgs)?;
     let merge = gpu.kernel(
         "attention",
         "main",
@@ -454,6 +500,52 @@ mod tests {
                 l.pass(&gpu, 0, 37, 37, None, 2);
                 l.pass(&gpu, 37, 1, 1, None, 3);
                 l.pass(&gpu, 38, 1, 1, None, 4);
+            }
+        }
+    }
+
+    /// attention_rope (rotation and cache write inside attention) leaves what rope_kv_write +
+    /// attention leave: the caches bit for bit (the same f32 rotation, rounded to nearest even),
+    /// and the output within f32 rounding of the same sums; at the first position, mid-context,
+    /// and near the end of the cache, with and without key splits.
+    #[test]
+    fn attention_rope_equals_rope_then_attention() {
+        use crate::ops::rope::{inv_freq, rope_kv_write, RopeParams};
+        for gpu in gpu_variants() {
+            for (h, hkv, d, ctx, pos) in
+                [(12, 2, 128, 641, 600), (6, 2, 64, 40, 0), (4, 1, 256, 80, 79), (8, 8, 64, 300, 123)]
+            {
+                let p = params(h, hkv, d, ctx, 0);
+                let rp = RopeParams { heads: h, kv_heads: hkv, head_dim: d, theta: 1e6, scaling: 1.0, n_tokens: 1 };
+                let row = p.row_stride();
+                let data = random(row, 91 + pos as u64, 1.5);
+                let cache: Vec<f16> = random(hkv * ctx * d, 92, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
+                let step = gpu.uniform("step", &StepParams { pos: pos as u32, n_tokens: 1, _pad: [0; 2] });
+                let table = gpu.upload_f32("inv_freq", &[d / 2], &inv_freq(d, 1e6, 1.0)).unwrap();
+                let run = |fused: bool| {
+                    let qkv = gpu.upload_f32("qkv", &[1, row], &data).unwrap();
+                    let kc = gpu.upload_f16("k", &[hkv, ctx, d], &cache).unwrap();
+                    let vc = gpu.upload_f16("v", &[hkv, ctx, d], &cache).unwrap();
+                    let out = gpu.empty("out", &[1, h * d], ElemType::F32).unwrap();
+                    let mut ks = Vec::new();
+                    if fused {
+                        ks.extend(attention_rope(&gpu, &qkv, &kc, &vc, &out, &step, p, &table).unwrap());
+                    } else {
+                        ks.push(rope_kv_write(&gpu, &qkv, &step, rp, None, &kc, &vc).unwrap());
+                        ks.extend(attention(&gpu, &qkv, &kc, &vc, &out, &step, p).unwrap());
+                    }
+                    gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
+                    (gpu.read_f32(&out).unwrap(), gpu.read_f16(&kc).unwrap(), gpu.read_f16(&vc).unwrap())
+                };
+                let (oa, ka, va) = run(false);
+                let (ob, kb, vb) = run(true);
+                let what = format!("H {h} Hkv {hkv} D {d} ctx {ctx} pos {pos} f16={}", gpu.caps.f16);
+                let bits = |a: &[f16], b: &[f16]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                assert_eq!(bits(&ka, &kb), 0, "K cache: {what}");
+                assert_eq!(bits(&va, &vb), 0, "V cache: {what}");
+                assert_ne!(ka[pos * d], cache[pos * d], "the key at pos was written: {what}");
+                let (diff, at) = max_abs_diff(&oa, &ob);
+                assert!(diff <= 1e-5 * (1.0 + oa[at].abs()), "out differs by {diff} at {at}: {what}");
             }
         }
     }
