@@ -201,6 +201,20 @@ fn unpack4(w: vec2<u32>) -> vec4<f32> {
 #include "sincos"
 #include "attention_f16"
 
+// (sin, cos) of pos · inv_freq[i] for the D/2 frequencies: one sincos per frequency per
+// workgroup (rope_table), shared by every rotation of the workgroup.
+var<workgroup> rope_cs: array<vec2<f32>, {{D}} / 2>;
+// This workgroup's KV head and its first cache row (set by main).
+var<private> rope_g: u32;
+var<private> rope_base: u32;
+
+fn rope_table(tid: u32) {
+    for (var i = tid; i < {{D}}u / 2u; i += {{WG}}u) {
+        rope_cs[i] = sincos(f32(step.pos) * inv_freq[i]);
+    }
+    workgroupBarrier();
+}
+
 // Unit u (dims 4u .. 4u + 3) of the head whose first unit in qkv is `hb`, rotated to position
 // step.pos as the rope kernel rotates it (pairs (i, i + D/2)).
 fn rope_unit(hb: u32, u: u32) -> vec4<f32> {
@@ -208,11 +222,10 @@ fn rope_unit(hb: u32, u: u32) -> vec4<f32> {
     let x = qkv[hb + u];
     let xp = qkv[hb + select(u + half, u - half, u >= half)];
     let i0 = 4u * (u % half);
-    let pos = f32(step.pos);
-    let s0 = sincos(pos * inv_freq[i0]);
-    let s1 = sincos(pos * inv_freq[i0 + 1u]);
-    let s2 = sincos(pos * inv_freq[i0 + 2u]);
-    let s3 = sincos(pos * inv_freq[i0 + 3u]);
+    let s0 = rope_cs[i0];
+    let s1 = rope_cs[i0 + 1u];
+    let s2 = rope_cs[i0 + 2u];
+    let s3 = rope_cs[i0 + 3u];
     let c = vec4<f32>(s0.y, s1.y, s2.y, s3.y);
     let sn = vec4<f32>(s0.x, s1.x, s2.x, s3.x);
     if (u < half) {
@@ -246,8 +259,8 @@ fn load_k(s: u32, tid: u32, base: u32, nk: u32) -> vec4<u32> {
     if (e / DV < nk) {
         let at = (base + e / DV) * DV + e % DV;
 #ifdef ROPE
-        if ((base + e / DV) % p.max_ctx == step.pos) {
-            v = current_kv((base + e / DV) / p.max_ctx, e % DV, false);
+        if (base + e / DV == rope_base + step.pos) {
+            v = current_kv(rope_g, e % DV, false);
             k_cache[at] = v;
             return v;
         }
@@ -263,8 +276,8 @@ fn load_v(s: u32, tid: u32, base: u32, nk: u32) -> vec4<u32> {
     if (e / DV < nk) {
         let at = (base + e / DV) * DV + e % DV;
 #ifdef ROPE
-        if ((base + e / DV) % p.max_ctx == step.pos) {
-            v = current_kv((base + e / DV) / p.max_ctx, e % DV, true);
+        if (base + e / DV == rope_base + step.pos) {
+            v = current_kv(rope_g, e % DV, true);
             v_cache[at] = v;
             return v;
         }
@@ -379,6 +392,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let u6 = min(j + 6u * {{LPR}}u, DU - 1u);
     let u7 = min(j + 7u * {{LPR}}u, DU - 1u);
 
+#ifdef ROPE
+    rope_g = g;
+    rope_base = kv_base;
+    rope_table(tid);
+#endif
     // Queries, and the first K tile, all loads in flight together.
     let stride = (p.heads + 2u * p.kv_heads) * DU;
     var q0 = load_q(0u, tid, row0, g, n_tok, stride);
