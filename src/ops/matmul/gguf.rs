@@ -657,6 +657,11 @@ pub(crate) mod tests {
         }
     }
 
+    /// Byte offsets of the 16-bit scale fields of a block (see [`scale_fields`]).
+    pub(crate) fn scale_field_offsets(t: DType) -> Vec<usize> {
+        scale_fields(t).iter().map(|&(off, _)| off).collect()
+    }
+
     /// Deterministic pseudo-random bytes (xorshift).
     fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
