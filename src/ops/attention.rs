@@ -205,7 +205,7 @@ pub fn attention(
     assert_eq!(out.ty, ElemType::F32, "attention: out must be f32");
     assert!(out.numel() >= p.n_tokens * p.heads * p.head_dim, "attention: out holds fewer than T rows");
     let tiling = Tiling::choose(gpu, &p)?;
-    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling)
+    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, None)
 }
 
 /// [`attention`] for one decode token whose q and k heads in `qkv` are not yet rotated, fused with
@@ -226,26 +226,12 @@ pub fn attention_rope(
     assert_eq!(p.n_tokens, 1, "attention_rope: one token (decode)");
     assert_eq!(inv_freq.numel(), p.head_dim / 2, "attention_rope: inv_freq has D / 2 entries");
     let tiling = Tiling::choose(gpu, &p)?;
-    record(gpu, qkv, k_cache, v_cache, out, step, p, tiling, Some(inv_freq))
+    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, Some(inv_freq))
 }
 
-/// [`attention`] with a given tiling (tests, benchmarks).
+/// [`attention`] with a given tiling (tests, benchmarks); with `rope`, [`attention_rope`].
 #[allow(clippy::too_many_arguments)]
 pub fn attention_with(
-    gpu: &Gpu,
-    qkv: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    out: &Tensor,
-    step: &wgpu::Buffer,
-    p: AttnParams,
-    tl: Tiling,
-) -> Result<Vec<Kernel>> {
-    record(gpu, qkv, k_cache, v_cache, out, step, p, tl, None)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn record(
     gpu: &Gpu,
     qkv: &Tensor,
     k_cache: &Tensor,
@@ -451,7 +437,7 @@ mod tests {
             gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&sp));
             let write = kv_cache_write(gpu, &qkv, &self.k, &self.v, &self.step, p).unwrap();
             let tiling = tiling.unwrap_or_else(|| Tiling::choose(gpu, &p).unwrap());
-            let attn = attention_with(gpu, &qkv, &self.k, &self.v, &out, &self.step, p, tiling).unwrap();
+            let attn = attention_with(gpu, &qkv, &self.k, &self.v, &out, &self.step, p, tiling, None).unwrap();
             let mut ks = vec![&write];
             ks.extend(attn.iter());
             gpu.run(&ks).unwrap();
@@ -841,7 +827,7 @@ mod tests {
             let span = if window > 0 { window.min(ctx) + t } else { ctx };
             let bytes = (2 * hkv * span.min(ctx) * d * 2) as f64;
             for tl in tilings {
-                let ks = attention_with(&gpu, &qkv, &kc, &vc, &out, &step, p, tl).unwrap();
+                let ks = attention_with(&gpu, &qkv, &kc, &vc, &out, &step, p, tl, None).unwrap();
                 let refs: Vec<&Kernel> = ks.iter().collect();
                 let s = time(&refs);
                 let parts = if refs.len() > 1 {

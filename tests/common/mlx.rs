@@ -41,6 +41,32 @@ pub fn smollm2(bits: u32, group: u32) -> PathBuf {
     out
 }
 
+/// transformers' config.json of a llama checkpoint with `c` (bf16 weights).
+pub fn llama_hf_config(c: &wgpu_llm::model::config::ModelConfig) -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": null,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "mlp_bias": false,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": c.eos_token_ids[0],
+        "torch_dtype": "bfloat16",
+    })
+}
+
 /// SmolLM2-135M-Instruct as a Hugging Face folder with bf16 weights (from the real GGUF), built
 /// on first use.
 pub fn smollm2_hf() -> PathBuf {
@@ -96,28 +122,7 @@ pub fn write_hf_folder(gguf: &Path, dir: &Path) {
         .collect();
     let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     safetensors::serialize_to_file(views, Some(meta), &tmp.join("model.safetensors")).unwrap();
-    let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": h,
-        "intermediate_size": f,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
-        "vocab_size": c.vocab_size,
-        "max_position_embeddings": c.max_position_embeddings,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "rope_scaling": null,
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "hidden_act": "silu",
-        "attention_bias": false,
-        "mlp_bias": false,
-        "bos_token_id": c.bos_token_id,
-        "eos_token_id": c.eos_token_ids[0],
-        "torch_dtype": "bfloat16",
-    });
+    let config = llama_hf_config(c);
     std::fs::write(tmp.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
     let tok = Tokenizer::from_source(&ck.tokenizer, c.add_bos, c.bos_token_id).unwrap();
     std::fs::write(tmp.join("tokenizer.json"), tok.inner().to_string(false).unwrap()).unwrap();

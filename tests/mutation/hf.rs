@@ -105,28 +105,7 @@ pub fn st_file(text: &str, data_len: u64) -> Content {
 impl Base {
     pub fn new(ck: &Checkpoint) -> Base {
         let c = &ck.config;
-        let config = json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size,
-            "num_hidden_layers": c.num_layers,
-            "num_attention_heads": c.num_heads,
-            "num_key_value_heads": c.num_kv_heads,
-            "head_dim": c.head_dim,
-            "vocab_size": c.vocab_size,
-            "max_position_embeddings": c.max_position_embeddings,
-            "rms_norm_eps": c.rms_norm_eps,
-            "rope_theta": c.rope_theta,
-            "rope_scaling": null,
-            "tie_word_embeddings": c.tie_word_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": false,
-            "mlp_bias": false,
-            "bos_token_id": c.bos_token_id,
-            "eos_token_id": c.eos_token_ids[0],
-            "torch_dtype": "bfloat16",
-        });
+        let config = crate::common::mlx::llama_hf_config(c);
         let (entries, data_len) = lay_out(hf_tensors(c));
         let TokenizerSource::Gguf(_) = &ck.tokenizer else { panic!("the base is a GGUF checkpoint") };
         let tok = Tokenizer::from_source(&ck.tokenizer, c.add_bos, c.bos_token_id).unwrap();

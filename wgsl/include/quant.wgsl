@@ -82,6 +82,20 @@ fn q_x16(i: u32) -> mat4x4<f32> {
     return mat4x4<f32>(qx4(i), qx4(i + 1u), qx4(i + 2u), qx4(i + 3u));
 }
 
+// Q4_1 and the MLX affine types: the (d, m) = (scale, bias) of block b, one word per group of
+// AFFINE_G blocks (1 for Q4_1), as f16 halves or, with AFFINE_BF16, bf16 halves.
+#define AFFINE_G 1
+const Q_GROUP: u32 = {{AFFINE_G}}u;
+
+fn q_dm(b: u32) -> vec2<f32> {
+    let w = qw1(q_planes().x + b / Q_GROUP);
+#ifdef AFFINE_BF16
+    return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xFFFF0000u));
+#else
+    return unpack2x16float(w);
+#endif
+}
+
 // f16 number i of a plane of packed halves starting at word o.
 fn q_half(o: u32, i: u32) -> f32 {
     let v = unpack2x16float(qw1(o + (i >> 1u)));

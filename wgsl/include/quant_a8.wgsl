@@ -5,8 +5,6 @@
 
 const QK: u32 = 32u;
 const QU: u32 = 32u;
-#define AFFINE_G 1
-const Q_GROUP: u32 = {{AFFINE_G}}u;
 
 struct QRaw {
     a: vec4<u32>,   // elements 0..16
@@ -21,14 +19,6 @@ struct QX {
     s: f32,
 }
 
-fn q_dm(b: u32) -> vec2<f32> {
-    let w = qw1(q_planes().x + b / Q_GROUP);
-#ifdef AFFINE_BF16
-    return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xFFFF0000u));
-#else
-    return unpack2x16float(w);
-#endif
-}
 
 fn q_raw(gu: u32) -> QRaw {
     return QRaw(qw4(2u * gu), qw4(2u * gu + 1u), q_dm(gu));

@@ -6,18 +6,7 @@
 
 const QK: u32 = 32u;
 const QU: u32 = 32u;
-#define AFFINE_G 1
-const Q_GROUP: u32 = {{AFFINE_G}}u;   // blocks per (d, m) word
 
-// The (d, m) of block b.
-fn q_dm(b: u32) -> vec2<f32> {
-    let w = qw1(q_planes().x + b / Q_GROUP);
-#ifdef AFFINE_BF16
-    return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xFFFF0000u));
-#else
-    return unpack2x16float(w);
-#endif
-}
 
 struct QRaw {
     qs: vec4<u32>,
