@@ -172,7 +172,9 @@ fn caller_stop_and_a_full_context_match_the_step_by_step_loop() {
 
 #[test]
 fn new_sampling_parameters_rebuild_nothing() {
-    let gpu = common::gpu();
+    // A device of its own: the pipeline cache it counts is per device, and the tests beside it
+    // compile pipelines on the shared one at the same time.
+    let gpu = Gpu::new(&wgpu_llm::gpu::GpuOptions::default()).unwrap();
     let mut model = tiny(&gpu);
     let mut device = DeviceSampler::new(&gpu).unwrap();
     // Warm up greedy and sampling once (pipelines for both paths, plans for both lengths).
