@@ -563,25 +563,33 @@ fn rd_bf16(b: &[u8], at: usize) -> f32 {
 /// group). Appends `K / group` blocks to `out`. The caller checks the lengths.
 pub fn mlx_affine_blocks(t: DType, weight: &[u8], scales: &[u8], biases: &[u8], out: &mut Vec<u8>) {
     let DType::Affine { bits, group, .. } = t else { panic!("{t} is not an affine type") };
-    let (g, per_word) = (group as usize, 32 / bits as usize);
-    let words = |blk: usize| weight[blk * g * bits as usize / 8..(blk + 1) * g * bits as usize / 8].chunks_exact(4);
-    for blk in 0..scales.len() / 2 {
-        out.extend_from_slice(&scales[2 * blk..2 * blk + 2]);
-        out.extend_from_slice(&biases[2 * blk..2 * blk + 2]);
-        let q: Vec<u8> = words(blk)
-            .flat_map(|w| {
-                let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                (0..per_word).map(move |i| ((w >> (bits as usize * i)) & ((1 << bits) - 1)) as u8)
-            })
-            .collect();
-        if bits == 4 {
-            // Q4_1's order per 32 elements: byte j = element j (low nibble) | element j + 16 (high).
-            for sub in q.chunks_exact(32) {
-                out.extend((0..16).map(|j| sub[j] | (sub[j + 16] << 4)));
+    let (g, per_word, mask) = (group as usize, 32 / bits as usize, (1u32 << bits) - 1);
+    let mut q = [0u8; 128]; // a group's quants, one a byte (groups are at most 128)
+    for ((words, s), b) in
+        weight.chunks_exact(g * bits as usize / 8).zip(scales.chunks_exact(2)).zip(biases.chunks_exact(2))
+    {
+        for (w, qw) in words.chunks_exact(4).zip(q[..g].chunks_exact_mut(per_word)) {
+            let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            for (i, qi) in qw.iter_mut().enumerate() {
+                *qi = ((w >> (bits as usize * i)) & mask) as u8;
             }
-        } else {
-            out.extend_from_slice(&q);
         }
+        out.extend_from_slice(s);
+        out.extend_from_slice(b);
+        push_affine_quants(bits, &q[..g], out);
+    }
+}
+
+/// Appends a group's quants (one per byte, in element order) as an affine block stores them: 4-bit
+/// quants in Q4_1's order per 32 elements (byte j = element j in the low nibble, j + 16 in the
+/// high), 8-bit as they are.
+fn push_affine_quants(bits: u8, q: &[u8], out: &mut Vec<u8>) {
+    if bits == 4 {
+        for sub in q.chunks_exact(32) {
+            out.extend((0..16).map(|j| sub[j] | (sub[j + 16] << 4)));
+        }
+    } else {
+        out.extend_from_slice(q);
     }
 }
 
@@ -618,13 +626,7 @@ pub fn quantize_affine(t: DType, data: &[f32]) -> Result<Vec<u8>> {
         out.extend_from_slice(&bb);
         let inv = if scale == 0.0 { 0.0 } else { 1.0 / scale };
         let q: Vec<u8> = x.iter().map(|&v| ((v - bias) * inv).round().clamp(0.0, levels) as u8).collect();
-        if bits == 4 {
-            for sub in q.chunks_exact(32) {
-                out.extend((0..16).map(|j| sub[j] | (sub[j + 16] << 4)));
-            }
-        } else {
-            out.extend_from_slice(&q);
-        }
+        push_affine_quants(bits, &q, &mut out);
     }
     Ok(out)
 }

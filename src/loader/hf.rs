@@ -223,9 +223,6 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
 /// The largest safetensors header read (the `safetensors` crate's own limit).
 pub const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
 
-/// Reads and validates one safetensors file's header and adds its tensors (under canonical
-/// names) to `out`, which maps canonical name → (original name, tensor). `expect`: the names an
-/// index says are in the file.
 /// One stored tensor of an MLX quantized layer: (safetensors name, file, offset, bytes, dtype,
 /// shape).
 type Part = (String, usize, u64, usize, safetensors::Dtype, Vec<usize>);
@@ -238,6 +235,9 @@ struct MlxParts {
     biases: HashMap<String, Part>,
 }
 
+/// Reads and validates one safetensors file's header and adds its tensors (under canonical
+/// names) to `out`, which maps canonical name → (original name, tensor). `expect`: the names an
+/// index says are in the file. MLX's quantized parts (U32 weights, scales, biases) go to `mlx`.
 fn load_safetensors(
     path: &Path,
     arch: Arch,

@@ -1,8 +1,8 @@
 // quant: GGUF and MLX quantized weights read directly by the kernels (matvec_quant, matmul_quant,
 // and any kernel that gathers quantized rows). One type per pipeline, picked by a flag: Q4_1, Q5_0,
 // Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, A8; none of them: Q4_0. MLX's affine 4-bit is Q4_1 with
-// AFFINE_G (blocks per scale) and AFFINE_BF16 set; its 8-bit is A8. The host side (src/ops/matmul/gguf.rs) writes the
-// layout these read and is their CPU twin's home.
+// AFFINE_G (blocks per scale) and AFFINE_BF16 set; its 8-bit is A8. The host side
+// (src/ops/matmul/gguf.rs) writes the layout these read and is their CPU twin's home.
 //
 // GPU layout ("planes", one buffer per tensor, made at upload from the file's bytes): each block
 // is cut into its fields, and each field of every block (row-major: block b = row · blocks per row

@@ -19,7 +19,6 @@ struct QX {
     s: f32,
 }
 
-
 fn q_raw(gu: u32) -> QRaw {
     return QRaw(qw4(2u * gu), qw4(2u * gu + 1u), q_dm(gu));
 }
