@@ -364,7 +364,8 @@ impl Model {
         self.uses += 1;
         if !self.plans.contains_key(&t) {
             if self.scratch.as_ref().is_none_or(|s| s.rows < t) {
-                // Plans bind the old buffers: record them again on the new ones.
+                // Plans bind the old buffers: record them again on the new ones (the old ones are
+                // freed first, so both sets are never held at once).
                 self.plans.clear();
                 self.scratch = None;
                 self.scratch = Some(Scratch::new(&self.gpu, &self.config, t.max(self.prefill_chunk))?);

@@ -201,9 +201,6 @@ pub fn attention(
     step: &wgpu::Buffer,
     p: AttnParams,
 ) -> Result<Vec<Kernel>> {
-    p.check(qkv, k_cache, v_cache);
-    assert_eq!(out.ty, ElemType::F32, "attention: out must be f32");
-    assert!(out.numel() >= p.n_tokens * p.heads * p.head_dim, "attention: out holds fewer than T rows");
     let tiling = Tiling::choose(gpu, &p)?;
     attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, None)
 }
@@ -243,6 +240,8 @@ pub fn attention_with(
     rope: Option<&Tensor>,
 ) -> Result<Vec<Kernel>> {
     p.check(qkv, k_cache, v_cache);
+    assert_eq!(out.ty, ElemType::F32, "attention: out must be f32");
+    assert!(out.numel() >= p.n_tokens * p.heads * p.head_dim, "attention: out holds fewer than T rows");
     let Tiling { bq, lpr, bk, nsplit } = tl;
     let (d, g) = (p.head_dim, p.heads / p.kv_heads);
     let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
