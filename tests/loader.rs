@@ -78,6 +78,7 @@ fn tiny_config(arch: Arch) -> ModelConfig {
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         add_bos: false,
+        layers: Vec::new(),
     }
 }
 

@@ -1,4 +1,5 @@
-// rope: rotary position embedding, NeoX / Hugging Face `rotate_half` style (pairs (i, i + D/2)),
+// rope: rotary position embedding, NeoX / Hugging Face `rotate_half` style (pairs (i, i + ROT/2)
+// over the first ROT dims of a head; the other D - ROT dims pass through: partial rotary, Qwen3.5),
 // in place on the first H + Hkv heads (q heads, then k heads) of each qkv row; token t of the
 // pass is at position step.pos + t. With QK_NORM, each head is first RMS-normalized over D with
 // its weight (q_norm for q heads, k_norm for k heads): Qwen3 / Gemma 3 q/k norm in the same pass.
@@ -11,11 +12,13 @@
 // step.pos + t (what kv_cache_write does, fused to save a dispatch per layer).
 //
 // Grid: one workgroup per (token, head), T * (H + Hkv) workgroups, 2-D folded (gpu/kernel.rs);
-// rows t >= step.n_tokens are skipped. Macros: D (head dim, even), WG (threads); with KV_WRITE,
+// rows t >= step.n_tokens are skipped. Macros: D (head dim, even), ROT (rotated dims, even, <= D),
+// WG (threads); with KV_WRITE,
 // KC and VC (binding numbers of the caches).
 #define WG 64
 // Defaults for validation; src/ops/rope.rs sets them.
 #define D 64
+#define ROT 64
 #define KC 6
 #define VC 7
 
@@ -37,10 +40,11 @@ struct Params {
     _pad2: u32,
 }
 
-const HALF: u32 = {{D}}u / 2u;
+const HALF: u32 = {{ROT}}u / 2u;
+const DHALF: u32 = {{D}}u / 2u;
 
 @group(0) @binding(0) var<storage, read_write> qkv: array<f32>;  // (T, (H + 2 Hkv) * D): [q | k | v], q and k rotated in place
-@group(0) @binding(1) var<storage, read> inv_freq: array<f32>;   // (D / 2)
+@group(0) @binding(1) var<storage, read> inv_freq: array<f32>;   // (ROT / 2)
 @group(0) @binding(2) var<uniform> step: Step;
 @group(0) @binding(3) var<uniform> p: Params;
 #ifdef QK_NORM
@@ -111,6 +115,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         row_s[i + HALF] = y2;
 #endif
     }
+    // Dims past ROT: normalized (QK_NORM), not rotated.
+    for (var i = {{ROT}}u + lid; i < {{D}}u; i += {{WG}}u) {
+        var x = qkv[base + i];
+#ifdef QK_NORM
+        var w = k_norm[i];
+        if (is_q) {
+            w = q_norm[i];
+        }
+        x = x * inv_rms * w;
+        qkv[base + i] = x;
+#endif
+#ifdef KV_WRITE
+        row_s[i] = x;
+#endif
+    }
 #ifdef KV_WRITE
     if (head >= p.q_heads) {
         workgroupBarrier();
@@ -118,8 +137,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let kv_pos = step.pos + t;
         let vbase = base + (p.heads - p.q_heads) * {{D}}u; // v head g follows the k heads
         if (kv_pos < p.max_ctx) {
-            let dst = (g * p.max_ctx + kv_pos) * HALF;
-            for (var w = lid; w < HALF; w += {{WG}}u) {
+            let dst = (g * p.max_ctx + kv_pos) * DHALF;
+            for (var w = lid; w < DHALF; w += {{WG}}u) {
                 k_cache[dst + w] = pack_rne(row_s[2u * w], row_s[2u * w + 1u]);
                 v_cache[dst + w] = pack_rne(qkv[vbase + 2u * w], qkv[vbase + 2u * w + 1u]);
             }

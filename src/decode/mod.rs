@@ -153,7 +153,9 @@ pub fn generate_with(
     model.reset();
     if opts.depth > 0 {
         if let Some(device) = sampler.as_device() {
-            return pipeline::run(model, device, prompt, max_tokens, params, eos, on_token, opts.depth, stats);
+            // A recurrent state rolls back only a few passes (the state ring): no deeper.
+            let depth = opts.depth.min(model.max_rollback().saturating_add(1));
+            return pipeline::run(model, device, prompt, max_tokens, params, eos, on_token, depth, stats);
         }
     }
     readback_loop(model, sampler, prompt, max_tokens, params, eos, on_token, stats)

@@ -281,6 +281,13 @@ fn read_slot(gpu: &Gpu, ring: &Ring, f: &InFlight) -> Result<Read> {
         .poll(wgpu::PollType::Wait { submission_index: Some(f.submission.clone()), timeout: None })
         .map_err(|e| Error::Gpu(format!("waiting for decode step {}: {e}", f.step)))?;
     gpu.check()?;
+    // The submission is done, but another thread polling the same device may have taken the map
+    // callback and not run it yet: give it a moment.
+    let waited = Instant::now();
+    while ring.slots[f.slot].state.load(Ordering::Acquire) == PENDING && waited.elapsed().as_secs() < 10 {
+        std::thread::yield_now();
+        let _ = gpu.device.poll(wgpu::PollType::Poll);
+    }
     match ring.slots[f.slot].state.load(Ordering::Acquire) {
         MAPPED => {}
         FAILED => return Err(Error::Gpu(format!("mapping decode step {}'s token failed", f.step))),

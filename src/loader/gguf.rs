@@ -738,6 +738,7 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
                 dtype: t.dtype,
                 shape: t.shape.clone(),
                 affine: None,
+                pick: None,
             };
             (t.name.clone(), st)
         })
@@ -875,6 +876,14 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
         }
     };
     let arch = match Arch::parse(arch_name) {
+        // Its Hugging Face and MLX folders load; llama.cpp's tensor layout for it is not read yet.
+        Some(Arch::Qwen35Moe) => {
+            return Err(Error::Unsupported(format!(
+                "architecture {} in GGUF files (in {}): use its Hugging Face or MLX folder",
+                shown(arch_name),
+                path.display()
+            )))
+        }
         Some(a) => a,
         None => return Err(Error::Unsupported(format!("architecture {} (in {})", shown(arch_name), path.display()))),
     };
@@ -1040,9 +1049,10 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
         bos_token_id: tok.bos_token_id,
         eos_token_ids,
         add_bos: tok.add_bos_token,
+        layers: Vec::new(),
     };
     match arch {
-        Arch::Llama | Arch::Qwen2 => {}
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen35Moe => {}
         Arch::Qwen3 => config.qk_norm = true,
         Arch::Gemma3 => {
             config.qk_norm = true;

@@ -18,10 +18,11 @@
 use super::gguf::{validate_config, END_OF_TURN_TOKENS};
 use super::{
     capped, check_layer_count, check_tensors, limits, open_regular, read_small_file, side_file_exists, AffineParts,
-    Checkpoint, DType, DataFile, Fixup, StoredTensor, TokenizerSource,
+    Checkpoint, DType, DataFile, Fixup, RowPick, StoredTensor, TokenizerSource,
 };
 use crate::error::{shown, Error, Result};
 use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
+use crate::model::qwen3_5_moe::{self, Qwen35MoeConfig, TensorName};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::path::Path;
@@ -114,6 +115,7 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
     if config.tie_word_embeddings {
         tensors.remove("output.weight");
     }
+    split_halves(&mut tensors, &config, dir)?;
     check_tensors(&config, &tensors, dir)?;
 
     // Tokenizer files.
@@ -198,6 +200,16 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
     let mut fixups = HashMap::new();
     if arch == Arch::Gemma3 {
         for name in tensors.keys().filter(|n| n.ends_with("norm.weight")) {
+            fixups.insert(name.clone(), Fixup::AddConstant(1.0));
+        }
+    }
+    // Qwen3.5's (1 + w) norms, as transformers stores them; mlx-lm's conversion has added the 1
+    // already, and moved the conv taps' axis: a conv1d weight [C, 1, K] says which it is.
+    let transformers_layout = tensors
+        .iter()
+        .any(|(n, t)| n.ends_with("ssm_conv1d.weight") && t.shape.len() == 3 && t.shape[1] == 1 && t.shape[2] != 1);
+    if arch == Arch::Qwen35Moe && transformers_layout {
+        for name in tensors.keys().filter(|n| qwen3_5_moe::is_one_centered_norm(n)) {
             fixups.insert(name.clone(), Fixup::AddConstant(1.0));
         }
     }
@@ -297,7 +309,15 @@ fn load_safetensors(
                 )))
             }
         };
-        let st = StoredTensor { file: file_index, offset: e.start, len: e.len, dtype, shape: e.shape, affine: None };
+        let st = StoredTensor {
+            file: file_index,
+            offset: e.start,
+            len: e.len,
+            dtype,
+            shape: e.shape,
+            affine: None,
+            pick: None,
+        };
         if let Some((prev, _)) = out.insert(canonical.clone(), (e.name.clone(), st)) {
             return Err(Error::corrupt(
                 path,
@@ -373,9 +393,11 @@ fn mlx_affine(
         let scales = part(&mut parts.scales, "scales")?;
         let biases = part(&mut parts.biases, "biases")?;
         let mismatch = |msg: String| Error::Mismatch(format!("{}: {}: {msg}", config_path.display(), shown(&name)));
-        if st_dtype != safetensors::Dtype::U32 || shape.len() != 2 {
-            return Err(mismatch(format!("a quantized weight is 2-D U32, not {st_dtype} {shape:?}")));
+        // 2-D, or stacked experts [E, N, K·bits/32] (mlx-lm's switch_mlp).
+        if st_dtype != safetensors::Dtype::U32 || !(2..=3).contains(&shape.len()) {
+            return Err(mismatch(format!("a quantized weight is 2-D (or 3-D, stacked) U32, not {st_dtype} {shape:?}")));
         }
+        let (&packed, lead) = shape.split_last().expect("2-D or 3-D");
         if scales.4 != biases.4 {
             return Err(mismatch(format!("scales are {} but biases {}", scales.4, biases.4)));
         }
@@ -387,12 +409,13 @@ fn mlx_affine(
         };
         let dtype =
             DType::affine(bits, group, scale_type).map_err(|m| Error::Unsupported(format!("{}: {m}", shown(&name))))?;
-        let n = shape[0];
-        let k = shape[1] * 32 / bits as usize;
+        let n: usize = lead.iter().product();
+        let k = packed * 32 / bits as usize;
         let groups = k / group as usize;
-        if k % group as usize != 0 || scales.5 != [n, groups] || biases.5 != [n, groups] {
+        let want: Vec<usize> = lead.iter().copied().chain([groups]).collect();
+        if k % group as usize != 0 || scales.5 != want || biases.5 != want {
             return Err(mismatch(format!(
-                "weight {shape:?} ({bits}-bit: K = {k}) needs scales and biases [{n}, {groups}] (group {group}), \
+                "weight {shape:?} ({bits}-bit: K = {k}) needs scales and biases {want:?} (group {group}), \
                  got {:?} and {:?}",
                 scales.5, biases.5
             )));
@@ -402,12 +425,13 @@ fn mlx_affine(
             offset,
             len: dtype.byte_size(n * k).expect("whole groups"),
             dtype,
-            shape: vec![n, k],
+            shape: lead.iter().copied().chain([k]).collect(),
             affine: Some(Box::new(AffineParts {
                 weight: (file, offset, len),
                 scales: (scales.1, scales.2, scales.3),
                 biases: (biases.1, biases.2, biases.3),
             })),
+            pick: None,
         };
         if let Some((prev, _)) = tensors.insert(canonical.clone(), (name.clone(), st)) {
             return Err(mismatch(format!("{} maps to {canonical} too", shown(&prev))));
@@ -554,6 +578,13 @@ pub fn canonical_name(hf: &str, arch: Arch) -> Option<String> {
         return None;
     }
     let layer: usize = layer.parse().ok()?;
+    if arch == Arch::Qwen35Moe {
+        // A tensor split in two by rows is named `a|b` until split_halves.
+        return match qwen3_5_moe::tensor_name(rest)? {
+            TensorName::One(n) => Some(format!("blk.{layer}.{n}")),
+            TensorName::Halves(a, b) => Some(format!("blk.{layer}.{a}|{b}")),
+        };
+    }
     let (module, suffix) = match rest.rsplit_once('.')? {
         (m, s @ ("weight" | "bias")) => (m, s),
         _ => return None,
@@ -703,6 +734,9 @@ fn rope_factor(o: Option<&Value>, what: &str, path: &Path) -> Result<f32> {
 }
 
 fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, dir: &Path) -> Result<ModelConfig> {
+    if arch == Arch::Qwen35Moe {
+        return build_qwen35_moe(c, tensors);
+    }
     let gemma = arch == Arch::Gemma3;
     // The layer count first, against its limit and the tensors present, before anything is
     // sized by it.
@@ -738,7 +772,7 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
     let rms_norm_eps = c.opt_f32("rms_norm_eps")?.unwrap_or(if gemma { 1e-6 } else { 1e-5 });
     let max_pos = c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(match arch {
         Arch::Llama => 2048,
-        Arch::Qwen2 | Arch::Qwen3 => 32768,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen35Moe => 32768,
         Arch::Gemma3 => 131072,
     });
 
@@ -864,7 +898,170 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
         bos_token_id: None,
         eos_token_ids: Vec::new(),
         add_bos: false,
+        layers: Vec::new(),
     })
+}
+
+/// `Qwen3_5MoeTextConfig` (the `text_config` of the multimodal model) into its layer specs.
+fn build_qwen35_moe(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<ModelConfig> {
+    let num_layers = c.req_capped("num_hidden_layers", limits::LAYERS)?;
+    check_layer_count(tensors.keys().map(String::as_str), num_layers, "num_hidden_layers", c.path)?;
+    let hidden = c.req_capped("hidden_size", limits::HIDDEN)?;
+    let heads = c.req_capped("num_attention_heads", limits::HEADS)?;
+    let rope = match c.get("rope_parameters") {
+        None => None,
+        Some(Value::Object(p)) => Some(p),
+        Some(_) => return Err(c.wrong("rope_parameters", "an object")),
+    };
+    let rope_cfg = rope.map(|p| Cfg { obj: p, path: c.path });
+    rope_factor(c.get("rope_parameters"), "rope_parameters", c.path)?;
+    let from_rope = |key: &str| -> Result<Option<f32>> {
+        match &rope_cfg {
+            Some(r) => r.opt_f32(key),
+            None => Ok(None),
+        }
+    };
+    let rope_theta = match c.opt_f32("rope_theta")? {
+        Some(t) => t,
+        None => from_rope("rope_theta")?.unwrap_or(10_000_000.0),
+    };
+    let partial = match c.opt_f32("partial_rotary_factor")? {
+        Some(f) => f,
+        None => from_rope("partial_rotary_factor")?.unwrap_or(0.25),
+    };
+    let full_attention: Vec<bool> = match c.get("layer_types") {
+        Some(types) => {
+            let types = types.as_array().ok_or_else(|| c.wrong("layer_types", "a list"))?;
+            if types.len() != num_layers {
+                return Err(Error::Mismatch(format!(
+                    "{}: layer_types has {} entries for {num_layers} layers",
+                    c.path.display(),
+                    types.len()
+                )));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("full_attention") => Ok(true),
+                    Some("linear_attention") => Ok(false),
+                    _ => Err(Error::Unsupported(format!("layer type {} in a qwen3_5_moe model", json_shown(t)))),
+                })
+                .collect::<Result<_>>()?
+        }
+        None => {
+            let interval = c.opt_usize("full_attention_interval")?.unwrap_or(4).max(1);
+            (0..num_layers).map(|i| (i + 1) % interval == 0).collect()
+        }
+    };
+    let q = Qwen35MoeConfig {
+        hidden_size: hidden,
+        num_attention_heads: heads,
+        num_key_value_heads: c.opt_capped("num_key_value_heads", limits::HEADS)?.unwrap_or(heads),
+        head_dim: c.opt_capped("head_dim", limits::HEAD_DIM)?.unwrap_or(256),
+        rope_theta,
+        partial_rotary_factor: partial,
+        full_attention,
+        linear_num_key_heads: c.opt_capped("linear_num_key_heads", limits::HEADS)?.unwrap_or(16),
+        linear_num_value_heads: c.opt_capped("linear_num_value_heads", limits::HEADS)?.unwrap_or(32),
+        linear_key_head_dim: c.opt_capped("linear_key_head_dim", limits::HEAD_DIM)?.unwrap_or(128),
+        linear_value_head_dim: c.opt_capped("linear_value_head_dim", limits::HEAD_DIM)?.unwrap_or(128),
+        linear_conv_kernel_dim: c.opt_capped("linear_conv_kernel_dim", 64)?.unwrap_or(4),
+        num_experts: c.req_capped("num_experts", limits::EXPERTS)?,
+        num_experts_per_tok: c.req_capped("num_experts_per_tok", limits::EXPERTS)?,
+        moe_intermediate_size: c.req_capped("moe_intermediate_size", limits::INTERMEDIATE)?,
+        shared_expert_intermediate_size: c
+            .opt_capped("shared_expert_intermediate_size", limits::INTERMEDIATE)?
+            .unwrap_or(0),
+        attention_bias: c.opt_bool("attention_bias")? == Some(true),
+    };
+    let bad = |msg: String| Err(Error::Mismatch(format!("{}: {msg}", c.path.display())));
+    if q.num_experts_per_tok == 0 || q.num_experts_per_tok > q.num_experts {
+        return bad(format!("num_experts_per_tok {} is not in 1..={}", q.num_experts_per_tok, q.num_experts));
+    }
+    let rot = q.rotary_dim();
+    if !(partial > 0.0 && partial <= 1.0) || rot < 2 || rot % 2 != 0 {
+        return bad(format!(
+            "partial_rotary_factor {partial} gives {rot} rotary dims of {} (need an even count >= 2)",
+            q.head_dim
+        ));
+    }
+    if q.linear_num_key_heads == 0 || q.linear_num_value_heads % q.linear_num_key_heads.max(1) != 0 {
+        return bad(format!(
+            "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+            q.linear_num_value_heads, q.linear_num_key_heads
+        ));
+    }
+    if q.linear_conv_kernel_dim < 2 {
+        return bad(format!("linear_conv_kernel_dim {} (at least 2)", q.linear_conv_kernel_dim));
+    }
+    let act = c.opt_str("hidden_act")?.unwrap_or("silu");
+    if !matches!(act, "silu" | "swish") {
+        return Err(Error::Unsupported(format!("activation {} in a qwen3_5_moe model", shown(act))));
+    }
+    let vocab_size = c.req_capped("vocab_size", limits::VOCAB)?;
+    let head_dim = q.head_dim;
+    Ok(ModelConfig {
+        arch: Arch::Qwen35Moe,
+        vocab_size,
+        hidden_size: hidden,
+        intermediate_size: q.moe_intermediate_size,
+        num_layers,
+        num_heads: q.num_attention_heads,
+        num_kv_heads: q.num_key_value_heads,
+        head_dim,
+        rms_norm_eps: c.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
+        rope_theta,
+        rope_local_theta: None,
+        rope_scaling_factor: 1.0,
+        max_position_embeddings: c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(32768),
+        layer_attention: vec![LayerAttention::Full; num_layers],
+        tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        attention_bias: q.attention_bias,
+        qk_norm: true,
+        sandwich_norm: false,
+        activation: Activation::SiluGated,
+        embedding_scale: 1.0,
+        attention_scale: 1.0 / (head_dim as f32).sqrt(),
+        final_logit_softcapping: None,
+        bos_token_id: None,
+        eos_token_ids: Vec::new(),
+        add_bos: false,
+        layers: q.layers(),
+    })
+}
+
+/// Splits each tensor named `a|b` (a [`TensorName::Halves`]) into `a` and `b`: row groups of
+/// `2n`, n = the experts' intermediate rows for a stacked [E, 2I, K] tensor, else the attention
+/// head dim (q_proj's [q_h | gate_h]).
+fn split_halves(tensors: &mut HashMap<String, StoredTensor>, config: &ModelConfig, path: &Path) -> Result<()> {
+    let joined: Vec<String> = tensors.keys().filter(|k| k.contains('|')).cloned().collect();
+    for name in joined {
+        let t = tensors.remove(&name).expect("listed");
+        // `blk.{i}.` then `a|b`.
+        let layer_end = name.strip_prefix("blk.").and_then(|r| r.find('.')).map_or(0, |i| "blk.".len() + i + 1);
+        let (prefix, pair) = name.split_at(layer_end);
+        let (a, b) = pair.split_once('|').expect("joined name");
+        let rows: usize = t.shape[..t.shape.len() - 1].iter().product();
+        let (n, lead) = match t.shape.as_slice() {
+            [e, two_i, k] => (two_i / 2, vec![*e, two_i / 2, *k]),
+            [r, k] => (config.head_dim, vec![r / 2, *k]),
+            _ => return Err(Error::Mismatch(format!("{}: tensor {name} has shape {:?}", path.display(), t.shape))),
+        };
+        if n == 0 || rows % (2 * n) != 0 {
+            return Err(Error::Mismatch(format!(
+                "{}: tensor {} has {rows} rows, not groups of 2 x {n}",
+                path.display(),
+                shown(&name)
+            )));
+        }
+        let len = t.len / 2;
+        for (half, start) in [(a, 0), (b, n)] {
+            let pick = RowPick { src_rows: rows, src_len: t.len, period: 2 * n, start, take: n };
+            let st = StoredTensor { len, shape: lead.clone(), pick: Some(pick), ..t.clone() };
+            tensors.insert(format!("{prefix}{half}"), st);
+        }
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

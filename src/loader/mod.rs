@@ -108,6 +108,32 @@ pub(crate) struct StoredTensor {
     /// An MLX affine tensor ([`DType::Affine`]) is three stored tensors, gathered into blocks by
     /// [`Checkpoint::raw`]; `file`/`offset` are then its packed `weight`'s.
     pub affine: Option<Box<AffineParts>>,
+    /// This tensor is some of a stored tensor's rows ([`RowPick`]); `len`, `shape` are the
+    /// picked ones.
+    pub pick: Option<RowPick>,
+}
+
+/// Rows picked out of a stored tensor of `src_rows` rows (`src_len` bytes as [`Checkpoint::raw`]
+/// reads it): in each group of `period` consecutive rows, rows `start .. start + take` (Qwen3.5's
+/// `q_proj` = [q_h | gate_h] per head; transformers' fused `gate_up_proj` = [gate_e | up_e] per
+/// expert).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RowPick {
+    pub src_rows: usize,
+    pub src_len: usize,
+    pub period: usize,
+    pub start: usize,
+    pub take: usize,
+}
+
+impl RowPick {
+    fn apply(&self, src: &[u8]) -> Vec<u8> {
+        let row = src.len() / self.src_rows;
+        src.chunks(self.period * row)
+            .flat_map(|g| &g[self.start * row..(self.start + self.take) * row])
+            .copied()
+            .collect()
+    }
 }
 
 /// Where the `weight` (packed u32), `scales` and `biases` of an MLX quantized tensor are stored:
@@ -293,26 +319,39 @@ impl Checkpoint {
         self.tensors.contains_key(name)
     }
 
+    /// The stored shape of `name`, without reading it.
+    pub fn raw_shape(&self, name: &str) -> Result<Vec<usize>> {
+        self.tensors
+            .get(name)
+            .map(|t| t.shape.clone())
+            .ok_or_else(|| Error::Mismatch(format!("tensor {} is missing from {}", shown(name), self.path.display())))
+    }
+
     /// The raw stored tensor (no fixups applied), read from its file.
     pub fn raw<'a>(&'a self, name: &'a str) -> Result<TensorView<'a>> {
         let t = self.tensors.get(name).ok_or_else(|| {
             Error::Mismatch(format!("tensor {} is missing from {}", shown(name), self.path.display()))
         })?;
+        let src_len = t.pick.map_or(t.len, |p| p.src_len);
         let bytes = match &t.affine {
-            None => self.files[t.file].read(t.offset, t.len)?,
+            None => self.files[t.file].read(t.offset, src_len)?,
             Some(parts) => {
                 let read = |(f, o, l): (usize, u64, usize)| self.files[f].read(o, l);
                 let (w, sc, b) = (read(parts.weight)?, read(parts.scales)?, read(parts.biases)?);
-                let rows = t.shape[0];
-                let mut out = Vec::with_capacity(t.len);
+                let rows = t.pick.map_or(t.shape[..t.shape.len() - 1].iter().product(), |p| p.src_rows);
+                let mut out = Vec::with_capacity(src_len);
                 let (wr, sr) = (w.len() / rows, sc.len() / rows);
                 for r in 0..rows {
                     let (wr, sr) = (r * wr..(r + 1) * wr, r * sr..(r + 1) * sr);
                     dtype::mlx_affine_blocks(t.dtype, &w[wr], &sc[sr.clone()], &b[sr], &mut out);
                 }
-                debug_assert_eq!(out.len(), t.len);
+                debug_assert_eq!(out.len(), src_len);
                 out
             }
+        };
+        let bytes = match t.pick {
+            None => bytes,
+            Some(p) => p.apply(&bytes),
         };
         Ok(TensorView { name, dtype: t.dtype, shape: t.shape.clone(), bytes })
     }
@@ -411,6 +450,8 @@ pub mod limits {
     pub const INTERMEDIATE: usize = 1 << 20;
     /// Layers (real models: up to 126). The layer count must also match the tensors present.
     pub const LAYERS: usize = 4096;
+    /// Experts of a mixture-of-experts block.
+    pub const EXPERTS: usize = 4096;
     /// Attention heads, query or key/value (real models: up to 128).
     pub const HEADS: usize = 4096;
     /// Head dimension (real models: up to 256).
@@ -483,11 +524,14 @@ enum Role {
     Matrix,
     /// A norm weight or a bias: stored as floats (F32, F16 or BF16).
     Vector,
+    /// Depthwise conv taps [C, K]: floats, stored [C, 1, K] (transformers) or [C, K, 1] (mlx-lm).
+    Conv,
 }
 
-/// Every tensor `c` implies, with its shape and role; `optional` ones may be absent.
+/// Every tensor `c` implies, with its shape (stacked experts: `[E, rows, cols]`) and role.
 fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role)> {
-    let (h, d, q, kv, f, v) = (c.hidden_size, c.head_dim, c.q_dim(), c.kv_dim(), c.intermediate_size, c.vocab_size);
+    use crate::model::config::{Mixer, MlpSpec};
+    let (h, v) = (c.hidden_size, c.vocab_size);
     let mut out = vec![
         ("token_embd.weight".to_string(), vec![v, h], Role::Matrix),
         ("output_norm.weight".to_string(), vec![h], Role::Vector),
@@ -496,28 +540,65 @@ fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role)> {
         out.push(("output.weight".into(), vec![v, h], Role::Matrix));
     }
     for i in 0..c.num_layers {
-        let n = |s: &str| format!("blk.{i}.{s}");
-        out.push((n("attn_norm.weight"), vec![h], Role::Vector));
-        out.push((n("attn_q.weight"), vec![q, h], Role::Matrix));
-        out.push((n("attn_k.weight"), vec![kv, h], Role::Matrix));
-        out.push((n("attn_v.weight"), vec![kv, h], Role::Matrix));
-        out.push((n("attn_output.weight"), vec![h, q], Role::Matrix));
-        out.push((n("ffn_norm.weight"), vec![h], Role::Vector));
-        out.push((n("ffn_gate.weight"), vec![f, h], Role::Matrix));
-        out.push((n("ffn_up.weight"), vec![f, h], Role::Matrix));
-        out.push((n("ffn_down.weight"), vec![h, f], Role::Matrix));
-        if c.attention_bias {
-            out.push((n("attn_q.bias"), vec![q], Role::Vector));
-            out.push((n("attn_k.bias"), vec![kv], Role::Vector));
-            out.push((n("attn_v.bias"), vec![kv], Role::Vector));
+        let spec = c.layer(i);
+        let mut add = |s: &str, shape: Vec<usize>, role| out.push((format!("blk.{i}.{s}"), shape, role));
+        add("attn_norm.weight", vec![h], Role::Vector);
+        add("ffn_norm.weight", vec![h], Role::Vector);
+        match spec.mixer {
+            Mixer::Attention(a) => {
+                let (d, q, kv) = (a.head_dim, a.q_dim(), a.kv_dim());
+                add("attn_q.weight", vec![q, h], Role::Matrix);
+                add("attn_k.weight", vec![kv, h], Role::Matrix);
+                add("attn_v.weight", vec![kv, h], Role::Matrix);
+                add("attn_output.weight", vec![h, q], Role::Matrix);
+                if a.output_gate {
+                    add("attn_out_gate.weight", vec![q, h], Role::Matrix);
+                }
+                if a.bias {
+                    add("attn_q.bias", vec![q], Role::Vector);
+                    add("attn_k.bias", vec![kv], Role::Vector);
+                    add("attn_v.bias", vec![kv], Role::Vector);
+                }
+                if a.qk_norm {
+                    add("attn_q_norm.weight", vec![d], Role::Vector);
+                    add("attn_k_norm.weight", vec![d], Role::Vector);
+                }
+            }
+            Mixer::DeltaNet(d) => {
+                let hv = d.v_heads;
+                add("ssm_in_qkv.weight", vec![d.conv_dim(), h], Role::Matrix);
+                add("ssm_in_z.weight", vec![d.value_dim(), h], Role::Matrix);
+                add("ssm_beta.weight", vec![hv, h], Role::Matrix);
+                add("ssm_alpha.weight", vec![hv, h], Role::Matrix);
+                add("ssm_conv1d.weight", vec![d.conv_dim(), d.conv_kernel], Role::Conv);
+                add("ssm_dt_bias.weight", vec![hv], Role::Vector);
+                add("ssm_a_log.weight", vec![hv], Role::Vector);
+                add("ssm_norm.weight", vec![d.v_dim], Role::Vector);
+                add("ssm_out.weight", vec![h, d.value_dim()], Role::Matrix);
+            }
         }
-        if c.qk_norm {
-            out.push((n("attn_q_norm.weight"), vec![d], Role::Vector));
-            out.push((n("attn_k_norm.weight"), vec![d], Role::Vector));
+        match spec.mlp {
+            MlpSpec::Dense { intermediate: f, .. } => {
+                add("ffn_gate.weight", vec![f, h], Role::Matrix);
+                add("ffn_up.weight", vec![f, h], Role::Matrix);
+                add("ffn_down.weight", vec![h, f], Role::Matrix);
+            }
+            MlpSpec::Moe { experts: e, intermediate: f, shared_intermediate: fs, .. } => {
+                add("ffn_gate_inp.weight", vec![e, h], Role::Matrix);
+                add("ffn_gate_exps.weight", vec![e, f, h], Role::Matrix);
+                add("ffn_up_exps.weight", vec![e, f, h], Role::Matrix);
+                add("ffn_down_exps.weight", vec![e, h, f], Role::Matrix);
+                if fs > 0 {
+                    add("ffn_gate_inp_shexp.weight", vec![1, h], Role::Matrix);
+                    add("ffn_gate_shexp.weight", vec![fs, h], Role::Matrix);
+                    add("ffn_up_shexp.weight", vec![fs, h], Role::Matrix);
+                    add("ffn_down_shexp.weight", vec![h, fs], Role::Matrix);
+                }
+            }
         }
-        if c.sandwich_norm {
-            out.push((n("post_attention_norm.weight"), vec![h], Role::Vector));
-            out.push((n("post_ffw_norm.weight"), vec![h], Role::Vector));
+        if spec.sandwich_norm {
+            add("post_attention_norm.weight", vec![h], Role::Vector);
+            add("post_ffw_norm.weight", vec![h], Role::Vector);
         }
     }
     out
@@ -534,14 +615,19 @@ pub(crate) fn check_tensors(c: &ModelConfig, tensors: &HashMap<String, StoredTen
         let Some(t) = tensors.get(name) else {
             return mismatch(format!("tensor {name} is missing"));
         };
-        if t.shape != *shape {
+        let conv_ok = *role == Role::Conv
+            && t.shape.len() == 3
+            && t.shape[0] == shape[0]
+            && t.shape[1] * t.shape[2] == shape[1]
+            && (t.shape[1] == 1 || t.shape[2] == 1);
+        if t.shape != *shape && !conv_ok {
             return mismatch(format!(
                 "tensor {name} has shape {}, the config implies {}",
                 fmt_shape(&t.shape),
                 fmt_shape(shape)
             ));
         }
-        if *role == Role::Vector && t.dtype.is_quantized() {
+        if *role != Role::Matrix && t.dtype.is_quantized() {
             return mismatch(format!(
                 "tensor {name} is stored as {}, a norm or bias should be f32, f16 or bf16",
                 t.dtype

@@ -61,6 +61,7 @@ pub fn preset_config(name: &str) -> Result<ModelConfig> {
         bos_token_id: None,
         eos_token_ids: vec![],
         add_bos: false,
+        layers: Vec::new(),
     };
     Ok(match name {
         "smollm2-135m" => llama_like(Arch::Llama, 49152, 576, 1536, 30, 9, 3, 64, 1e5, 1e-5, 8192, true, false),
@@ -336,7 +337,18 @@ pub fn build(config: &ModelConfig, recipe: &str, label: &str, seed: u64) -> Resu
         .into_iter()
         .zip(layout)
         .map(|(p, (offset, len))| {
-            (p.name, StoredTensor { file: 0, offset: offset as u64, len, dtype: p.dtype, shape: p.shape, affine: None })
+            (
+                p.name,
+                StoredTensor {
+                    file: 0,
+                    offset: offset as u64,
+                    len,
+                    dtype: p.dtype,
+                    shape: p.shape,
+                    affine: None,
+                    pick: None,
+                },
+            )
         })
         .collect();
     let mut config = config.clone();

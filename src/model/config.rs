@@ -15,6 +15,10 @@ pub enum Arch {
     /// (folded into the weights at load), sandwich norms, GELU-tanh gated MLP, sqrt(hidden)
     /// embedding scale, tied embeddings.
     Gemma3,
+    /// Qwen3.5-MoE: Gated DeltaNet (linear attention) layers between gated full-attention
+    /// layers, every MLP a sparse mixture of experts with a shared expert
+    /// ([`super::qwen3_5_moe`]).
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -25,6 +29,7 @@ impl Arch {
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
             "gemma3" | "gemma3_text" => Some(Arch::Gemma3),
+            "qwen3_5_moe" | "qwen3_5_moe_text" | "qwen35moe" => Some(Arch::Qwen35Moe),
             _ => None,
         }
     }
@@ -34,6 +39,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen35Moe => "qwen3_5_moe",
         }
     }
 }
@@ -53,6 +59,105 @@ pub enum Activation {
     SiluGated,
     /// gelu_tanh(gate) * up
     GeluTanhGated,
+}
+
+/// RoPE of one attention layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeSpec {
+    pub theta: f32,
+    /// Linear scaling factor (positions divided by it); 1 = none.
+    pub scaling: f32,
+    /// Rotated dims of a head (the first ones; = head_dim unless partial rotary).
+    pub rotary_dim: usize,
+}
+
+/// Softmax attention over a KV cache.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Sliding window (the current position included); `None` = every earlier position.
+    pub window: Option<u32>,
+    pub rope: RopeSpec,
+    /// Score scale (usually 1/sqrt(head_dim)).
+    pub scale: f32,
+    /// q/k/v projections carry a bias (Qwen2).
+    pub bias: bool,
+    /// Per-head RMSNorm on q and k before RoPE.
+    pub qk_norm: bool,
+    /// q_proj also yields a gate per output element: `o_proj(attn * sigmoid(gate))` (Qwen3.5).
+    pub output_gate: bool,
+}
+
+impl AttentionSpec {
+    pub fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+}
+
+/// Gated DeltaNet linear attention (Qwen3.5 / Qwen3-Next `linear_attention` layers): a causal
+/// depthwise conv over [q | k | v], then the gated delta rule with a per-head recurrent state,
+/// a gated RMSNorm and out_proj.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaNetSpec {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    /// Taps of the causal conv (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetSpec {
+    /// Channels of the conv: [q | k | v].
+    pub fn conv_dim(&self) -> usize {
+        2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+    }
+    pub fn value_dim(&self) -> usize {
+        self.v_heads * self.v_dim
+    }
+    /// Columns of the fused input projection: [qkv | z | b | a].
+    pub fn in_dim(&self) -> usize {
+        self.conv_dim() + self.value_dim() + 2 * self.v_heads
+    }
+}
+
+/// A layer's token mixer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Mixer {
+    Attention(AttentionSpec),
+    DeltaNet(DeltaNetSpec),
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MlpSpec {
+    /// `down(act(gate(x)) * up(x))`.
+    Dense { intermediate: usize, activation: Activation },
+    /// Sparse mixture of experts: router softmax, top-k experts (weights renormalized when
+    /// `norm_topk`), each a gated MLP of `intermediate`; plus a shared expert of
+    /// `shared_intermediate` scaled by `sigmoid(shared_gate(x))` (0 = none).
+    Moe {
+        experts: usize,
+        top_k: usize,
+        intermediate: usize,
+        shared_intermediate: usize,
+        norm_topk: bool,
+        activation: Activation,
+    },
+}
+
+/// One layer of the loop: what `forward` runs and `weights` loads for it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerSpec {
+    pub mixer: Mixer,
+    pub mlp: MlpSpec,
+    /// Extra RMSNorms after the mixer and after the MLP, before each residual add (Gemma).
+    pub sandwich_norm: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -93,9 +198,54 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Whether the tokenizer prepends BOS to a prompt (Gemma: yes; SmolLM2/Qwen: no).
     pub add_bos: bool,
+    /// One spec per layer, set by architectures whose layers differ in more than their attention
+    /// span ([`super::qwen3_5_moe`]); empty = every layer has the shape the fields above describe.
+    /// The layer loop and the weight loader read layers through [`ModelConfig::layer`] only.
+    pub layers: Vec<LayerSpec>,
 }
 
 impl ModelConfig {
+    /// Layer `l`'s spec: from `layers` when an architecture module set them, else the one shape
+    /// the model-wide fields describe (Llama, Qwen2/3, Gemma 3: layers differ only in their
+    /// attention span and its RoPE base, from `layer_attention`).
+    pub fn layer(&self, l: usize) -> LayerSpec {
+        if let Some(spec) = self.layers.get(l) {
+            return *spec;
+        }
+        let window = match self.layer_attention[l] {
+            LayerAttention::Full => None,
+            LayerAttention::Sliding { window } => Some(window),
+        };
+        let rope = match window {
+            Some(_) => RopeSpec {
+                theta: self.rope_local_theta.unwrap_or(self.rope_theta),
+                scaling: 1.0,
+                rotary_dim: self.head_dim,
+            },
+            None => RopeSpec { theta: self.rope_theta, scaling: self.rope_scaling_factor, rotary_dim: self.head_dim },
+        };
+        LayerSpec {
+            mixer: Mixer::Attention(AttentionSpec {
+                heads: self.num_heads,
+                kv_heads: self.num_kv_heads,
+                head_dim: self.head_dim,
+                window,
+                rope,
+                scale: self.attention_scale,
+                bias: self.attention_bias,
+                qk_norm: self.qk_norm,
+                output_gate: false,
+            }),
+            mlp: MlpSpec::Dense { intermediate: self.intermediate_size, activation: self.activation },
+            sandwich_norm: self.sandwich_norm,
+        }
+    }
+
+    /// Every layer's spec.
+    pub fn layer_specs(&self) -> Vec<LayerSpec> {
+        (0..self.num_layers).map(|l| self.layer(l)).collect()
+    }
+
     pub fn layer_is_sliding(&self, layer: usize) -> bool {
         matches!(self.layer_attention[layer], LayerAttention::Sliding { .. })
     }

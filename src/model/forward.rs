@@ -13,13 +13,13 @@
 //! into the gate_up matvec's epilogue where gate and up share a format (their rows interleaved
 //! at load: `LinearOpts::glu`; else into the down matvec's input): 6 dispatches a layer.
 
-use super::config::ModelConfig;
-use super::weights::{self, linear, Linear, WeightFormat, Weights};
+use super::config::{Activation, AttentionSpec, DeltaNetSpec, Mixer, MlpSpec, ModelConfig};
+use super::weights::{self, linear, LayerWeights, Linear, MixerWeights, MlpWeights, Proj, WeightFormat, Weights};
 use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
 use crate::loader::Checkpoint;
 use crate::ops::attention::{attention, attention_rope, AttnParams};
-use crate::ops::elementwise::gated_act_in;
+use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant};
 use crate::ops::matmul::{fuses_input, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::norm::rms_norm;
@@ -34,13 +34,22 @@ pub const PREFILL_CHUNK: usize = 512;
 /// lengths replace the least recently used plan instead of adding one each.
 pub const MAX_PLANS: usize = 8;
 
+/// The activations a layer may use besides x, xn and tmp (each `[rows, widest use]`): qkv, attn,
+/// gate (attention's output gate), mix / conv (Gated DeltaNet's input projection and conv),
+/// gate_up / act (the dense or shared-expert MLP), router / moe_w / exp_act / exp_out (the
+/// experts' router logits, routing weights, activations and outputs).
+const ACTS: [&str; 11] =
+    ["qkv", "attn", "gate", "mix", "conv", "gate_up", "act", "router", "moe_w", "exp_act", "exp_out"];
+
 /// The activation buffers every plan shares, sized for `rows` tokens: a plan for `t <= rows`
 /// tokens binds views of their first `t` rows, so memory does not grow with the number of
 /// distinct prompt lengths (plans run one after another on the queue, never at once).
 struct Scratch {
     rows: usize,
     ids: Tensor,
-    /// `[rows, cols]` f32 buffers by name: x, xn, qkv, attn, gate_up, act, tmp.
+    /// The experts each token's MoE block picked, u32 [rows, top_k].
+    moe_ids: Tensor,
+    /// `[rows, cols]` f32 buffers by name ([`ACTS`] and x, xn, tmp).
     acts: Vec<(&'static str, Tensor)>,
     last: Tensor,
     last_norm: Tensor,
@@ -49,23 +58,62 @@ struct Scratch {
 
 impl Scratch {
     fn new(g: &Gpu, c: &ModelConfig, rows: usize) -> Result<Scratch> {
-        let (h, f) = (c.hidden_size, c.intermediate_size);
-        let cols = [
-            ("x", h),
-            ("xn", h),
-            ("qkv", c.q_dim() + 2 * c.kv_dim()),
-            ("attn", c.q_dim()),
-            ("gate_up", 2 * f),
-            ("act", f),
-            ("tmp", h),
-        ];
-        let acts = cols
+        let h = c.hidden_size;
+        // Each buffer is as wide as the widest layer needs (1 where no layer uses it).
+        let mut widths: Vec<(&'static str, usize)> = vec![("x", h), ("xn", h), ("tmp", h)];
+        let mut need = |name: &'static str, n: usize| match widths.iter_mut().find(|(w, _)| *w == name) {
+            Some((_, m)) => *m = (*m).max(n),
+            None => widths.push((name, n)),
+        };
+        for name in ACTS {
+            need(name, 1);
+        }
+        for l in 0..c.num_layers {
+            let spec = c.layer(l);
+            match spec.mixer {
+                Mixer::Attention(a) => {
+                    need("qkv", a.q_dim() + 2 * a.kv_dim());
+                    need("attn", a.q_dim());
+                    if a.output_gate {
+                        need("gate", a.q_dim());
+                    }
+                }
+                Mixer::DeltaNet(d) => {
+                    need("mix", d.in_dim());
+                    need("conv", d.conv_dim());
+                    need("attn", d.value_dim());
+                }
+            }
+            match spec.mlp {
+                MlpSpec::Dense { intermediate: f, .. } => {
+                    need("gate_up", 2 * f);
+                    need("act", f);
+                }
+                MlpSpec::Moe { experts, top_k, intermediate: f, shared_intermediate: fs, .. } => {
+                    need("router", experts + 1);
+                    need("moe_w", top_k);
+                    need("exp_act", top_k * f);
+                    need("exp_out", top_k * h);
+                    need("gate_up", 2 * fs);
+                    need("act", fs);
+                }
+            }
+        }
+        let acts = widths
             .into_iter()
             .map(|(name, n)| Ok((name, g.empty(name, &[rows, n], ElemType::F32)?)))
             .collect::<Result<Vec<_>>>()?;
+        let top_k = (0..c.num_layers)
+            .filter_map(|l| match c.layer(l).mlp {
+                MlpSpec::Moe { top_k, .. } => Some(top_k),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(1);
         Ok(Scratch {
             rows,
             ids: g.empty("ids", &[rows], ElemType::U32)?,
+            moe_ids: g.empty("moe_ids", &[rows, top_k], ElemType::U32)?,
             acts,
             last: g.empty("last", &[1, h], ElemType::F32)?,
             last_norm: g.empty("last_norm", &[1, h], ElemType::F32)?,
@@ -80,9 +128,19 @@ impl Scratch {
         a.view(0, &[t, cols])
     }
 
+    /// The first `t` rows of `name` seen as `shape` (a row of `cols` read as several).
+    fn rows_as(&self, name: &str, t: usize, shape: &[usize]) -> Tensor {
+        let v = self.rows(name, t);
+        debug_assert!(shape.iter().product::<usize>() <= v.numel());
+        v.view(0, shape)
+    }
+
     fn bytes(&self) -> u64 {
         self.acts.iter().map(|(_, a)| a.size_bytes()).sum::<u64>()
-            + [&self.ids, &self.last, &self.last_norm, &self.logits].iter().map(|t| t.size_bytes()).sum::<u64>()
+            + [&self.ids, &self.moe_ids, &self.last, &self.last_norm, &self.logits]
+                .iter()
+                .map(|t| t.size_bytes())
+                .sum::<u64>()
     }
 }
 
@@ -93,6 +151,19 @@ enum Item {
         src: Tensor,
         dst: Tensor,
     },
+}
+
+/// Slots of a Gated DeltaNet layer's state ring: the state after position p lives in slot
+/// p % STATE_RING, so a rollback of fewer than STATE_RING passes finds its state intact.
+pub const STATE_RING: usize = 4;
+
+/// What a layer keeps between passes.
+enum LayerState {
+    /// Keys and values, f16 [Hkv, max_ctx, D] each.
+    Kv(Tensor, Tensor),
+    /// Gated DeltaNet: the conv's last inputs f32 [R, K-1, conv_dim] and the delta rule's state
+    /// f32 [R, Hv, Dk, Dv], R = [`STATE_RING`] slots.
+    Recurrent { conv: Tensor, delta: Tensor },
 }
 
 /// One dispatch's median GPU time in [`Model::profile_step`].
@@ -166,8 +237,12 @@ pub struct Model {
     pub gpu: Gpu,
     pub config: ModelConfig,
     pub weights: Weights,
-    /// (K, V) cache per layer, f16 [Hkv, max_ctx, D] each.
-    kv: Vec<(Tensor, Tensor)>,
+    /// Per layer: the (K, V) cache of an attention layer, f16 [Hkv, max_ctx, D] each; the
+    /// recurrent state of a Gated DeltaNet layer.
+    state: Vec<LayerState>,
+    /// End positions of the last passes (most recent last, at most [`STATE_RING`]): where the
+    /// recurrent states can be rolled back to.
+    pass_ends: std::collections::VecDeque<usize>,
     pub max_ctx: usize,
     /// The [`StepParams`] uniform.
     step: wgpu::Buffer,
@@ -209,10 +284,16 @@ impl Model {
                 config.max_position_embeddings
             )));
         }
-        // The KV cache is one f16 [Hkv, ctx, D] buffer per layer and K/V: check it against the
-        // device's binding limit before the weights upload, in the user's terms.
-        let per_pos = (config.num_kv_heads * config.head_dim * 2) as u64;
+        // The KV cache is one f16 [Hkv, ctx, D] buffer per attention layer and K/V: check it
+        // against the device's binding limit before the weights upload, in the user's terms.
         let max_bind = gpu.limits.max_storage_buffer_binding_size;
+        let per_pos = (0..config.num_layers)
+            .filter_map(|l| match config.layer(l).mixer {
+                Mixer::Attention(a) => Some((a.kv_heads * a.head_dim * 2) as u64),
+                Mixer::DeltaNet(_) => None,
+            })
+            .max()
+            .unwrap_or(0);
         if per_pos > 0 && max_ctx as u64 * per_pos > max_bind {
             return Err(Error::InvalidArgument(format!(
                 "a context of {max_ctx} tokens needs {} MiB of KV cache per layer, more than this GPU binds \
@@ -223,13 +304,29 @@ impl Model {
             )));
         }
         let weights = weights::load(gpu, ck, format, progress)?;
-        let kv_shape = [config.num_kv_heads, max_ctx, config.head_dim];
-        let kv = (0..config.num_layers)
+        let state = (0..config.num_layers)
             .map(|l| {
-                Ok((
-                    gpu.empty(&format!("k_cache.{l}"), &kv_shape, ElemType::F16)?,
-                    gpu.empty(&format!("v_cache.{l}"), &kv_shape, ElemType::F16)?,
-                ))
+                Ok(match config.layer(l).mixer {
+                    Mixer::Attention(a) => {
+                        let shape = [a.kv_heads, max_ctx, a.head_dim];
+                        LayerState::Kv(
+                            gpu.empty(&format!("k_cache.{l}"), &shape, ElemType::F16)?,
+                            gpu.empty(&format!("v_cache.{l}"), &shape, ElemType::F16)?,
+                        )
+                    }
+                    Mixer::DeltaNet(d) => LayerState::Recurrent {
+                        conv: gpu.empty(
+                            &format!("conv_state.{l}"),
+                            &[STATE_RING, d.conv_kernel - 1, d.conv_dim()],
+                            ElemType::F32,
+                        )?,
+                        delta: gpu.empty(
+                            &format!("delta_state.{l}"),
+                            &[STATE_RING, d.v_heads, d.k_dim, d.v_dim],
+                            ElemType::F32,
+                        )?,
+                    },
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         let step = gpu.uniform("step", &StepParams::default());
@@ -237,7 +334,8 @@ impl Model {
             gpu: gpu.clone(),
             config,
             weights,
-            kv,
+            state,
+            pass_ends: Default::default(),
             max_ctx,
             step,
             plans: HashMap::new(),
@@ -251,12 +349,44 @@ impl Model {
     /// Forgets the sequence (the KV cache is overwritten from position 0).
     pub fn reset(&mut self) {
         self.pos = 0;
+        self.pass_ends.clear();
+    }
+
+    /// Whether some layer keeps a recurrent state (which rolls back only to a recent pass end).
+    pub fn is_recurrent(&self) -> bool {
+        self.state.iter().any(|s| matches!(s, LayerState::Recurrent { .. }))
+    }
+
+    /// The most decode steps a rollback may undo: any number for attention-only models; for
+    /// recurrent ones, fewer than the state ring's slots ([`STATE_RING`]).
+    pub fn max_rollback(&self) -> usize {
+        if self.is_recurrent() {
+            STATE_RING - 1
+        } else {
+            usize::MAX
+        }
     }
 
     /// Forgets the positions from `pos` on (tokens a pipelined loop ran past a stop): later
     /// passes overwrite their KV entries, and attention never reads past the current position.
+    ///
+    /// A model with recurrent layers keeps their state for the last [`STATE_RING`] pass ends
+    /// only: `pos` must be one of those (0, a new sequence, always works).
     pub fn rollback(&mut self, pos: usize) {
         assert!(pos <= self.pos, "rollback to {pos} past the current position {}", self.pos);
+        if self.is_recurrent() && pos > 0 {
+            // The state at `pos` is in slot pos % R unless a later pass ended in the same slot.
+            let intact = self.pass_ends.contains(&pos)
+                && self.pass_ends.iter().filter(|&&e| e > pos).all(|e| e % STATE_RING != pos % STATE_RING);
+            assert!(
+                intact,
+                "rollback to {pos}: the recurrent state is kept only at the last passes' ends {:?} (ring of {STATE_RING})",
+                self.pass_ends
+            );
+            while self.pass_ends.back().is_some_and(|&e| e > pos) {
+                self.pass_ends.pop_back();
+            }
+        }
         self.pos = pos;
     }
 
@@ -281,6 +411,13 @@ impl Model {
         let step = StepParams { pos: self.pos as u32, n_tokens: n as u32, _pad: [0; 2] };
         self.gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
         self.pos += n;
+        if self.pos - n == 0 {
+            self.pass_ends.clear();
+        }
+        self.pass_ends.push_back(self.pos);
+        while self.pass_ends.len() > STATE_RING {
+            self.pass_ends.pop_front();
+        }
         Ok(&self.plans[&n])
     }
 
@@ -419,108 +556,45 @@ impl Model {
         let g = &self.gpu;
         let c = &self.config;
         let w = &self.weights;
-        let (h, f) = (c.hidden_size, c.intermediate_size);
+        let h = c.hidden_size;
         let s = self.scratch.as_ref().expect("plan() sizes the scratch buffers");
         let ids = s.ids.view(0, &[t]);
-        let [x, xn, qkv, attn, gu, act, tmp] =
-            ["x", "xn", "qkv", "attn", "gate_up", "act", "tmp"].map(|name| s.rows(name, t));
+        let [x, xn, tmp] = ["x", "xn", "tmp"].map(|name| s.rows(name, t));
         let (last, last_n, logits) = (s.last.clone(), s.last_norm.clone(), s.logits.clone());
 
         let mut items = Vec::new();
-        let mut k = |kernel: Kernel| items.push(Item::Kernel(kernel));
         for (row_start, chunk) in &w.embed {
-            k(match chunk {
+            items.push(Item::Kernel(match chunk {
                 Linear::F16(t) => embedding(g, t, *row_start, &ids, &x, c.embedding_scale)?,
                 Linear::Quant(q) => embedding_quant(g, q, *row_start, &ids, &x, c.embedding_scale)?,
-            });
+            }));
         }
-        let norm = |x: &Tensor, wt: &Tensor, out: &Tensor, accumulate: bool| {
-            rms_norm(g, x, wt, out, c.rms_norm_eps, accumulate)
-        };
-        let plain = LinearOpts { accumulate: false, ld_out: None, glu: None };
-        let residual = LinearOpts { accumulate: true, ld_out: None, glu: None };
-        // Up to MATVEC_MAX_T tokens the RMSNorm before a projection and the gated activation
-        // before the down projection run inside the projection's matvec (one dispatch each
-        // fewer); prefill runs them as ops of their own.
         let eps = c.rms_norm_eps;
-        let (fuse_norm, fuse_act) = (fuses_input(t, h), fuses_input(t, f));
+        let lp = LayerPass { g, s, t, eps, x: &x, xn: &xn, tmp: &tmp, step: &self.step, max_ctx: self.max_ctx };
         for (l, lw) in w.layers.iter().enumerate() {
-            let (kc, vc) = &self.kv[l];
-            let sliding = match c.layer_attention[l] {
-                super::config::LayerAttention::Full => None,
-                super::config::LayerAttention::Sliding { window } => Some(window),
-            };
-            let qkv_kernels = if fuse_norm {
-                lw.qkv.linear(g, &x, Input::Norm { weight: &lw.attn_norm, eps }, lw.qkv_bias.as_ref(), &qkv, plain)?
-            } else {
-                k(norm(&x, &lw.attn_norm, &xn, false)?);
-                lw.qkv.linear(g, &xn, Input::Plain, lw.qkv_bias.as_ref(), &qkv, plain)?
-            };
-            qkv_kernels.into_iter().for_each(&mut k);
-            let rp = RopeParams {
-                heads: c.num_heads,
-                kv_heads: c.num_kv_heads,
-                head_dim: c.head_dim,
-                theta: if sliding.is_some() { c.rope_local_theta.unwrap_or(c.rope_theta) } else { c.rope_theta },
-                scaling: if sliding.is_some() { 1.0 } else { c.rope_scaling_factor },
-                n_tokens: t,
-            };
-            let qk = lw.qk_norm.as_ref().map(|(q, kk)| (q, kk, c.rms_norm_eps));
-            let ap = AttnParams {
-                heads: c.num_heads,
-                kv_heads: c.num_kv_heads,
-                head_dim: c.head_dim,
-                max_ctx: self.max_ctx,
-                window: sliding.unwrap_or(0) as usize,
-                scale: c.attention_scale,
-                n_tokens: t,
-                splits: 0,
-            };
-            // One decode token without q/k norm: the rotation and the cache write happen inside
-            // attention (a dispatch fewer); else rope (+ q/k norm) writes the caches first.
-            let attn_kernels = if t == 1 && qk.is_none() {
-                let table =
-                    g.upload_f32("rope.inv_freq", &[c.head_dim / 2], &inv_freq(c.head_dim, rp.theta, rp.scaling))?;
-                attention_rope(g, &qkv, kc, vc, &attn, &self.step, ap, &table)?
-            } else {
-                k(rope_kv_write(g, &qkv, &self.step, rp, qk, kc, vc)?);
-                attention(g, &qkv, kc, vc, &attn, &self.step, ap)?
-            };
-            attn_kernels.into_iter().for_each(&mut k);
-            match &lw.post_attn_norm {
-                Some(pn) => {
-                    k(linear(g, &attn, Input::Plain, &lw.attn_out, None, &tmp, plain)?);
-                    k(norm(&tmp, pn, &x, true)?);
+            let spec = c.layer(l);
+            let mut k = Vec::new();
+            // Token mixer, its output added to the residual stream x (through the sandwich norm
+            // where there is one).
+            let mixed = match (spec.mixer, &lw.mixer, &self.state[l]) {
+                (Mixer::Attention(a), MixerWeights::Attention { .. }, LayerState::Kv(kc, vc)) => {
+                    lp.attention(&mut k, &a, lw, kc, vc)?
                 }
-                None => k(linear(g, &attn, Input::Plain, &lw.attn_out, None, &x, residual)?),
-            }
-            // A GLU weight (gate and up rows interleaved) ends its matvec in the activation; after
-            // a matmul its output pairs go through gated_act.
-            let glu_out = lw.gate_up.glu && t <= MATVEC_MAX_T;
-            let (gu_y, gu_opts) =
-                if glu_out { (&act, LinearOpts { glu: Some(c.activation), ..plain }) } else { (&gu, plain) };
-            let gate_up_kernels = if fuse_norm {
-                lw.gate_up.linear(g, &x, Input::Norm { weight: &lw.ffn_norm, eps }, None, gu_y, gu_opts)?
-            } else {
-                k(norm(&x, &lw.ffn_norm, &xn, false)?);
-                lw.gate_up.linear(g, &xn, Input::Plain, None, gu_y, gu_opts)?
-            };
-            gate_up_kernels.into_iter().for_each(&mut k);
-            let (down_in, down_input) = if glu_out {
-                (&act, Input::Plain)
-            } else if fuse_act && !lw.gate_up.glu {
-                (&gu, Input::Gated(c.activation))
-            } else {
-                k(gated_act_in(g, &gu, &act, c.activation, lw.gate_up.glu)?);
-                (&act, Input::Plain)
-            };
-            match &lw.post_ffw_norm {
-                Some(pn) => {
-                    k(linear(g, down_in, down_input, &lw.down, None, &tmp, plain)?);
-                    k(norm(&tmp, pn, &x, true)?);
+                (Mixer::DeltaNet(d), MixerWeights::DeltaNet { .. }, LayerState::Recurrent { conv, delta }) => {
+                    lp.delta_net(&mut k, &d, lw, conv, delta)?
                 }
-                None => k(linear(g, down_in, down_input, &lw.down, None, &x, residual)?),
-            }
+                _ => unreachable!("layer {l}: weights and state are made from its spec"),
+            };
+            lp.residual(&mut k, mixed, lw.post_attn_norm.as_ref())?;
+            let ffn = match (spec.mlp, &lw.mlp) {
+                (MlpSpec::Dense { intermediate, activation }, MlpWeights::Dense { gate_up, down }) => {
+                    lp.dense_mlp(&mut k, lw, gate_up, down, intermediate, activation)?
+                }
+                (MlpSpec::Moe { .. }, MlpWeights::Moe { .. }) => lp.moe(&mut k, &spec.mlp, lw)?,
+                _ => unreachable!("layer {l}: weights are made from its spec"),
+            };
+            lp.residual(&mut k, ffn, lw.post_ffw_norm.as_ref())?;
+            items.extend(k.into_iter().map(Item::Kernel));
         }
         // The last row only: output norm and lm_head.
         let last_row = if t == 1 {
@@ -529,6 +603,7 @@ impl Model {
             items.push(Item::Copy { src: x.view((t - 1) * h, &[1, h]), dst: last.clone() });
             last.clone()
         };
+        let plain = LinearOpts::default();
         let mut k = |kernel: Kernel| items.push(Item::Kernel(kernel));
         // One row: the output norm always fuses into the lm_head's matvec when K allows.
         let (head_in, head_input) = if fuses_input(1, h) {
@@ -546,5 +621,209 @@ impl Model {
             return Err(Error::Unsupported("final logit soft-capping".into()));
         }
         Ok(Plan { t, ids, logits, items, last_used: 0 })
+    }
+}
+
+/// A layer's last projection, not yet added to the residual stream: what [`LayerPass::residual`]
+/// records as `x += y` (fused into the projection) or `x += norm(y)` (a sandwich norm).
+enum Output<'a> {
+    /// `x (+)= input(from) · Wᵀ` with this weight.
+    Linear { from: Tensor, input: Input<'a>, w: &'a Linear },
+    /// A block whose kernels already added their result to x (the MoE combine).
+    Added,
+}
+
+/// What recording one layer needs: the scratch views for `t` tokens and the shared uniforms.
+struct LayerPass<'a> {
+    g: &'a Gpu,
+    s: &'a Scratch,
+    t: usize,
+    eps: f32,
+    x: &'a Tensor,
+    xn: &'a Tensor,
+    tmp: &'a Tensor,
+    step: &'a wgpu::Buffer,
+    max_ctx: usize,
+}
+
+impl<'a> LayerPass<'a> {
+    /// `[t, n]` rows of the scratch activation `name`.
+    fn act(&self, name: &str, n: usize) -> Tensor {
+        self.s.rows_as(name, self.t, &[self.t, n])
+    }
+
+    /// The input of a projection that starts from the residual stream under the norm `w`: the
+    /// norm fused into the matvec up to MATVEC_MAX_T tokens, else run into xn first.
+    fn normed(&self, k: &mut Vec<Kernel>, w: &'a Tensor) -> Result<(Tensor, Input<'a>)> {
+        if fuses_input(self.t, self.x.shape[1]) {
+            Ok((self.x.clone(), Input::Norm { weight: w, eps: self.eps }))
+        } else {
+            k.push(rms_norm(self.g, self.x, w, self.xn, self.eps, false)?);
+            Ok((self.xn.clone(), Input::Plain))
+        }
+    }
+
+    /// Adds a block's output to x: the residual add fused into its last projection, or through
+    /// the post-norm (`x += norm(y)`).
+    fn residual(&self, k: &mut Vec<Kernel>, out: Output<'a>, post_norm: Option<&Tensor>) -> Result<()> {
+        let Output::Linear { from, input, w } = out else {
+            return Ok(());
+        };
+        match post_norm {
+            Some(pn) => {
+                k.push(linear(self.g, &from, input, w, None, self.tmp, LinearOpts::default())?);
+                k.push(rms_norm(self.g, self.tmp, pn, self.x, self.eps, true)?);
+            }
+            None => k.push(linear(
+                self.g,
+                &from,
+                input,
+                w,
+                None,
+                self.x,
+                LinearOpts { accumulate: true, ..Default::default() },
+            )?),
+        }
+        Ok(())
+    }
+
+    /// Softmax attention: qkv projection → rope (+ q/k norm) and KV write → attention (→ output
+    /// gate); returns o_proj.
+    fn attention(
+        &self,
+        k: &mut Vec<Kernel>,
+        a: &AttentionSpec,
+        lw: &'a LayerWeights,
+        kc: &Tensor,
+        vc: &Tensor,
+    ) -> Result<Output<'a>> {
+        let MixerWeights::Attention { qkv: qkv_w, qkv_bias, qk_norm, gate, out } = &lw.mixer else {
+            unreachable!("attention weights")
+        };
+        let (g, t) = (self.g, self.t);
+        let qkv = self.act("qkv", a.q_dim() + 2 * a.kv_dim());
+        let attn = self.act("attn", a.q_dim());
+        let (xin, input) = self.normed(k, &lw.attn_norm)?;
+        k.extend(qkv_w.linear(g, &xin, input, qkv_bias.as_ref(), &qkv, LinearOpts::default())?);
+        let rp = RopeParams {
+            heads: a.heads,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            rotary_dim: a.rope.rotary_dim,
+            theta: a.rope.theta,
+            scaling: a.rope.scaling,
+            n_tokens: t,
+        };
+        let qk = qk_norm.as_ref().map(|(q, kk)| (q, kk, self.eps));
+        let ap = AttnParams {
+            heads: a.heads,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            max_ctx: self.max_ctx,
+            window: a.window.unwrap_or(0) as usize,
+            scale: a.scale,
+            n_tokens: t,
+            splits: 0,
+        };
+        // One decode token without q/k norm (full rotary): the rotation and the cache write
+        // happen inside attention (a dispatch fewer); else rope (+ q/k norm) writes the caches.
+        if t == 1 && qk.is_none() && a.rope.rotary_dim == a.head_dim {
+            let table =
+                g.upload_f32("rope.inv_freq", &[a.head_dim / 2], &inv_freq(a.head_dim, a.rope.theta, a.rope.scaling))?;
+            k.extend(attention_rope(g, &qkv, kc, vc, &attn, self.step, ap, &table)?);
+        } else {
+            k.push(rope_kv_write(g, &qkv, self.step, rp, qk, kc, vc)?);
+            k.extend(attention(g, &qkv, kc, vc, &attn, self.step, ap)?);
+        }
+        if let Some(gate_w) = gate {
+            // attn *= sigmoid(x · Wgᵀ): the gate's projection, then the product.
+            let gt = self.act("gate", a.q_dim());
+            k.push(linear(g, &xin, input, gate_w, None, &gt, LinearOpts::default())?);
+            k.push(mul_sigmoid(g, &attn, &gt)?);
+        }
+        Ok(Output::Linear { from: attn, input: Input::Plain, w: out })
+    }
+
+    /// Gated DeltaNet: in_proj [qkv | z | b | a] → causal conv (+ SiLU) → gated delta rule with
+    /// the gated RMSNorm; returns out_proj.
+    fn delta_net(
+        &self,
+        k: &mut Vec<Kernel>,
+        d: &DeltaNetSpec,
+        lw: &'a LayerWeights,
+        conv_state: &Tensor,
+        delta_state: &Tensor,
+    ) -> Result<Output<'a>> {
+        let MixerWeights::DeltaNet { in_proj, conv, a_log, dt_bias, norm, out } = &lw.mixer else {
+            unreachable!("delta net weights")
+        };
+        let (g, t) = (self.g, self.t);
+        let mix = self.act("mix", d.in_dim());
+        let conv_out = self.act("conv", d.conv_dim());
+        let attn = self.act("attn", d.value_dim());
+        let (xin, input) = self.normed(k, &lw.attn_norm)?;
+        k.extend(in_proj.linear(g, &xin, input, None, &mix, LinearOpts::default())?);
+        // KERNELS-PENDING: causal_conv1d, gated_delta_rule (ops::deltanet).
+        let _ = (conv, a_log, dt_bias, norm, conv_state, delta_state, conv_out, t);
+        return Err(Error::Unsupported("Gated DeltaNet layers (in progress)".into()));
+        #[allow(unreachable_code)]
+        Ok(Output::Linear { from: attn, input: Input::Plain, w: out })
+    }
+
+    /// `down(act(gate) · up)`: the activation in the gate_up matvec's epilogue where gate and up
+    /// share a format (rows interleaved at load), else in the down matvec's input, else its own
+    /// dispatch; returns down.
+    fn dense_mlp(
+        &self,
+        k: &mut Vec<Kernel>,
+        lw: &'a LayerWeights,
+        gate_up: &Proj,
+        down: &'a Linear,
+        f: usize,
+        activation: Activation,
+    ) -> Result<Output<'a>> {
+        let (g, t) = (self.g, self.t);
+        let (gu, act) = (self.act("gate_up", 2 * f), self.act("act", f));
+        // A GLU weight (gate and up rows interleaved) ends its matvec in the activation; after a
+        // matmul its output pairs go through gated_act.
+        let glu_out = gate_up.glu && t <= MATVEC_MAX_T;
+        let (gu_y, gu_opts) = if glu_out {
+            (&act, LinearOpts { glu: Some(activation), ..Default::default() })
+        } else {
+            (&gu, LinearOpts::default())
+        };
+        let (xin, input) = self.normed(k, &lw.ffn_norm)?;
+        k.extend(gate_up.linear(g, &xin, input, None, gu_y, gu_opts)?);
+        Ok(if glu_out {
+            Output::Linear { from: act, input: Input::Plain, w: down }
+        } else if fuses_input(t, f) && !gate_up.glu {
+            Output::Linear { from: gu, input: Input::Gated(activation), w: down }
+        } else {
+            k.push(gated_act_in(g, &gu, &act, activation, gate_up.glu)?);
+            Output::Linear { from: act, input: Input::Plain, w: down }
+        })
+    }
+
+    /// Sparse mixture of experts with a shared expert: router logits (+ the shared expert's gate
+    /// logit as one more column) → top-k on the GPU → each token's experts' gate_up (GLU) and
+    /// down, read by expert id → the shared expert → x += Σ w·expert + sigmoid(gate)·shared.
+    fn moe(&self, k: &mut Vec<Kernel>, spec: &MlpSpec, lw: &'a LayerWeights) -> Result<Output<'a>> {
+        let MlpSpec::Moe { experts, top_k, intermediate: f, shared_intermediate: fs, norm_topk, activation } = *spec
+        else {
+            unreachable!("moe spec")
+        };
+        let MlpWeights::Moe { router, gate_up_exps, down_exps, shared } = &lw.mlp else { unreachable!("moe weights") };
+        let (g, t, h) = (self.g, self.t, self.x.shape[1]);
+        let router_cols = experts + usize::from(shared.is_some());
+        let logits = self.act("router", router_cols);
+        let ids = self.s.moe_ids.view(0, &[t, top_k]);
+        let weights = self.act("moe_w", top_k);
+        let exp_act = self.s.rows_as("exp_act", t, &[t * top_k, f]);
+        let exp_out = self.s.rows_as("exp_out", t, &[t * top_k, h]);
+        let (xin, input) = self.normed(k, &lw.ffn_norm)?;
+        k.extend(router.linear(g, &xin, input, None, &logits, LinearOpts::default())?);
+        // KERNELS-PENDING: moe_router, linear_experts, moe_combine (ops::moe).
+        let _ = (gate_up_exps, down_exps, fs, activation, exp_act, exp_out, ids, weights, norm_topk, logits);
+        Err(Error::Unsupported("mixture-of-experts layers (in progress)".into()))
     }
 }

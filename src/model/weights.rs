@@ -10,7 +10,7 @@
 //! embedding table stays in its quantized type too (`ops::embedding::embedding_quant` dequantizes
 //! the rows it gathers), and a tied lm_head reads the embedding's own chunks.
 
-use super::config::ModelConfig;
+use super::config::{Mixer, MlpSpec, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Kernel, Tensor};
 use crate::loader::{Checkpoint, DType, Fixup};
@@ -116,20 +116,93 @@ impl Proj {
     }
 }
 
+/// A layer's token mixer.
+pub enum MixerWeights {
+    Attention {
+        /// [q; k; v]: rows H*D + 2*Hkv*D.
+        qkv: Proj,
+        qkv_bias: Option<Tensor>,
+        /// Per-head norms of q and k, f32 [D] each.
+        qk_norm: Option<(Tensor, Tensor)>,
+        /// The output gate's projection (Qwen3.5: q_proj's gate rows), [H*D, hidden].
+        gate: Option<Linear>,
+        out: Linear,
+    },
+    DeltaNet {
+        /// [qkv; z; b; a]: rows conv_dim + Hv*Dv + 2*Hv.
+        in_proj: Proj,
+        /// The causal conv's taps, f32 [conv_dim, kernel].
+        conv: Tensor,
+        /// f32 [Hv] each.
+        a_log: Tensor,
+        dt_bias: Tensor,
+        /// The gated RMSNorm's weight, f32 [Dv].
+        norm: Tensor,
+        out: Linear,
+    },
+}
+
+/// A layer's feed-forward block.
+pub enum MlpWeights {
+    Dense {
+        /// [gate; up]: rows 2F.
+        gate_up: Proj,
+        down: Linear,
+    },
+    Moe {
+        /// [router (E rows); shared expert gate (1 row, when there is a shared expert)].
+        router: Proj,
+        /// Every expert's gate and up rows interleaved (gate 0, up 0, gate 1, ...), expert after
+        /// expert: [E * 2I, hidden].
+        gate_up_exps: Linear,
+        /// [E * hidden, I].
+        down_exps: Linear,
+        /// The shared expert's (gate_up, down).
+        shared: Option<(Proj, Linear)>,
+    },
+}
+
 pub struct LayerWeights {
     pub attn_norm: Tensor,
-    /// [q; k; v]: rows H*D + 2*Hkv*D.
-    pub qkv: Proj,
-    pub qkv_bias: Option<Tensor>,
-    /// Per-head norms of q and k, f32 [D] each.
-    pub qk_norm: Option<(Tensor, Tensor)>,
-    pub attn_out: Linear,
+    pub mixer: MixerWeights,
     pub post_attn_norm: Option<Tensor>,
     pub ffn_norm: Tensor,
-    /// [gate; up]: rows 2F.
-    pub gate_up: Proj,
-    pub down: Linear,
+    pub mlp: MlpWeights,
     pub post_ffw_norm: Option<Tensor>,
+}
+
+impl LayerWeights {
+    /// The linear weights, for summaries and byte counts.
+    fn linears(&self) -> Vec<&Linear> {
+        let mut out: Vec<&Linear> = Vec::new();
+        match &self.mixer {
+            MixerWeights::Attention { qkv, gate, out: o, .. } => {
+                out.extend(qkv.parts.iter().map(|(_, w)| w));
+                out.extend(gate.iter());
+                out.push(o);
+            }
+            MixerWeights::DeltaNet { in_proj, out: o, .. } => {
+                out.extend(in_proj.parts.iter().map(|(_, w)| w));
+                out.push(o);
+            }
+        }
+        match &self.mlp {
+            MlpWeights::Dense { gate_up, down } => {
+                out.extend(gate_up.parts.iter().map(|(_, w)| w));
+                out.push(down);
+            }
+            MlpWeights::Moe { router, gate_up_exps, down_exps, shared } => {
+                out.extend(router.parts.iter().map(|(_, w)| w));
+                out.push(gate_up_exps);
+                out.push(down_exps);
+                if let Some((gu, d)) = shared {
+                    out.extend(gu.parts.iter().map(|(_, w)| w));
+                    out.push(d);
+                }
+            }
+        }
+        out
+    }
 }
 
 pub struct Weights {
@@ -153,9 +226,7 @@ impl Weights {
             None => by.push((w.format(), w.gpu_bytes())),
         };
         for l in &self.layers {
-            l.qkv.parts.iter().chain(&l.gate_up.parts).for_each(|(_, w)| add(w));
-            add(&l.attn_out);
-            add(&l.down);
+            l.linears().into_iter().for_each(&mut add);
         }
         self.embed.iter().for_each(|(_, w)| add(w));
         // A tied lm_head is the embedding's chunks: counted once.
@@ -203,10 +274,19 @@ fn gpu_rows<'a>(
             Ok(Some((dtype, bytes)))
         }
         (_, WeightFormat::Quantize(t)) if k % t.block_size() == 0 => {
-            let x = finite32(name, ck.f32(name, &[n, k])?)?;
+            let x = finite32(name, ck.f32(name, &as_rows(ck, name, n, k)?)?)?;
             Ok(Some((t, Cow::Owned(crate::loader::dtype::quantize_affine(t, &x)?))))
         }
         _ => Ok(None),
+    }
+}
+
+/// The stored shape of `name` if it is `[n, k]`, or stacked experts `[E, n / E, k]`.
+fn as_rows(ck: &Checkpoint, name: &str, n: usize, k: usize) -> Result<Vec<usize>> {
+    let shape = ck.raw_shape(name)?;
+    match shape.split_last() {
+        Some((&last, rows)) if last == k && rows.iter().product::<usize>() == n => Ok(shape),
+        _ => Err(Error::Mismatch(format!("tensor {name} has shape {shape:?}, the config implies {:?}", [n, k]))),
     }
 }
 
@@ -214,7 +294,9 @@ fn gpu_rows<'a>(
 /// raw rows (`None` when a fixup changes values: then the tensor goes through f16).
 fn raw_rows<'a>(ck: &'a Checkpoint, name: &'a str, n: usize, k: usize) -> Result<Option<(DType, Cow<'a, [u8]>)>> {
     let v = ck.raw(name)?;
-    if v.shape != [n, k] {
+    // Stacked experts [E, rows, k] are read as [E * rows, k].
+    let rows_of = |shape: &[usize]| shape.split_last().map(|(_, r)| r.iter().product::<usize>());
+    if v.shape.last() != Some(&k) || rows_of(&v.shape) != Some(n) {
         return Err(Error::Mismatch(format!("tensor {name} has shape {:?}, the config implies {:?}", v.shape, [n, k])));
     }
     match ck.fixups.get(name) {
@@ -314,7 +396,7 @@ fn load_proj(
     // Float tensors, fixups that change values, or parts that cannot be split: f16, stacked.
     let mut data = Vec::with_capacity(n * k);
     for (name, rows) in parts {
-        data.extend(finite16(name, ck.f16(name, &[*rows, k])?)?);
+        data.extend(finite16(name, ck.f16(name, &as_rows(ck, name, *rows, k)?)?)?);
     }
     if glu {
         data = interleave_rows(&data[..n / 2 * k], &data[n / 2 * k..], k);
@@ -331,15 +413,10 @@ pub fn load(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Weights> {
     let c: &ModelConfig = &ck.config;
-    let (h, d) = (c.hidden_size, c.head_dim);
-    let (qd, kvd, f) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let h = c.hidden_size;
     let total = 3 + c.num_layers;
     let norm =
         |name: &str, n: usize| -> Result<Tensor> { gpu.upload_f32(name, &[n], &finite32(name, ck.f32(name, &[n])?)?) };
-    let single = |name: &str, n: usize, k: usize| -> Result<Linear> {
-        let p = load_proj(gpu, ck, name, &[(name.to_string(), n)], k, format, false)?;
-        Ok(p.parts.into_iter().next().expect("one part").1)
-    };
 
     // The embedding table in its own quantized type (the gather dequantizes the rows it reads), or
     // f16.
@@ -387,61 +464,176 @@ pub fn load(
 
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
-        let n = |s: &str| format!("blk.{i}.{s}");
-        let qkv = load_proj(
-            gpu,
-            ck,
-            &n("attn_qkv.weight"),
-            &[(n("attn_q.weight"), qd), (n("attn_k.weight"), kvd), (n("attn_v.weight"), kvd)],
-            h,
-            format,
-            false,
-        )?;
-        let qkv_bias = if c.attention_bias {
-            let mut b = finite32(&n("attn_q.bias"), ck.f32(&n("attn_q.bias"), &[qd])?)?;
-            b.extend(finite32(&n("attn_k.bias"), ck.f32(&n("attn_k.bias"), &[kvd])?)?);
-            b.extend(finite32(&n("attn_v.bias"), ck.f32(&n("attn_v.bias"), &[kvd])?)?);
-            Some(gpu.upload_f32(&n("attn_qkv.bias"), &[qd + 2 * kvd], &b)?)
-        } else {
-            None
-        };
-        let qk_norm = if c.qk_norm {
-            Some((norm(&n("attn_q_norm.weight"), d)?, norm(&n("attn_k_norm.weight"), d)?))
-        } else {
-            None
-        };
-        let gate_up = load_proj(
-            gpu,
-            ck,
-            &n("ffn_gate_up.weight"),
-            &[(n("ffn_gate.weight"), f), (n("ffn_up.weight"), f)],
-            h,
-            format,
-            true,
-        )?;
-        let (post_attn_norm, post_ffw_norm) = if c.sandwich_norm {
-            (Some(norm(&n("post_attention_norm.weight"), h)?), Some(norm(&n("post_ffw_norm.weight"), h)?))
-        } else {
-            (None, None)
-        };
-        let lw = LayerWeights {
-            attn_norm: norm(&n("attn_norm.weight"), h)?,
-            qkv,
-            qkv_bias,
-            qk_norm,
-            attn_out: single(&n("attn_output.weight"), h, qd)?,
-            post_attn_norm,
-            ffn_norm: norm(&n("ffn_norm.weight"), h)?,
-            gate_up,
-            down: single(&n("ffn_down.weight"), h, f)?,
-            post_ffw_norm,
-        };
-        bytes += lw.qkv.gpu_bytes() + lw.gate_up.gpu_bytes() + lw.attn_out.gpu_bytes() + lw.down.gpu_bytes();
+        let lw = load_layer(gpu, ck, i, format)?;
+        bytes += lw.linears().iter().map(|w| w.gpu_bytes()).sum::<u64>();
         layers.push(lw);
         progress(4 + i, total);
     }
     gpu.wait()?;
     Ok(Weights { embed, lm_head, output_norm, layers, bytes })
+}
+
+/// One layer's weights, by its spec ([`ModelConfig::layer`]).
+fn load_layer(gpu: &Gpu, ck: &Checkpoint, i: usize, format: WeightFormat) -> Result<LayerWeights> {
+    let c: &ModelConfig = &ck.config;
+    let spec = c.layer(i);
+    let h = c.hidden_size;
+    let n = |s: &str| format!("blk.{i}.{s}");
+    let norm = |name: &str, len: usize| -> Result<Tensor> {
+        gpu.upload_f32(name, &[len], &finite32(name, ck.f32(name, &[len])?)?)
+    };
+    let single = |name: &str, rows: usize, k: usize| -> Result<Linear> {
+        let p = load_proj(gpu, ck, name, &[(name.to_string(), rows)], k, format, false)?;
+        Ok(p.parts.into_iter().next().expect("one part").1)
+    };
+    let mixer = match spec.mixer {
+        Mixer::Attention(a) => {
+            let (qd, kvd, d) = (a.q_dim(), a.kv_dim(), a.head_dim);
+            let qkv = load_proj(
+                gpu,
+                ck,
+                &n("attn_qkv.weight"),
+                &[(n("attn_q.weight"), qd), (n("attn_k.weight"), kvd), (n("attn_v.weight"), kvd)],
+                h,
+                format,
+                false,
+            )?;
+            let qkv_bias = if a.bias {
+                let mut b = finite32(&n("attn_q.bias"), ck.f32(&n("attn_q.bias"), &[qd])?)?;
+                b.extend(finite32(&n("attn_k.bias"), ck.f32(&n("attn_k.bias"), &[kvd])?)?);
+                b.extend(finite32(&n("attn_v.bias"), ck.f32(&n("attn_v.bias"), &[kvd])?)?);
+                Some(gpu.upload_f32(&n("attn_qkv.bias"), &[qd + 2 * kvd], &b)?)
+            } else {
+                None
+            };
+            let qk_norm = if a.qk_norm {
+                Some((norm(&n("attn_q_norm.weight"), d)?, norm(&n("attn_k_norm.weight"), d)?))
+            } else {
+                None
+            };
+            let gate = if a.output_gate { Some(single(&n("attn_out_gate.weight"), qd, h)?) } else { None };
+            MixerWeights::Attention { qkv, qkv_bias, qk_norm, gate, out: single(&n("attn_output.weight"), h, qd)? }
+        }
+        Mixer::DeltaNet(d) => {
+            let hv = d.v_heads;
+            let in_proj = load_proj(
+                gpu,
+                ck,
+                &n("ssm_in.weight"),
+                &[
+                    (n("ssm_in_qkv.weight"), d.conv_dim()),
+                    (n("ssm_in_z.weight"), d.value_dim()),
+                    (n("ssm_beta.weight"), hv),
+                    (n("ssm_alpha.weight"), hv),
+                ],
+                h,
+                format,
+                false,
+            )?;
+            let conv_name = n("ssm_conv1d.weight");
+            let conv_shape = ck.raw_shape(&conv_name)?;
+            if conv_shape.iter().product::<usize>() != d.conv_dim() * d.conv_kernel
+                || conv_shape.first() != Some(&d.conv_dim())
+            {
+                return Err(Error::Mismatch(format!(
+                    "tensor {conv_name} has shape {conv_shape:?}, the config implies [{}, {}]",
+                    d.conv_dim(),
+                    d.conv_kernel
+                )));
+            }
+            let conv = finite32(&conv_name, ck.f32(&conv_name, &conv_shape)?)?;
+            MixerWeights::DeltaNet {
+                in_proj,
+                conv: gpu.upload_f32(&conv_name, &[d.conv_dim(), d.conv_kernel], &conv)?,
+                a_log: norm(&n("ssm_a_log.weight"), hv)?,
+                dt_bias: norm(&n("ssm_dt_bias.weight"), hv)?,
+                norm: norm(&n("ssm_norm.weight"), d.v_dim)?,
+                out: single(&n("ssm_out.weight"), h, d.value_dim())?,
+            }
+        }
+    };
+    let mlp = match spec.mlp {
+        MlpSpec::Dense { intermediate: f, .. } => MlpWeights::Dense {
+            gate_up: load_proj(
+                gpu,
+                ck,
+                &n("ffn_gate_up.weight"),
+                &[(n("ffn_gate.weight"), f), (n("ffn_up.weight"), f)],
+                h,
+                format,
+                true,
+            )?,
+            down: single(&n("ffn_down.weight"), h, f)?,
+        },
+        MlpSpec::Moe { experts, intermediate: f, shared_intermediate: fs, .. } => {
+            let mut router_parts = vec![(n("ffn_gate_inp.weight"), experts)];
+            if fs > 0 {
+                router_parts.push((n("ffn_gate_inp_shexp.weight"), 1));
+            }
+            let router = load_proj(gpu, ck, &n("ffn_router.weight"), &router_parts, h, format, false)?;
+            let shared = if fs > 0 {
+                let gu = load_proj(
+                    gpu,
+                    ck,
+                    &n("ffn_gate_up_shexp.weight"),
+                    &[(n("ffn_gate_shexp.weight"), fs), (n("ffn_up_shexp.weight"), fs)],
+                    h,
+                    format,
+                    true,
+                )?;
+                Some((gu, single(&n("ffn_down_shexp.weight"), h, fs)?))
+            } else {
+                None
+            };
+            MlpWeights::Moe {
+                router,
+                gate_up_exps: load_experts_glu(gpu, ck, &n(""), experts, f, h, format)?,
+                down_exps: single(&n("ffn_down_exps.weight"), experts * h, f)?,
+                shared,
+            }
+        }
+    };
+    let (post_attn_norm, post_ffw_norm) = if spec.sandwich_norm {
+        (Some(norm(&n("post_attention_norm.weight"), h)?), Some(norm(&n("post_ffw_norm.weight"), h)?))
+    } else {
+        (None, None)
+    };
+    Ok(LayerWeights {
+        attn_norm: norm(&n("attn_norm.weight"), h)?,
+        mixer,
+        post_attn_norm,
+        ffn_norm: norm(&n("ffn_norm.weight"), h)?,
+        mlp,
+        post_ffw_norm,
+    })
+}
+
+/// The experts' gate and up weights (`{prefix}ffn_gate_exps`, `ffn_up_exps`, each [E, I, hidden])
+/// as one weight whose rows interleave gate and up within each expert (what the GLU epilogue of
+/// the expert matvec reads): expert e's rows are e·2I .. (e+1)·2I.
+fn load_experts_glu(
+    gpu: &Gpu,
+    ck: &Checkpoint,
+    prefix: &str,
+    experts: usize,
+    f: usize,
+    h: usize,
+    format: WeightFormat,
+) -> Result<Linear> {
+    let (gn, un) = (format!("{prefix}ffn_gate_exps.weight"), format!("{prefix}ffn_up_exps.weight"));
+    let label = format!("{prefix}ffn_gate_up_exps.weight");
+    let (g, u) = (gpu_rows(ck, &gn, experts * f, h, format)?, gpu_rows(ck, &un, experts * f, h, format)?);
+    if let (Some((gt, gb)), Some((ut, ub))) = (&g, &u) {
+        if gt == ut {
+            let row = gt.byte_size(h).unwrap_or(0);
+            let rows = interleave_rows(gb, ub, row);
+            return Ok(Linear::Quant(QuantWeight::concat_rows(gpu, &label, *gt, h, &[&rows])?));
+        }
+    }
+    let g = finite16(&gn, ck.f16(&gn, &as_rows(ck, &gn, experts * f, h)?)?)?;
+    let u = finite16(&un, ck.f16(&un, &as_rows(ck, &un, experts * f, h)?)?)?;
+    let data = interleave_rows(&g, &u, h);
+    Ok(Linear::F16(gpu.upload_f16(&label, &[2 * experts * f, h], &data)?))
 }
 
 /// The values of `name` if they are all finite. A NaN or an infinity in a weight (a block scale

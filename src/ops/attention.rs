@@ -501,7 +501,15 @@ mod tests {
                 [(12, 2, 128, 641, 600), (6, 2, 64, 40, 0), (4, 1, 256, 80, 79), (8, 8, 64, 300, 123)]
             {
                 let p = params(h, hkv, d, ctx, 0);
-                let rp = RopeParams { heads: h, kv_heads: hkv, head_dim: d, theta: 1e6, scaling: 1.0, n_tokens: 1 };
+                let rp = RopeParams {
+                    heads: h,
+                    kv_heads: hkv,
+                    head_dim: d,
+                    rotary_dim: d,
+                    theta: 1e6,
+                    scaling: 1.0,
+                    n_tokens: 1,
+                };
                 let row = p.row_stride();
                 let data = random(row, 91 + pos as u64, 1.5);
                 let cache: Vec<f16> = random(hkv * ctx * d, 92, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
@@ -857,6 +865,7 @@ mod tests {
                 heads: 32,
                 kv_heads: 8,
                 head_dim: 128,
+                rotary_dim: 128,
                 theta: 5e5,
                 scaling: 1.0,
                 n_tokens: t,

@@ -17,6 +17,9 @@ pub struct RopeParams {
     pub kv_heads: usize,
     /// Head dimension D (even, ≤ 256 in practice).
     pub head_dim: usize,
+    /// Rotated dims of a head (even, ≤ D; the first ones): D for full rotary, less for partial
+    /// rotary (Qwen3.5: D/4); the rest pass through.
+    pub rotary_dim: usize,
     /// RoPE base.
     pub theta: f32,
     /// Linear scaling factor (positions divided by it); 1 = none.
@@ -69,14 +72,15 @@ fn record(
     qk_norm: Option<(&Tensor, &Tensor, f32)>,
     cache: Option<(&Tensor, &Tensor)>,
 ) -> Result<Kernel> {
-    let d = p.head_dim;
+    let (d, rot) = (p.head_dim, p.rotary_dim);
     assert!(d >= 2 && d % 2 == 0, "rope: head_dim {d} must be even");
+    assert!(rot >= 2 && rot % 2 == 0 && rot <= d, "rope: rotary_dim {rot} must be even and at most {d}");
     assert!(p.heads > 0 && p.kv_heads > 0 && p.n_tokens > 0);
     assert_eq!(qkv.ty, ElemType::F32, "rope: qkv must be f32");
     let row = (p.heads + 2 * p.kv_heads) * d;
     assert!(qkv.numel() >= p.n_tokens * row, "rope: qkv holds fewer than T rows");
     let heads = p.heads + p.kv_heads;
-    let table = gpu.upload_f32("rope.inv_freq", &[d / 2], &inv_freq(d, p.theta, p.scaling))?;
+    let table = gpu.upload_f32("rope.inv_freq", &[rot / 2], &inv_freq(rot, p.theta, p.scaling))?;
     let eps = qk_norm.map_or(0.0, |n| n.2);
     let max_ctx = cache.map_or(0, |(k, _)| k.shape[1]);
     let params: [u32; 8] =
@@ -84,7 +88,7 @@ fn record(
     let params = gpu.uniform("rope.params", &params);
     // One pair per thread where possible: D/2 threads, clamped to 32..=128.
     let wg = (d / 2).next_power_of_two().clamp(32, 128);
-    let macros = gpu.macros().set("D", d).set("WG", wg).flag_if("QK_NORM", qk_norm.is_some());
+    let macros = gpu.macros().set("D", d).set("ROT", rot).set("WG", wg).flag_if("QK_NORM", qk_norm.is_some());
     let mut bindings = vec![qkv.binding(), table.binding(), step.as_entire_binding(), params.as_entire_binding()];
     if let Some((qn, kn, _)) = qk_norm {
         assert!(qn.ty == ElemType::F32 && kn.ty == ElemType::F32, "rope: q/k norm weights must be f32");
@@ -116,9 +120,9 @@ pub mod cpu {
     /// `pos + t`; cos/sin of the f32 angle are computed in f64.
     pub fn rope(qkv: &mut [f32], pos: usize, n_tokens: usize, p: &RopeParams, qk_norm: Option<(&[f32], &[f32], f32)>) {
         let d = p.head_dim;
-        let half = d / 2;
+        let half = p.rotary_dim / 2;
         let row = (p.heads + 2 * p.kv_heads) * d;
-        let inv = super::inv_freq(d, p.theta, p.scaling);
+        let inv = super::inv_freq(p.rotary_dim, p.theta, p.scaling);
         for t in 0..n_tokens {
             let position = (pos + t) as f32;
             for h in 0..p.heads + p.kv_heads {
@@ -193,16 +197,43 @@ mod tests {
         for gpu in gpu_variants() {
             for d in [64, 256] {
                 for norm in [false, true] {
-                    let p =
-                        RopeParams { heads: 4, kv_heads: 2, head_dim: d, theta: 10000.0, scaling: 1.0, n_tokens: 7 };
+                    let p = RopeParams {
+                        heads: 4,
+                        kv_heads: 2,
+                        head_dim: d,
+                        rotary_dim: d,
+                        theta: 10000.0,
+                        scaling: 1.0,
+                        n_tokens: 7,
+                    };
                     check(&gpu, p, &[(0, 7), (37, 1), (10, 5)], norm, 2e-6 * if norm { 4.0 } else { 2.0 });
                 }
             }
             // Qwen-style large base with GQA 6:2, Gemma-style linear scaling.
-            let p = RopeParams { heads: 6, kv_heads: 2, head_dim: 128, theta: 1_000_000.0, scaling: 1.0, n_tokens: 3 };
+            let p = RopeParams {
+                heads: 6,
+                kv_heads: 2,
+                head_dim: 128,
+                rotary_dim: 128,
+                theta: 1_000_000.0,
+                scaling: 1.0,
+                n_tokens: 3,
+            };
             check(&gpu, p, &[(5, 3)], true, 1e-5);
             let p = RopeParams { theta: 1_000_000.0, scaling: 8.0, heads: 4, kv_heads: 1, ..p };
             check(&gpu, p, &[(1000, 3)], false, 1e-5);
+            // Qwen3.5: a quarter of each head rotated, the rest only normalized.
+            let p = RopeParams {
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 256,
+                rotary_dim: 64,
+                theta: 1e7,
+                scaling: 1.0,
+                n_tokens: 3,
+            };
+            check(&gpu, p, &[(0, 3), (300, 2)], true, 1e-5);
+            check(&gpu, RopeParams { head_dim: 32, rotary_dim: 8, ..p }, &[(7, 3)], false, 1e-5);
         }
     }
 
@@ -210,7 +241,15 @@ mod tests {
     #[test]
     fn rope_far_positions() {
         for gpu in gpu_variants() {
-            let p = RopeParams { heads: 2, kv_heads: 1, head_dim: 64, theta: 10000.0, scaling: 1.0, n_tokens: 4 };
+            let p = RopeParams {
+                heads: 2,
+                kv_heads: 1,
+                head_dim: 64,
+                rotary_dim: 64,
+                theta: 10000.0,
+                scaling: 1.0,
+                n_tokens: 4,
+            };
             check(&gpu, p, &[(4093, 4), (32764, 4), (131_000, 4), (1_000_000, 2)], false, 4e-6);
         }
     }
@@ -220,8 +259,16 @@ mod tests {
     fn rope_kv_write_equals_separate() {
         use crate::ops::attention::{kv_cache, kv_cache_write, AttnParams};
         for gpu in gpu_variants() {
-            for (d, norm) in [(64, false), (256, true)] {
-                let p = RopeParams { heads: 6, kv_heads: 2, head_dim: d, theta: 10000.0, scaling: 1.0, n_tokens: 5 };
+            for (d, rot, norm) in [(64, 64, false), (256, 256, true), (256, 64, true)] {
+                let p = RopeParams {
+                    heads: 6,
+                    kv_heads: 2,
+                    head_dim: d,
+                    rotary_dim: rot,
+                    theta: 10000.0,
+                    scaling: 1.0,
+                    n_tokens: 5,
+                };
                 let ap = AttnParams {
                     heads: 6,
                     kv_heads: 2,

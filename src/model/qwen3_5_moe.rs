@@ -1,0 +1,162 @@
+//! Qwen3.5-MoE, as transformers' `modeling_qwen3_5_moe.py` (`Qwen3_5MoeForCausalLM`, the text
+//! part of `Qwen3_5MoeForConditionalGeneration`) and mlx-lm's `qwen3_5_moe.py` write it.
+//!
+//! ```text
+//! Qwen3_5MoeDecoderLayer:
+//!     h = x + token_mixer(input_layernorm(x))          # (1 + w) RMSNorms, folded at load
+//!     out = h + Qwen3_5MoeSparseMoeBlock(post_attention_layernorm(h))
+//! token_mixer, by config.layer_types[i]:
+//!     "linear_attention": Qwen3_5MoeGatedDeltaNet
+//!         qkv = in_proj_qkv(x); z = in_proj_z(x); b = in_proj_b(x); a = in_proj_a(x)
+//!         q, k, v = split(silu(causal_conv1d(qkv)))    # depthwise, linear_conv_kernel_dim taps
+//!         q, k = l2norm(q), l2norm(k); q /= sqrt(d_k)   # k heads repeated to the v heads
+//!         beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias)
+//!         S = S * exp(g); S += k ⊗ ((v - Sᵀk) * beta); o = Sᵀq      # per v head, every token
+//!         out_proj(RMSNormGated(o, z))                  # rms_norm(o) * w * silu(z), plain w
+//!     "full_attention": Qwen3_5MoeAttention
+//!         q, gate = q_proj(x) split per head             # [q_h | gate_h] for each head h
+//!         q, k = q_norm(q), k_norm(k); rotary on the first head_dim * partial_rotary_factor dims
+//!         o_proj(attention(q, k, v) * sigmoid(gate))
+//! Qwen3_5MoeSparseMoeBlock:
+//!     p = softmax(gate(x)); top num_experts_per_tok by p, renormalized to sum 1
+//!     Σ p_e · expert_e(x) + sigmoid(shared_expert_gate(x)) · shared_expert(x)   # SwiGLU MLPs
+//! ```
+//!
+//! The engine reads this as one [`LayerSpec`] per layer ([`Qwen35MoeConfig::layers`]) and the
+//! tensors under the canonical names of [`tensor_name`].
+
+use super::config::{Activation, AttentionSpec, DeltaNetSpec, LayerSpec, Mixer, MlpSpec, RopeSpec};
+
+/// The fields of `Qwen3_5MoeTextConfig` the engine uses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Qwen35MoeConfig {
+    pub hidden_size: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    /// `rope_parameters.rope_theta`.
+    pub rope_theta: f32,
+    /// `rope_parameters.partial_rotary_factor` (default 0.25).
+    pub partial_rotary_factor: f32,
+    /// One of `linear_attention` / `full_attention` per layer (`layer_types`, or every
+    /// `full_attention_interval`-th layer full).
+    pub full_attention: Vec<bool>,
+    pub linear_num_key_heads: usize,
+    pub linear_num_value_heads: usize,
+    pub linear_key_head_dim: usize,
+    pub linear_value_head_dim: usize,
+    pub linear_conv_kernel_dim: usize,
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub moe_intermediate_size: usize,
+    pub shared_expert_intermediate_size: usize,
+    pub attention_bias: bool,
+}
+
+impl Qwen35MoeConfig {
+    /// `rotary_dim = int(head_dim * partial_rotary_factor)` (transformers'
+    /// `compute_default_rope_parameters`).
+    pub fn rotary_dim(&self) -> usize {
+        (self.head_dim as f32 * self.partial_rotary_factor) as usize
+    }
+
+    pub fn layers(&self) -> Vec<LayerSpec> {
+        let mlp = MlpSpec::Moe {
+            experts: self.num_experts,
+            top_k: self.num_experts_per_tok,
+            intermediate: self.moe_intermediate_size,
+            shared_intermediate: self.shared_expert_intermediate_size,
+            // Qwen3_5MoeTopKRouter: `router_top_value /= router_top_value.sum(...)`, always.
+            norm_topk: true,
+            activation: Activation::SiluGated,
+        };
+        self.full_attention
+            .iter()
+            .map(|&full| {
+                let mixer = if full {
+                    Mixer::Attention(AttentionSpec {
+                        heads: self.num_attention_heads,
+                        kv_heads: self.num_key_value_heads,
+                        head_dim: self.head_dim,
+                        window: None,
+                        rope: RopeSpec { theta: self.rope_theta, scaling: 1.0, rotary_dim: self.rotary_dim() },
+                        scale: 1.0 / (self.head_dim as f32).sqrt(),
+                        bias: self.attention_bias,
+                        qk_norm: true,
+                        output_gate: true,
+                    })
+                } else {
+                    Mixer::DeltaNet(DeltaNetSpec {
+                        k_heads: self.linear_num_key_heads,
+                        v_heads: self.linear_num_value_heads,
+                        k_dim: self.linear_key_head_dim,
+                        v_dim: self.linear_value_head_dim,
+                        conv_kernel: self.linear_conv_kernel_dim,
+                    })
+                };
+                LayerSpec { mixer, mlp, sandwich_norm: false }
+            })
+            .collect()
+    }
+}
+
+/// How a checkpoint tensor of a layer becomes the engine's: its canonical name (`blk.{i}.` +
+/// this), or a tensor split in two by rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorName {
+    One(&'static str),
+    /// Rows in groups of `2 n` (n = `per_group(shape)`): the first n of each group are `.0`, the
+    /// rest `.1`. `q_proj` = [q_h | gate_h] per head; transformers' fused
+    /// `experts.gate_up_proj` = [gate_e | up_e] per expert.
+    Halves(&'static str, &'static str),
+}
+
+/// The canonical name of a layer tensor by its module path after `model.layers.{i}.`, in
+/// transformers' or mlx-lm's names (with `.weight`, or a bare parameter: `A_log`, `dt_bias`,
+/// `experts.gate_up_proj`).
+pub fn tensor_name(module: &str) -> Option<TensorName> {
+    use TensorName::*;
+    Some(match module {
+        "input_layernorm.weight" => One("attn_norm.weight"),
+        "post_attention_layernorm.weight" => One("ffn_norm.weight"),
+        // Full attention.
+        "self_attn.q_proj.weight" => Halves("attn_q.weight", "attn_out_gate.weight"),
+        "self_attn.k_proj.weight" => One("attn_k.weight"),
+        "self_attn.v_proj.weight" => One("attn_v.weight"),
+        "self_attn.o_proj.weight" => One("attn_output.weight"),
+        "self_attn.q_norm.weight" => One("attn_q_norm.weight"),
+        "self_attn.k_norm.weight" => One("attn_k_norm.weight"),
+        // Gated DeltaNet.
+        "linear_attn.in_proj_qkv.weight" => One("ssm_in_qkv.weight"),
+        "linear_attn.in_proj_z.weight" => One("ssm_in_z.weight"),
+        "linear_attn.in_proj_b.weight" => One("ssm_beta.weight"),
+        "linear_attn.in_proj_a.weight" => One("ssm_alpha.weight"),
+        "linear_attn.conv1d.weight" => One("ssm_conv1d.weight"),
+        "linear_attn.dt_bias" => One("ssm_dt_bias.weight"),
+        "linear_attn.A_log" => One("ssm_a_log.weight"),
+        "linear_attn.norm.weight" => One("ssm_norm.weight"),
+        "linear_attn.out_proj.weight" => One("ssm_out.weight"),
+        // Sparse MoE.
+        "mlp.gate.weight" => One("ffn_gate_inp.weight"),
+        "mlp.shared_expert_gate.weight" => One("ffn_gate_inp_shexp.weight"),
+        "mlp.shared_expert.gate_proj.weight" => One("ffn_gate_shexp.weight"),
+        "mlp.shared_expert.up_proj.weight" => One("ffn_up_shexp.weight"),
+        "mlp.shared_expert.down_proj.weight" => One("ffn_down_shexp.weight"),
+        "mlp.experts.gate_up_proj" => Halves("ffn_gate_exps.weight", "ffn_up_exps.weight"),
+        "mlp.experts.down_proj" => One("ffn_down_exps.weight"),
+        "mlp.switch_mlp.gate_proj.weight" => One("ffn_gate_exps.weight"),
+        "mlp.switch_mlp.up_proj.weight" => One("ffn_up_exps.weight"),
+        "mlp.switch_mlp.down_proj.weight" => One("ffn_down_exps.weight"),
+        _ => return None,
+    })
+}
+
+/// Whether a canonical tensor is one of Qwen3_5MoeRMSNorm's `(1 + w)` weights (every RMSNorm
+/// but the gated one of the DeltaNet), which a transformers checkpoint stores as `w` (mlx-lm's
+/// conversion adds the 1 itself).
+pub fn is_one_centered_norm(canonical: &str) -> bool {
+    ["attn_norm.weight", "ffn_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight"]
+        .iter()
+        .any(|s| canonical.ends_with(s))
+        || canonical == "output_norm.weight"
+}
