@@ -954,7 +954,11 @@ fn build_qwen35_moe(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<
         }
     };
     let q = Qwen35MoeConfig {
+        vocab_size: c.req_capped("vocab_size", limits::VOCAB)?,
         hidden_size: hidden,
+        rms_norm_eps: c.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
+        max_position_embeddings: c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(32768),
+        tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(false),
         num_attention_heads: heads,
         num_key_value_heads: c.opt_capped("num_key_value_heads", limits::HEADS)?.unwrap_or(heads),
         head_dim: c.opt_capped("head_dim", limits::HEAD_DIM)?.unwrap_or(256),
@@ -998,36 +1002,7 @@ fn build_qwen35_moe(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<
     if !matches!(act, "silu" | "swish") {
         return Err(Error::Unsupported(format!("activation {} in a qwen3_5_moe model", shown(act))));
     }
-    let vocab_size = c.req_capped("vocab_size", limits::VOCAB)?;
-    let head_dim = q.head_dim;
-    Ok(ModelConfig {
-        arch: Arch::Qwen35Moe,
-        vocab_size,
-        hidden_size: hidden,
-        intermediate_size: q.moe_intermediate_size,
-        num_layers,
-        num_heads: q.num_attention_heads,
-        num_kv_heads: q.num_key_value_heads,
-        head_dim,
-        rms_norm_eps: c.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
-        rope_theta,
-        rope_local_theta: None,
-        rope_scaling_factor: 1.0,
-        max_position_embeddings: c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(32768),
-        layer_attention: vec![LayerAttention::Full; num_layers],
-        tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-        attention_bias: q.attention_bias,
-        qk_norm: true,
-        sandwich_norm: false,
-        activation: Activation::SiluGated,
-        embedding_scale: 1.0,
-        attention_scale: 1.0 / (head_dim as f32).sqrt(),
-        final_logit_softcapping: None,
-        bos_token_id: None,
-        eos_token_ids: Vec::new(),
-        add_bos: false,
-        layers: q.layers(),
-    })
+    Ok(q.model_config())
 }
 
 /// Splits each tensor named `a|b` (a [`TensorName::Halves`]) into `a` and `b`: row groups of

@@ -519,7 +519,7 @@ fn layer_index(name: &str, path: &Path) -> Result<Option<usize>> {
 
 /// What a tensor of a model is, for its type check.
 #[derive(Clone, Copy, PartialEq, Debug)]
-enum Role {
+pub(crate) enum Role {
     /// A matrix: any supported type.
     Matrix,
     /// A norm weight or a bias: stored as floats (F32, F16 or BF16).
@@ -529,7 +529,7 @@ enum Role {
 }
 
 /// Every tensor `c` implies, with its shape (stacked experts: `[E, rows, cols]`) and role.
-fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role)> {
+pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role)> {
     use crate::model::config::{Mixer, MlpSpec};
     let (h, v) = (c.hidden_size, c.vocab_size);
     let mut out = vec![

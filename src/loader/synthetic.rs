@@ -19,7 +19,7 @@
 //! 64, bf16 scales and biases).
 
 use super::dtype::{quantize, DType, QK_K};
-use super::{Checkpoint, DataFile, DataSource, StoredTensor, TokenizerSource};
+use super::{Checkpoint, DataFile, DataSource, Role, StoredTensor, TokenizerSource};
 use crate::error::{Error, Result};
 use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
 use half::f16;
@@ -28,7 +28,7 @@ use std::path::PathBuf;
 
 /// The architectures a synthetic checkpoint can copy (the shapes of the real checkpoints of
 /// `tools/fetch-model.sh` and of the GPU machine's shape recipes).
-pub const PRESETS: [&str; 4] = ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b", "gemma3-270m"];
+pub const PRESETS: [&str; 5] = ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b", "gemma3-270m", "qwen3.5-35b-a3b"];
 
 /// Quantization recipes.
 pub const RECIPES: [&str; 10] = ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "mlx4", "mlx8"];
@@ -67,6 +67,7 @@ pub fn preset_config(name: &str) -> Result<ModelConfig> {
         "smollm2-135m" => llama_like(Arch::Llama, 49152, 576, 1536, 30, 9, 3, 64, 1e5, 1e-5, 8192, true, false),
         "qwen2.5-0.5b" => llama_like(Arch::Qwen2, 151936, 896, 4864, 24, 14, 2, 64, 1e6, 1e-6, 32768, false, true),
         "qwen2.5-1.5b" => llama_like(Arch::Qwen2, 151936, 1536, 8960, 28, 12, 2, 128, 1e6, 1e-6, 32768, false, true),
+        "qwen3.5-35b-a3b" => crate::model::qwen3_5_moe::Qwen35MoeConfig::qwen3_5_35b_a3b().model_config(),
         "gemma3-270m" => {
             let mut c = llama_like(Arch::Gemma3, 262144, 640, 2048, 18, 4, 1, 256, 1e6, 1e-6, 32768, true, false);
             c.rope_local_theta = Some(1e4);
@@ -103,12 +104,25 @@ pub fn open(spec: &str) -> Result<Checkpoint> {
     build(&config, recipe, &format!("synthetic:{name}:{recipe}"), 0x5EED)
 }
 
-/// One tensor to make: name, shape, type, standard deviation (`None`: norm weights near 1).
+/// One tensor to make: name, shape, type, values.
 struct Plan {
     name: String,
     shape: Vec<usize>,
     dtype: DType,
-    std: Option<f32>,
+    init: Init,
+}
+
+/// How a synthetic tensor's values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Init {
+    /// N(0, std), tiled from a pool of random blocks of the tensor's type (matrices).
+    Normal(f32),
+    /// N(0, std), every value drawn (f32 vectors and conv taps).
+    Each(f32),
+    /// 1 + N(0, 0.05) (norm weights).
+    NearOne,
+    /// ln(U(1, 16)) (a Gated DeltaNet's A_log).
+    ALog,
 }
 
 /// llama.cpp's `use_more_bits`: the layers whose `attn_v` and `ffn_down` Q4_K_M stores as Q6_K.
@@ -128,7 +142,9 @@ fn weight_type(recipe: &str, name: &str, layer: Option<usize>, layers: usize, co
         "q5_0" => DType::Q5_0,
         "q5_1" => DType::Q5_1,
         "mlx4" | "mlx8" => {
-            let bits = if recipe == "mlx4" { 4 } else { 8 };
+            // mlx-lm's quant_predicate for MoE models keeps the routers at 8 bits.
+            let router = name.ends_with("ffn_gate_inp.weight") || name.ends_with("ffn_gate_inp_shexp.weight");
+            let bits = if recipe == "mlx4" && !router { 4 } else { 8 };
             return if cols % 64 == 0 { DType::Affine { bits, group: 64, bf16: true } } else { DType::F16 };
         }
         _ => DType::Q4_K,
@@ -157,53 +173,37 @@ fn weight_type(recipe: &str, name: &str, layer: Option<usize>, layers: usize, co
     }
 }
 
+/// Every tensor the config implies ([`super::expected_tensors`]), typed by `recipe` and
+/// initialized like a trained model's: matrices N(0, 1/fan-in), norms near 1, biases small, the
+/// Gated DeltaNet's decay parameters in their trained ranges.
 fn tensor_plans(c: &ModelConfig, recipe: &str) -> Vec<Plan> {
-    let (h, f, layers) = (c.hidden_size, c.intermediate_size, c.num_layers);
-    let (qd, kvd, d) = (c.q_dim(), c.kv_dim(), c.head_dim);
+    let (h, layers) = (c.hidden_size, c.num_layers);
     let tied = c.tie_word_embeddings;
-    let mut out = Vec::new();
-    let mut weight = |name: String, rows: usize, cols: usize, layer: Option<usize>, std: f32| {
-        let dtype = weight_type(recipe, &name, layer, layers, cols, tied);
-        out.push(Plan { name, shape: vec![rows, cols], dtype, std: Some(std) });
-    };
-    weight("token_embd.weight".into(), c.vocab_size, h, None, if tied { 0.05 } else { 0.02 });
-    if !tied {
-        weight("output.weight".into(), c.vocab_size, h, None, 2.0 / (h as f32).sqrt());
-    }
-    for l in 0..layers {
-        let n = |s: &str| format!("blk.{l}.{s}");
-        let lin = |k: usize| 1.0 / (k as f32).sqrt();
-        weight(n("attn_q.weight"), qd, h, Some(l), lin(h));
-        weight(n("attn_k.weight"), kvd, h, Some(l), lin(h));
-        weight(n("attn_v.weight"), kvd, h, Some(l), lin(h));
-        weight(n("attn_output.weight"), h, qd, Some(l), lin(qd));
-        weight(n("ffn_gate.weight"), f, h, Some(l), lin(h));
-        weight(n("ffn_up.weight"), f, h, Some(l), lin(h));
-        weight(n("ffn_down.weight"), h, f, Some(l), lin(f));
-    }
-    let mut small = |name: String, n: usize, std: Option<f32>| {
-        out.push(Plan { name, shape: vec![n], dtype: DType::F32, std });
-    };
-    small("output_norm.weight".into(), h, None);
-    for l in 0..layers {
-        let n = |s: &str| format!("blk.{l}.{s}");
-        small(n("attn_norm.weight"), h, None);
-        small(n("ffn_norm.weight"), h, None);
-        if c.attention_bias {
-            small(n("attn_q.bias"), qd, Some(0.1));
-            small(n("attn_k.bias"), kvd, Some(0.1));
-            small(n("attn_v.bias"), kvd, Some(0.1));
-        }
-        if c.qk_norm {
-            small(n("attn_q_norm.weight"), d, None);
-            small(n("attn_k_norm.weight"), d, None);
-        }
-        if c.sandwich_norm {
-            small(n("post_attention_norm.weight"), h, None);
-            small(n("post_ffw_norm.weight"), h, None);
-        }
-    }
-    out
+    super::expected_tensors(c)
+        .into_iter()
+        .map(|(name, shape, role)| {
+            let layer = name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|l| l.parse().ok());
+            let cols = *shape.last().expect("a shape");
+            let (dtype, init) = match role {
+                Role::Matrix => {
+                    let std = match name.as_str() {
+                        "token_embd.weight" if tied => 0.05,
+                        "token_embd.weight" => 0.02,
+                        "output.weight" => 2.0 / (h as f32).sqrt(),
+                        _ => 1.0 / (cols as f32).sqrt(),
+                    };
+                    (weight_type(recipe, &name, layer, layers, cols, tied), Init::Normal(std))
+                }
+                Role::Conv => (DType::F32, Init::Each(0.3)),
+                Role::Vector if name.ends_with(".bias") => (DType::F32, Init::Each(0.1)),
+                // A = exp(A_log) uniform in [1, 16] (transformers' init), dt_bias ~ 1.
+                Role::Vector if name.ends_with("ssm_a_log.weight") => (DType::F32, Init::ALog),
+                Role::Vector if name.ends_with("ssm_dt_bias.weight") => (DType::F32, Init::NearOne),
+                Role::Vector => (DType::F32, Init::NearOne),
+            };
+            Plan { name, shape, dtype, init }
+        })
+        .collect()
 }
 
 /// A small, fast generator (xorshift64*), Gaussian by Box-Muller.
@@ -310,17 +310,20 @@ pub fn build(config: &ModelConfig, recipe: &str, label: &str, seed: u64) -> Resu
     let mut pools: HashMap<(DType, u32), Vec<u8>> = HashMap::new();
     for (p, &(offset, len)) in plans.iter().zip(&layout) {
         let dst = &mut map[offset..offset + len];
-        match p.std {
-            None => {
-                // Norm weights: 1 + N(0, 0.05), f32.
+        match p.init {
+            Init::NearOne => {
                 let v: Vec<f32> = (0..len / 4).map(|_| 1.0 + 0.05 * rng.normal()).collect();
                 dst.copy_from_slice(bytemuck::cast_slice(&v));
             }
-            Some(std) if p.shape.len() == 1 => {
+            Init::ALog => {
+                let v: Vec<f32> = (0..len / 4).map(|_| (1.0 + 15.0 * rng.unit()).ln()).collect();
+                dst.copy_from_slice(bytemuck::cast_slice(&v));
+            }
+            Init::Each(std) => {
                 let v: Vec<f32> = (0..len / 4).map(|_| std * rng.normal()).collect();
                 dst.copy_from_slice(bytemuck::cast_slice(&v));
             }
-            Some(std) => {
+            Init::Normal(std) => {
                 let pool = match pools.entry((p.dtype, std.to_bits())) {
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                     std::collections::hash_map::Entry::Vacant(e) => e.insert(block_pool(p.dtype, std, &mut rng)?),
@@ -414,6 +417,24 @@ mod tests {
             let want = DType::Affine { bits, group: 64, bf16: true };
             assert!(plans.iter().filter(|p| p.shape.len() == 2).all(|p| p.dtype == want), "{recipe}");
         }
+    }
+
+    /// Qwen3.5-35B-A3B in mlx4: 30 Gated DeltaNet and 10 attention layers, stacked experts in
+    /// 4 bits and the routers in 8 (mlx-lm's predicate), about 20 GB in all: the 4-bit size.
+    #[test]
+    fn qwen3_5_moe_shape_and_size() {
+        let c = preset_config("qwen3.5-35b-a3b").unwrap();
+        let plans = tensor_plans(&c, "mlx4");
+        let get = |n: &str| plans.iter().find(|p| p.name == n).unwrap_or_else(|| panic!("{n}"));
+        let a4 = DType::Affine { bits: 4, group: 64, bf16: true };
+        assert_eq!(get("blk.0.ffn_gate_exps.weight").shape, [256, 512, 2048]);
+        assert_eq!(get("blk.0.ffn_gate_exps.weight").dtype, a4);
+        assert_eq!(get("blk.0.ffn_gate_inp.weight").dtype, DType::Affine { bits: 8, group: 64, bf16: true });
+        assert_eq!(get("blk.0.ssm_in_qkv.weight").shape, [8192, 2048]);
+        assert_eq!(get("blk.3.attn_q.weight").shape, [4096, 2048]);
+        assert!(plans.iter().all(|p| !p.name.starts_with("blk.3.ssm")), "layer 3 is full attention");
+        let bytes: usize = plans.iter().map(|p| p.dtype.byte_size(p.shape.iter().product()).unwrap()).sum();
+        assert!((18e9..22e9).contains(&(bytes as f64)), "{bytes} bytes");
     }
 
     /// The q4_k_m recipe reproduces the real Qwen2.5 files' types (../shared/gpu/shape-recipes):

@@ -25,12 +25,18 @@
 //! The engine reads this as one [`LayerSpec`] per layer ([`Qwen35MoeConfig::layers`]) and the
 //! tensors under the canonical names of [`tensor_name`].
 
-use super::config::{Activation, AttentionSpec, DeltaNetSpec, LayerSpec, Mixer, MlpSpec, RopeSpec};
+use super::config::{
+    Activation, Arch, AttentionSpec, DeltaNetSpec, LayerAttention, LayerSpec, Mixer, MlpSpec, ModelConfig, RopeSpec,
+};
 
 /// The fields of `Qwen3_5MoeTextConfig` the engine uses.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Qwen35MoeConfig {
+    pub vocab_size: usize,
     pub hidden_size: usize,
+    pub rms_norm_eps: f32,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
     pub num_attention_heads: usize,
     pub num_key_value_heads: usize,
     pub head_dim: usize,
@@ -58,6 +64,66 @@ impl Qwen35MoeConfig {
     /// `compute_default_rope_parameters`).
     pub fn rotary_dim(&self) -> usize {
         (self.head_dim as f32 * self.partial_rotary_factor) as usize
+    }
+
+    /// Qwen/Qwen3.5-35B-A3B's text config.
+    pub fn qwen3_5_35b_a3b() -> Self {
+        Qwen35MoeConfig {
+            vocab_size: 248_320,
+            hidden_size: 2048,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 262_144,
+            tie_word_embeddings: false,
+            num_attention_heads: 16,
+            num_key_value_heads: 2,
+            head_dim: 256,
+            rope_theta: 10_000_000.0,
+            partial_rotary_factor: 0.25,
+            full_attention: (0..40).map(|i| (i + 1) % 4 == 0).collect(),
+            linear_num_key_heads: 16,
+            linear_num_value_heads: 32,
+            linear_key_head_dim: 128,
+            linear_value_head_dim: 128,
+            linear_conv_kernel_dim: 4,
+            num_experts: 256,
+            num_experts_per_tok: 8,
+            moe_intermediate_size: 512,
+            shared_expert_intermediate_size: 512,
+            attention_bias: false,
+        }
+    }
+
+    /// The engine's description: the model-wide fields, and one spec per layer.
+    pub fn model_config(&self) -> ModelConfig {
+        let layers = self.layers();
+        ModelConfig {
+            arch: Arch::Qwen35Moe,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.moe_intermediate_size,
+            num_layers: layers.len(),
+            num_heads: self.num_attention_heads,
+            num_kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+            rope_local_theta: None,
+            rope_scaling_factor: 1.0,
+            max_position_embeddings: self.max_position_embeddings,
+            layer_attention: vec![LayerAttention::Full; layers.len()],
+            tie_word_embeddings: self.tie_word_embeddings,
+            attention_bias: self.attention_bias,
+            qk_norm: true,
+            sandwich_norm: false,
+            activation: Activation::SiluGated,
+            embedding_scale: 1.0,
+            attention_scale: 1.0 / (self.head_dim as f32).sqrt(),
+            final_logit_softcapping: None,
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+            add_bos: false,
+            layers,
+        }
     }
 
     pub fn layers(&self) -> Vec<LayerSpec> {
