@@ -24,10 +24,17 @@
 // Grid: ceil(N / (4 · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N (last
 // workgroup, folded grid padding) and tokens past T (last pass) read a clamped row or token and
 // store nothing, so every thread reaches the barriers.
+//
+// EXPERTS (the mixture-of-experts projections, src/ops/moe.rs): W is a stack of p.experts weights
+// of N rows each ((E·N, K), expert e's rows e·N .. e·N + N), and the grid's z is the slot s (one
+// per (token, chosen expert)): the workgroups of slot s read expert ids[s]'s rows (an id past the
+// stack is clamped to its last expert), meet them with x row s / p.spr (spr: slots per x row) and
+// write y row s. One token a pass (TOK = 1, p.t ignored): only the chosen experts' rows are read.
 #define WG 256
 #define TPR 64
 #define TOK 1
 #define GB 4
+#define EB 4
 
 struct Params {
     n: u32,       // N, output rows
@@ -38,6 +45,10 @@ struct Params {
     half: u32,    // GATED: the up half's offset in x's row, in XVec
     eps: f32,     // NORM: the RMSNorm epsilon
     k4: u32,      // K / 4
+    experts: u32, // EXPERTS: E, the experts in W's stack
+    spr: u32,     // EXPERTS: slots per x row
+    _pad0: u32,
+    _pad1: u32,
 }
 
 #ifdef VEC4
@@ -68,6 +79,9 @@ const XPL: u32 = 1u;
 #endif
 #ifdef NORM
 @group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
+#endif
+#ifdef EXPERTS
+@group(0) @binding({{EB}}) var<storage, read> ids: array<u32>;   // (slots) the expert of each slot
 #endif
 
 #ifdef VEC1
@@ -146,14 +160,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let lane = lid % {{TPR}}u;
     let row0 = (wg * NGROUPS + grp) * 4u;
     let kv = p.kv;
+#ifdef EXPERTS
+    // The slot's expert (its first row in the stack), x row and y row; one token.
+    let slot = wid.z;
+    let wrow = min(ids[slot], p.experts - 1u) * p.n;
+    let xt0 = slot / p.spr;
+    let yt0 = slot;
+    let nt = 1u;
+#else
+    let wrow = 0u;
+    let xt0 = 0u;
+    let yt0 = 0u;
+    let nt = p.t;
+#endif
     // First load of each of the row group's rows (clamped: rows past N compute garbage, unstored).
-    let base = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u)) * kv;
+    let base = (min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u)) + vec4<u32>(wrow)) * kv;
     // The token this lane stores after the reduction (token j = lane / 4 of the pass).
     let out_j = lane / 4u;
 
-    for (var t0 = 0u; t0 < p.t; t0 += {{TOK}}u) {
+    for (var t0 = 0u; t0 < nt; t0 += {{TOK}}u) {
         // First XVec of each token's x row (clamped: tokens past T compute garbage, unstored).
-        let xr = min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.t - 1u)) * p.xs;
+        let xr = (min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(nt - 1u)) + vec4<u32>(xt0)) * p.xs;
         // acc_j: token j, component r for row r (named vectors, not an indexed array, so that
         // they stay in registers on every compiler).
         // (acc1..3 stay 0 without TOK4.)
@@ -189,7 +216,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
         sums *= rn[min(out_j, 3u)];
 #endif
-        mv_store(sums, lane, t0, row0, p.n, p.t);
+        mv_store(sums, lane, yt0 + t0, row0, p.n, yt0 + nt);
         // `red` is rewritten by the next pass.
         workgroupBarrier();
     }

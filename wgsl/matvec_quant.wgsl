@@ -26,10 +26,16 @@
 // Grid: ceil(N / (4 · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N and
 // tokens past T read a clamped row or token and store nothing, so every thread reaches the
 // barriers.
+//
+// EXPERTS (the mixture-of-experts projections, src/ops/moe.rs), as in matvec.wgsl: W is a stack of
+// p.experts weights of N rows each ((E·N, K), expert e's rows e·N .. e·N + N: its units follow
+// those of expert e - 1), the grid's z is the slot s; slot s reads expert ids[s]'s rows (clamped
+// to the stack), meets them with x row s / p.spr and writes y row s. TOK = 1, p.t ignored.
 #define WG 256
 #define TPR 32
 #define TOK 1
 #define GB 5
+#define EB 5
 
 #include "quant"
 
@@ -41,11 +47,11 @@ struct Params {
     xk: u32,      // K / 4: x row stride, in vec4
     o1: u32,      // first word of plane 1
     o2: u32,      // first word of plane 2
-    _pad: u32,
+    experts: u32, // EXPERTS: E, the experts in W's stack
     xs: u32,      // row stride of x, in vec4: K / 4 (GATED: K / 2)
     half: u32,    // GATED: the up half's offset in x's row, in vec4 (K / 4)
     eps: f32,     // NORM: the RMSNorm epsilon
-    _pad2: u32,
+    spr: u32,     // EXPERTS: slots per x row
 }
 
 @group(0) @binding(0) var<storage, read> wv: array<vec4<u32>>;   // the planes (16-byte view)
@@ -58,6 +64,9 @@ struct Params {
 #endif
 #ifdef NORM
 @group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
+#endif
+#ifdef EXPERTS
+@group(0) @binding({{EB}}) var<storage, read> ids: array<u32>;   // (slots) the expert of each slot
 #endif
 
 // The fused input (include/linear_input.wgsl): x as the kernel meets it. q_row is the current
@@ -285,14 +294,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let lane = lid % {{TPR}}u;
     let row0 = (wg * NGROUPS + grp) * 4u;
     let units = p.units;
+#ifdef EXPERTS
+    // The slot's expert (its first row in the stack), x row and y row; one token.
+    let slot = wid.z;
+    let wrow = min(ids[slot], p.experts - 1u) * p.n;
+    let xt0 = slot / p.spr;
+    let yt0 = slot;
+    let nt = 1u;
+#else
+    let wrow = 0u;
+    let xt0 = 0u;
+    let yt0 = 0u;
+    let nt = p.t;
+#endif
     // First unit of each of the row group's rows (clamped: rows past N compute garbage, unstored).
-    let base = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u)) * units;
+    let base = (min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u)) + vec4<u32>(wrow)) * units;
     // The token this lane stores after the reduction (token j = lane / 4 of the pass).
     let out_j = lane / 4u;
 
-    for (var t0 = 0u; t0 < p.t; t0 += {{TOK}}u) {
+    for (var t0 = 0u; t0 < nt; t0 += {{TOK}}u) {
         // Each token's x row start (clamped: tokens past T compute garbage, unstored).
-        let xr = min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.t - 1u)) * p.xs;
+        let xr = (min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(nt - 1u)) + vec4<u32>(xt0)) * p.xs;
         // (acc1..3 stay 0 without TOK4.)
         var acc0 = vec4<f32>(0.0);
         var acc1 = vec4<f32>(0.0);
@@ -350,7 +372,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
         sums *= rn[min(out_j, 3u)];
 #endif
-        mv_store(sums, lane, t0, row0, p.n, p.t);
+        mv_store(sums, lane, yt0 + t0, row0, p.n, yt0 + nt);
         // `red` is rewritten by the next pass.
         workgroupBarrier();
     }

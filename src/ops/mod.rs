@@ -6,6 +6,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod embedding;
 pub mod matmul;
+pub mod moe;
 pub mod norm;
 pub mod rope;
 

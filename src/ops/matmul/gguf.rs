@@ -476,6 +476,60 @@ fn matvec_quant(
     opts: LinearOpts,
     cfg: QMatvecConfig,
 ) -> Result<Kernel> {
+    matvec_quant_routed(gpu, x, input, w, bias, y, s, opts, cfg, None)
+}
+
+/// The matvec config of a quantized expert projection ([`super::experts_shape`]).
+fn experts_config(gpu: &Gpu, dtype: DType, s: &LinearShape) -> QMatvecConfig {
+    let cfg = QMatvecConfig::new(gpu, dtype, &super::experts_shape(s));
+    assert!(cfg.tok == 1);
+    cfg
+}
+
+#[cfg(test)]
+/// Whether [`matvec_experts_quant`] stages x for the integer dot products (`DP4`): the test
+/// references meet x as [`cpu::stage_x16`] stages it there.
+pub(crate) fn experts_use_dp4(gpu: &Gpu, dtype: DType, s: &LinearShape) -> bool {
+    experts_config(gpu, dtype, s).dp4
+}
+
+/// Records the quantized expert projection of [`crate::ops::moe::linear_experts`] (its checks
+/// done): `s.t` slots of `s.n` rows (per expert) over K = `s.k`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matvec_experts_quant(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    w: &QuantWeight,
+    route: super::Route<'_>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    assert!(
+        is_supported(w.dtype) && s.k % w.dtype.block_size() == 0,
+        "linear_experts: K = {} is not whole {} blocks",
+        s.k,
+        w.dtype
+    );
+    assert!(matches!(input, Input::Plain) || s.k % 4 == 0, "linear_experts: {input:?} cannot be fused at K = {}", s.k);
+    let cfg = experts_config(gpu, w.dtype, s);
+    matvec_quant_routed(gpu, x, input, w, None, y, s, opts, cfg, Some(&route))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matvec_quant_routed(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+    cfg: QMatvecConfig,
+    route: Option<&super::Route<'_>>,
+) -> Result<Kernel> {
     assert!(matches!(cfg.tok, 1 | 4));
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
     assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
@@ -510,11 +564,11 @@ fn matvec_quant(
             (s.k / 4) as u32,
             w.planes[0],
             w.planes[1],
-            0,
+            route.map_or(0, |r| r.experts),
             (input.x_cols(s.k) / 4) as u32,
             (s.k / 4) as u32,
             input.eps().to_bits(),
-            0,
+            route.map_or(0, |r| r.slots_per_row),
         ],
     );
     let mut bindings = vec![
@@ -528,7 +582,9 @@ fn matvec_quant(
         bindings.push(b.binding());
     }
     bindings.extend(input.binding(s.k));
-    gpu.kernel("matvec_quant", "main", &macros, &bindings, grid((s.n as u32).div_ceil(rows_per_wg)))
+    let (macros, z) = super::Route::apply(route, macros, &mut bindings, s.t);
+    let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
+    gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -728,7 +784,7 @@ pub(crate) mod tests {
     /// (S ~ K/4 ~ 220 for |x|, |w| ~ U(0, 1): 2.7e-3, against outputs of ~sqrt(K)/3 ~ 10), far
     /// below one term's typical size (~0.25): a dropped, doubled, misplaced or mis-scaled term,
     /// or a wrong sub-block scale, fails.
-    fn reference(
+    pub(crate) fn reference(
         x: &[f32],
         t: DType,
         raw: &[u8],

@@ -10,6 +10,10 @@
 //! W in a GGUF quantized type (Q4_0 ... Q6_K, read by the kernels without an f16 copy): [`gguf`]
 //! ([`QuantWeight`], [`linear_quant`]), with the same options and output views.
 //!
+//! Stacks of experts' weights (mixture-of-experts layers): the matvec kernels' `EXPERTS` flag reads,
+//! per slot of a token and a chosen expert, the rows of the expert whose id a GPU buffer holds
+//! ([`crate::ops::moe::linear_experts`], which records it through `Route`).
+//!
 //! Output views: a weight too large for one storage binding (a 262144-row lm_head) is split into
 //! row chunks, each its own tensor, each writing its columns of one logits buffer `[T, V]`. For
 //! the chunk starting at row `r0` pass `y` = a view of the logits with `offset` = logits.offset +
@@ -330,6 +334,81 @@ fn matvec(
     opts: LinearOpts,
     cfg: MatvecConfig,
 ) -> Result<Kernel> {
+    matvec_routed(gpu, x, input, w, bias, y, s, opts, cfg, None)
+}
+
+/// The expert routing of a matvec over a stack of experts' weights (`EXPERTS` in
+/// wgsl/matvec.wgsl and wgsl/matvec_quant.wgsl; the op is [`crate::ops::moe::linear_experts`]):
+/// W holds `experts` weights of N rows each, y's `s.t` rows are slots, slot s reads expert
+/// `ids[s]`'s rows and x row `s / slots_per_row`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Route<'a> {
+    pub ids: &'a Tensor,
+    pub experts: u32,
+    pub slots_per_row: u32,
+}
+
+impl Route<'_> {
+    /// The kernel's flag, the ids' binding number (after `bindings`) and the grid's z (one per slot).
+    fn apply<'a>(
+        route: Option<&Route<'a>>,
+        macros: crate::gpu::Macros,
+        bindings: &mut Vec<wgpu::BindingResource<'a>>,
+        slots: usize,
+    ) -> (crate::gpu::Macros, u32) {
+        match route {
+            None => (macros, 1),
+            Some(r) => {
+                let m = macros.flag("EXPERTS").set("EB", bindings.len());
+                bindings.push(r.ids.binding());
+                (m, slots as u32)
+            }
+        }
+    }
+}
+
+/// The matvec config of an expert projection: one token a pass (each slot is its own), sized for
+/// all the slots' rows together (`s.n` rows per slot, `s.t` slots).
+fn experts_shape(s: &LinearShape) -> LinearShape {
+    LinearShape { t: 1, n: s.n * s.t, ..*s }
+}
+
+/// Records the f16 expert projection of [`crate::ops::moe::linear_experts`] (its checks done):
+/// `s.t` slots of `s.n` rows (per expert) over K = `s.k`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matvec_experts(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    w: &Tensor,
+    route: Route<'_>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    let cfg = MatvecConfig::new(gpu, &experts_shape(s));
+    assert!(cfg.tok == 1);
+    assert!(
+        matches!(input, Input::Plain) || (s.k % 4 == 0 && cfg.vec > 1),
+        "linear_experts: {input:?} cannot be fused at K = {}",
+        s.k
+    );
+    matvec_routed(gpu, x, input, w, None, y, s, opts, cfg, Some(&route))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matvec_routed(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+    cfg: MatvecConfig,
+    route: Option<&Route<'_>>,
+) -> Result<Kernel> {
     assert!(s.k % (2 * cfg.vec as usize) == 0);
     assert!(matches!(cfg.tok, 1 | 4));
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
@@ -351,16 +430,32 @@ fn matvec(
     let xpl = if cfg.vec == 4 { 2 } else { 1 };
     let row = loads * xpl;
     let xs = if matches!(input, Input::Gated(_)) { 2 * row } else { row };
+    let (experts, spr) = route.map_or((0, 0), |r| (r.experts, r.slots_per_row));
     let params = gpu.uniform(
         "matvec.params",
-        &[s.n as u32, loads, s.t as u32, s.ld_out as u32, xs, row, input.eps().to_bits(), (s.k / 4) as u32],
+        &[
+            s.n as u32,
+            loads,
+            s.t as u32,
+            s.ld_out as u32,
+            xs,
+            row,
+            input.eps().to_bits(),
+            (s.k / 4) as u32,
+            experts,
+            spr,
+            0,
+            0,
+        ],
     );
     let mut bindings = vec![w.binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
     if let Some(b) = bias {
         bindings.push(b.binding());
     }
     bindings.extend(input.binding(s.k));
-    gpu.kernel("matvec", "main", &macros, &bindings, grid((s.n as u32).div_ceil(rows_per_wg)))
+    let (macros, z) = Route::apply(route, macros, &mut bindings, s.t);
+    let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
+    gpu.kernel("matvec", "main", &macros, &bindings, [gx, gy, z])
 }
 
 /// Matmul tile: the workgroup is 16 × 16 threads, each computing tile × tile outputs of a
@@ -435,13 +530,13 @@ pub mod cpu {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::gpu::tensor::test_util::*;
     use half::f16;
 
     /// Random f16 weights `[n, k]` and the same values widened to f32 for the reference.
-    fn weights(n: usize, k: usize, seed: u64) -> (Vec<f16>, Vec<f32>) {
+    pub(crate) fn weights(n: usize, k: usize, seed: u64) -> (Vec<f16>, Vec<f32>) {
         let h: Vec<f16> = random(n * k, seed, 1.0).into_iter().map(f16::from_f32).collect();
         let f = h.iter().map(|v| v.to_f32()).collect();
         (h, f)
@@ -458,7 +553,7 @@ mod tests {
     /// (S ≈ K/4), K = 1536 gives 3.6e-3 against outputs of size ~sqrt(K)/3 ≈ 13 (~3e-4
     /// relative), still far below one term's typical magnitude (~0.25), so a dropped, doubled or
     /// misplaced term fails.
-    fn reference(
+    pub(crate) fn reference(
         x: &[f32],
         w: &[f32],
         k: usize,
@@ -478,7 +573,7 @@ mod tests {
     }
 
     /// Asserts |got - want| <= tol elementwise; returns the worst error/tolerance ratio.
-    fn check(got: &[f32], want: &[f32], tol: &[f32], what: &str) -> f32 {
+    pub(crate) fn check(got: &[f32], want: &[f32], tol: &[f32], what: &str) -> f32 {
         assert_eq!(got.len(), want.len(), "{what}");
         let mut worst = 0.0f32;
         for (i, ((g, w), t)) in got.iter().zip(want).zip(tol).enumerate() {
@@ -763,7 +858,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 
     /// Seconds per call of `encode`: the best of 3 batches encoded into one compute pass (each
     /// sized to about 0.1 s), after 0.3 s of warm-up (the GPU's clocks ramp up).
-    fn time_per_call(gpu: &Gpu, encode: &dyn Fn(&mut wgpu::ComputePass<'_>)) -> f64 {
+    pub(crate) fn time_per_call(gpu: &Gpu, encode: &dyn Fn(&mut wgpu::ComputePass<'_>)) -> f64 {
         let batch = |r: usize| {
             let t0 = std::time::Instant::now();
             let mut enc = gpu.device.create_command_encoder(&Default::default());
