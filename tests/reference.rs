@@ -14,93 +14,14 @@
 
 mod common;
 
-use serde_json::Value;
 use wgpu_llm::loader::Checkpoint;
-use wgpu_llm::model::Model;
-use wgpu_llm::sampling::host::argmax;
 
 const MAX_ABS: f32 = 0.1;
 
-fn top5(v: &[f32]) -> Vec<u32> {
-    let mut idx: Vec<u32> = (0..v.len() as u32).collect();
-    idx.sort_by(|&a, &b| v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b)));
-    idx.truncate(5);
-    idx
-}
+use common::reference::{check_path, Check};
 
-/// `steps`: how many of the reference's 16 greedy steps to teacher-force (long prompts check
-/// prefill and the window; their decode steps cost lavapipe minutes and add nothing new).
 fn check(model_name: &str, fixture: &str, steps: usize) {
-    check_path(&common::model(model_name), fixture, steps)
-}
-
-fn check_path(model_path: &std::path::Path, fixture: &str, steps: usize) {
-    let dir = common::fixture_dir().join("reference");
-    let meta: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{fixture}.json"))).unwrap()).unwrap();
-    let ids: Vec<u32> = meta["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    let greedy: Vec<u32> =
-        meta["greedy_tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    let step_vals: Vec<Vec<f64>> = meta["step_logits_top5_values"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect())
-        .collect();
-    let bytes = std::fs::read(dir.join(format!("{fixture}.logits.f32"))).unwrap();
-    let want: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-
-    let gpu = common::gpu();
-    let ck = Checkpoint::open(model_path).unwrap();
-    let mut model = Model::load(&gpu, &ck, Some(ids.len() + 32), &mut |_, _| {}).unwrap();
-    let logits = model.forward(&ids).unwrap();
-    let got = gpu.read_f32(&logits).unwrap();
-    assert_eq!(got.len(), want.len());
-    let (mut max_err, mut at) = (0f32, 0);
-    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-        let e = (a - b).abs();
-        assert!(a.is_finite(), "{fixture}: logit {i} is {a}");
-        if e > max_err {
-            (max_err, at) = (e, i);
-        }
-    }
-    let (g5, w5) = (top5(&got), top5(&want));
-    eprintln!(
-        "{fixture}: {} prompt tokens, max |logit error| {max_err:.4} at {at}, top5 engine {g5:?} reference {w5:?}",
-        ids.len()
-    );
-    assert!(max_err < MAX_ABS, "{fixture}: max abs logit error {max_err} at token {at} exceeds {MAX_ABS}");
-    // Top-5 agree as sets, except entries whose reference value is within the error bound of
-    // the 5th (they may trade places with the 6th).
-    let fifth = want[w5[4] as usize];
-    for t in &w5 {
-        let v = want[*t as usize];
-        assert!(
-            g5.contains(t) || v - fifth < 2.0 * MAX_ABS,
-            "{fixture}: reference top-5 token {t} ({v}) missing from engine top-5 {g5:?}"
-        );
-    }
-
-    // Greedy, teacher-forced with the reference tokens.
-    let mut flips = Vec::new();
-    let mut step_logits = got;
-    for (i, &tok) in greedy.iter().take(steps).enumerate() {
-        let mine = argmax(&step_logits);
-        if mine != tok {
-            let margin = step_vals[i][0] - step_vals[i][1];
-            assert!(
-                margin < 2.0 * MAX_ABS as f64,
-                "{fixture}: greedy step {i}: engine picks {mine}, reference {tok} with margin {margin:.3}"
-            );
-            flips.push((i, mine, tok, margin));
-        }
-        let l = model.forward(&[tok]).unwrap();
-        step_logits = gpu.read_f32(&l).unwrap();
-    }
-    eprintln!(
-        "{fixture}: {steps} greedy steps agree{}",
-        if flips.is_empty() { String::new() } else { format!(" except near-ties {flips:?}") }
-    );
+    check_path(&common::model(model_name), fixture, Check { max_abs: MAX_ABS, steps, prefill_chunk: None });
 }
 
 #[test]
@@ -139,5 +60,5 @@ fn smollm2_mlx4_matches_mlx_lm() {
     let q = ck.raw("blk.0.attn_q.weight").unwrap();
     assert_eq!(q.dtype.name(), "mlx4_g64_bf16", "the folder's weights are MLX 4-bit with bf16 scales");
     assert_eq!(ck.raw("token_embd.weight").unwrap().dtype, q.dtype, "the embedding is quantized too");
-    check_path(&dir, "smollm2_mlx4", 16);
+    check_path(&dir, "smollm2_mlx4", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
 }

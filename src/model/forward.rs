@@ -22,6 +22,7 @@ use crate::ops::attention::{attention, attention_rope, AttnParams};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant};
 use crate::ops::matmul::{fuses_input, Input, LinearOpts, MATVEC_MAX_T};
+use crate::ops::moe::{linear_experts, moe_combine, moe_router, ExpertWeight, SharedExpert};
 use crate::ops::norm::rms_norm;
 use crate::ops::rope::{inv_freq, rope_kv_write, RopeParams};
 use crate::ops::StepParams;
@@ -588,7 +589,8 @@ impl Model {
             lp.residual(&mut k, mixed, lw.post_attn_norm.as_ref())?;
             let ffn = match (spec.mlp, &lw.mlp) {
                 (MlpSpec::Dense { intermediate, activation }, MlpWeights::Dense { gate_up, down }) => {
-                    lp.dense_mlp(&mut k, lw, gate_up, down, intermediate, activation)?
+                    let (xin, input) = lp.normed(&mut k, &lw.ffn_norm)?;
+                    lp.dense_mlp(&mut k, &xin, input, gate_up, down, intermediate, activation)?
                 }
                 (MlpSpec::Moe { .. }, MlpWeights::Moe { .. }) => lp.moe(&mut k, &spec.mlp, lw)?,
                 _ => unreachable!("layer {l}: weights are made from its spec"),
@@ -773,10 +775,12 @@ impl<'a> LayerPass<'a> {
     /// `down(act(gate) · up)`: the activation in the gate_up matvec's epilogue where gate and up
     /// share a format (rows interleaved at load), else in the down matvec's input, else its own
     /// dispatch; returns down.
+    #[allow(clippy::too_many_arguments)]
     fn dense_mlp(
         &self,
         k: &mut Vec<Kernel>,
-        lw: &'a LayerWeights,
+        xin: &Tensor,
+        input: Input<'_>,
         gate_up: &Proj,
         down: &'a Linear,
         f: usize,
@@ -792,8 +796,7 @@ impl<'a> LayerPass<'a> {
         } else {
             (&gu, LinearOpts::default())
         };
-        let (xin, input) = self.normed(k, &lw.ffn_norm)?;
-        k.extend(gate_up.linear(g, &xin, input, None, gu_y, gu_opts)?);
+        k.extend(gate_up.linear(g, xin, input, None, gu_y, gu_opts)?);
         Ok(if glu_out {
             Output::Linear { from: act, input: Input::Plain, w: down }
         } else if fuses_input(t, f) && !gate_up.glu {
@@ -822,8 +825,31 @@ impl<'a> LayerPass<'a> {
         let exp_out = self.s.rows_as("exp_out", t, &[t * top_k, h]);
         let (xin, input) = self.normed(k, &lw.ffn_norm)?;
         k.extend(router.linear(g, &xin, input, None, &logits, LinearOpts::default())?);
-        // KERNELS-PENDING: moe_router, linear_experts, moe_combine (ops::moe).
-        let _ = (gate_up_exps, down_exps, fs, activation, exp_act, exp_out, ids, weights, norm_topk, logits);
-        Err(Error::Unsupported("mixture-of-experts layers (in progress)".into()))
+        k.push(moe_router(g, &logits, router_cols, experts, top_k, &ids, &weights, norm_topk)?);
+        let stack = |w: &'a Linear| match w {
+            Linear::F16(w) => ExpertWeight::F16 { w, experts },
+            Linear::Quant(w) => ExpertWeight::Quant { w, experts },
+        };
+        // The selected experts' gate_up (rows interleaved per expert: the GLU epilogue) for each
+        // of a token's top_k slots, then their down projections.
+        let glu = LinearOpts { glu: Some(activation), ..Default::default() };
+        k.push(linear_experts(g, &xin, input, &stack(gate_up_exps), &ids, top_k, &exp_act, glu)?);
+        k.push(linear_experts(g, &exp_act, Input::Plain, &stack(down_exps), &ids, 1, &exp_out, Default::default())?);
+        let shared_out = match shared {
+            Some((gate_up, down)) => {
+                // The shared expert's output in tmp; the combine adds it under its gate.
+                let out = self.tmp;
+                match self.dense_mlp(k, &xin, input, gate_up, down, fs, activation)? {
+                    Output::Linear { from, input, w } => {
+                        k.push(linear(g, &from, input, w, None, out, LinearOpts::default())?);
+                    }
+                    Output::Added => unreachable!("a dense MLP ends in its down projection"),
+                }
+                Some(SharedExpert { out, gate: &logits, gate_ld: router_cols, gate_col: experts })
+            }
+            None => None,
+        };
+        k.push(moe_combine(g, &exp_out, &weights, shared_out, self.x)?);
+        Ok(Output::Added)
     }
 }

@@ -29,6 +29,7 @@ pub fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 pub mod mlx;
+pub mod reference;
 pub mod stats;
 
 /// What makes an error message unfit for a user, if anything: more than one line, 1 KB or more,
