@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
 use crate::loader::Checkpoint;
 use crate::ops::attention::{attention, attention_rope, AttnParams};
+use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, DeltaRuleArgs};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant};
 use crate::ops::matmul::{fuses_input, Input, LinearOpts, MATVEC_MAX_T};
@@ -765,10 +766,29 @@ impl<'a> LayerPass<'a> {
         let attn = self.act("attn", d.value_dim());
         let (xin, input) = self.normed(k, &lw.attn_norm)?;
         k.extend(in_proj.linear(g, &xin, input, None, &mix, LinearOpts::default())?);
-        // KERNELS-PENDING: causal_conv1d, gated_delta_rule (ops::deltanet).
-        let _ = (conv, a_log, dt_bias, norm, conv_state, delta_state, conv_out, t);
-        return Err(Error::Unsupported("Gated DeltaNet layers (in progress)".into()));
-        #[allow(unreachable_code)]
+        k.push(causal_conv1d(g, &mix, d.in_dim(), conv, conv_state, &conv_out, self.step, t, STATE_RING)?);
+        let (z_col, b_col) = (d.conv_dim(), d.conv_dim() + d.value_dim());
+        k.push(gated_delta_rule(
+            g,
+            &DeltaRuleArgs {
+                spec: *d,
+                qkv: &conv_out,
+                mix: &mix,
+                ld_mix: d.in_dim(),
+                z_col,
+                b_col,
+                a_col: b_col + d.v_heads,
+                a_log,
+                dt_bias,
+                norm,
+                state: delta_state,
+                out: &attn,
+                step: self.step,
+                n_tokens: t,
+                ring: STATE_RING,
+                eps: self.eps,
+            },
+        )?);
         Ok(Output::Linear { from: attn, input: Input::Plain, w: out })
     }
 

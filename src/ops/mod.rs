@@ -3,6 +3,7 @@
 //! on random inputs comparing the two.
 
 pub mod attention;
+pub mod deltanet;
 pub mod elementwise;
 pub mod embedding;
 pub mod matmul;

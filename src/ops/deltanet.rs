@@ -1,0 +1,426 @@
+//! Gated DeltaNet, the linear attention of Qwen3.5 / Qwen3-Next (transformers'
+//! `Qwen3_5MoeGatedDeltaNet`): the causal depthwise conv over [q | k | v] (`wgsl/causal_conv1d.wgsl`)
+//! and the gated delta rule with the gated RMSNorm fused after it (`wgsl/gated_delta_rule.wgsl`).
+//!
+//! Both keep a recurrent state between passes in a ring of R slots: the state after position p
+//! lives in slot `p % R`; a pass at `step.pos` of `step.n_tokens` tokens reads slot `pos % R`
+//! (zeros when `pos == 0`, so a new sequence needs no reset) and writes slot `(pos + n) % R`. A
+//! rollback to any of the last passes' ends whose slot no later pass reused finds its state intact
+//! (the model keeps that bookkeeping: `model::forward::STATE_RING`).
+//!
+//! Prefill runs the recurrence token by token inside one dispatch (the recurrent form: the state
+//! is read and written once per pass, each head's columns in registers).
+
+use crate::error::{Error, Result};
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+use crate::model::config::DeltaNetSpec;
+
+/// Most taps of the causal conv (the kernel keeps the window in registers).
+pub const MAX_CONV_TAPS: usize = 8;
+/// Largest head dims of the delta rule (a thread keeps a Dk-column of the state in registers; a
+/// workgroup has at most 256 threads, one per value dim).
+pub const MAX_HEAD_DIM: usize = 256;
+
+fn f32_check(what: &str, t: &Tensor, need: usize) -> Result<()> {
+    if t.ty != ElemType::F32 || t.numel() < need {
+        return Err(Error::InvalidArgument(format!(
+            "deltanet: {what} must be f32 with at least {need} elements, is {:?} {:?}",
+            t.ty, t.shape
+        )));
+    }
+    Ok(())
+}
+
+/// Records the causal conv (+ SiLU) over the first `C = weight.shape[0]` columns of the rows
+/// `t < step.n_tokens` of `x` (f32 `(T, ld_x)`, T = `n_tokens`), taps `weight` f32 `(C, K)`, the
+/// state ring f32 `(R, K-1, C)`, into `out` f32 `(T, C)`. `step`: the
+/// [`StepParams`](super::StepParams) uniform.
+#[allow(clippy::too_many_arguments)]
+pub fn causal_conv1d(
+    gpu: &Gpu,
+    x: &Tensor,
+    ld_x: usize,
+    weight: &Tensor,
+    state: &Tensor,
+    out: &Tensor,
+    step: &wgpu::Buffer,
+    n_tokens: usize,
+    ring: usize,
+) -> Result<Kernel> {
+    let (c, k) = match weight.shape.as_slice() {
+        [c, k] => (*c, *k),
+        s => return Err(Error::InvalidArgument(format!("causal_conv1d: weight must be (C, K), is {s:?}"))),
+    };
+    if !(2..=MAX_CONV_TAPS).contains(&k) || ring < 2 || ld_x < c || n_tokens == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "causal_conv1d: K = {k} (2..={MAX_CONV_TAPS}), ring {ring} (>= 2), ld_x {ld_x} (>= C = {c}), T {n_tokens}"
+        )));
+    }
+    f32_check("x", x, (n_tokens - 1) * ld_x + c)?;
+    f32_check("weight", weight, c * k)?;
+    f32_check("state", state, ring * (k - 1) * c)?;
+    f32_check("out", out, n_tokens * c)?;
+    let params = gpu.uniform("causal_conv1d.params", &[c as u32, ld_x as u32, n_tokens as u32, ring as u32]);
+    let wg = 64;
+    gpu.kernel(
+        "causal_conv1d",
+        "main",
+        &gpu.macros().set("K", k).set("WG", wg),
+        &[
+            x.binding(),
+            weight.binding(),
+            state.binding(),
+            out.binding(),
+            step.as_entire_binding(),
+            params.as_entire_binding(),
+        ],
+        grid(c.div_ceil(wg) as u32),
+    )
+}
+
+/// The buffers of one [`gated_delta_rule`] dispatch.
+pub struct DeltaRuleArgs<'a> {
+    pub spec: DeltaNetSpec,
+    /// The conv's output, f32 `(T, 2 Hk Dk + Hv Dv)`: [q | k | v].
+    pub qkv: &'a Tensor,
+    /// The input projection's output, f32 `(T, ld_mix)`, holding z `(Hv Dv)`, b `(Hv)` and a
+    /// `(Hv)` from the given columns.
+    pub mix: &'a Tensor,
+    pub ld_mix: usize,
+    pub z_col: usize,
+    pub b_col: usize,
+    pub a_col: usize,
+    /// f32 `(Hv)` each.
+    pub a_log: &'a Tensor,
+    pub dt_bias: &'a Tensor,
+    /// The gated RMSNorm's weight, f32 `(Dv)`.
+    pub norm: &'a Tensor,
+    /// The state ring, f32 `(R, Hv, Dk, Dv)`.
+    pub state: &'a Tensor,
+    /// f32 `(T, Hv Dv)`.
+    pub out: &'a Tensor,
+    pub step: &'a wgpu::Buffer,
+    pub n_tokens: usize,
+    pub ring: usize,
+    pub eps: f32,
+}
+
+/// Records the gated delta rule and the gated RMSNorm over the rows `t < step.n_tokens`.
+pub fn gated_delta_rule(gpu: &Gpu, a: &DeltaRuleArgs<'_>) -> Result<Kernel> {
+    let d = &a.spec;
+    let (hk, hv, dk, dv, t) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim, a.n_tokens);
+    if hk == 0 || hv % hk != 0 || dk == 0 || dv == 0 || dk > MAX_HEAD_DIM || dv > MAX_HEAD_DIM || t == 0 || a.ring < 2 {
+        return Err(Error::InvalidArgument(format!(
+            "gated_delta_rule: Hk {hk}, Hv {hv} (a multiple), Dk {dk}, Dv {dv} (1..={MAX_HEAD_DIM}), T {t}, ring {}",
+            a.ring
+        )));
+    }
+    let ld_qkv = d.conv_dim();
+    if a.z_col + hv * dv > a.ld_mix || a.b_col + hv > a.ld_mix || a.a_col + hv > a.ld_mix {
+        return Err(Error::InvalidArgument("gated_delta_rule: z, b or a lies past the mix row".into()));
+    }
+    f32_check("qkv", a.qkv, t * ld_qkv)?;
+    f32_check("mix", a.mix, (t - 1) * a.ld_mix + a.ld_mix)?;
+    f32_check("a_log", a.a_log, hv)?;
+    f32_check("dt_bias", a.dt_bias, hv)?;
+    f32_check("norm", a.norm, dv)?;
+    f32_check("state", a.state, a.ring * hv * dk * dv)?;
+    f32_check("out", a.out, t * hv * dv)?;
+    let params: [u32; 12] = [
+        hk as u32,
+        hv as u32,
+        ld_qkv as u32,
+        a.ld_mix as u32,
+        a.z_col as u32,
+        a.b_col as u32,
+        a.a_col as u32,
+        t as u32,
+        a.ring as u32,
+        a.eps.to_bits(),
+        0,
+        0,
+    ];
+    let params = gpu.uniform("gated_delta_rule.params", &params);
+    let wg = dv.next_power_of_two().max(8);
+    gpu.kernel(
+        "gated_delta_rule",
+        "main",
+        &gpu.macros().set("DK", dk).set("DV", dv).set("WG", wg),
+        &[
+            a.qkv.binding(),
+            a.mix.binding(),
+            a.a_log.binding(),
+            a.dt_bias.binding(),
+            a.norm.binding(),
+            a.state.binding(),
+            a.out.binding(),
+            a.step.as_entire_binding(),
+            params.as_entire_binding(),
+        ],
+        [hv as u32, 1, 1],
+    )
+}
+
+/// CPU twins, written like transformers' torch code (f64 where it accumulates).
+pub mod cpu {
+    use crate::model::config::DeltaNetSpec;
+
+    fn silu(x: f64) -> f64 {
+        x / (1.0 + (-x).exp())
+    }
+
+    /// `causal_conv1d_update` over `t` rows of `x` (row stride `ld_x`, the first `c` columns),
+    /// `state` `(K-1, C)` updated in place, taps `w` `(C, K)`; returns `(t, C)`.
+    pub fn causal_conv1d(x: &[f32], ld_x: usize, t: usize, w: &[f32], k: usize, state: &mut [f32]) -> Vec<f32> {
+        let c = w.len() / k;
+        let mut out = vec![0f32; t * c];
+        for ch in 0..c {
+            let mut win: Vec<f64> = (0..k - 1).map(|j| state[j * c + ch] as f64).collect();
+            for r in 0..t {
+                win.push(x[r * ld_x + ch] as f64);
+                let acc: f64 = (0..k).map(|j| w[ch * k + j] as f64 * win[j]).sum();
+                out[r * c + ch] = silu(acc) as f32;
+                win.remove(0);
+            }
+            for j in 0..k - 1 {
+                state[j * c + ch] = win[j] as f32;
+            }
+        }
+        out
+    }
+
+    /// `Qwen3_5MoeRMSNormGated`: `x * rsqrt(mean(x²) + eps) * w * silu(z)` over one head.
+    pub fn rms_norm_gated(x: &[f64], z: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+        let r = 1.0 / (ms + eps as f64).sqrt();
+        x.iter().zip(z).zip(w).map(|((v, &z), &w)| (v * r * w as f64 * silu(z as f64)) as f32).collect()
+    }
+
+    /// The gated delta rule and the gated norm (see `wgsl/gated_delta_rule.wgsl`) for `t` tokens:
+    /// `qkv` `(t, 2 Hk Dk + Hv Dv)`, z/b/a rows of `mix` (stride `ld_mix`, from their columns),
+    /// `state` `(Hv, Dk, Dv)` updated in place; returns `(t, Hv Dv)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_rule(
+        d: &DeltaNetSpec,
+        qkv: &[f32],
+        mix: &[f32],
+        (ld_mix, z_col, b_col, a_col): (usize, usize, usize, usize),
+        a_log: &[f32],
+        dt_bias: &[f32],
+        norm: &[f32],
+        eps: f32,
+        t: usize,
+        state: &mut [f32],
+    ) -> Vec<f32> {
+        let (hk, hv, dk, dv) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim);
+        let ld = d.conv_dim();
+        let l2 = |x: &[f32]| -> Vec<f64> {
+            let n = 1.0 / (x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() + 1e-6).sqrt();
+            x.iter().map(|&v| v as f64 * n).collect()
+        };
+        let mut out = vec![0f32; t * hv * dv];
+        for r in 0..t {
+            let row = &qkv[r * ld..][..ld];
+            let m = &mix[r * ld_mix..][..ld_mix];
+            for h in 0..hv {
+                let kh = h / (hv / hk);
+                let q: Vec<f64> = l2(&row[kh * dk..][..dk]).iter().map(|v| v / (dk as f64).sqrt()).collect();
+                let k = l2(&row[hk * dk + kh * dk..][..dk]);
+                let v = &row[2 * hk * dk + h * dv..][..dv];
+                let beta = 1.0 / (1.0 + (-(m[b_col + h] as f64)).exp());
+                let x = m[a_col + h] as f64 + dt_bias[h] as f64;
+                let softplus = if x > 20.0 { x } else { x.exp().ln_1p() };
+                let decay = (-(a_log[h] as f64).exp() * softplus).exp();
+                let s = &mut state[h * dk * dv..][..dk * dv];
+                let mut o = vec![0f64; dv];
+                for j in 0..dv {
+                    let mut kv = 0f64;
+                    for i in 0..dk {
+                        let sij = s[i * dv + j] as f64 * decay;
+                        s[i * dv + j] = sij as f32;
+                        kv += sij * k[i];
+                    }
+                    let delta = (v[j] as f64 - kv) * beta;
+                    for i in 0..dk {
+                        let sij = s[i * dv + j] as f64 + k[i] * delta;
+                        s[i * dv + j] = sij as f32;
+                        o[j] += sij * q[i];
+                    }
+                }
+                let z = &m[z_col + h * dv..][..dv];
+                out[r * hv * dv + h * dv..][..dv].copy_from_slice(&rms_norm_gated(&o, z, norm, eps));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::tensor::test_util::*;
+    use crate::ops::StepParams;
+
+    fn set_step(gpu: &Gpu, step: &wgpu::Buffer, pos: usize, n: usize) {
+        let sp = StepParams { pos: pos as u32, n_tokens: n as u32, _pad: [0; 2] };
+        gpu.queue.write_buffer(step, 0, bytemuck::bytes_of(&sp));
+    }
+
+    fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+        let (diff, at) = max_abs_diff(got, want);
+        assert!(diff <= tol, "{what}: max diff {diff} at {at} ({} vs {})", got[at], want[at]);
+    }
+
+    /// Passes of (pos, n) over one sequence: the GPU's outputs and ring slots against the CPU twin
+    /// run token by token; `pos == 0` must ignore a dirty slot.
+    #[test]
+    fn causal_conv1d_matches_cpu() {
+        for gpu in gpu_variants() {
+            for (c, k, ld) in [(40, 4, 52), (7, 2, 7), (130, 4, 130)] {
+                let t_max = 9;
+                let ring = 3;
+                let x = random(t_max * ld * 3, 5 + c as u64, 1.0);
+                let w = random(c * k, 6, 0.5);
+                // Each pass reads its own rows of x (a tensor each).
+                let xs: Vec<Tensor> = (0..3)
+                    .map(|i| gpu.upload_f32("x", &[t_max, ld], &x[i * t_max * ld..][..t_max * ld]).unwrap())
+                    .collect();
+                let wt = gpu.upload_f32("w", &[c, k], &w).unwrap();
+                // A dirty ring: pos 0 must read zeros anyway.
+                let st = gpu.upload_f32("state", &[ring, k - 1, c], &random(ring * (k - 1) * c, 7, 3.0)).unwrap();
+                let out = gpu.empty("out", &[t_max, c], ElemType::F32).unwrap();
+                let step = gpu.uniform("step", &StepParams::default());
+                let mut cpu_state = vec![0f32; (k - 1) * c];
+                let mut pos = 0;
+                for (pass, n) in [7usize, 1, 1, 3, 1].into_iter().enumerate() {
+                    let off = pass % 3 * t_max * ld;
+                    let kern = causal_conv1d(&gpu, &xs[pass % 3], ld, &wt, &st, &out, &step, t_max, ring).unwrap();
+                    set_step(&gpu, &step, pos, n);
+                    gpu.run(&[&kern]).unwrap();
+                    let got = gpu.read_f32(&out).unwrap();
+                    let want = cpu::causal_conv1d(&x[off..], ld, n, &w, k, &mut cpu_state);
+                    // K products and a sum in f32, then exp: a few ulps of values ~1.
+                    assert_close(&got[..n * c], &want, 1e-5, &format!("c={c} k={k} pos={pos} n={n}"));
+                    pos += n;
+                    let slots = gpu.read_f32(&st).unwrap();
+                    let slot = &slots[(pos % ring) * (k - 1) * c..][..(k - 1) * c];
+                    assert_close(slot, &cpu_state, 0.0, "state slot");
+                }
+            }
+        }
+    }
+
+    fn spec(hk: usize, hv: usize, dk: usize, dv: usize) -> DeltaNetSpec {
+        DeltaNetSpec { k_heads: hk, v_heads: hv, k_dim: dk, v_dim: dv, conv_kernel: 4 }
+    }
+
+    struct Case {
+        qkv: Vec<f32>,
+        mix: Vec<f32>,
+        cols: (usize, usize, usize, usize),
+        a_log: Vec<f32>,
+        dt_bias: Vec<f32>,
+        norm: Vec<f32>,
+    }
+
+    impl Case {
+        fn new(d: DeltaNetSpec, rows: usize, seed: u64) -> Case {
+            let (hv, vd) = (d.v_heads, d.value_dim());
+            // mix = [pad 3 | z | b | a | pad 5]: z, b and a at odd columns, as views would not allow.
+            let (z_col, b_col, a_col) = (3, 3 + vd, 3 + vd + hv);
+            let ld_mix = a_col + hv + 5;
+            let mut mix = random(rows * ld_mix, seed, 1.0);
+            for r in 0..rows {
+                for h in 0..hv {
+                    mix[r * ld_mix + a_col + h] *= 2.0;
+                }
+            }
+            let mut rng = random(hv * 2, seed + 1, 1.0).into_iter();
+            Case {
+                qkv: random(rows * d.conv_dim(), seed + 2, 0.5),
+                mix,
+                cols: (ld_mix, z_col, b_col, a_col),
+                // A = exp(A_log) in [1, 16]; dt_bias near 1.
+                a_log: (0..hv).map(|_| (1.0 + 7.5 * (rng.next().unwrap() + 1.0)).ln()).collect(),
+                dt_bias: (0..hv).map(|_| 1.0 + 0.1 * rng.next().unwrap()).collect(),
+                norm: random(d.v_dim, seed + 3, 0.2).iter().map(|w| 1.0 + w).collect(),
+            }
+        }
+    }
+
+    /// Prefill, decode steps reading the ring, a dirty slot at pos 0, GQA-style 2:1 heads, odd
+    /// head dims, z/b/a at arbitrary columns; then a rollback: the pass at pos 8 re-run after
+    /// passes to 10 finds slot 8 intact.
+    #[test]
+    fn gated_delta_rule_matches_cpu() {
+        for gpu in gpu_variants() {
+            for d in [spec(2, 4, 16, 16), spec(1, 2, 24, 12), spec(2, 2, 128, 128)] {
+                let (rows, ring, eps) = (12, 4, 1e-6);
+                let c = Case::new(d, 3 * rows, 11 + d.k_dim as u64);
+                let up = |n: &str, v: &[f32]| gpu.upload_f32(n, &[v.len()], v).unwrap();
+                let (ld_mix, z_col, b_col, a_col) = c.cols;
+                // A tensor per pass of each input.
+                let qkv: Vec<Tensor> =
+                    (0..3).map(|p| up("qkv", &c.qkv[p * rows * d.conv_dim()..][..rows * d.conv_dim()])).collect();
+                let mix: Vec<Tensor> =
+                    (0..3).map(|p| up("mix", &c.mix[p * rows * ld_mix..][..rows * ld_mix])).collect();
+                let (a_log, dt_bias, norm) = (up("a_log", &c.a_log), up("dt_bias", &c.dt_bias), up("norm", &c.norm));
+                let hsz = d.v_heads * d.k_dim * d.v_dim;
+                let state = up("state", &random(ring * hsz, 3, 1.0));
+                let out = gpu.empty("out", &[rows, d.value_dim()], ElemType::F32).unwrap();
+                let step = gpu.uniform("step", &StepParams::default());
+                let record = |pass: usize| {
+                    let args = DeltaRuleArgs {
+                        spec: d,
+                        qkv: &qkv[pass],
+                        mix: &mix[pass],
+                        ld_mix,
+                        z_col,
+                        b_col,
+                        a_col,
+                        a_log: &a_log,
+                        dt_bias: &dt_bias,
+                        norm: &norm,
+                        state: &state,
+                        out: &out,
+                        step: &step,
+                        n_tokens: rows,
+                        ring,
+                        eps,
+                    };
+                    gated_delta_rule(&gpu, &args).unwrap()
+                };
+                let cpu_pass = |pass: usize, n: usize, st: &mut Vec<f32>| {
+                    let qkv = &c.qkv[pass * rows * d.conv_dim()..];
+                    let mix = &c.mix[pass * rows * ld_mix..];
+                    cpu::gated_delta_rule(&d, qkv, mix, c.cols, &c.a_log, &c.dt_bias, &c.norm, eps, n, st)
+                };
+                // The outputs are RMS-normalized (~1 per element): the bound covers f32 rounding
+                // through up to 12 recurrent steps of Dk-long dot products on unit-norm vectors.
+                let tol = 2e-4;
+                let mut cpu_state = vec![0f32; hsz];
+                let mut pos = 0;
+                let mut at8 = Vec::new();
+                for (pass, n) in [(0, 8), (1, 1), (2, 1)] {
+                    if pos == 8 {
+                        at8 = cpu_state.clone();
+                    }
+                    let k = record(pass);
+                    set_step(&gpu, &step, pos, n);
+                    gpu.run(&[&k]).unwrap();
+                    let got = gpu.read_f32(&out).unwrap();
+                    let want = cpu_pass(pass, n, &mut cpu_state);
+                    assert_close(&got[..want.len()], &want, tol, &format!("{d:?} pos={pos} n={n}"));
+                    pos += n;
+                }
+                // Roll back to 8: the pass there again (other input) starts from slot 8's state.
+                let k = record(2);
+                set_step(&gpu, &step, 8, 1);
+                gpu.run(&[&k]).unwrap();
+                let got = gpu.read_f32(&out).unwrap();
+                let want = cpu_pass(2, 1, &mut at8);
+                assert_close(&got[..want.len()], &want, tol, &format!("{d:?} rollback to 8"));
+            }
+        }
+    }
+}
