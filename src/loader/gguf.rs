@@ -739,6 +739,7 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
                 shape: t.shape.clone(),
                 affine: None,
                 pick: None,
+                stack: None,
             };
             (t.name.clone(), st)
         })

@@ -116,6 +116,7 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
         tensors.remove("output.weight");
     }
     split_halves(&mut tensors, &config, dir)?;
+    stack_experts(&mut tensors, dir)?;
     check_tensors(&config, &tensors, dir)?;
 
     // Tokenizer files.
@@ -317,6 +318,7 @@ fn load_safetensors(
             shape: e.shape,
             affine: None,
             pick: None,
+            stack: None,
         };
         if let Some((prev, _)) = out.insert(canonical.clone(), (e.name.clone(), st)) {
             return Err(Error::corrupt(
@@ -432,6 +434,7 @@ fn mlx_affine(
                 biases: (biases.1, biases.2, biases.3),
             })),
             pick: None,
+            stack: None,
         };
         if let Some((prev, _)) = tensors.insert(canonical.clone(), (name.clone(), st)) {
             return Err(mismatch(format!("{} maps to {canonical} too", shown(&prev))));
@@ -583,6 +586,7 @@ pub fn canonical_name(hf: &str, arch: Arch) -> Option<String> {
         return match qwen3_5_moe::tensor_name(rest)? {
             TensorName::One(n) => Some(format!("blk.{layer}.{n}")),
             TensorName::Halves(a, b) => Some(format!("blk.{layer}.{a}|{b}")),
+            TensorName::Expert(n, e) => Some(format!("blk.{layer}.{n}#{e}")),
         };
     }
     let (module, suffix) = match rest.rsplit_once('.')? {
@@ -1003,6 +1007,42 @@ fn build_qwen35_moe(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<
         return Err(Error::Unsupported(format!("activation {} in a qwen3_5_moe model", shown(act))));
     }
     Ok(q.model_config())
+}
+
+/// Stacks each expert tensor `name#e` (e = 0..E, all present, one shape and type) into `name`
+/// of shape [E, ..].
+fn stack_experts(tensors: &mut HashMap<String, StoredTensor>, path: &Path) -> Result<()> {
+    let mut stacks: HashMap<String, Vec<(usize, StoredTensor)>> = HashMap::new();
+    let keys: Vec<String> = tensors.keys().filter(|k| k.contains('#')).cloned().collect();
+    for key in keys {
+        let (name, e) = key.split_once('#').expect("an expert key");
+        let e: usize = e.parse().expect("written by canonical_name");
+        let t = tensors.remove(&key).expect("listed");
+        stacks.entry(name.to_string()).or_default().push((e, t));
+    }
+    for (name, mut parts) in stacks {
+        parts.sort_by_key(|(e, _)| *e);
+        let bad = |msg: String| Err(Error::Mismatch(format!("{}: experts of {name}: {msg}", path.display())));
+        if let Some((i, (e, _))) = parts.iter().enumerate().find(|(i, (e, _))| i != e) {
+            return bad(format!("expert {i} is missing (the next present is {e})"));
+        }
+        let first = parts[0].1.clone();
+        if let Some((e, t)) = parts.iter().find(|(_, t)| t.shape != first.shape || t.dtype != first.dtype) {
+            return bad(format!("expert {e} is {} {:?}, expert 0 {} {:?}", t.dtype, t.shape, first.dtype, first.shape));
+        }
+        let n = parts.len();
+        let st = StoredTensor {
+            len: first.len * n,
+            shape: [n].into_iter().chain(first.shape.iter().copied()).collect(),
+            pick: None,
+            stack: Some(parts.into_iter().map(|(_, t)| t).collect()),
+            ..first
+        };
+        if tensors.insert(name.clone(), st).is_some() {
+            return bad("both stacked and per-expert tensors are present".into());
+        }
+    }
+    Ok(())
 }
 
 /// Splits each tensor named `a|b` (a [`TensorName::Halves`]) into `a` and `b`: row groups of

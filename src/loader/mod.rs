@@ -111,6 +111,9 @@ pub(crate) struct StoredTensor {
     /// This tensor is some of a stored tensor's rows ([`RowPick`]); `len`, `shape` are the
     /// picked ones.
     pub pick: Option<RowPick>,
+    /// This tensor is these stored tensors stacked (one per expert, transformers' per-expert
+    /// `experts.{e}.*_proj`): `shape` = [E, ..their shape], `len` their sum.
+    pub stack: Option<Vec<StoredTensor>>,
 }
 
 /// Rows picked out of a stored tensor of `src_rows` rows (`src_len` bytes as [`Checkpoint::raw`]
@@ -332,6 +335,18 @@ impl Checkpoint {
         let t = self.tensors.get(name).ok_or_else(|| {
             Error::Mismatch(format!("tensor {} is missing from {}", shown(name), self.path.display()))
         })?;
+        Ok(TensorView { name, dtype: t.dtype, shape: t.shape.clone(), bytes: self.read_stored(t)? })
+    }
+
+    /// The bytes of a stored (or picked, or stacked) tensor.
+    fn read_stored(&self, t: &StoredTensor) -> Result<Vec<u8>> {
+        if let Some(parts) = &t.stack {
+            let mut out = Vec::with_capacity(t.len);
+            for p in parts {
+                out.extend(self.read_stored(p)?);
+            }
+            return Ok(out);
+        }
         let src_len = t.pick.map_or(t.len, |p| p.src_len);
         let bytes = match &t.affine {
             None => self.files[t.file].read(t.offset, src_len)?,
@@ -349,11 +364,10 @@ impl Checkpoint {
                 out
             }
         };
-        let bytes = match t.pick {
+        Ok(match t.pick {
             None => bytes,
             Some(p) => p.apply(&bytes),
-        };
-        Ok(TensorView { name, dtype: t.dtype, shape: t.shape.clone(), bytes })
+        })
     }
 
     /// The tensor as f32 with fixups applied, after checking its shape. Non-finite values are an

@@ -350,6 +350,7 @@ pub fn build(config: &ModelConfig, recipe: &str, label: &str, seed: u64) -> Resu
                     shape: p.shape,
                     affine: None,
                     pick: None,
+                    stack: None,
                 },
             )
         })

@@ -175,6 +175,9 @@ pub enum TensorName {
     /// rest `.1`. `q_proj` = [q_h | gate_h] per head; transformers' fused
     /// `experts.gate_up_proj` = [gate_e | up_e] per expert.
     Halves(&'static str, &'static str),
+    /// One expert's matrix of a stack (`experts.{e}.gate_proj` in transformers' checkpoints):
+    /// stacked in expert order into the canonical `[E, rows, cols]` tensor.
+    Expert(&'static str, usize),
 }
 
 /// The canonical name of a layer tensor by its module path after `model.layers.{i}.`, in
@@ -213,7 +216,16 @@ pub fn tensor_name(module: &str) -> Option<TensorName> {
         "mlp.switch_mlp.gate_proj.weight" => One("ffn_gate_exps.weight"),
         "mlp.switch_mlp.up_proj.weight" => One("ffn_up_exps.weight"),
         "mlp.switch_mlp.down_proj.weight" => One("ffn_down_exps.weight"),
-        _ => return None,
+        _ => {
+            let (e, proj) = module.strip_prefix("mlp.experts.")?.split_once('.')?;
+            let e: usize = e.parse().ok().filter(|_| e == "0" || !e.starts_with('0'))?;
+            match proj {
+                "gate_proj.weight" => Expert("ffn_gate_exps.weight", e),
+                "up_proj.weight" => Expert("ffn_up_exps.weight", e),
+                "down_proj.weight" => Expert("ffn_down_exps.weight", e),
+                _ => return None,
+            }
+        }
     })
 }
 

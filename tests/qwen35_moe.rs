@@ -1,0 +1,60 @@
+//! Qwen3.5-MoE (Gated DeltaNet + gated attention + sparse MoE with a shared expert) against
+//! transformers' own forward: a tiny random `Qwen3_5MoeForCausalLM` (8 layers: three DeltaNet
+//! layers, then full attention, twice; 8 experts, top 2, a shared expert; partial rotary; GQA)
+//! saved by `save_pretrained` (per-expert tensors, (1 + w) norms, conv taps [C, 1, K]) and its f32
+//! CPU forward, made by tools/make_qwen35moe_fixture.py (committed: the folder and the fixture).
+//!
+//! Error budget: the fixture's matrices are f16-representable (the engine's weight type), so both
+//! sides compute with the same weights; what differs is the f16 KV cache and the order of f32
+//! sums. Logits have standard deviation ~1. The prompt was chosen so that no router top-k choice
+//! is within 0.03 of a tie (the fixture's min_router_logit_margin).
+
+mod common;
+
+use common::reference::{check_path, Check};
+use wgpu_llm::loader::Checkpoint;
+use wgpu_llm::model::config::{Arch, Mixer, MlpSpec};
+
+/// Observed on lavapipe: 0.0003 (f16 KV cache, f32 sums in another order); 10x that.
+const MAX_ABS: f32 = 0.003;
+
+fn tiny() -> std::path::PathBuf {
+    common::fixture_dir().join("models/qwen35moe_tiny")
+}
+
+/// The folder reads as its config says: the layer kinds, the stacked experts (from per-expert
+/// tensors) and q_proj's rows split into q and the output gate.
+#[test]
+fn tiny_checkpoint_layout() {
+    let ck = Checkpoint::open(&tiny()).unwrap();
+    let c = &ck.config;
+    assert_eq!(c.arch, Arch::Qwen35Moe);
+    let kinds: Vec<bool> = (0..c.num_layers).map(|l| matches!(c.layer(l).mixer, Mixer::Attention(_))).collect();
+    assert_eq!(kinds, [false, false, false, true, false, false, false, true]);
+    assert!(matches!(
+        c.layer(0).mlp,
+        MlpSpec::Moe { experts: 8, top_k: 2, intermediate: 32, shared_intermediate: 48, .. }
+    ));
+    assert_eq!(ck.raw("blk.0.ffn_gate_exps.weight").unwrap().shape, [8, 32, 64]);
+    assert_eq!(ck.raw("blk.0.ffn_down_exps.weight").unwrap().shape, [8, 64, 32]);
+    assert_eq!(ck.raw("blk.3.attn_q.weight").unwrap().shape, [128, 64]);
+    assert_eq!(ck.raw("blk.3.attn_out_gate.weight").unwrap().shape, [128, 64]);
+    match c.layer(3).mixer {
+        Mixer::Attention(a) => assert_eq!((a.rope.rotary_dim, a.output_gate, a.qk_norm), (8, true, true)),
+        Mixer::DeltaNet(_) => unreachable!(),
+    }
+}
+
+/// Prompt logits and 16 greedy steps (decode through the recurrent states and the KV cache).
+#[test]
+fn tiny_matches_transformers() {
+    let err = check_path(&tiny(), "qwen35moe_tiny", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
+    eprintln!("max |logit error| {err}");
+}
+
+/// The same through a chunked prefill (5 tokens a pass: the recurrent states and the conv window
+/// carried across passes).
+#[test]
+fn tiny_chunked_prefill_matches_transformers() {
+    check_path(&tiny(), "qwen35moe_tiny", Check { max_abs: MAX_ABS, steps: 2, prefill_chunk: Some(5) });
+}
