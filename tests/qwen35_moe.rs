@@ -58,3 +58,30 @@ fn tiny_matches_transformers() {
 fn tiny_chunked_prefill_matches_transformers() {
     check_path(&tiny(), "qwen35moe_tiny", Check { max_abs: MAX_ABS, steps: 2, prefill_chunk: Some(5) });
 }
+
+/// Qwen3.5's published layout: experts fused (`experts.gate_up_proj` [E, 2I, H] split into gate
+/// and up at load), the multimodal config with the text config nested: the same logits.
+#[test]
+fn fused_experts_folder_matches_transformers() {
+    let dir = common::mlx::qwen35moe_tiny("fused");
+    check_path(&dir, "qwen35moe_tiny", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
+}
+
+/// mlx-lm's converted folder (its names: stacked `switch_mlp` experts, conv taps [C, K, 1], the
+/// norms' 1 already added; bf16) against mlx-lm's own forward in f32 over the same weights.
+#[test]
+fn mlx_folder_matches_mlx_lm() {
+    let dir = common::mlx::qwen35moe_tiny("mlx");
+    check_path(&dir, "qwen35moe_tiny_mlx", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
+}
+
+/// mlx-lm's 4-bit conversion (group 64; routers 8-bit; layers too narrow for a group stay bf16)
+/// against mlx-lm's own forward over the same quantized weights.
+#[test]
+fn mlx4_folder_matches_mlx_lm() {
+    let dir = common::mlx::qwen35moe_tiny("mlx4");
+    let ck = Checkpoint::open(&dir).unwrap();
+    assert_eq!(ck.raw("blk.0.ffn_gate_exps.weight").unwrap().dtype.name(), "mlx4_g64_bf16");
+    assert_eq!(ck.raw("blk.0.ffn_gate_inp.weight").unwrap().dtype.name(), "mlx8_g64_bf16");
+    check_path(&dir, "qwen35moe_tiny_mlx4", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
+}

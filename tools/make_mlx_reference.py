@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--prompt-from", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--name", default="SmolLM2-135M-Instruct, MLX quantized by mlx_lm.convert")
     a = ap.parse_args()
 
     model, _tok = load(a.mlx_dir)
@@ -54,7 +55,7 @@ def main() -> None:
     t5, v5 = top5(first)
     cfg = json.load(open(f"{a.mlx_dir}/config.json"))
     meta = {
-        "model": "SmolLM2-135M-Instruct, MLX quantized by mlx_lm.convert",
+        "model": a.name,
         "quantization": cfg.get("quantization"),
         "prompt_from": a.prompt_from,
         "prompt_ids": ids,

@@ -138,3 +138,38 @@ pub fn write_hf_folder(gguf: &Path, dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::rename(&tmp, dir).unwrap();
 }
+
+/// The tiny Qwen3.5-MoE fixture (tests/fixtures/models/qwen35moe_tiny) in another layout, built
+/// on first use by tools/make_qwen35moe_mlx.py: `"fused"` (transformers' names with the experts
+/// fused as Qwen3.5's published checkpoints store them; numpy + safetensors only), `"mlx"`
+/// (mlx-lm's converter, bf16) or `"mlx4"` (mlx-lm's converter, 4-bit group 64; the routers 8-bit).
+pub fn qwen35moe_tiny(layout: &str) -> PathBuf {
+    let out = cache_dir().join(format!("qwen35moe-tiny-{layout}"));
+    if out.join("config.json").is_file() && out.join("model.safetensors").is_file() {
+        return out;
+    }
+    let root = env!("CARGO_MANIFEST_DIR");
+    let src = format!("{root}/tests/fixtures/models/qwen35moe_tiny");
+    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut cmd = Command::new(&py);
+    cmd.arg(format!("{root}/tools/make_qwen35moe_mlx.py")).arg(&src).arg(&out);
+    match layout {
+        "fused" => {}
+        "mlx" => {
+            cmd.args(["--mlx", "--float"]);
+        }
+        "mlx4" => {
+            cmd.args(["--mlx", "--bits", "4", "--group", "64"]);
+        }
+        other => panic!("no layout {other}"),
+    }
+    std::fs::create_dir_all(cache_dir()).unwrap();
+    let status = cmd.output().unwrap_or_else(|e| panic!("running {py} tools/make_qwen35moe_mlx.py: {e}"));
+    assert!(
+        status.status.success(),
+        "tools/make_qwen35moe_mlx.py failed (it needs numpy, safetensors and for MLX layouts mlx-lm: \
+         pip install \"mlx[cpu]==0.32.4\" \"mlx-lm==0.32.2\"):\n{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    out
+}
