@@ -4,7 +4,9 @@
 //! non-finite logits into an error instead of tokens.
 //!
 //! The model is a small synthetic one (random Q8_0 weights, llama layout) so lavapipe runs many
-//! steps quickly; the loops never look at the architecture.
+//! steps quickly; the loops never look at the architecture, except that a recurrent model
+//! (Qwen3.5's Gated DeltaNet layers) rolls back only a few passes: the pipelined and rollback
+//! tests run on a small synthetic Qwen3.5-MoE too.
 
 mod common;
 
@@ -33,6 +35,18 @@ fn model_of(gpu: &Gpu, config: &ModelConfig, ctx: usize) -> Model {
 
 fn tiny(gpu: &Gpu) -> Model {
     model_of(gpu, &tiny_config(), 128)
+}
+
+/// Qwen3.5-MoE's layout (Gated DeltaNet and gated attention layers, 8 experts top 2 with a
+/// shared expert), shrunk.
+fn tiny_recurrent(gpu: &Gpu) -> Model {
+    let mut q = wgpu_llm::model::qwen3_5_moe::Qwen35MoeConfig::qwen3_5_35b_a3b();
+    (q.vocab_size, q.hidden_size, q.max_position_embeddings) = (1000, 64, 256);
+    (q.num_attention_heads, q.num_key_value_heads, q.head_dim) = (4, 2, 32);
+    q.full_attention = vec![false, false, true];
+    (q.linear_num_key_heads, q.linear_num_value_heads, q.linear_key_head_dim, q.linear_value_head_dim) = (2, 4, 16, 16);
+    (q.num_experts, q.num_experts_per_tok, q.moe_intermediate_size, q.shared_expert_intermediate_size) = (8, 2, 32, 64);
+    model_of(gpu, &q.model_config(), 128)
 }
 
 const PROMPT: [u32; 7] = [3, 141, 59, 265, 358, 979, 323];
@@ -71,8 +85,17 @@ fn run(
 
 #[test]
 fn pipelined_loop_gives_the_step_by_step_tokens() {
+    pipelined_equals_step_by_step(tiny);
+}
+
+#[test]
+fn pipelined_loop_gives_the_step_by_step_tokens_recurrent() {
+    pipelined_equals_step_by_step(tiny_recurrent);
+}
+
+fn pipelined_equals_step_by_step(build: fn(&Gpu) -> Model) {
     let gpu = common::gpu();
-    let mut model = tiny(&gpu);
+    let mut model = build(&gpu);
     let mut device = DeviceSampler::new(&gpu).unwrap();
     for params in [SamplingParams::greedy(), sampled(7), sampled(8)] {
         let (reference, s) = run(&mut model, &mut HostSampler, &PROMPT, 24, &params, &[], 0);
@@ -102,8 +125,19 @@ fn pipelined_loop_gives_the_step_by_step_tokens() {
 
 #[test]
 fn eos_overshoot_is_rolled_back() {
+    eos_rollback(tiny);
+}
+
+/// The recurrent states roll back with the KV cache: the state ring keeps the states of the steps
+/// in flight.
+#[test]
+fn eos_overshoot_is_rolled_back_recurrent() {
+    eos_rollback(tiny_recurrent);
+}
+
+fn eos_rollback(build: fn(&Gpu) -> Model) {
     let gpu = common::gpu();
-    let mut model = tiny(&gpu);
+    let mut model = build(&gpu);
     let mut device = DeviceSampler::new(&gpu).unwrap();
     let params = sampled(21);
     let (free, _) = run(&mut model, &mut device, &PROMPT, 20, &params, &[], 0);
@@ -122,7 +156,7 @@ fn eos_overshoot_is_rolled_back() {
     // equal those of a model that ran the step-by-step loop to the same eos.
     let next = [17u32];
     let after_pipelined = gpu.read_f32(&model.forward(&next).unwrap()).unwrap();
-    let mut fresh = tiny(&gpu);
+    let mut fresh = build(&gpu);
     let (tokens0, s0) = run(&mut fresh, &mut device, &PROMPT, 20, &params, &[eos], 0);
     assert_eq!((tokens0.as_slice(), s0.discarded_steps), (want, 0));
     let after_step_by_step = gpu.read_f32(&fresh.forward(&next).unwrap()).unwrap();
@@ -132,7 +166,7 @@ fn eos_overshoot_is_rolled_back() {
     // A second prompt on the same model gives what it gives on a fresh one.
     let other = [5u32, 6, 7, 8, 9];
     let (second, _) = run(&mut model, &mut device, &other, 12, &params, &[], depth);
-    let (fresh_second, _) = run(&mut tiny(&gpu), &mut device, &other, 12, &params, &[], 0);
+    let (fresh_second, _) = run(&mut build(&gpu), &mut device, &other, 12, &params, &[], 0);
     assert_eq!(second, fresh_second);
 }
 
