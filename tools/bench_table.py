@@ -54,7 +54,9 @@ if rows:
 for r in records(f"{d}/synth.jsonl"):
     res = r["result"]
     if "error" in res:
-        print(f"synthetic {r['synthetic']}: error {res['error']}")
+        print(f"synthetic {r['synthetic']} {r.get('loop', '')}: error {res['error']}")
     else:
-        print(f"synthetic {r['synthetic']}: pp {res['prefill_tok_s']:.0f} tok/s, tg {res['decode_tok_s']:.1f} tok/s, "
-              f"GPU {res['decode_step']['median'].get('gpu_us')} us/step, weights {res['weights_bytes'] / 1e6:.0f} MB")
+        st = res['decode_step']['median']
+        print(f"synthetic {r['synthetic']} {r.get('loop', '')}: pp{res.get('prompt_tokens', '')} {res['prefill_tok_s']:.0f} tok/s, "
+              f"tg {res['decode_tok_s']:.1f} tok/s, GPU {st.get('gpu_us')} us/step, {st.get('dispatches')} dispatches, "
+              f"weights {res['weights_bytes'] / 1e6:.0f} MB")

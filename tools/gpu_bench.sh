@@ -38,10 +38,14 @@ for m in $models; do
     done
   done
 done
+# Synthetic models: SYNTH="preset:recipe ...", each with the loops of SYNTH_LOOPS (name:flags; default the pipelined
+# device sampler, greedy); SYNTH_ARGS adds flags to every run (e.g. --profile 20, --prompt-tokens 1505).
 for s in ${SYNTH:-}; do
-  echo "{\"synthetic\":\"$s\",\"result\":" >> "$out/synth.jsonl"
-  timeout 180 $B bench --synthetic "$s" --json --reps "$reps" --seed 1 --temperature 0 >> "$out/synth.jsonl" 2>> "$out/wgpu.err" \
-    || echo "{\"error\":$?}" >> "$out/synth.jsonl"
-  echo "}" >> "$out/synth.jsonl"
+  for l in ${SYNTH_LOOPS:-"d3:--pipeline=3"}; do
+    echo "{\"synthetic\":\"$s\",\"loop\":\"${l%%:*}\",\"result\":" >> "$out/synth.jsonl"
+    timeout ${SYNTH_TIMEOUT:-240} $B bench --synthetic "$s" --json --reps "$reps" --seed 1 --temperature 0 ${l#*:} ${SYNTH_ARGS:-} \
+      >> "$out/synth.jsonl" 2>> "$out/wgpu.err" || echo "{\"error\":$?}" >> "$out/synth.jsonl"
+    echo "}" >> "$out/synth.jsonl"
+  done
 done
 python3 tools/bench_table.py "$out" | tee "$out/table.md"
