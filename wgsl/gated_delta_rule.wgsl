@@ -1,21 +1,25 @@
 // gated_delta_rule: Gated DeltaNet's recurrence (transformers' torch_recurrent_gated_delta_rule
-// with use_qk_l2norm_in_kernel) and the gated RMSNorm after it (Qwen3_5MoeRMSNormGated), per
-// value head h and token t of the pass (k head kh = h / (Hv / Hk): repeat_interleave):
+// with use_qk_l2norm_in_kernel), per value head h and token t of the pass (k head
+// kh = h / (Hv / Hk): repeat_interleave):
 //   q, k   = l2norm(q_kh), l2norm(k_kh)        x * inverseSqrt(sum(x^2) + 1e-6), then q /= sqrt(Dk)
 //   beta   = sigmoid(b[t, h]);  g = -exp(A_log[h]) * softplus(a[t, h] + dt_bias[h])
 //   S      = S * exp(g)                          S: (Dk, Dv), the head's recurrent state
 //   delta  = (v - S^T k) * beta;  S = S + k delta^T;  o = S^T q
-//   out    = o * inverseSqrt(mean(o^2) + eps) * norm_w * silu(z[t, h])
+// o goes to out; the gated RMSNorm after it is rms_norm_gated (a head's columns span workgroups).
 // The state is a ring of R slots (as in causal_conv1d): a pass at pos with n tokens reads slot
 // pos % R (zeros when pos == 0) and writes slot (pos + n) % R.
 //
-// Grid: one workgroup per value head (Hv workgroups); thread j < Dv owns column j of S (Dk floats
-// in registers) through all the pass's tokens, so S is read and written once per pass. q and k of
-// the current token and the reductions live in workgroup memory. Macros: DK, DV, WG (power of two
-// >= DV).
+// Grid: (Hv * Dv / CB) workgroups: workgroup (h, block) owns CB columns of head h's S; its
+// CB * RG threads split them by rows: thread (r, c) keeps rows r*ROWS .. (r+1)*ROWS of column
+// block*CB + c in registers through all the pass's tokens (S read and written once per pass), so
+// a decode step spreads the state over many workgroups. The column sums S^T k and S^T q add the RG
+// row groups' partial sums in workgroup memory. Macros: DK, DV, CB (columns per workgroup, divides
+// DV), RG (row groups), ROWS (= ceil(DK / RG)).
 #define DK 16
 #define DV 16
-#define WG 16
+#define CB 16
+#define RG 16
+#define ROWS 1
 
 struct Step {
     pos: u32,
@@ -29,68 +33,54 @@ struct Params {
     v_heads: u32,   // Hv
     ld_qkv: u32,    // row stride of qkv: 2 Hk Dk + Hv Dv
     ld_mix: u32,    // row stride of mix (the in_proj output)
-    z_col: u32,     // first column of z in mix (Hv Dv columns)
     b_col: u32,     // first column of b in mix (Hv columns)
     a_col: u32,     // first column of a in mix (Hv columns)
     n_rows: u32,    // T the kernel was recorded for
     ring: u32,      // R
-    eps: f32,       // the gated norm's epsilon
-    _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> qkv: array<f32>;          // (T, ld_qkv): [q (Hk, Dk) | k (Hk, Dk) | v (Hv, Dv)], after the conv
-@group(0) @binding(1) var<storage, read> mix: array<f32>;          // (T, ld_mix): z, b, a at their columns
+@group(0) @binding(1) var<storage, read> mix: array<f32>;          // (T, ld_mix): b, a at their columns
 @group(0) @binding(2) var<storage, read> a_log: array<f32>;        // (Hv)
 @group(0) @binding(3) var<storage, read> dt_bias: array<f32>;      // (Hv)
-@group(0) @binding(4) var<storage, read> norm_w: array<f32>;       // (Dv)
-@group(0) @binding(5) var<storage, read_write> state: array<f32>;  // (R, Hv, Dk, Dv)
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;    // (T, Hv Dv)
-@group(0) @binding(7) var<uniform> step: Step;
-@group(0) @binding(8) var<uniform> p: Params;
+@group(0) @binding(4) var<storage, read_write> state: array<f32>;  // (R, Hv, Dk, Dv)
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;    // (T, Hv Dv): o, before the gated norm
+@group(0) @binding(6) var<uniform> step: Step;
+@group(0) @binding(7) var<uniform> p: Params;
+
+const WG: u32 = {{CB}}u * {{RG}}u;
 
 var<workgroup> qs: array<f32, {{DK}}>;
 var<workgroup> ks: array<f32, {{DK}}>;
-var<workgroup> red: array<vec2<f32>, {{WG}}>;
-
-// Sum over the workgroup of each thread's pair; every thread gets the total.
-fn reduce2(v: vec2<f32>, lid: u32) -> vec2<f32> {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = {{WG}}u / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
+var<workgroup> red: array<vec2<f32>, WG>;
 
 // torch's softplus (beta 1, threshold 20).
 fn softplus(x: f32) -> f32 {
     return select(log(1.0 + exp(x)), x, x > 20.0);
 }
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h = wid.x;
+@compute @workgroup_size({{CB}}, {{RG}}, 1)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let blocks = {{DV}}u / {{CB}}u;
+    let h = wid.x / blocks;
     if (h >= p.v_heads) {
         return;  // uniform across the workgroup
     }
+    let c = lid3.x;
+    let r = lid3.y;
+    let j = (wid.x % blocks) * {{CB}}u + c;
+    let i0 = r * {{ROWS}}u;
     let kh = h / (p.v_heads / p.k_heads);
     let n = min(step.n_tokens, p.n_rows);
     let head_size = {{DK}}u * {{DV}}u;
     let src = ((step.pos % p.ring) * p.v_heads + h) * head_size;
     let dst = (((step.pos + n) % p.ring) * p.v_heads + h) * head_size;
-    let j = lid;
-    let live = j < {{DV}}u;
-    var s: array<f32, {{DK}}>;
-    for (var i = 0u; i < {{DK}}u; i++) {
-        s[i] = 0.0;
-        if (live && step.pos != 0u) {
-            s[i] = state[src + i * {{DV}}u + j];
+    var s: array<f32, {{ROWS}}>;
+    for (var x = 0u; x < {{ROWS}}u; x++) {
+        s[x] = 0.0;
+        if (i0 + x < {{DK}}u && step.pos != 0u) {
+            s[x] = state[src + (i0 + x) * {{DV}}u + j];
         }
     }
     let decay_rate = -exp(a_log[h]);
@@ -101,43 +91,64 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let row = t * p.ld_qkv;
         // q and k of this token's k head, and their squared norms.
         var sq = vec2<f32>(0.0);
-        for (var i = lid; i < {{DK}}u; i += {{WG}}u) {
+        for (var i = lid; i < {{DK}}u; i += WG) {
             let qv = qkv[row + kh * {{DK}}u + i];
             let kv = qkv[row + k_off + kh * {{DK}}u + i];
             qs[i] = qv;
             ks[i] = kv;
             sq += vec2<f32>(qv * qv, kv * kv);
         }
-        let norms = reduce2(sq, lid);  // also the barrier after the q/k stores
+        red[lid] = sq;
+        workgroupBarrier();
+        for (var w = WG / 2u; w > 0u; w >>= 1u) {
+            if (lid < w) {
+                red[lid] += red[lid + w];
+            }
+            workgroupBarrier();
+        }
+        let norms = red[0];
+        workgroupBarrier();
         let qn = inverseSqrt(norms.x + 1e-6) * q_scale;
         let kn = inverseSqrt(norms.y + 1e-6);
         let mrow = t * p.ld_mix;
         let beta = 1.0 / (1.0 + exp(-mix[mrow + p.b_col + h]));
         let decay = exp(decay_rate * softplus(mix[mrow + p.a_col + h] + dt_bias[h]));
-        var o = 0.0;
-        if (live) {
-            var kv_mem = 0.0;
-            for (var i = 0u; i < {{DK}}u; i++) {
-                s[i] *= decay;
-                kv_mem += s[i] * (ks[i] * kn);
-            }
-            let delta = (qkv[row + v_off + h * {{DV}}u + j] - kv_mem) * beta;
-            for (var i = 0u; i < {{DK}}u; i++) {
-                s[i] += (ks[i] * kn) * delta;
-                o += s[i] * (qs[i] * qn);
-            }
+        // S^T k for column j: this thread's rows, then the row groups' sum.
+        var part = 0.0;
+        for (var x = 0u; x < {{ROWS}}u; x++) {
+            let i = min(i0 + x, {{DK}}u - 1u);
+            s[x] *= decay;
+            part += select(0.0, s[x] * ks[i] * kn, i0 + x < {{DK}}u);
         }
-        // Gated RMSNorm over the head's Dv outputs.
-        let ss = reduce2(vec2<f32>(o * o, 0.0), lid);
-        if (live) {
-            let zv = mix[mrow + p.z_col + h * {{DV}}u + j];
-            let normed = o * inverseSqrt(ss.x / f32({{DV}}u) + p.eps) * norm_w[j];
-            out[t * p.v_heads * {{DV}}u + h * {{DV}}u + j] = normed * (zv / (1.0 + exp(-zv)));
+        red[lid].x = part;
+        workgroupBarrier();
+        var kv_mem = 0.0;
+        for (var g = 0u; g < {{RG}}u; g++) {
+            kv_mem += red[g * {{CB}}u + c].x;
         }
+        workgroupBarrier();
+        let delta = (qkv[row + v_off + h * {{DV}}u + j] - kv_mem) * beta;
+        part = 0.0;
+        for (var x = 0u; x < {{ROWS}}u; x++) {
+            let i = min(i0 + x, {{DK}}u - 1u);
+            let live = i0 + x < {{DK}}u;
+            s[x] += select(0.0, ks[i] * kn * delta, live);
+            part += select(0.0, s[x] * qs[i] * qn, live);
+        }
+        red[lid].x = part;
+        workgroupBarrier();
+        if (r == 0u) {
+            var o = 0.0;
+            for (var g = 0u; g < {{RG}}u; g++) {
+                o += red[g * {{CB}}u + c].x;
+            }
+            out[t * p.v_heads * {{DV}}u + h * {{DV}}u + j] = o;
+        }
+        workgroupBarrier();
     }
-    if (live) {
-        for (var i = 0u; i < {{DK}}u; i++) {
-            state[dst + i * {{DV}}u + j] = s[i];
+    for (var x = 0u; x < {{ROWS}}u; x++) {
+        if (i0 + x < {{DK}}u) {
+            state[dst + (i0 + x) * {{DV}}u + j] = s[x];
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
 use crate::loader::Checkpoint;
 use crate::ops::attention::{attention, attention_rope, AttnParams};
-use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, DeltaRuleArgs};
+use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, rms_norm_gated, DeltaRuleArgs};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant};
 use crate::ops::matmul::{fuses_input, Input, LinearOpts, MATVEC_MAX_T};
@@ -775,20 +775,18 @@ impl<'a> LayerPass<'a> {
                 qkv: &conv_out,
                 mix: &mix,
                 ld_mix: d.in_dim(),
-                z_col,
                 b_col,
                 a_col: b_col + d.v_heads,
                 a_log,
                 dt_bias,
-                norm,
                 state: delta_state,
                 out: &attn,
                 step: self.step,
                 n_tokens: t,
                 ring: STATE_RING,
-                eps: self.eps,
             },
         )?);
+        k.push(rms_norm_gated(g, &attn, &mix, d.in_dim(), z_col, norm, d.v_heads, self.step, t, self.eps)?);
         Ok(Output::Linear { from: attn, input: Input::Plain, w: out })
     }
 

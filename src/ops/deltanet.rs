@@ -1,6 +1,7 @@
 //! Gated DeltaNet, the linear attention of Qwen3.5 / Qwen3-Next (transformers'
-//! `Qwen3_5MoeGatedDeltaNet`): the causal depthwise conv over [q | k | v] (`wgsl/causal_conv1d.wgsl`)
-//! and the gated delta rule with the gated RMSNorm fused after it (`wgsl/gated_delta_rule.wgsl`).
+//! `Qwen3_5MoeGatedDeltaNet`): the causal depthwise conv over [q | k | v] (`wgsl/causal_conv1d.wgsl`),
+//! the gated delta rule (`wgsl/gated_delta_rule.wgsl`) and the gated RMSNorm after it
+//! (`wgsl/rms_norm_gated.wgsl`).
 //!
 //! Both keep a recurrent state between passes in a ring of R slots: the state after position p
 //! lives in slot `p % R`; a pass at `step.pos` of `step.n_tokens` tokens reads slot `pos % R`
@@ -9,7 +10,10 @@
 //! (the model keeps that bookkeeping: `model::forward::STATE_RING`).
 //!
 //! Prefill runs the recurrence token by token inside one dispatch (the recurrent form: the state
-//! is read and written once per pass, each head's columns in registers).
+//! is read and written once per pass, spread over the threads' registers). A head's state is
+//! split over Dv / CB workgroups of CB columns, each column's rows over RG threads: at
+//! Qwen3.5-35B-A3B's shapes (32 heads of 128 x 128) a decode step runs 128 workgroups of 256
+//! threads, not 32 (measured on the H100: 33 us a layer with a workgroup per head).
 
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
@@ -83,29 +87,34 @@ pub struct DeltaRuleArgs<'a> {
     pub spec: DeltaNetSpec,
     /// The conv's output, f32 `(T, 2 Hk Dk + Hv Dv)`: [q | k | v].
     pub qkv: &'a Tensor,
-    /// The input projection's output, f32 `(T, ld_mix)`, holding z `(Hv Dv)`, b `(Hv)` and a
-    /// `(Hv)` from the given columns.
+    /// The input projection's output, f32 `(T, ld_mix)`, holding b `(Hv)` and a `(Hv)` from the
+    /// given columns.
     pub mix: &'a Tensor,
     pub ld_mix: usize,
-    pub z_col: usize,
     pub b_col: usize,
     pub a_col: usize,
     /// f32 `(Hv)` each.
     pub a_log: &'a Tensor,
     pub dt_bias: &'a Tensor,
-    /// The gated RMSNorm's weight, f32 `(Dv)`.
-    pub norm: &'a Tensor,
     /// The state ring, f32 `(R, Hv, Dk, Dv)`.
     pub state: &'a Tensor,
-    /// f32 `(T, Hv Dv)`.
+    /// o, before the gated norm: f32 `(T, Hv Dv)`.
     pub out: &'a Tensor,
     pub step: &'a wgpu::Buffer,
     pub n_tokens: usize,
     pub ring: usize,
-    pub eps: f32,
 }
 
-/// Records the gated delta rule and the gated RMSNorm over the rows `t < step.n_tokens`.
+/// The (columns per workgroup, row groups) of the delta rule for head dims (Dk, Dv): CB the
+/// largest power of two up to 32 that divides Dv, RG filling 256 threads (at most Dk rounded up).
+fn delta_tiling(dk: usize, dv: usize) -> (usize, usize) {
+    let cb = (0..=5).rev().map(|e| 1usize << e).find(|c| dv % c == 0).unwrap_or(1);
+    let rg = (256 / cb).min(dk.next_power_of_two());
+    (cb, rg)
+}
+
+/// Records the gated delta rule over the rows `t < step.n_tokens`: o into `out` (the gated norm
+/// is [`rms_norm_gated`]).
 pub fn gated_delta_rule(gpu: &Gpu, a: &DeltaRuleArgs<'_>) -> Result<Kernel> {
     let d = &a.spec;
     let (hk, hv, dk, dv, t) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim, a.n_tokens);
@@ -116,48 +125,72 @@ pub fn gated_delta_rule(gpu: &Gpu, a: &DeltaRuleArgs<'_>) -> Result<Kernel> {
         )));
     }
     let ld_qkv = d.conv_dim();
-    if a.z_col + hv * dv > a.ld_mix || a.b_col + hv > a.ld_mix || a.a_col + hv > a.ld_mix {
-        return Err(Error::InvalidArgument("gated_delta_rule: z, b or a lies past the mix row".into()));
+    if a.b_col + hv > a.ld_mix || a.a_col + hv > a.ld_mix {
+        return Err(Error::InvalidArgument("gated_delta_rule: b or a lies past the mix row".into()));
     }
     f32_check("qkv", a.qkv, t * ld_qkv)?;
     f32_check("mix", a.mix, (t - 1) * a.ld_mix + a.ld_mix)?;
     f32_check("a_log", a.a_log, hv)?;
     f32_check("dt_bias", a.dt_bias, hv)?;
-    f32_check("norm", a.norm, dv)?;
     f32_check("state", a.state, a.ring * hv * dk * dv)?;
     f32_check("out", a.out, t * hv * dv)?;
-    let params: [u32; 12] = [
-        hk as u32,
-        hv as u32,
-        ld_qkv as u32,
-        a.ld_mix as u32,
-        a.z_col as u32,
-        a.b_col as u32,
-        a.a_col as u32,
-        t as u32,
-        a.ring as u32,
-        a.eps.to_bits(),
-        0,
-        0,
-    ];
+    let params: [u32; 8] =
+        [hk as u32, hv as u32, ld_qkv as u32, a.ld_mix as u32, a.b_col as u32, a.a_col as u32, t as u32, a.ring as u32];
     let params = gpu.uniform("gated_delta_rule.params", &params);
-    let wg = dv.next_power_of_two().max(8);
+    let (cb, rg) = delta_tiling(dk, dv);
+    let macros = gpu.macros().set("DK", dk).set("DV", dv).set("CB", cb).set("RG", rg).set("ROWS", dk.div_ceil(rg));
     gpu.kernel(
         "gated_delta_rule",
         "main",
-        &gpu.macros().set("DK", dk).set("DV", dv).set("WG", wg),
+        &macros,
         &[
             a.qkv.binding(),
             a.mix.binding(),
             a.a_log.binding(),
             a.dt_bias.binding(),
-            a.norm.binding(),
             a.state.binding(),
             a.out.binding(),
             a.step.as_entire_binding(),
             params.as_entire_binding(),
         ],
-        [hv as u32, 1, 1],
+        grid((hv * dv / cb) as u32),
+    )
+}
+
+/// Records `Qwen3_5MoeRMSNormGated` in place over the rows `t < step.n_tokens` of `x` f32
+/// `(T, H Dv)`: per head, `x * rsqrt(mean(x²) + eps) * w * silu(z)` with `w` f32 `(Dv)` and z
+/// at columns `z_col ..` of `z` (row stride `ld_z`).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_gated(
+    gpu: &Gpu,
+    x: &Tensor,
+    z: &Tensor,
+    ld_z: usize,
+    z_col: usize,
+    w: &Tensor,
+    heads: usize,
+    step: &wgpu::Buffer,
+    n_tokens: usize,
+    eps: f32,
+) -> Result<Kernel> {
+    let d = w.numel();
+    if d == 0 || heads == 0 || n_tokens == 0 || z_col + heads * d > ld_z {
+        return Err(Error::InvalidArgument(format!(
+            "rms_norm_gated: {heads} heads of {d}, z at column {z_col} of rows of {ld_z}, T {n_tokens}"
+        )));
+    }
+    f32_check("x", x, n_tokens * heads * d)?;
+    f32_check("z", z, (n_tokens - 1) * ld_z + z_col + heads * d)?;
+    f32_check("w", w, d)?;
+    let params: [u32; 8] = [heads as u32, d as u32, ld_z as u32, z_col as u32, n_tokens as u32, eps.to_bits(), 0, 0];
+    let params = gpu.uniform("rms_norm_gated.params", &params);
+    let wg = d.next_power_of_two().clamp(32, 128);
+    gpu.kernel(
+        "rms_norm_gated",
+        "main",
+        &gpu.macros().set("WG", wg),
+        &[x.binding(), z.binding(), w.binding(), step.as_entire_binding(), params.as_entire_binding()],
+        grid((n_tokens * heads) as u32),
     )
 }
 
@@ -196,29 +229,27 @@ pub mod cpu {
         x.iter().zip(z).zip(w).map(|((v, &z), &w)| (v * r * w as f64 * silu(z as f64)) as f32).collect()
     }
 
-    /// The gated delta rule and the gated norm (see `wgsl/gated_delta_rule.wgsl`) for `t` tokens:
-    /// `qkv` `(t, 2 Hk Dk + Hv Dv)`, z/b/a rows of `mix` (stride `ld_mix`, from their columns),
-    /// `state` `(Hv, Dk, Dv)` updated in place; returns `(t, Hv Dv)`.
+    /// The gated delta rule (see `wgsl/gated_delta_rule.wgsl`) for `t` tokens: `qkv`
+    /// `(t, 2 Hk Dk + Hv Dv)`, b/a from their columns of `mix` (row stride `ld_mix`), `state`
+    /// `(Hv, Dk, Dv)` updated in place; returns o `(t, Hv Dv)` in f64 (before the gated norm).
     #[allow(clippy::too_many_arguments)]
     pub fn gated_delta_rule(
         d: &DeltaNetSpec,
         qkv: &[f32],
         mix: &[f32],
-        (ld_mix, z_col, b_col, a_col): (usize, usize, usize, usize),
+        (ld_mix, b_col, a_col): (usize, usize, usize),
         a_log: &[f32],
         dt_bias: &[f32],
-        norm: &[f32],
-        eps: f32,
         t: usize,
         state: &mut [f32],
-    ) -> Vec<f32> {
+    ) -> Vec<f64> {
         let (hk, hv, dk, dv) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim);
         let ld = d.conv_dim();
         let l2 = |x: &[f32]| -> Vec<f64> {
             let n = 1.0 / (x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() + 1e-6).sqrt();
             x.iter().map(|&v| v as f64 * n).collect()
         };
-        let mut out = vec![0f32; t * hv * dv];
+        let mut out = vec![0f64; t * hv * dv];
         for r in 0..t {
             let row = &qkv[r * ld..][..ld];
             let m = &mix[r * ld_mix..][..ld_mix];
@@ -247,8 +278,7 @@ pub mod cpu {
                         o[j] += sij * q[i];
                     }
                 }
-                let z = &m[z_col + h * dv..][..dv];
-                out[r * hv * dv + h * dv..][..dv].copy_from_slice(&rms_norm_gated(&o, z, norm, eps));
+                out[r * hv * dv + h * dv..][..dv].copy_from_slice(&o);
             }
         }
         out
@@ -354,7 +384,9 @@ mod tests {
     #[test]
     fn gated_delta_rule_matches_cpu() {
         for gpu in gpu_variants() {
-            for d in [spec(2, 4, 16, 16), spec(1, 2, 24, 12), spec(2, 2, 128, 128)] {
+            // Tilings: (CB, RG, ROWS) = (16, 16, 1), (4, 32, 1) with idle row groups, (32, 8, 16),
+            // (8, 32, 2) with a partial last row group.
+            for d in [spec(2, 4, 16, 16), spec(1, 2, 24, 12), spec(2, 2, 128, 128), spec(1, 1, 40, 8)] {
                 let (rows, ring, eps) = (12, 4, 1e-6);
                 let c = Case::new(d, 3 * rows, 11 + d.k_dim as u64);
                 let up = |n: &str, v: &[f32]| gpu.upload_f32(n, &[v.len()], v).unwrap();
@@ -375,25 +407,32 @@ mod tests {
                         qkv: &qkv[pass],
                         mix: &mix[pass],
                         ld_mix,
-                        z_col,
                         b_col,
                         a_col,
                         a_log: &a_log,
                         dt_bias: &dt_bias,
-                        norm: &norm,
                         state: &state,
                         out: &out,
                         step: &step,
                         n_tokens: rows,
                         ring,
-                        eps,
                     };
-                    gated_delta_rule(&gpu, &args).unwrap()
+                    let rule = gated_delta_rule(&gpu, &args).unwrap();
+                    let gate =
+                        rms_norm_gated(&gpu, &out, &mix[pass], ld_mix, z_col, &norm, d.v_heads, &step, rows, eps);
+                    [rule, gate.unwrap()]
                 };
-                let cpu_pass = |pass: usize, n: usize, st: &mut Vec<f32>| {
+                let cpu_pass = |pass: usize, n: usize, st: &mut Vec<f32>| -> Vec<f32> {
                     let qkv = &c.qkv[pass * rows * d.conv_dim()..];
                     let mix = &c.mix[pass * rows * ld_mix..];
-                    cpu::gated_delta_rule(&d, qkv, mix, c.cols, &c.a_log, &c.dt_bias, &c.norm, eps, n, st)
+                    let o = cpu::gated_delta_rule(&d, qkv, mix, (ld_mix, b_col, a_col), &c.a_log, &c.dt_bias, n, st);
+                    (0..n * d.v_heads)
+                        .flat_map(|th| {
+                            let (t, h) = (th / d.v_heads, th % d.v_heads);
+                            let z = &mix[t * ld_mix + z_col + h * d.v_dim..][..d.v_dim];
+                            cpu::rms_norm_gated(&o[th * d.v_dim..][..d.v_dim], z, &c.norm, eps)
+                        })
+                        .collect()
                 };
                 // The outputs are RMS-normalized (~1 per element): the bound covers f32 rounding
                 // through up to 12 recurrent steps of Dk-long dot products on unit-norm vectors.
@@ -405,18 +444,18 @@ mod tests {
                     if pos == 8 {
                         at8 = cpu_state.clone();
                     }
-                    let k = record(pass);
+                    let [k, g] = record(pass);
                     set_step(&gpu, &step, pos, n);
-                    gpu.run(&[&k]).unwrap();
+                    gpu.run(&[&k, &g]).unwrap();
                     let got = gpu.read_f32(&out).unwrap();
                     let want = cpu_pass(pass, n, &mut cpu_state);
                     assert_close(&got[..want.len()], &want, tol, &format!("{d:?} pos={pos} n={n}"));
                     pos += n;
                 }
                 // Roll back to 8: the pass there again (other input) starts from slot 8's state.
-                let k = record(2);
+                let [k, g] = record(2);
                 set_step(&gpu, &step, 8, 1);
-                gpu.run(&[&k]).unwrap();
+                gpu.run(&[&k, &g]).unwrap();
                 let got = gpu.read_f32(&out).unwrap();
                 let want = cpu_pass(2, 1, &mut at8);
                 assert_close(&got[..want.len()], &want, tol, &format!("{d:?} rollback to 8"));
