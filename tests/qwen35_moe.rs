@@ -1,6 +1,7 @@
 //! Qwen3.5-MoE (Gated DeltaNet + gated attention + sparse MoE with a shared expert) against
 //! transformers' own forward: a tiny random `Qwen3_5MoeForCausalLM` (8 layers: three DeltaNet
-//! layers, then full attention, twice; 8 experts, top 2, a shared expert; partial rotary; GQA)
+//! layers, then full attention, twice; 8 experts, top 2, a shared expert of the experts' size as
+//! in the 35B-A3B, and a 4-layer variant with a shared expert of another size; partial rotary; GQA)
 //! saved by `save_pretrained` (per-expert tensors, (1 + w) norms, conv taps [C, 1, K]) and its f32
 //! CPU forward, made by tools/make_qwen35moe_fixture.py (committed: the folder and the fixture).
 //!
@@ -33,7 +34,7 @@ fn tiny_checkpoint_layout() {
     assert_eq!(kinds, [false, false, false, true, false, false, false, true]);
     assert!(matches!(
         c.layer(0).mlp,
-        MlpSpec::Moe { experts: 8, top_k: 2, intermediate: 32, shared_intermediate: 48, .. }
+        MlpSpec::Moe { experts: 8, top_k: 2, intermediate: 32, shared_intermediate: 32, .. }
     ));
     assert_eq!(ck.raw("blk.0.ffn_gate_exps.weight").unwrap().shape, [8, 32, 64]);
     assert_eq!(ck.raw("blk.0.ffn_down_exps.weight").unwrap().shape, [8, 64, 32]);
@@ -50,6 +51,14 @@ fn tiny_checkpoint_layout() {
 fn tiny_matches_transformers() {
     let err = check_path(&tiny(), "qwen35moe_tiny", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
     eprintln!("max |logit error| {err}");
+}
+
+/// A shared expert of another size than the experts' runs as its own MLP (the 35B-A3B's, of the
+/// experts' size, runs as one more expert of the stack: the tests above).
+#[test]
+fn separate_shared_expert_matches_transformers() {
+    let dir = common::fixture_dir().join("models/qwen35moe_tiny_shared48");
+    check_path(&dir, "qwen35moe_tiny_shared48", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
 }
 
 /// The same through a chunked prefill (5 tokens a pass: the recurrent states and the conv window
@@ -76,12 +85,14 @@ fn mlx_folder_matches_mlx_lm() {
 }
 
 /// mlx-lm's 4-bit conversion (group 64; routers 8-bit; layers too narrow for a group stay bf16)
-/// against mlx-lm's own forward over the same quantized weights.
+/// against mlx-lm's own forward over the same quantized weights. mlx's quantized matmul sums in
+/// another order (scale times the quants' dot product, plus bias times the input's sum): observed
+/// 0.0006 and 0.003 on two random models, so its bound is 3x the float tests'.
 #[test]
 fn mlx4_folder_matches_mlx_lm() {
     let dir = common::mlx::qwen35moe_tiny("mlx4");
     let ck = Checkpoint::open(&dir).unwrap();
     assert_eq!(ck.raw("blk.0.ffn_gate_exps.weight").unwrap().dtype.name(), "mlx4_g64_bf16");
     assert_eq!(ck.raw("blk.0.ffn_gate_inp.weight").unwrap().dtype.name(), "mlx8_g64_bf16");
-    check_path(&dir, "qwen35moe_tiny_mlx4", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
+    check_path(&dir, "qwen35moe_tiny_mlx4", Check { max_abs: 3.0 * MAX_ABS, steps: 16, prefill_chunk: None });
 }

@@ -5,8 +5,8 @@
       --out tests/fixtures/reference/qwen35moe_tiny
 
 Builds transformers' Qwen3_5MoeForCausalLM from a small config that has every layer kind (three
-Gated DeltaNet layers and a gated full-attention layer, repeated), a few experts with a shared
-expert, partial rotary and GQA, with random weights scaled like trained ones (linear weights
+Gated DeltaNet layers and a gated full-attention layer, --cycles times), a few experts with a
+shared expert (of the experts' size, as in Qwen3.5-35B-A3B, or --shared), partial rotary and GQA, with random weights scaled like trained ones (linear weights
 N(0, 1/fan_in), the (1 + w) norms' w ~ N(0, 0.1), A_log = ln U(1, 16), dt_bias ~ 1, routers
 spread so that no top-k choice is a near-tie), in float32 with f16-representable matrices (the
 engine's weight type: both sides compute with the same weights), seed fixed. Writes the folder
@@ -32,12 +32,12 @@ PROMPT_LEN = 24
 STEPS = 16
 
 
-def config(vocab: int) -> Qwen3_5MoeTextConfig:
+def config(vocab: int, cycles: int, shared: int) -> Qwen3_5MoeTextConfig:
     return Qwen3_5MoeTextConfig(
         vocab_size=vocab,
         hidden_size=64,
-        num_hidden_layers=8,
-        layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+        num_hidden_layers=4 * cycles,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * cycles,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,
@@ -49,7 +49,7 @@ def config(vocab: int) -> Qwen3_5MoeTextConfig:
         num_experts=8,
         num_experts_per_tok=2,
         moe_intermediate_size=32,
-        shared_expert_intermediate_size=48,
+        shared_expert_intermediate_size=shared,
         rms_norm_eps=1e-6,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
@@ -151,11 +151,13 @@ def main() -> None:
     ap.add_argument("--model", required=True, help="folder to write the checkpoint to")
     ap.add_argument("--out", required=True, help="fixture path without extension")
     ap.add_argument("--vocab", type=int, default=1024)
+    ap.add_argument("--cycles", type=int, default=2, help="(3 DeltaNet + 1 attention) layer cycles")
+    ap.add_argument("--shared", type=int, default=32, help="shared expert size (the experts': 32)")
     a = ap.parse_args()
 
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED)
-    cfg = config(a.vocab)
+    cfg = config(a.vocab, a.cycles, a.shared)
     model = Qwen3_5MoeForCausalLM(cfg).to(torch.float32).eval()
     randomize(model, gen)
     os.makedirs(a.model, exist_ok=True)

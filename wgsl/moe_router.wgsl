@@ -8,6 +8,10 @@
 //   else:      w_j = exp(l_j - m) / sum over all E of exp(l_i - m)          (softmax probability)
 // with m the largest logit, in f32 (exp: q_exp below, within 2 ulp of exp on every driver).
 //
+// SHARED_SLOT: rows of `ids` / `weights` have k + 1 slots; the last is the shared expert, stacked
+// after the E routed ones (id E), weighted sigmoid(logit in column E) (Qwen3.5's
+// `sigmoid(shared_expert_gate(x)) * shared_expert(x)`, run by the experts' own matvecs).
+//
 // Thread i holds experts i and i + WG (E <= 2 · WG). Two ways to pick (the host chooses by E):
 // - RANK (measured faster up to E = 256): the logits go to workgroup memory and each thread counts
 //   the experts that beat each of its own (E comparisons each; RANK2: both of its experts, E > WG);
@@ -27,8 +31,8 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;     // (T, ld)
-@group(0) @binding(1) var<storage, read_write> ids: array<u32>;  // (T, k)
-@group(0) @binding(2) var<storage, read_write> weights: array<f32>; // (T, k)
+@group(0) @binding(1) var<storage, read_write> ids: array<u32>;  // (T, k), SHARED_SLOT: (T, k + 1)
+@group(0) @binding(2) var<storage, read_write> weights: array<f32>; // (T, k), SHARED_SLOT: (T, k + 1)
 @group(0) @binding(3) var<uniform> p: Params;
 
 // The index of a taken (or absent) candidate: loses to every expert, whatever its logit.
@@ -218,8 +222,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let b = select(0.0, q_exp(v1 - top), i1 < p.e);
     let total = wg_sum(a + b, lid);
 #endif
+#ifdef SHARED_SLOT
+    let out_k = p.k + 1u;
+    if (lid == p.k) {
+        ids[t * out_k + p.k] = p.e;
+        weights[t * out_k + p.k] = 1.0 / (1.0 + exp(-logits[row + p.e]));
+    }
+#else
+    let out_k = p.k;
+#endif
     if (lid < p.k) {
-        ids[t * p.k + lid] = mine_i;
-        weights[t * p.k + lid] = e / total;
+        ids[t * out_k + lid] = mine_i;
+        weights[t * out_k + lid] = e / total;
     }
 }

@@ -14,7 +14,9 @@
 //! at load: `LinearOpts::glu`; else into the down matvec's input): 6 dispatches a layer.
 
 use super::config::{Activation, AttentionSpec, DeltaNetSpec, Mixer, MlpSpec, ModelConfig};
-use super::weights::{self, linear, LayerWeights, Linear, MixerWeights, MlpWeights, Proj, WeightFormat, Weights};
+use super::weights::{
+    self, linear, LayerWeights, Linear, MixerWeights, MlpWeights, Proj, SharedExpert, WeightFormat, Weights,
+};
 use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
 use crate::loader::Checkpoint;
@@ -23,7 +25,9 @@ use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, rms_norm_gated, Delt
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant};
 use crate::ops::matmul::{fuses_input, Input, LinearOpts, MATVEC_MAX_T};
-use crate::ops::moe::{linear_experts, moe_combine, moe_router, ExpertWeight, SharedExpert};
+use crate::ops::moe::{
+    linear_experts, moe_combine, moe_router, moe_router_shared, ExpertWeight, SharedExpert as MoeShared,
+};
 use crate::ops::norm::rms_norm;
 use crate::ops::rope::{inv_freq, rope_kv_write, RopeParams};
 use crate::ops::StepParams;
@@ -92,10 +96,12 @@ impl Scratch {
                     need("act", f);
                 }
                 MlpSpec::Moe { experts, top_k, intermediate: f, shared_intermediate: fs, .. } => {
+                    // A shared expert of the experts' size takes a slot of its own.
+                    let slots = top_k + usize::from(fs == f);
                     need("router", experts + 1);
-                    need("moe_w", top_k);
-                    need("exp_act", top_k * f);
-                    need("exp_out", top_k * h);
+                    need("moe_w", slots);
+                    need("exp_act", slots * f);
+                    need("exp_out", slots * h);
                     need("gate_up", 2 * fs);
                     need("act", fs);
                 }
@@ -107,7 +113,9 @@ impl Scratch {
             .collect::<Result<Vec<_>>>()?;
         let top_k = (0..c.num_layers)
             .filter_map(|l| match c.layer(l).mlp {
-                MlpSpec::Moe { top_k, .. } => Some(top_k),
+                MlpSpec::Moe { top_k, intermediate, shared_intermediate, .. } => {
+                    Some(top_k + usize::from(shared_intermediate == intermediate))
+                }
                 _ => None,
             })
             .max()
@@ -835,26 +843,33 @@ impl<'a> LayerPass<'a> {
         };
         let MlpWeights::Moe { router, gate_up_exps, down_exps, shared } = &lw.mlp else { unreachable!("moe weights") };
         let (g, t, h) = (self.g, self.t, self.x.shape[1]);
-        let router_cols = experts + usize::from(shared.is_some());
+        let router_cols = experts + usize::from(!matches!(shared, SharedExpert::None));
+        // A stacked shared expert is slot top_k of each token (id E), weighted by its gate.
+        let stacked = matches!(shared, SharedExpert::Stacked);
+        let (slots, stack) = if stacked { (top_k + 1, experts + 1) } else { (top_k, experts) };
         let logits = self.act("router", router_cols);
-        let ids = self.s.moe_ids.view(0, &[t, top_k]);
-        let weights = self.act("moe_w", top_k);
-        let exp_act = self.s.rows_as("exp_act", t, &[t * top_k, f]);
-        let exp_out = self.s.rows_as("exp_out", t, &[t * top_k, h]);
+        let ids = self.s.moe_ids.view(0, &[t, slots]);
+        let weights = self.act("moe_w", slots);
+        let exp_act = self.s.rows_as("exp_act", t, &[t * slots, f]);
+        let exp_out = self.s.rows_as("exp_out", t, &[t * slots, h]);
         let (xin, input) = self.normed(k, &lw.ffn_norm)?;
         k.extend(router.linear(g, &xin, input, None, &logits, LinearOpts::default())?);
-        k.push(moe_router(g, &logits, router_cols, experts, top_k, &ids, &weights, norm_topk)?);
-        let stack = |w: &'a Linear| match w {
-            Linear::F16(w) => ExpertWeight::F16 { w, experts },
-            Linear::Quant(w) => ExpertWeight::Quant { w, experts },
+        k.push(if stacked {
+            moe_router_shared(g, &logits, router_cols, experts, top_k, &ids, &weights, norm_topk)?
+        } else {
+            moe_router(g, &logits, router_cols, experts, top_k, &ids, &weights, norm_topk)?
+        });
+        let as_stack = |w: &'a Linear| match w {
+            Linear::F16(w) => ExpertWeight::F16 { w, experts: stack },
+            Linear::Quant(w) => ExpertWeight::Quant { w, experts: stack },
         };
         // The selected experts' gate_up (rows interleaved per expert: the GLU epilogue) for each
-        // of a token's top_k slots, then their down projections.
+        // of a token's slots, then their down projections.
         let glu = LinearOpts { glu: Some(activation), ..Default::default() };
-        k.push(linear_experts(g, &xin, input, &stack(gate_up_exps), &ids, top_k, &exp_act, glu)?);
-        k.push(linear_experts(g, &exp_act, Input::Plain, &stack(down_exps), &ids, 1, &exp_out, Default::default())?);
+        k.push(linear_experts(g, &xin, input, &as_stack(gate_up_exps), &ids, slots, &exp_act, glu)?);
+        k.push(linear_experts(g, &exp_act, Input::Plain, &as_stack(down_exps), &ids, 1, &exp_out, Default::default())?);
         let shared_out = match shared {
-            Some((gate_up, down)) => {
+            SharedExpert::Separate(gate_up, down) => {
                 // The shared expert's output in tmp; the combine adds it under its gate.
                 let out = self.tmp;
                 match self.dense_mlp(k, &xin, input, gate_up, down, fs, activation)? {
@@ -863,9 +878,9 @@ impl<'a> LayerPass<'a> {
                     }
                     Output::Added => unreachable!("a dense MLP ends in its down projection"),
                 }
-                Some(SharedExpert { out, gate: &logits, gate_ld: router_cols, gate_col: experts })
+                Some(MoeShared { out, gate: &logits, gate_ld: router_cols, gate_col: experts })
             }
-            None => None,
+            SharedExpert::Stacked | SharedExpert::None => None,
         };
         k.push(moe_combine(g, &exp_out, &weights, shared_out, self.x)?);
         Ok(Output::Added)

@@ -153,13 +153,21 @@ pub enum MlpWeights {
         /// [router (E rows); shared expert gate (1 row, when there is a shared expert)].
         router: Proj,
         /// Every expert's gate and up rows interleaved (gate 0, up 0, gate 1, ...), expert after
-        /// expert: [E * 2I, hidden].
+        /// expert: [E * 2I, hidden] ([(E + 1) * 2I, hidden] with the shared expert stacked).
         gate_up_exps: Linear,
-        /// [E * hidden, I].
+        /// [E * hidden, I] ([(E + 1) * hidden, I] with the shared expert stacked).
         down_exps: Linear,
-        /// The shared expert's (gate_up, down).
-        shared: Option<(Proj, Linear)>,
+        shared: SharedExpert,
     },
+}
+
+/// Where a MoE block's shared expert is.
+pub enum SharedExpert {
+    None,
+    /// Expert E of the stacks (it has the experts' size): the router gives it the last slot.
+    Stacked,
+    /// Its own (gate_up, down), for a size other than the experts'.
+    Separate(Proj, Linear),
 }
 
 pub struct LayerWeights {
@@ -195,7 +203,7 @@ impl LayerWeights {
                 out.extend(router.parts.iter().map(|(_, w)| w));
                 out.push(gate_up_exps);
                 out.push(down_exps);
-                if let Some((gu, d)) = shared {
+                if let SharedExpert::Separate(gu, d) = shared {
                     out.extend(gu.parts.iter().map(|(_, w)| w));
                     out.push(d);
                 }
@@ -571,25 +579,40 @@ fn load_layer(gpu: &Gpu, ck: &Checkpoint, i: usize, format: WeightFormat) -> Res
                 router_parts.push((n("ffn_gate_inp_shexp.weight"), 1));
             }
             let router = load_proj(gpu, ck, &n("ffn_router.weight"), &router_parts, h, format, false)?;
-            let shared = if fs > 0 {
-                let gu = load_proj(
-                    gpu,
-                    ck,
-                    &n("ffn_gate_up_shexp.weight"),
-                    &[(n("ffn_gate_shexp.weight"), fs), (n("ffn_up_shexp.weight"), fs)],
-                    h,
-                    format,
-                    true,
-                )?;
-                Some((gu, single(&n("ffn_down_shexp.weight"), h, fs)?))
+            let exps = (n("ffn_gate_exps.weight"), n("ffn_up_exps.weight"), experts * f);
+            let shexp = (n("ffn_gate_shexp.weight"), n("ffn_up_shexp.weight"), fs);
+            let (down_exps, down_shexp) = ((n("ffn_down_exps.weight"), experts * h), (n("ffn_down_shexp.weight"), h));
+            let (gu_label, down_label) = (n("ffn_gate_up_exps.weight"), n("ffn_down_exps.weight"));
+            if fs == f {
+                // A shared expert of the experts' size runs as one more expert of the stack (the
+                // router gives it a slot of its own): two dispatches fewer a layer.
+                MlpWeights::Moe {
+                    router,
+                    gate_up_exps: load_glu_stack(gpu, ck, &gu_label, &[exps, shexp], h, format)?,
+                    down_exps: load_stack(gpu, ck, &down_label, &[down_exps, down_shexp], f, format)?,
+                    shared: SharedExpert::Stacked,
+                }
             } else {
-                None
-            };
-            MlpWeights::Moe {
-                router,
-                gate_up_exps: load_experts_glu(gpu, ck, &n(""), experts, f, h, format)?,
-                down_exps: single(&n("ffn_down_exps.weight"), experts * h, f)?,
-                shared,
+                let shared = if fs > 0 {
+                    let gu = load_proj(
+                        gpu,
+                        ck,
+                        &n("ffn_gate_up_shexp.weight"),
+                        &[(shexp.0, fs), (shexp.1, fs)],
+                        h,
+                        format,
+                        true,
+                    )?;
+                    SharedExpert::Separate(gu, single(&n("ffn_down_shexp.weight"), h, fs)?)
+                } else {
+                    SharedExpert::None
+                };
+                MlpWeights::Moe {
+                    router,
+                    gate_up_exps: load_glu_stack(gpu, ck, &gu_label, &[exps], h, format)?,
+                    down_exps: load_stack(gpu, ck, &down_label, &[down_exps], f, format)?,
+                    shared,
+                }
             }
         }
     };
@@ -608,32 +631,69 @@ fn load_layer(gpu: &Gpu, ck: &Checkpoint, i: usize, format: WeightFormat) -> Res
     })
 }
 
-/// The experts' gate and up weights (`{prefix}ffn_gate_exps`, `ffn_up_exps`, each [E, I, hidden])
-/// as one weight whose rows interleave gate and up within each expert (what the GLU epilogue of
-/// the expert matvec reads): expert e's rows are e·2I .. (e+1)·2I.
-fn load_experts_glu(
+/// Gate and up weights (pairs of `(gate, up, rows)`, each `[rows, k]`) as one weight whose rows
+/// interleave gate and up within each pair (what the GLU epilogue of the expert matvec reads), the
+/// pairs one after another: stacked experts `[E, I, k]` become rows e·2I .. (e+1)·2I for expert
+/// e; a shared expert of the same size, appended, becomes expert E.
+fn load_glu_stack(
     gpu: &Gpu,
     ck: &Checkpoint,
-    prefix: &str,
-    experts: usize,
-    f: usize,
-    h: usize,
+    label: &str,
+    pairs: &[(String, String, usize)],
+    k: usize,
     format: WeightFormat,
 ) -> Result<Linear> {
-    let (gn, un) = (format!("{prefix}ffn_gate_exps.weight"), format!("{prefix}ffn_up_exps.weight"));
-    let label = format!("{prefix}ffn_gate_up_exps.weight");
-    let (g, u) = (gpu_rows(ck, &gn, experts * f, h, format)?, gpu_rows(ck, &un, experts * f, h, format)?);
-    if let (Some((gt, gb)), Some((ut, ub))) = (&g, &u) {
-        if gt == ut {
-            let row = gt.byte_size(h).unwrap_or(0);
-            let rows = interleave_rows(gb, ub, row);
-            return Ok(Linear::Quant(QuantWeight::concat_rows(gpu, &label, *gt, h, &[&rows])?));
+    let mut raws = Vec::new();
+    for (g, u, rows) in pairs {
+        match (gpu_rows(ck, g, *rows, k, format)?, gpu_rows(ck, u, *rows, k, format)?) {
+            (Some(g), Some(u)) if g.0 == u.0 => raws.push((g, u)),
+            _ => break,
         }
     }
-    let g = finite16(&gn, ck.f16(&gn, &as_rows(ck, &gn, experts * f, h)?)?)?;
-    let u = finite16(&un, ck.f16(&un, &as_rows(ck, &un, experts * f, h)?)?)?;
-    let data = interleave_rows(&g, &u, h);
-    Ok(Linear::F16(gpu.upload_f16(&label, &[2 * experts * f, h], &data)?))
+    if raws.len() == pairs.len() && raws.iter().all(|(g, _)| g.0 == raws[0].0 .0) {
+        let dtype = raws[0].0 .0;
+        let row = dtype.byte_size(k).unwrap_or(0);
+        let rows: Vec<Vec<u8>> = raws.iter().map(|(g, u)| interleave_rows(&g.1, &u.1, row)).collect();
+        let slices: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
+        return Ok(Linear::Quant(QuantWeight::concat_rows(gpu, label, dtype, k, &slices)?));
+    }
+    let mut data = Vec::new();
+    for (g, u, rows) in pairs {
+        let gv = finite16(g, ck.f16(g, &as_rows(ck, g, *rows, k)?)?)?;
+        let uv = finite16(u, ck.f16(u, &as_rows(ck, u, *rows, k)?)?)?;
+        data.extend(interleave_rows(&gv, &uv, k));
+    }
+    let n = data.len() / k;
+    Ok(Linear::F16(gpu.upload_f16(label, &[n, k], &data)?))
+}
+
+/// Weights (`(name, rows)` parts, each `[rows, k]`) stacked into one weight: the checkpoint's
+/// type when all parts share it, else f16.
+fn load_stack(
+    gpu: &Gpu,
+    ck: &Checkpoint,
+    label: &str,
+    parts: &[(String, usize)],
+    k: usize,
+    format: WeightFormat,
+) -> Result<Linear> {
+    let mut raws = Vec::new();
+    for (name, rows) in parts {
+        match gpu_rows(ck, name, *rows, k, format)? {
+            Some(r) => raws.push(r),
+            None => break,
+        }
+    }
+    if raws.len() == parts.len() && raws.iter().all(|r| r.0 == raws[0].0) {
+        let slices: Vec<&[u8]> = raws.iter().map(|r| r.1.as_ref()).collect();
+        return Ok(Linear::Quant(QuantWeight::concat_rows(gpu, label, raws[0].0, k, &slices)?));
+    }
+    let mut data = Vec::new();
+    for (name, rows) in parts {
+        data.extend(finite16(name, ck.f16(name, &as_rows(ck, name, *rows, k)?)?)?);
+    }
+    let n = data.len() / k;
+    Ok(Linear::F16(gpu.upload_f16(label, &[n, k], &data)?))
 }
 
 /// The values of `name` if they are all finite. A NaN or an infinity in a weight (a block scale

@@ -117,7 +117,29 @@ pub fn moe_router(
     weights: &Tensor,
     norm_topk: bool,
 ) -> Result<Kernel> {
-    router(gpu, logits, ld, experts, top_k, ids, weights, norm_topk, experts <= RANK_MAX_EXPERTS)
+    router(gpu, logits, ld, experts, top_k, ids, weights, norm_topk, experts <= RANK_MAX_EXPERTS, false)
+}
+
+/// [`moe_router`] with a shared expert as one more slot per token: `ids` / `weights` are
+/// `(T, top_k + 1)`, the last slot of each row id `experts` (the shared expert stacked after the
+/// routed ones) weighted `sigmoid(logits[t, experts])` (its gate logit, column `experts`, so
+/// `ld > experts`). The experts' matvecs then run the shared expert too, and the combine needs no
+/// shared term: two dispatches fewer a layer.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_router_shared(
+    gpu: &Gpu,
+    logits: &Tensor,
+    ld: usize,
+    experts: usize,
+    top_k: usize,
+    ids: &Tensor,
+    weights: &Tensor,
+    norm_topk: bool,
+) -> Result<Kernel> {
+    if ld <= experts {
+        return Err(invalid(format!("moe_router: row stride {ld} has no shared gate column after {experts} experts")));
+    }
+    router(gpu, logits, ld, experts, top_k, ids, weights, norm_topk, experts <= RANK_MAX_EXPERTS, true)
 }
 
 /// Up to this many experts the router ranks every expert against all (`RANK`: E² comparisons
@@ -135,6 +157,7 @@ fn router(
     weights: &Tensor,
     norm_topk: bool,
     rank: bool,
+    shared_slot: bool,
 ) -> Result<Kernel> {
     const OP: &str = "moe_router";
     if experts == 0 || experts > ROUTER_MAX_EXPERTS || top_k == 0 || top_k > experts.min(ROUTER_MAX_TOP_K) {
@@ -146,18 +169,23 @@ fn router(
         return Err(invalid(format!("{OP}: row stride {ld} < {experts} experts")));
     }
     let slots = ids.numel();
-    if slots == 0 || slots % top_k != 0 {
-        return Err(invalid(format!("{OP}: ids has {slots} elements, not T · {top_k}")));
+    let per_row = top_k + usize::from(shared_slot);
+    if slots == 0 || slots % per_row != 0 || (shared_slot && top_k >= 256) {
+        return Err(invalid(format!("{OP}: ids has {slots} elements, not T · {per_row}")));
     }
-    let t = slots / top_k;
+    let t = slots / per_row;
     check_tensor(gpu, OP, "ids", ids, ElemType::U32, slots)?;
     check_tensor(gpu, OP, "weights", weights, ElemType::F32, slots)?;
-    check_tensor(gpu, OP, "logits", logits, ElemType::F32, (t - 1) * ld + experts)?;
+    check_tensor(gpu, OP, "logits", logits, ElemType::F32, (t - 1) * ld + experts + usize::from(shared_slot))?;
     let params = gpu.uniform("moe_router.params", &[t as u32, ld as u32, experts as u32, top_k as u32]);
     gpu.kernel(
         "moe_router",
         "main",
-        &macros(gpu, 256).flag_if("NORM_TOPK", norm_topk).flag_if("RANK", rank).flag_if("RANK2", rank && experts > 256),
+        &macros(gpu, 256)
+            .flag_if("NORM_TOPK", norm_topk)
+            .flag_if("RANK", rank)
+            .flag_if("RANK2", rank && experts > 256)
+            .flag_if("SHARED_SLOT", shared_slot),
         &[logits.binding(), ids.binding(), weights.binding(), params.as_entire_binding()],
         grid(t as u32),
     )
@@ -371,6 +399,29 @@ pub mod cpu {
         }
     }
 
+    /// [`moe_router`] with the shared expert's slot after each row's top-k: id `experts`,
+    /// weight `sigmoid(logits[t, experts])` (rows of `top_k + 1`).
+    pub fn moe_router_shared(
+        logits: &[f32],
+        ld: usize,
+        experts: usize,
+        top_k: usize,
+        ids: &mut [u32],
+        weights: &mut [f32],
+        norm_topk: bool,
+    ) {
+        let t = ids.len() / (top_k + 1);
+        let (mut ri, mut rw) = (vec![0u32; t * top_k], vec![0f32; t * top_k]);
+        moe_router(logits, ld, experts, top_k, &mut ri, &mut rw, norm_topk);
+        for ti in 0..t {
+            let row = ti * (top_k + 1);
+            ids[row..row + top_k].copy_from_slice(&ri[ti * top_k..][..top_k]);
+            weights[row..row + top_k].copy_from_slice(&rw[ti * top_k..][..top_k]);
+            ids[row + top_k] = experts as u32;
+            weights[row + top_k] = (1.0 / (1.0 + (-(logits[ti * ld + experts] as f64)).exp())) as f32;
+        }
+    }
+
     /// Reference of [`super::linear_experts`] over f32 weights `w` = `[E·N, K]` (the stack
     /// widened or dequantized), sums in f64: `y[s, :] = W[ids[s]] · x[s / slots_per_row, :]`,
     /// then with `glu` `act(gate) · up` of each (gate, up) row pair (y `(S, N/2)`). x is the input
@@ -519,7 +570,8 @@ mod tests {
                         let logits = gpu.upload_f32("logits", &[t, ld], &lv).unwrap();
                         let ids = gpu.upload_u32("ids", &[t, top_k], &vec![7777; t * top_k]).unwrap();
                         let weights = gpu.upload_f32("weights", &[t, top_k], &vec![-1.0; t * top_k]).unwrap();
-                        let kern = router(&gpu, &logits, ld, experts, top_k, &ids, &weights, norm_topk, rank).unwrap();
+                        let kern =
+                            router(&gpu, &logits, ld, experts, top_k, &ids, &weights, norm_topk, rank, false).unwrap();
                         gpu.run(&[&kern]).unwrap();
                         let (got_i, got_w) = (gpu.read_u32(&ids).unwrap(), gpu.read_f32(&weights).unwrap());
                         let mut want_i = vec![0u32; t * top_k];
@@ -543,6 +595,38 @@ mod tests {
         eprintln!("router_matches_cpu: worst relative error / tolerance = {worst:.3}");
     }
 
+    /// The shared expert's slot: id E after the routed top-k, weight sigmoid(gate logit).
+    #[test]
+    fn router_shared_slot_matches_cpu() {
+        for gpu in gpu_variants() {
+            for (experts, top_k, t) in [(8usize, 2usize, 3usize), (256, 8, 1), (300, 4, 2)] {
+                let ld = experts + 1;
+                let lv = random(t * ld, 5 + experts as u64, 4.0);
+                let logits = gpu.upload_f32("logits", &[t, ld], &lv).unwrap();
+                let n = t * (top_k + 1);
+                let ids = gpu.upload_u32("ids", &[n], &vec![7777; n]).unwrap();
+                let weights = gpu.upload_f32("weights", &[n], &vec![-1.0; n]).unwrap();
+                let kern = moe_router_shared(&gpu, &logits, ld, experts, top_k, &ids, &weights, true).unwrap();
+                gpu.run(&[&kern]).unwrap();
+                let (mut want_i, mut want_w) = (vec![0u32; n], vec![0f32; n]);
+                cpu::moe_router_shared(&lv, ld, experts, top_k, &mut want_i, &mut want_w, true);
+                assert_eq!(gpu.read_u32(&ids).unwrap(), want_i, "E={experts} k={top_k}");
+                // The routed weights as in router_matches_cpu; the gate's sigmoid: exp within
+                // 3 + 2|x| ulps (Vulkan), then 1 + e and a division.
+                let tol = router_tol(top_k, true).max((6.0 + 2.0 * 12.0) * EPS);
+                for (i, (g, w)) in gpu.read_f32(&weights).unwrap().iter().zip(&want_w).enumerate() {
+                    assert!((g - w).abs() / w.abs() <= tol, "E={experts} k={top_k} slot {i}: {g} vs {w}");
+                }
+            }
+            let (logits, ids, weights) = (
+                gpu.upload_f32("l", &[1, 8], &[0.5; 8]).unwrap(),
+                gpu.empty("i", &[3], ElemType::U32).unwrap(),
+                gpu.empty("w", &[3], ElemType::F32).unwrap(),
+            );
+            assert!(moe_router_shared(&gpu, &logits, 8, 8, 2, &ids, &weights, true).is_err(), "no gate column");
+        }
+    }
+
     #[test]
     fn router_ties_and_extremes() {
         // Equal logits rank lower index first; an -inf logit ranks last but still counts as an
@@ -562,7 +646,7 @@ mod tests {
             let logits = gpu.upload_f32("logits", &[t, experts], &lv).unwrap();
             let ids = gpu.empty("ids", &[t, top_k], ElemType::U32).unwrap();
             let weights = gpu.empty("weights", &[t, top_k], ElemType::F32).unwrap();
-            let kern = router(&gpu, &logits, experts, experts, top_k, &ids, &weights, norm_topk, rank).unwrap();
+            let kern = router(&gpu, &logits, experts, experts, top_k, &ids, &weights, norm_topk, rank, false).unwrap();
             gpu.run(&[&kern]).unwrap();
             let mut want_i = vec![0u32; t * top_k];
             let mut want_w = vec![0f32; t * top_k];
@@ -962,7 +1046,7 @@ mod tests {
             let mut line = format!("router E={e} k={k}:");
             for rank in [false, true] {
                 let ks: Vec<Kernel> =
-                    lgs.iter().map(|l| router(&gpu, l, e + 1, e, k, &ids, &wts, true, rank).unwrap()).collect();
+                    lgs.iter().map(|l| router(&gpu, l, e + 1, e, k, &ids, &wts, true, rank, false).unwrap()).collect();
                 line += &format!(" {} {:.2} us;", if rank { "rank" } else { "rounds" }, us(time(&ks)));
             }
             eprintln!("{line}");
