@@ -3,13 +3,16 @@
 //! Map of the crate:
 //! - [`gpu`]: adapter/device selection, the shader preprocessor and pipeline cache, GPU tensors.
 //! - [`ops`]: one module per kernel family; each GPU op sits next to its CPU reference and its test.
+//! - [`dtype`]: the stored tensor types (GGUF blocks, MLX affine, floats) and their CPU (de)quantizers.
 //! - [`loader`]: GGUF and Hugging Face (safetensors) checkpoints, memory-mapped.
-//! - [`model`]: the model description ([`model::config::ModelConfig`]) and the one layer loop.
+//! - [`model`]: the model description ([`model::config::ModelConfig`]) and the one layer loop; it reads
+//!   weights through [`model::source::TensorSource`], which [`loader::Checkpoint`] implements.
 //! - [`sampling`]: the [`sampling::SamplingBackend`] trait with its host and device implementations.
 //! - [`tokenizer`], [`chat`]: text in and out.
 
 pub mod chat;
 pub mod decode;
+pub mod dtype;
 pub mod error;
 pub mod gpu;
 pub mod loader;

@@ -12,7 +12,8 @@
 //! Every tensor here is in the layout the engine computes with: llama.cpp's Q/K row permutation
 //! is already undone and Gemma's RMSNorm `(1 + w)` is already folded into the weights.
 
-pub mod dtype;
+/// The stored types, at the crate root ([`crate::dtype`]); here for the loaders' paths.
+pub use crate::dtype;
 pub mod gguf;
 pub mod hf;
 pub mod synthetic;
@@ -416,6 +417,44 @@ impl Checkpoint {
                 *data = unpermute_rope_rows(data, shape[0], shape[1], *heads);
             }
         }
+    }
+}
+
+impl crate::model::TensorSource for Checkpoint {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn has(&self, name: &str) -> bool {
+        Checkpoint::has(self, name)
+    }
+
+    fn shape(&self, name: &str) -> Result<Vec<usize>> {
+        self.raw_shape(name)
+    }
+
+    /// The stored bytes; llama.cpp's interleaved-RoPE row order undone on the raw rows (a
+    /// permutation of whole rows, any block type); `None` for a value-changing fixup (Gemma's and
+    /// Qwen3.5's `1 + w` norms).
+    fn stored(&self, name: &str) -> Result<Option<(DType, Vec<u8>)>> {
+        let v = self.raw(name)?;
+        Ok(match self.fixups.get(name) {
+            None => Some((v.dtype, v.bytes)),
+            Some(Fixup::UnpermuteRope { heads }) => {
+                let n: usize = v.shape[..v.shape.len() - 1].iter().product();
+                let bytes = crate::ops::matmul::gguf::unpermute_rope_rows_raw(&v.bytes, n, v.bytes.len() / n, *heads);
+                Some((v.dtype, bytes))
+            }
+            Some(Fixup::AddConstant(_)) => None,
+        })
+    }
+
+    fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        Checkpoint::f32(self, name, shape)
+    }
+
+    fn f16(&self, name: &str, shape: &[usize]) -> Result<Vec<half::f16>> {
+        Checkpoint::f16(self, name, shape)
     }
 }
 

@@ -14,12 +14,12 @@
 //! at load: `LinearOpts::glu`; else into the down matvec's input): 6 dispatches a layer.
 
 use super::config::{Activation, AttentionSpec, DeltaNetSpec, Mixer, MlpSpec, ModelConfig};
+use super::source::TensorSource;
 use super::weights::{
     self, linear, LayerWeights, Linear, MixerWeights, MlpWeights, Proj, SharedExpert, WeightFormat, Weights,
 };
 use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
-use crate::loader::Checkpoint;
 use crate::ops::attention::{attention, attention_rope, AttnParams};
 use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, rms_norm_gated, DeltaRuleArgs};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
@@ -270,7 +270,7 @@ impl Model {
     /// the model's maximum, capped at 4096).
     pub fn load(
         gpu: &Gpu,
-        ck: &Checkpoint,
+        ck: &dyn TensorSource,
         ctx: Option<usize>,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Model> {
@@ -281,12 +281,12 @@ impl Model {
     /// quantized at load: [`WeightFormat`]).
     pub fn load_with(
         gpu: &Gpu,
-        ck: &Checkpoint,
+        ck: &dyn TensorSource,
         ctx: Option<usize>,
         format: WeightFormat,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Model> {
-        let config = ck.config.clone();
+        let config = ck.config().clone();
         let max_ctx = ctx.unwrap_or(config.max_position_embeddings.min(4096));
         if max_ctx == 0 || max_ctx > config.max_position_embeddings {
             return Err(Error::InvalidArgument(format!(

@@ -11,11 +11,12 @@
 //! the rows it gathers), and a tied lm_head reads the embedding's own chunks.
 
 use super::config::{Mixer, MlpSpec, ModelConfig};
+use super::source::TensorSource;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Kernel, Tensor};
-use crate::loader::{Checkpoint, DType, Fixup};
 use crate::ops::embedding::{upload_row_chunks, CHUNK_ROW_ALIGN};
-use crate::ops::matmul::gguf::{is_supported, linear_quant_in, unpermute_rope_rows_raw, QuantWeight};
+use crate::ops::matmul::gguf::{is_supported, linear_quant_in, QuantWeight};
 use crate::ops::matmul::{linear_in, Input, LinearOpts};
 use half::f16;
 use std::borrow::Cow;
@@ -266,7 +267,7 @@ pub enum WeightFormat {
 /// The stored bytes of `name` (rows `[n, k]`) in the type `format` puts on the GPU, if that type
 /// has quantized kernels; `None`: the weight goes through f16.
 fn gpu_rows<'a>(
-    ck: &'a Checkpoint,
+    ck: &'a dyn TensorSource,
     name: &'a str,
     n: usize,
     k: usize,
@@ -283,37 +284,26 @@ fn gpu_rows<'a>(
         }
         (_, WeightFormat::Quantize(t)) if k % t.block_size() == 0 => {
             let x = finite32(name, ck.f32(name, &as_rows(ck, name, n, k)?)?)?;
-            Ok(Some((t, Cow::Owned(crate::loader::dtype::quantize_affine(t, &x)?))))
+            Ok(Some((t, Cow::Owned(crate::dtype::quantize_affine(t, &x)?))))
         }
         _ => Ok(None),
     }
 }
 
 /// The stored shape of `name` if it is `[n, k]`, or stacked experts `[E, n / E, k]`.
-fn as_rows(ck: &Checkpoint, name: &str, n: usize, k: usize) -> Result<Vec<usize>> {
-    let shape = ck.raw_shape(name)?;
+fn as_rows(ck: &dyn TensorSource, name: &str, n: usize, k: usize) -> Result<Vec<usize>> {
+    let shape = ck.shape(name)?;
     match shape.split_last() {
         Some((&last, rows)) if last == k && rows.iter().product::<usize>() == n => Ok(shape),
         _ => Err(Error::Mismatch(format!("tensor {name} has shape {shape:?}, the config implies {:?}", [n, k]))),
     }
 }
 
-/// The bytes of tensor `name` as stored, rows `[n, k]`, with a row-permuting fixup applied to the
-/// raw rows (`None` when a fixup changes values: then the tensor goes through f16).
-fn raw_rows<'a>(ck: &'a Checkpoint, name: &'a str, n: usize, k: usize) -> Result<Option<(DType, Cow<'a, [u8]>)>> {
-    let v = ck.raw(name)?;
-    // Stacked experts [E, rows, k] are read as [E * rows, k].
-    let rows_of = |shape: &[usize]| shape.split_last().map(|(_, r)| r.iter().product::<usize>());
-    if v.shape.last() != Some(&k) || rows_of(&v.shape) != Some(n) {
-        return Err(Error::Mismatch(format!("tensor {name} has shape {:?}, the config implies {:?}", v.shape, [n, k])));
-    }
-    match ck.fixups.get(name) {
-        None => Ok(Some((v.dtype, Cow::Owned(v.bytes)))),
-        Some(Fixup::UnpermuteRope { heads }) => {
-            Ok(Some((v.dtype, Cow::Owned(unpermute_rope_rows_raw(&v.bytes, n, v.bytes.len() / n, *heads)))))
-        }
-        Some(Fixup::AddConstant(_)) => Ok(None),
-    }
+/// The bytes of tensor `name` as stored, rows `[n, k]` (`None` when its values must change
+/// first: then the tensor goes through f16).
+fn raw_rows<'a>(ck: &'a dyn TensorSource, name: &'a str, n: usize, k: usize) -> Result<Option<(DType, Cow<'a, [u8]>)>> {
+    as_rows(ck, name, n, k)?;
+    Ok(ck.stored(name)?.map(|(dtype, bytes)| (dtype, Cow::Owned(bytes))))
 }
 
 /// Byte range of each block scale of a GGUF block type: a quantized value is a finite multiple
@@ -361,7 +351,7 @@ fn interleave_rows<T: Copy>(a: &[T], b: &[T], row: usize) -> Vec<T> {
 /// parts (gate, up) of one format become one weight of interleaved rows.
 fn load_proj(
     gpu: &Gpu,
-    ck: &Checkpoint,
+    ck: &dyn TensorSource,
     label: &str,
     parts: &[(String, usize)],
     k: usize,
@@ -416,11 +406,11 @@ fn load_proj(
 /// `format`: the type linear weights take on the GPU.
 pub fn load(
     gpu: &Gpu,
-    ck: &Checkpoint,
+    ck: &dyn TensorSource,
     format: WeightFormat,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Weights> {
-    let c: &ModelConfig = &ck.config;
+    let c: &ModelConfig = ck.config();
     let h = c.hidden_size;
     let total = 3 + c.num_layers;
     let norm =
@@ -482,8 +472,8 @@ pub fn load(
 }
 
 /// One layer's weights, by its spec ([`ModelConfig::layer`]).
-fn load_layer(gpu: &Gpu, ck: &Checkpoint, i: usize, format: WeightFormat) -> Result<LayerWeights> {
-    let c: &ModelConfig = &ck.config;
+fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) -> Result<LayerWeights> {
+    let c: &ModelConfig = ck.config();
     let spec = c.layer(i);
     let h = c.hidden_size;
     let n = |s: &str| format!("blk.{i}.{s}");
@@ -539,7 +529,7 @@ fn load_layer(gpu: &Gpu, ck: &Checkpoint, i: usize, format: WeightFormat) -> Res
                 false,
             )?;
             let conv_name = n("ssm_conv1d.weight");
-            let conv_shape = ck.raw_shape(&conv_name)?;
+            let conv_shape = ck.shape(&conv_name)?;
             if conv_shape.iter().product::<usize>() != d.conv_dim() * d.conv_kernel
                 || conv_shape.first() != Some(&d.conv_dim())
             {
@@ -637,7 +627,7 @@ fn load_layer(gpu: &Gpu, ck: &Checkpoint, i: usize, format: WeightFormat) -> Res
 /// e; a shared expert of the same size, appended, becomes expert E.
 fn load_glu_stack(
     gpu: &Gpu,
-    ck: &Checkpoint,
+    ck: &dyn TensorSource,
     label: &str,
     pairs: &[(String, String, usize)],
     k: usize,
@@ -671,7 +661,7 @@ fn load_glu_stack(
 /// type when all parts share it, else f16.
 fn load_stack(
     gpu: &Gpu,
-    ck: &Checkpoint,
+    ck: &dyn TensorSource,
     label: &str,
     parts: &[(String, usize)],
     k: usize,

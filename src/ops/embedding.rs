@@ -269,7 +269,7 @@ mod tests {
         // Every GGUF and MLX type: random blocks (finite scales) in row chunks of at most 128 rows, ids
         // across the chunk edges and out of range; the gather equals to_f32's rows times the
         // scale (the same float operations: bit for bit).
-        use crate::loader::dtype::to_f32;
+        use crate::dtype::to_f32;
         let gpu = gpu();
         for ty in crate::ops::matmul::gguf::tests::TYPES {
             let (rows, cols) = (300usize, 512usize);
@@ -307,7 +307,7 @@ mod tests {
     /// halves to zero would zero whole blocks, and fail here (lavapipe and the H100 do not).
     #[test]
     fn subnormal_scales_decode_exactly() {
-        use crate::loader::dtype::{to_f32, DType};
+        use crate::dtype::{to_f32, DType};
         use crate::ops::matmul::gguf::tests::{random_blocks, scale_field_offsets, TYPES};
         let gpu = gpu();
         for ty in TYPES.into_iter().filter(|t| !matches!(t, DType::Affine { bf16: true, .. })) {

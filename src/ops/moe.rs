@@ -366,8 +366,8 @@ pub fn moe_combine(
 }
 
 pub mod cpu {
+    use crate::dtype::{to_f32, DType};
     use crate::error::Result;
-    use crate::loader::dtype::{to_f32, DType};
     use crate::model::config::Activation;
     use crate::ops::elementwise::cpu::{gelu_tanh, silu};
 
@@ -520,9 +520,9 @@ pub mod cpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::to_f32;
+    use crate::dtype::DType;
     use crate::gpu::tensor::test_util::*;
-    use crate::loader::dtype::to_f32;
-    use crate::loader::DType;
     use crate::model::config::Activation;
     use crate::ops::matmul::gguf::tests as qt;
     use crate::ops::matmul::tests as ft;

@@ -12,7 +12,7 @@
 //!   16-bit fixed point per block (`DP4`) and the quants meet it in 4-wide integer dot products
 //!   (exact sums; x rounded to 2^-14 of its block's largest |x|, [`cpu::stage_x16`]);
 //! - more tokens, `wgsl/matmul_quant.wgsl`: the f16 matmul's tiling, with W's tiles dequantized
-//!   into workgroup memory as f32 (bit-identical to [`crate::loader::dtype::to_f32`]).
+//!   into workgroup memory as f32 (bit-identical to [`crate::dtype::to_f32`]).
 //!
 //! The dequantization lives in `wgsl/include/quant*.wgsl` (one file per type, shared by any kernel
 //! that reads quantized rows). Its CPU twin is [`cpu::linear_quant`] (dequantizes with `to_f32`).
@@ -60,9 +60,9 @@ use super::{
     check_operands, common_macros, glu_macros, out_binding, Input, LinearOpts, LinearShape, MatmulConfig, MATVEC_MAX_T,
     MATVEC_WG,
 };
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, Gpu, Kernel, Macros, Tensor};
-use crate::loader::DType;
 use crate::ops::embedding::plan_row_chunks;
 use std::sync::Arc;
 
@@ -621,8 +621,8 @@ fn matmul_quant(
 }
 
 pub mod cpu {
+    use crate::dtype::{to_f32, DType};
     use crate::error::Result;
-    use crate::loader::dtype::{to_f32, DType};
 
     /// `y (+)= x · Wᵀ (+ bias)` with x `[T, K]` and W `[N, K]` stored as `dtype` in `raw` (the
     /// file's bytes, rows of K elements), dequantized with [`to_f32`]; sums in f64
@@ -674,9 +674,9 @@ pub mod cpu {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::dtype::to_f32;
     use crate::gpu::tensor::test_util::*;
     use crate::gpu::ElemType;
-    use crate::loader::dtype::to_f32;
     use half::f16;
 
     /// Every GGUF type, and the MLX affine types in both scale formats and three group sizes.
