@@ -9,7 +9,7 @@
 // The state is a ring of R slots (as in causal_conv1d): a pass at pos with n tokens reads slot
 // pos % R (zeros when pos == 0) and writes slot (pos + n) % R.
 //
-// Grid: (Hv * Dv / CB) workgroups: workgroup (h, block) owns CB columns of head h's S; its
+// Grid: (Hv * Dv / CB) workgroups, 2-D folded: workgroup (h, block) owns CB columns of head h's S; its
 // CB * RG threads split them by rows: thread (r, c) keeps rows r*ROWS .. (r+1)*ROWS of column
 // block*CB + c in registers through all the pass's tokens (S read and written once per pass), so
 // a decode step spreads the state over many workgroups. The column sums S^T k and S^T q add the RG
@@ -60,16 +60,17 @@ fn softplus(x: f32) -> f32 {
 }
 
 @compute @workgroup_size({{CB}}, {{RG}}, 1)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) lid3: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let blocks = {{DV}}u / {{CB}}u;
-    let h = wid.x / blocks;
+    let wg = wid.x + wid.y * nwg.x;  // 2-D folded grid (gpu/kernel.rs)
+    let h = wg / blocks;
     if (h >= p.v_heads) {
         return;  // uniform across the workgroup
     }
     let c = lid3.x;
     let r = lid3.y;
-    let j = (wid.x % blocks) * {{CB}}u + c;
+    let j = (wg % blocks) * {{CB}}u + c;
     let i0 = r * {{ROWS}}u;
     let kh = h / (p.v_heads / p.k_heads);
     let n = min(step.n_tokens, p.n_rows);
