@@ -13,7 +13,7 @@
 //!   `documents` set to none.
 //!
 //! A template error (syntax, `raise_exception`, a failing filter) becomes
-//! [`Error::Template`](crate::Error::Template) carrying the template's own message.
+//! [`crate::Error::Template`] carrying the template's own message.
 
 use crate::error::{Error, Result};
 use minijinja::value::{Kwargs, Value, ValueKind};

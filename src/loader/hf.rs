@@ -13,7 +13,7 @@
 //! `quantization` (`group_size`, `bits`, `mode` "affine", and per-module overrides: an object with
 //! its own `group_size`/`bits`, or `false` for a module left in floats) says how each linear
 //! layer's `weight` (packed U32), `scales` and `biases` (f16 or bf16) encode it; the three become
-//! one [`DType::Affine`] tensor of the logical shape `[N, K]` (see [`mlx_affine`]).
+//! one [`DType::Affine`] tensor of the logical shape `[N, K]` (see `mlx_affine`).
 
 use super::gguf::{validate_config, END_OF_TURN_TOKENS};
 use super::{

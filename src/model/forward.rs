@@ -2,16 +2,23 @@
 //! buffers, bind groups and dispatches are made once and replayed; what changes per call (the
 //! token ids and the [`StepParams`] uniform) is written with `queue.write_buffer`.
 //!
-//! Per layer (9 dispatches, +1 when attention splits its keys, +2 with sandwich norms; one decode
-//! token without q/k norm rotates inside attention: -1):
-//! rms_norm → qkv linear (+bias) → rope (+q/k norm) and KV-cache write → attention →
-//! o linear (+= residual | → tmp, rms_norm += residual) → rms_norm → gate_up linear →
-//! gated_act → down linear (+= residual | → tmp, rms_norm += residual).
+//! Each layer runs its [`LayerSpec`](super::config::LayerSpec) ([`ModelConfig::layer`]): a token
+//! mixer, then an MLP, each added to the residual stream x (through a post-norm with sandwich
+//! norms). Decode and short passes (up to `MATVEC_MAX_T` tokens) fuse the RMSNorm before a
+//! projection into its matvec (`ops::matmul::Input::Norm`) and the residual add into the last
+//! projection; prefill runs the norm as a dispatch of its own. Per mixer / MLP, in decode:
+//! - attention: qkv linear (+bias) → rope (+ q/k norm) and KV-cache write → attention (split
+//!   keys: + merge) [→ gate linear → mul_sigmoid] → o linear (+= residual): 4-5, +2 with an
+//!   output gate; one decode token without q/k norm rotates inside attention (rope gone);
+//! - Gated DeltaNet: in_proj [qkv | z | b | a] → causal_conv1d → gated_delta_rule →
+//!   rms_norm_gated → out_proj (+= residual): 5; its states live in [`STATE_RING`] slots;
+//! - dense MLP: gate_up linear with the gated activation in its epilogue (gate and up rows
+//!   interleaved at load, `LinearOpts::glu`; else in the down matvec's input) → down: 2;
+//! - MoE: router linear (+ the shared expert's gate logit) → moe_router (top-k on the GPU) →
+//!   experts' gate_up (GLU) → experts' down → moe_combine (+= residual): 5 (+2 for a shared expert
+//!   of another size than the experts', run as its own MLP).
+//!
 //! Then the last row: output rms_norm → lm_head (one dispatch per row chunk) → logits (vocab).
-//! Decode and short passes (up to `MATVEC_MAX_T` tokens) fuse the two rms_norms into the qkv
-//! and gate_up matvecs and the output norm into lm_head (`ops::matmul::Input`), and gated_act
-//! into the gate_up matvec's epilogue where gate and up share a format (their rows interleaved
-//! at load: `LinearOpts::glu`; else into the down matvec's input): 6 dispatches a layer.
 
 use super::config::{Activation, AttentionSpec, DeltaNetSpec, Mixer, MlpSpec, ModelConfig};
 use super::source::TensorSource;
@@ -190,9 +197,9 @@ pub struct DispatchTime {
 /// The recorded forward pass for `t` tokens.
 pub struct Plan {
     pub t: usize,
-    /// Token ids in, u32 [t].
+    /// Token ids in, u32 `[t]`.
     pub ids: Tensor,
-    /// Last-position logits out, f32 [vocab].
+    /// Last-position logits out, f32 `[vocab]`.
     pub logits: Tensor,
     items: Vec<Item>,
     /// When the plan was last staged (the [`Model`]'s use counter), for eviction.
@@ -536,7 +543,7 @@ impl Model {
     }
 
     /// Runs `tokens` at positions `pos..pos + len` and leaves the last position's logits on the
-    /// GPU (returned: f32 [vocab]). Work is submitted, not waited for.
+    /// GPU (returned: f32 `[vocab]`). Work is submitted, not waited for.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Tensor> {
         if tokens.is_empty() {
             return Err(Error::InvalidArgument("no tokens to run".into()));

@@ -123,7 +123,7 @@ pub enum MixerWeights {
         /// [q; k; v]: rows H*D + 2*Hkv*D.
         qkv: Proj,
         qkv_bias: Option<Tensor>,
-        /// Per-head norms of q and k, f32 [D] each.
+        /// Per-head norms of q and k, f32 `[D]` each.
         qk_norm: Option<(Tensor, Tensor)>,
         /// The output gate's projection (Qwen3.5: q_proj's gate rows), [H*D, hidden].
         gate: Option<Linear>,
@@ -134,10 +134,10 @@ pub enum MixerWeights {
         in_proj: Proj,
         /// The causal conv's taps, f32 [conv_dim, kernel].
         conv: Tensor,
-        /// f32 [Hv] each.
+        /// f32 `[Hv]` each.
         a_log: Tensor,
         dt_bias: Tensor,
-        /// The gated RMSNorm's weight, f32 [Dv].
+        /// The gated RMSNorm's weight, f32 `[Dv]`.
         norm: Tensor,
         out: Linear,
     },
