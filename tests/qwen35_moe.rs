@@ -53,6 +53,14 @@ fn tiny_matches_transformers() {
     eprintln!("max |logit error| {err}");
 }
 
+/// A 48-token prompt: prefill past `MATVEC_MAX_T` (32) runs the matmul kernels with the norms
+/// as dispatches of their own; then as chunks of 40 + 8 (matmul, then matvec, states carried).
+#[test]
+fn tiny_long_prompt_matches_transformers() {
+    check_path(&tiny(), "qwen35moe_tiny_long", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
+    check_path(&tiny(), "qwen35moe_tiny_long", Check { max_abs: MAX_ABS, steps: 2, prefill_chunk: Some(40) });
+}
+
 /// A shared expert of another size than the experts' runs as its own MLP (the 35B-A3B's, of the
 /// experts' size, runs as one more expert of the stack: the tests above).
 #[test]

@@ -153,17 +153,20 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--cycles", type=int, default=2, help="(3 DeltaNet + 1 attention) layer cycles")
     ap.add_argument("--shared", type=int, default=32, help="shared expert size (the experts': 32)")
+    ap.add_argument("--prompt-len", type=int, default=PROMPT_LEN)
+    ap.add_argument("--reference-only", action="store_true", help="reuse the model folder, write only the fixture")
     a = ap.parse_args()
 
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED)
     cfg = config(a.vocab, a.cycles, a.shared)
-    model = Qwen3_5MoeForCausalLM(cfg).to(torch.float32).eval()
-    randomize(model, gen)
-    os.makedirs(a.model, exist_ok=True)
-    model.save_pretrained(a.model, safe_serialization=True)
-    with open(os.path.join(a.model, "tokenizer.json"), "w") as f:
-        json.dump(tokenizer_json(a.vocab), f)
+    if not a.reference_only:
+        model = Qwen3_5MoeForCausalLM(cfg).to(torch.float32).eval()
+        randomize(model, gen)
+        os.makedirs(a.model, exist_ok=True)
+        model.save_pretrained(a.model, safe_serialization=True)
+        with open(os.path.join(a.model, "tokenizer.json"), "w") as f:
+            json.dump(tokenizer_json(a.vocab), f)
 
     # Reload from disk: the reference runs on exactly the saved tensors.
     model = Qwen3_5MoeForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation="eager").eval()
@@ -171,7 +174,7 @@ def main() -> None:
     best = None
     for cand in range(16):
         rng = np.random.default_rng(SEED + cand)
-        ids = [int(i) for i in rng.integers(0, a.vocab, PROMPT_LEN)]
+        ids = [int(i) for i in rng.integers(0, a.vocab, a.prompt_len)]
         margins = RouterMargins(model)
         with torch.no_grad():
             res = generate(model, ids)
@@ -183,7 +186,7 @@ def main() -> None:
     t5, v5 = top5(first)
     meta = {
         "model": "tiny random Qwen3_5MoeForCausalLM (tools/make_qwen35moe_fixture.py)",
-        "config": {k: v for k, v in cfg.to_dict().items() if not k.startswith("_")},
+        "config": {k: v for k, v in model.config.to_dict().items() if not k.startswith("_")},
         "prompt_ids": ids,
         "n_prompt": len(ids),
         "top5": t5,
