@@ -10,7 +10,9 @@ in f32 over exactly the quantized weights the folder stores. The prompt's token 
 from an existing fixture (the same chat prompt as the transformers references). Writes OUT.json
 (prompt ids, last-position top-5, 16 greedy tokens teacher-forced by mlx-lm's own argmax, each
 step's top-5 logits) and OUT.logits.f32 (the prompt's last-position logits, little-endian f32),
-the format tests/reference.rs reads.
+the format tests/reference.rs reads. With --step-logits also OUT.steps.f32: every greedy step's
+full logits ([steps, vocab] little-endian f32; row i the logits greedy_tokens[i] is the argmax of,
+row 0 the prompt's).
 """
 import argparse
 import json
@@ -34,6 +36,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--name", default="SmolLM2-135M-Instruct, MLX quantized by mlx_lm.convert")
+    ap.add_argument("--step-logits", action="store_true", help="also write OUT.steps.f32")
     a = ap.parse_args()
 
     model, _tok = load(a.mlx_dir)
@@ -43,9 +46,10 @@ def main() -> None:
     cache = make_prompt_cache(model)
     logits = model(mx.array([ids]), cache=cache)[0, -1].astype(mx.float32)
     first = np.array(logits)
-    greedy, step_top5, step_vals = [], [], []
+    greedy, step_top5, step_vals, rows = [], [], [], []
     cur = first
     for _ in range(a.steps):
+        rows.append(cur)
         t5, v5 = top5(cur)
         step_top5.append(t5)
         step_vals.append(v5)
@@ -67,12 +71,23 @@ def main() -> None:
         "step_logits_top5_values": step_vals,
         "logits_file": a.out.split("/")[-1] + ".logits.f32",
         "logits_format": "little-endian f32, vocab entries, last prompt position",
+        **(
+            {
+                "step_logits_file": a.out.split("/")[-1] + ".steps.f32",
+                "step_logits_format": f"little-endian f32, [{a.steps}, vocab]: row i is the logits greedy_tokens[i] "
+                "is the argmax of (row 0 the prompt's, row i after feeding greedy_tokens[:i] with the cache)",
+            }
+            if a.step_logits
+            else {}
+        ),
         "precision": "mlx-lm forward on CPU with every floating-point parameter cast to float32",
         "versions": {"mlx": mx.__version__, "mlx_lm": __import__("mlx_lm").__version__, "python": sys.version.split()[0]},
         "command": " ".join(sys.argv),
     }
     json.dump(meta, open(a.out + ".json", "w"), indent=1)
     first.astype("<f4").tofile(a.out + ".logits.f32")
+    if a.step_logits:
+        np.stack(rows).astype("<f4").tofile(a.out + ".steps.f32")
     print(f"top5 {t5} greedy {greedy}")
 
 

@@ -14,8 +14,10 @@ engine's weight type: both sides compute with the same weights), seed fixed. Wri
 whose tokens are "t0".."tN" so the engine can open the folder) and, for a fixed prompt of random
 token ids, transformers' f32 CPU forward (eager attention): OUT.logits.f32 (last prompt position)
 and OUT.json (prompt ids, 16 greedy tokens generated with the cache: the recurrent decode path,
-each step's top-5 logits; the format tests/common/reference.rs reads). Needs torch and
-transformers >= 5 (qwen3_5_moe).
+each step's top-5 logits; the format tests/common/reference.rs reads); with --step-logits also
+OUT.steps.f32, every greedy step's full logits ([16, vocab] little-endian f32, row i the logits
+greedy_tokens[i] is the argmax of: row 0 is the prompt's, row i > 0 comes after feeding
+greedy_tokens[:i] through the cache). Needs torch and transformers >= 5 (qwen3_5_moe).
 """
 import argparse
 import json
@@ -133,8 +135,9 @@ def generate(model, ids):
     first = out.logits[0, -1].float().numpy()
     cache = out.past_key_values
     cur = first
-    greedy, step_top5, step_vals = [], [], []
+    greedy, step_top5, step_vals, rows = [], [], [], []
     for _ in range(STEPS):
+        rows.append(cur)
         t5, v5 = top5(cur)
         step_top5.append(t5)
         step_vals.append(v5)
@@ -143,7 +146,7 @@ def generate(model, ids):
         out = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         cur = out.logits[0, -1].float().numpy()
-    return first, greedy, step_top5, step_vals
+    return first, greedy, step_top5, step_vals, np.stack(rows)
 
 
 def main() -> None:
@@ -153,6 +156,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--cycles", type=int, default=2, help="(3 DeltaNet + 1 attention) layer cycles")
     ap.add_argument("--shared", type=int, default=32, help="shared expert size (the experts': 32)")
+    ap.add_argument("--step-logits", action="store_true", help="also write OUT.steps.f32")
     ap.add_argument("--prompt-len", type=int, default=PROMPT_LEN)
     ap.add_argument("--reference-only", action="store_true", help="reuse the model folder, write only the fixture")
     a = ap.parse_args()
@@ -181,8 +185,10 @@ def main() -> None:
         margin = margins.close()
         if best is None or margin > best[0]:
             best = (margin, ids, res)
-    margin, ids, (first, greedy, step_top5, step_vals) = best
+    margin, ids, (first, greedy, step_top5, step_vals, rows) = best
     first.astype("<f4").tofile(a.out + ".logits.f32")
+    if a.step_logits:
+        rows.astype("<f4").tofile(a.out + ".steps.f32")
     t5, v5 = top5(first)
     meta = {
         "model": "tiny random Qwen3_5MoeForCausalLM (tools/make_qwen35moe_fixture.py)",
@@ -197,6 +203,15 @@ def main() -> None:
         "min_router_logit_margin": margin,
         "logits_file": os.path.basename(a.out) + ".logits.f32",
         "logits_format": "little-endian f32, vocab entries, last prompt position",
+        **(
+            {
+                "step_logits_file": os.path.basename(a.out) + ".steps.f32",
+                "step_logits_format": "little-endian f32, [16, vocab]: row i is the logits greedy_tokens[i] "
+                "is the argmax of (row 0 the prompt's, row i after feeding greedy_tokens[:i] with the cache)",
+            }
+            if a.step_logits
+            else {}
+        ),
         "precision": "transformers forward in float32 on the CPU, eager attention; decode with the cache",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]},
         "command": " ".join(["tools/make_qwen35moe_fixture.py"] + sys.argv[1:]),

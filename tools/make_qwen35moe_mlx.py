@@ -2,7 +2,7 @@
 """The tiny Qwen3.5-MoE checkpoint in the two other layouts the engine reads, and mlx-lm's.
 
   tools/make_qwen35moe_mlx.py HF_DIR FUSED_DIR            # transformers names, fused experts
-  tools/make_qwen35moe_mlx.py HF_DIR OUT_DIR --mlx [--bits 4 --group 64 | --float]
+  tools/make_qwen35moe_mlx.py HF_DIR OUT_DIR --mlx [--bits 4 --group 64 | --float] [--dtype float32]
 
 HF_DIR is tests/fixtures/models/qwen35moe_tiny (save_pretrained: per-expert tensors
 `mlp.experts.{e}.gate_proj.weight`, a text-only config). The first form writes the same weights
@@ -10,8 +10,10 @@ with the experts fused as Qwen3.5's published checkpoints store them (`mlp.exper
 [E, 2I, H] = [gate; up] per expert, `mlp.experts.down_proj` [E, H, I]) under the multimodal
 config (`model_type` qwen3_5_moe, the text config under `text_config`): what mlx-lm's qwen3_5_moe
 converter reads. With --mlx it then runs mlx-lm's own converter on that folder (mlx_lm.convert,
-bf16 like mlx-community's: float, or quantized with --bits/--group; mlx-lm keeps the routers at
-8 bits) into OUT_DIR.
+bf16 like mlx-community's, or --dtype float16/float32: float, or quantized with --bits/--group;
+mlx-lm keeps the routers at 8 bits) into OUT_DIR. mlx-lm's converter renames (language_model.
+prefix, experts.gate_up_proj -> switch_mlp.{gate,up}_proj), moves the conv taps to [C, K, 1] and
+adds the 1 to the (1 + w) norms; A_log stays float32 whatever --dtype says.
 Needs numpy and safetensors; --mlx needs mlx-lm (pip install "mlx[cpu]==0.32.4" "mlx-lm==0.32.2").
 """
 import argparse
@@ -65,6 +67,7 @@ def main() -> None:
     ap.add_argument("--float", action="store_true")
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--group", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     a = ap.parse_args()
     if not a.mlx:
         fuse(a.hf_dir, a.out_dir)
@@ -77,9 +80,9 @@ def main() -> None:
     tmp = a.out_dir.rstrip("/") + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     if a.float:
-        convert(hf_path=fused, mlx_path=tmp, dtype="bfloat16")
+        convert(hf_path=fused, mlx_path=tmp, dtype=a.dtype)
     else:
-        convert(hf_path=fused, mlx_path=tmp, quantize=True, q_bits=a.bits, q_group_size=a.group, dtype="bfloat16")
+        convert(hf_path=fused, mlx_path=tmp, quantize=True, q_bits=a.bits, q_group_size=a.group, dtype=a.dtype)
     shutil.rmtree(fused, ignore_errors=True)
     # The word-level tokenizer as it was (transformers' round trip through AutoTokenizer adds an
     # <|endoftext|> token past the vocabulary).

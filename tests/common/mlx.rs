@@ -144,12 +144,18 @@ pub fn write_hf_folder(gguf: &Path, dir: &Path) {
 /// fused as Qwen3.5's published checkpoints store them; numpy + safetensors only), `"mlx"`
 /// (mlx-lm's converter, bf16) or `"mlx4"` (mlx-lm's converter, 4-bit group 64; the routers 8-bit).
 pub fn qwen35moe_tiny(layout: &str) -> PathBuf {
-    let out = cache_dir().join(format!("qwen35moe-tiny-{layout}"));
+    use std::hash::{Hash, Hasher};
+    let root = env!("CARGO_MANIFEST_DIR");
+    let src = format!("{root}/tests/fixtures/models/qwen35moe_tiny");
+    // Keyed by the source's content, so a changed fixture model is never met by a stale conversion.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::read(format!("{src}/{f}")).unwrap_or_else(|e| panic!("{src}/{f}: {e}")).hash(&mut h);
+    }
+    let out = cache_dir().join(format!("qwen35moe-tiny-{layout}-{:016x}", h.finish()));
     if out.join("config.json").is_file() && out.join("model.safetensors").is_file() {
         return out;
     }
-    let root = env!("CARGO_MANIFEST_DIR");
-    let src = format!("{root}/tests/fixtures/models/qwen35moe_tiny");
     let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let mut cmd = Command::new(&py);
     cmd.arg(format!("{root}/tools/make_qwen35moe_mlx.py")).arg(&src).arg(&out);

@@ -80,10 +80,26 @@ pub fn check_path(model_path: &std::path::Path, fixture: &str, c: Check) -> f32 
         );
     }
 
-    // Greedy, teacher-forced with the reference tokens.
+    // Greedy, teacher-forced with the reference tokens; where the fixture has every step's logits
+    // (`step_logits_file`: row i is what greedy token i is the argmax of), each step's are held
+    // to the same bound as the prompt's.
+    let all_steps: Option<Vec<f32>> =
+        meta["step_logits_file"].as_str().map(|f| bytemuck::pod_collect_to_vec(&std::fs::read(dir.join(f)).unwrap()));
     let mut flips = Vec::new();
+    let mut step_err = 0f32;
     let mut step_logits = got;
     for (i, &tok) in greedy.iter().take(steps).enumerate() {
+        if let Some(rows) = &all_steps {
+            let want = &rows[i * step_logits.len()..][..step_logits.len()];
+            let (e, at) = step_logits
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .enumerate()
+                .fold((0f32, 0), |m, (j, e)| if e > m.0 { (e, j) } else { m });
+            assert!(e < max_abs, "{fixture}: greedy step {i}: max |logit error| {e} at {at} exceeds {max_abs}");
+            step_err = step_err.max(e);
+        }
         let mine = argmax(&step_logits);
         if mine != tok {
             let margin = step_vals[i][0] - step_vals[i][1];
@@ -97,8 +113,9 @@ pub fn check_path(model_path: &std::path::Path, fixture: &str, c: Check) -> f32 
         step_logits = gpu.read_f32(&l).unwrap();
     }
     eprintln!(
-        "{fixture}: {steps} greedy steps agree{}",
-        if flips.is_empty() { String::new() } else { format!(" except near-ties {flips:?}") }
+        "{fixture}: {steps} greedy steps agree{}{}",
+        if flips.is_empty() { String::new() } else { format!(" except near-ties {flips:?}") },
+        if all_steps.is_some() { format!("; every step's logits within {step_err:.4}") } else { String::new() }
     );
     max_err
 }
