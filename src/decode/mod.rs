@@ -14,6 +14,7 @@
 //! Sampling step schedule (the RNG counter): the token sampled from the prompt's last position
 //! is step 0, each decode step adds one. Chunked prefill does not advance it.
 
+pub mod batch;
 pub mod pipeline;
 
 use crate::error::{Error, Result};
