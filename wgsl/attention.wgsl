@@ -1,7 +1,9 @@
 // attention: causal (optionally sliding-window) multi-head attention with grouped-query heads over
 // the f16 KV cache; one kernel for prefill and decode (src/ops/attention.rs picks the tiling).
 //
-// Token t of the pass (t < step.n_tokens) is at position p = step.pos + t and query head h
+// Token t of the pass (t < step.n_tokens) is at position p = tok_pos(t) (step.pos + t, of KV-cache
+// slot step.slot; with BATCH each token is a sequence of its own, at its own position and slot:
+// include/step) and query head h
 // (KV head g = h / G, G = H / Hkv) attends keys j in [lo(p), p], lo(p) = max(0, p + 1 - window)
 // (window 0: lo = 0): out = softmax_j((q . k_j) * scale) v_j, softmax in f32 with max subtraction.
 //
@@ -22,13 +24,17 @@
 // Masked scores are a finite NEG sentinel and masked probabilities exactly 0 (no infinities:
 // fast-math compilers may assume there are none); K/V past the range are loaded as 0.
 //
+// BATCH (decode of many sequences, one token each): a row block is one token's G query heads
+// (rows r >= G of the block idle), so a block reads one slot's keys; with the tiling of a
+// one-token pass, each sequence's numbers are those it gets alone.
+//
 // SPLIT (NSPLIT > 1, flash decoding): the block's key range is cut into NSPLIT parts of whole
 // tiles, one per workgroup z; each writes its unnormalized accumulator and (m, l), and the MERGE
 // entry (this file compiled with MERGE) combines them. Without SPLIT the output is written here.
 //
 // ROPE (decode, one token, no q/k norm): q and k arrive unrotated and this kernel does what
 // rope with KV_WRITE would have done before it: queries are rotated as they are loaded, and the
-// one key at step.pos is taken from qkv (k rotated, v as is) instead of the caches, rounded to
+// one key at the token's position is taken from qkv (k rotated, v as is) instead of the caches, rounded to
 // f16 as the cache holds it, and written to both caches for the steps after (by the one workgroup
 // whose tile holds it: decode has one row block per KV head). A dispatch a layer fewer.
 //
@@ -49,12 +55,8 @@
 #define QL 1
 #define NSPLIT 1
 #define RB 7
-struct Step {
-    pos: u32,
-    n_tokens: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+
+#include "step"
 
 struct Params {
     heads: u32,       // H
@@ -161,12 +163,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // ---- attention ----
 @group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;     // (T, (H + 2 Hkv) * D): [q | k | v], q roped
 #ifdef ROPE
-@group(0) @binding(1) var<storage, read_write> k_cache: array<vec4<u32>>; // (Hkv, max_ctx, D) f16, 8 per vec4
-@group(0) @binding(2) var<storage, read_write> v_cache: array<vec4<u32>>; // (Hkv, max_ctx, D) f16, 8 per vec4
+@group(0) @binding(1) var<storage, read_write> k_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
+@group(0) @binding(2) var<storage, read_write> v_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
 @group(0) @binding({{RB}}) var<storage, read> inv_freq: array<f32>;        // (D / 2)
 #else
-@group(0) @binding(1) var<storage, read> k_cache: array<vec4<u32>>; // (Hkv, max_ctx, D) f16, 8 per vec4
-@group(0) @binding(2) var<storage, read> v_cache: array<vec4<u32>>; // (Hkv, max_ctx, D) f16, 8 per vec4
+@group(0) @binding(1) var<storage, read> k_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
+@group(0) @binding(2) var<storage, read> v_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
 #endif
 @group(0) @binding(3) var<uniform> step: Step;
 @group(0) @binding(4) var<uniform> p: Params;
@@ -207,16 +209,18 @@ var<workgroup> rope_cs: array<vec2<f32>, {{D}} / 2>;
 // This workgroup's KV head and its first cache row (set by main).
 var<private> rope_g: u32;
 var<private> rope_base: u32;
+var<private> rope_pos: u32; // the token's position
+var<private> rope_row: u32; // its first unit in qkv
 
 fn rope_table(tid: u32) {
     for (var i = tid; i < {{D}}u / 2u; i += {{WG}}u) {
-        rope_cs[i] = sincos(f32(step.pos) * inv_freq[i]);
+        rope_cs[i] = sincos(f32(rope_pos) * inv_freq[i]);
     }
     workgroupBarrier();
 }
 
 // Unit u (dims 4u .. 4u + 3) of the head whose first unit in qkv is `hb`, rotated to position
-// step.pos as the rope kernel rotates it (pairs (i, i + D/2)).
+// rope_pos as the rope kernel rotates it (pairs (i, i + D/2)).
 fn rope_unit(hb: u32, u: u32) -> vec4<f32> {
     let half = DU / 2u;
     let x = qkv[hb + u];
@@ -239,11 +243,11 @@ fn current_kv(g: u32, w: u32, value: bool) -> vec4<u32> {
     var a: vec4<f32>;
     var b: vec4<f32>;
     if (value) {
-        let hb = (p.heads + p.kv_heads + g) * DU;
+        let hb = rope_row + (p.heads + p.kv_heads + g) * DU;
         a = qkv[hb + 2u * w];
         b = qkv[hb + 2u * w + 1u];
     } else {
-        let hb = (p.heads + g) * DU;
+        let hb = rope_row + (p.heads + g) * DU;
         a = rope_unit(hb, 2u * w);
         b = rope_unit(hb, 2u * w + 1u);
     }
@@ -252,14 +256,14 @@ fn current_kv(g: u32, w: u32, value: bool) -> vec4<u32> {
 #endif
 
 // Slot s of this thread's share of a tile: 8 halves of key e / DV, starting at key `base` of the
-// cache (rows past `nk` are zeros). With ROPE the key at step.pos comes from qkv, and is stored.
+// cache (rows past `nk` are zeros). With ROPE the key at rope_pos comes from qkv, and is stored.
 fn load_k(s: u32, tid: u32, base: u32, nk: u32) -> vec4<u32> {
     let e = tid + {{WG}}u * s;
     var v = vec4<u32>(0u);
     if (e / DV < nk) {
         let at = (base + e / DV) * DV + e % DV;
 #ifdef ROPE
-        if (base + e / DV == rope_base + step.pos) {
+        if (base + e / DV == rope_base + rope_pos) {
             v = current_kv(rope_g, e % DV, false);
             k_cache[at] = v;
             return v;
@@ -276,7 +280,7 @@ fn load_v(s: u32, tid: u32, base: u32, nk: u32) -> vec4<u32> {
     if (e / DV < nk) {
         let at = (base + e / DV) * DV + e % DV;
 #ifdef ROPE
-        if (base + e / DV == rope_base + step.pos) {
+        if (base + e / DV == rope_base + rope_pos) {
             v = current_kv(rope_g, e % DV, true);
             v_cache[at] = v;
             return v;
@@ -302,7 +306,12 @@ fn load_q(s: u32, tid: u32, row0: u32, g: u32, n_tok: u32, stride: u32) -> vec4<
     let rw = row0 + e / DU;
     let t = rw / {{G}}u;
     var q = vec4<f32>(0.0);
-    if (e < {{BQ}}u * DU && t < n_tok) {
+#ifdef BATCH
+    let own = e / DU < {{G}}u; // the block's token's heads only
+#else
+    let own = true;
+#endif
+    if (e < {{BQ}}u * DU && t < n_tok && own) {
 #ifdef ROPE
         q = rope_unit(t * stride + (g * {{G}}u + rw % {{G}}u) * DU, e % DU);
 #else
@@ -358,15 +367,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let g = wid.y;
     let split = wid.z;
     let n_tok = min(step.n_tokens, p.n_rows);
+#ifdef BATCH
+    let row0 = blk * {{G}}u;
+    let t_first = blk;
+    let t_last = blk;
+#else
     let row0 = blk * {{BQ}}u;
     let t_first = row0 / {{G}}u;
+    let t_last = min((row0 + {{BQ}}u - 1u) / {{G}}u, n_tok - 1u);
+#endif
     if (t_first >= n_tok) {
         return;
     }
-    let t_last = min((row0 + {{BQ}}u - 1u) / {{G}}u, n_tok - 1u);
     // Key range of the block, [blk_lo, blk_hi], and this split's share in whole tiles.
-    let blk_lo = key_lo(step.pos + t_first);
-    let blk_hi = step.pos + t_last;
+    let blk_lo = key_lo(tok_pos(t_first));
+    let blk_hi = tok_pos(t_last);
     let n_tiles = (blk_hi - blk_lo) / {{BK}}u + 1u;
     let per = (n_tiles + {{NSPLIT}}u - 1u) / {{NSPLIT}}u;
     let k_begin = blk_lo + min(split * per, n_tiles) * {{BK}}u;
@@ -378,10 +393,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let row = row0 + r;
     let t = row / {{G}}u;
     let h = g * {{G}}u + row % {{G}}u;
+#ifdef BATCH
+    let live = t < n_tok && r < {{G}}u;
+#else
     let live = t < n_tok;
-    let hi = step.pos + t;
+#endif
+    let hi = tok_pos(min(t, n_tok - 1u));
     let lo = key_lo(hi);
-    let kv_base = g * p.max_ctx;
+    let kv_base = (tok_slot(t_first) * p.kv_heads + g) * p.max_ctx;
     // PV units of this lane (clamped: lanes past D/4 duplicate the last unit, never written)
     let u0 = min(j, DU - 1u);
     let u1 = min(j + {{LPR}}u, DU - 1u);
@@ -395,6 +414,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #ifdef ROPE
     rope_g = g;
     rope_base = kv_base;
+    rope_pos = tok_pos(t_first);
+    rope_row = t_first * (p.heads + 2u * p.kv_heads) * DU;
     rope_table(tid);
 #endif
     // Queries, and the first K tile, all loads in flight together.

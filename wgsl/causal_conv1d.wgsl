@@ -14,12 +14,7 @@
 #define WG 64
 #define K 4
 
-struct Step {
-    pos: u32,
-    n_tokens: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+#include "step"
 
 struct Params {
     channels: u32,  // C

@@ -21,12 +21,7 @@
 #define RG 16
 #define ROWS 1
 
-struct Step {
-    pos: u32,
-    n_tokens: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+#include "step"
 
 struct Params {
     k_heads: u32,   // Hk

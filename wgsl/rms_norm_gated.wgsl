@@ -5,12 +5,7 @@
 // t >= step.n_tokens are skipped. Macros: WG (threads, a power of two).
 #define WG 64
 
-struct Step {
-    pos: u32,
-    n_tokens: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+#include "step"
 
 struct Params {
     heads: u32,   // H

@@ -1,15 +1,16 @@
 // rope: rotary position embedding, NeoX / Hugging Face `rotate_half` style (pairs (i, i + ROT/2)
 // over the first ROT dims of a head; the other D - ROT dims pass through: partial rotary, Qwen3.5),
 // in place on the first H + Hkv heads (q heads, then k heads) of each qkv row; token t of the
-// pass is at position step.pos + t. With QK_NORM, each head is first RMS-normalized over D with
+// pass is at position tok_pos(t) (step.pos + t; with BATCH its own sequence's: include/step).
+// With QK_NORM, each head is first RMS-normalized over D with
 // its weight (q_norm for q heads, k_norm for k heads): Qwen3 / Gemma 3 q/k norm in the same pass.
 //
 // Angles as Hugging Face computes them, in f32: angle_i = f32(pos) * inv_freq_i, with inv_freq
 // (already divided by the linear scaling factor) from the host. sin/cos come from `sincos`
 // below, which is accurate at any position (the drivers' sin/cos are only specified on [-pi, pi]).
 //
-// KV_WRITE: also writes the rotated k head and its v head to the f16 KV caches at position
-// step.pos + t (what kv_cache_write does, fused to save a dispatch per layer).
+// KV_WRITE: also writes the rotated k head and its v head to the f16 KV caches of the token's slot
+// (S slots of Hkv heads) at its position (what kv_cache_write does, fused to save a dispatch per layer).
 //
 // Grid: one workgroup per (token, head), T * (H + Hkv) workgroups, 2-D folded (gpu/kernel.rs);
 // rows t >= step.n_tokens are skipped. Macros: D (head dim, even), ROT (rotated dims, even, <= D),
@@ -22,12 +23,7 @@
 #define KC 6
 #define VC 7
 
-struct Step {
-    pos: u32,
-    n_tokens: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+#include "step"
 
 struct Params {
     heads: u32,       // H + Hkv: heads rotated in each row
@@ -54,8 +50,8 @@ const DHALF: u32 = {{D}}u / 2u;
 var<workgroup> red: array<f32, {{WG}}>;
 #endif
 #ifdef KV_WRITE
-@group(0) @binding({{KC}}) var<storage, read_write> k_cache: array<u32>; // (Hkv, max_ctx, D) f16, packed pairs
-@group(0) @binding({{VC}}) var<storage, read_write> v_cache: array<u32>; // (Hkv, max_ctx, D) f16, packed pairs
+@group(0) @binding({{KC}}) var<storage, read_write> k_cache: array<u32>; // (S, Hkv, max_ctx, D) f16, packed pairs
+@group(0) @binding({{VC}}) var<storage, read_write> v_cache: array<u32>; // (S, Hkv, max_ctx, D) f16, packed pairs
 
 var<workgroup> row_s: array<f32, {{D}}>; // the rotated head
 
@@ -74,7 +70,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
     let base = t * p.row_stride + head * {{D}}u;
-    let pos = f32(step.pos + t);
+    let pos = f32(tok_pos(t));
 #ifdef QK_NORM
     var ss = 0.0;
     for (var i = lid; i < {{D}}u; i += {{WG}}u) {
@@ -134,10 +130,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (head >= p.q_heads) {
         workgroupBarrier();
         let g = head - p.q_heads;
-        let kv_pos = step.pos + t;
-        let vbase = base + (p.heads - p.q_heads) * {{D}}u; // v head g follows the k heads
+        let kv_pos = tok_pos(t);
+        let kv_heads = p.heads - p.q_heads;
+        let vbase = base + kv_heads * {{D}}u; // v head g follows the k heads
         if (kv_pos < p.max_ctx) {
-            let dst = (g * p.max_ctx + kv_pos) * DHALF;
+            let dst = ((tok_slot(t) * kv_heads + g) * p.max_ctx + kv_pos) * DHALF;
             for (var w = lid; w < DHALF; w += {{WG}}u) {
                 k_cache[dst + w] = pack_rne(row_s[2u * w], row_s[2u * w + 1u]);
                 v_cache[dst + w] = pack_rne(qkv[vbase + 2u * w], qkv[vbase + 2u * w + 1u]);

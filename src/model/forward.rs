@@ -425,7 +425,7 @@ impl Model {
     pub fn stage(&mut self, n: usize) -> Result<&Plan> {
         self.check_room(n)?;
         self.plan(n)?;
-        let step = StepParams { pos: self.pos as u32, n_tokens: n as u32, _pad: [0; 2] };
+        let step = StepParams { pos: self.pos as u32, n_tokens: n as u32, slot: 0, _pad: 0 };
         self.gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
         self.pos += n;
         if self.pos - n == 0 {

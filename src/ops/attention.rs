@@ -3,9 +3,10 @@
 //! decode.
 //!
 //! Inputs are the rows of the fused QKV projection, `[q: H*D | k: Hkv*D | v: Hkv*D]` per token
-//! (q and k already roped); token `t` of a pass is at position `step.pos + t`
-//! ([`StepParams`](super::StepParams)). Each layer's K and V caches are f16 `[Hkv, max_ctx, D]`
-//! (see [`kv_cache`]). [`rope_kv_write`](super::rope::rope_kv_write) does the cache write inside
+//! (q and k already roped); token `t` of a pass is at position `step.pos + t` of KV-cache slot
+//! `step.slot` ([`StepParams`](super::StepParams)), or, in a decode step of many sequences
+//! ([`attention_batch`]), at its own sequence's position and slot. Each layer's K and V caches are
+//! f16 `[S, Hkv, max_ctx, D]`, S slots of one sequence each (see [`kv_cache`]). [`rope_kv_write`](super::rope::rope_kv_write) does the cache write inside
 //! the RoPE dispatch (one dispatch less per layer).
 //!
 //! Tiling ([`Tiling`]): a workgroup takes `bq` rows, each a (token, query head) pair of one KV
@@ -54,14 +55,28 @@ impl AttnParams {
         assert!(qkv.numel() >= self.n_tokens * self.row_stride(), "attention: qkv holds fewer than T rows");
         for c in [k_cache, v_cache] {
             assert_eq!(c.ty, ElemType::F16, "attention: KV cache must be f16");
-            assert_eq!(c.numel(), self.kv_heads * self.max_ctx * d, "attention: KV cache must be [Hkv, max_ctx, D]");
+            let (_, hkv, ctx, cd) = cache_dims(c);
+            assert!(
+                hkv == self.kv_heads && ctx == self.max_ctx && cd == d,
+                "attention: KV cache must be [S, Hkv, max_ctx, D]"
+            );
         }
     }
 }
 
-/// Allocates one layer's K and V caches, f16 `[Hkv, max_ctx, D]` (zeroed).
-pub fn kv_cache(gpu: &Gpu, label: &str, p: &AttnParams) -> Result<(Tensor, Tensor)> {
-    let shape = [p.kv_heads, p.max_ctx, p.head_dim];
+/// (slots, Hkv, max_ctx, D) of a KV cache, f16 `[S, Hkv, max_ctx, D]` or `[Hkv, max_ctx, D]`
+/// (one slot).
+pub fn cache_dims(c: &Tensor) -> (usize, usize, usize, usize) {
+    match c.shape[..] {
+        [s, h, n, d] => (s, h, n, d),
+        [h, n, d] => (1, h, n, d),
+        _ => panic!("a KV cache is [S, Hkv, max_ctx, D], not {:?}", c.shape),
+    }
+}
+
+/// Allocates one layer's K and V caches of `slots` sequences, f16 `[S, Hkv, max_ctx, D]` (zeroed).
+pub fn kv_cache(gpu: &Gpu, label: &str, p: &AttnParams, slots: usize) -> Result<(Tensor, Tensor)> {
+    let shape = [slots, p.kv_heads, p.max_ctx, p.head_dim];
     Ok((
         gpu.empty(&format!("{label}.k"), &shape, ElemType::F16)?,
         gpu.empty(&format!("{label}.v"), &shape, ElemType::F16)?,
@@ -202,7 +217,28 @@ pub fn attention(
     p: AttnParams,
 ) -> Result<Vec<Kernel>> {
     let tiling = Tiling::choose(gpu, &p)?;
-    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, None)
+    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, None, None)
+}
+
+/// [`attention`] (or with `inv_freq`, [`attention_rope`]) for a decode step of many sequences:
+/// token `t` of `qkv` is sequence `t`, at position `seqs[t].0` of KV-cache slot `seqs[t].1` (u32
+/// `[T, 2]`). Each token runs with the tiling of a one-token pass, so a sequence's output does not
+/// depend on which others share the step.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_batch(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    out: &Tensor,
+    step: &wgpu::Buffer,
+    seqs: &Tensor,
+    p: AttnParams,
+    inv_freq: Option<&Tensor>,
+) -> Result<Vec<Kernel>> {
+    assert!(seqs.ty == ElemType::U32 && seqs.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
+    let tiling = Tiling::choose(gpu, &AttnParams { n_tokens: 1, ..p })?;
+    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, inv_freq, Some(seqs))
 }
 
 /// [`attention`] for one decode token whose q and k heads in `qkv` are not yet rotated, fused with
@@ -223,10 +259,11 @@ pub fn attention_rope(
     assert_eq!(p.n_tokens, 1, "attention_rope: one token (decode)");
     assert_eq!(inv_freq.numel(), p.head_dim / 2, "attention_rope: inv_freq has D / 2 entries");
     let tiling = Tiling::choose(gpu, &p)?;
-    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, Some(inv_freq))
+    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, Some(inv_freq), None)
 }
 
-/// [`attention`] with a given tiling (tests, benchmarks); with `rope`, [`attention_rope`].
+/// [`attention`] with a given tiling (tests, benchmarks); with `rope`, [`attention_rope`]; with
+/// `seqs`, [`attention_batch`] (one row block per token).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_with(
     gpu: &Gpu,
@@ -238,6 +275,7 @@ pub fn attention_with(
     p: AttnParams,
     tl: Tiling,
     rope: Option<&Tensor>,
+    seqs: Option<&Tensor>,
 ) -> Result<Vec<Kernel>> {
     p.check(qkv, k_cache, v_cache);
     assert_eq!(out.ty, ElemType::F32, "attention: out must be f32");
@@ -271,17 +309,32 @@ pub fn attention_with(
         .set("LD", ld)
         .set("QL", ql)
         .set("NSPLIT", nsplit);
-    let blocks = (p.n_tokens * g).div_ceil(bq) as u32;
+    // A batch of sequences: one row block per token (its G heads), so bq must hold them.
+    assert!(seqs.is_none() || bq >= g, "attention: a batch needs a row block of at least G rows");
+    let blocks = if seqs.is_some() { p.n_tokens as u32 } else { (p.n_tokens * g).div_ceil(bq) as u32 };
     let wgs = [blocks, p.kv_heads as u32, nsplit as u32];
     let mut bindings =
         vec![qkv.binding(), k_cache.binding(), v_cache.binding(), step.as_entire_binding(), params.as_entire_binding()];
-    if nsplit == 1 {
-        bindings.push(out.binding());
-        let mut m = macros;
+    // The optional bindings (rope's table, the batch's sequences) after the fixed ones.
+    fn extra<'a>(
+        mut m: crate::gpu::Macros,
+        bindings: &mut Vec<wgpu::BindingResource<'a>>,
+        rope: Option<&'a Tensor>,
+        seqs: Option<&'a Tensor>,
+    ) -> crate::gpu::Macros {
         if let Some(t) = rope {
             m = m.flag("ROPE").set("RB", bindings.len());
             bindings.push(t.binding());
         }
+        if let Some(sq) = seqs {
+            m = m.flag("BATCH").set("SEQS", bindings.len());
+            bindings.push(sq.binding());
+        }
+        m
+    }
+    if nsplit == 1 {
+        bindings.push(out.binding());
+        let m = extra(macros, &mut bindings, rope, seqs);
         return Ok(vec![gpu.kernel("attention", "main", &m, &bindings, wgs)?]);
     }
     let rows = p.n_tokens * p.heads;
@@ -289,11 +342,7 @@ pub fn attention_with(
     let part_ml = gpu.empty("attention.part_ml", &[nsplit, rows, 2], ElemType::F32)?;
     bindings.push(part_o.binding());
     bindings.push(part_ml.binding());
-    let mut m = macros.clone().flag("SPLIT");
-    if let Some(t) = rope {
-        m = m.flag("ROPE").set("RB", bindings.len());
-        bindings.push(t.binding());
-    }
+    let m = extra(macros.clone().flag("SPLIT"), &mut bindings, rope, seqs);
     let main = gpu.kernel("attention", "main", &m, &bindings, wgs)?;
     let merge = gpu.kernel(
         "attention",
@@ -397,7 +446,7 @@ mod tests {
 
     impl Layer {
         fn new(gpu: &Gpu, p: AttnParams) -> Layer {
-            let (k, v) = kv_cache(gpu, "cache", &p).unwrap();
+            let (k, v) = kv_cache(gpu, "cache", &p, 1).unwrap();
             let n = p.kv_heads * p.max_ctx * p.head_dim;
             Layer {
                 p,
@@ -432,11 +481,11 @@ mod tests {
             let qkv = gpu.upload_f32("qkv", &[record_t, row], &data).unwrap();
             let out_len = record_t * p.heads * p.head_dim;
             let out = gpu.upload_f32("out", &[record_t, p.heads * p.head_dim], &vec![SENTINEL; out_len]).unwrap();
-            let sp = StepParams { pos: pos as u32, n_tokens: n as u32, _pad: [0; 2] };
+            let sp = StepParams { pos: pos as u32, n_tokens: n as u32, slot: 0, _pad: 0 };
             gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&sp));
             let write = kv_cache_write(gpu, &qkv, &self.k, &self.v, &self.step, p).unwrap();
             let tiling = tiling.unwrap_or_else(|| Tiling::choose(gpu, &p).unwrap());
-            let attn = attention_with(gpu, &qkv, &self.k, &self.v, &out, &self.step, p, tiling, None).unwrap();
+            let attn = attention_with(gpu, &qkv, &self.k, &self.v, &out, &self.step, p, tiling, None, None).unwrap();
             let mut ks = vec![&write];
             ks.extend(attn.iter());
             gpu.run(&ks).unwrap();
@@ -513,7 +562,7 @@ mod tests {
                 let row = p.row_stride();
                 let data = random(row, 91 + pos as u64, 1.5);
                 let cache: Vec<f16> = random(hkv * ctx * d, 92, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
-                let step = gpu.uniform("step", &StepParams { pos: pos as u32, n_tokens: 1, _pad: [0; 2] });
+                let step = gpu.uniform("step", &StepParams { pos: pos as u32, n_tokens: 1, slot: 0, _pad: 0 });
                 let table = gpu.upload_f32("inv_freq", &[d / 2], &inv_freq(d, 1e6, 1.0)).unwrap();
                 let run = |fused: bool| {
                     let qkv = gpu.upload_f32("qkv", &[1, row], &data).unwrap();
@@ -662,7 +711,7 @@ mod tests {
                 let pp = AttnParams { n_tokens: 10, ..p };
                 let mut got = Vec::new();
                 for (qkv, pos, n) in [(&q1, 0, 10), (&q2, 10, 5)] {
-                    let sp = StepParams { pos, n_tokens: n, _pad: [0; 2] };
+                    let sp = StepParams { pos, n_tokens: n, slot: 0, _pad: 0 };
                     gpu.queue.write_buffer(step, 0, bytemuck::bytes_of(&sp));
                     let w = kv_cache_write(&gpu, qkv, &chunked.k, &chunked.v, step, pp).unwrap();
                     let a = attention(&gpu, qkv, &chunked.k, &chunked.v, &out, step, pp).unwrap();
@@ -676,6 +725,131 @@ mod tests {
                 let (diff, at) = max_abs_diff(&got, &all);
                 assert!(diff <= 2e-5, "chunked vs single d={d}: {diff} at {at}");
             }
+        }
+    }
+
+    /// A decode step of many sequences (each token its own slot and position, some slots idle)
+    /// gives each sequence the output and cache entries it gets alone in a one-token pass, bit
+    /// for bit, with the cache write in rope (q/k norm models) or inside attention (rope fused),
+    /// with and without key splits; and the output matches the CPU reference.
+    #[test]
+    fn batch_of_sequences_equals_each_alone() {
+        use crate::ops::rope::{inv_freq, rope_kv_write, rope_kv_write_batch, RopeParams};
+        for gpu in gpu_variants() {
+            for (h, hkv, d, ctx, fused) in [(12, 2, 128, 300, true), (6, 2, 64, 64, false), (4, 1, 256, 40, true)] {
+                let slots = 5;
+                // (position, slot) per token: different lengths, slot 2 idle, a sequence at 0.
+                let seqs: [(u32, u32); 4] = [(17, 3), (0, 0), ((ctx - 1) as u32, 4), (123 % ctx as u32, 1)];
+                let b = seqs.len();
+                let p = AttnParams { n_tokens: b, ..params(h, hkv, d, ctx, 0) };
+                let rp = RopeParams {
+                    heads: h,
+                    kv_heads: hkv,
+                    head_dim: d,
+                    rotary_dim: d,
+                    theta: 1e4,
+                    scaling: 1.0,
+                    n_tokens: b,
+                };
+                let row = p.row_stride();
+                let data = random(b * row, 7 + d as u64, 1.5);
+                let cache: Vec<f16> = random(slots * hkv * ctx * d, 8, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
+                let table = gpu.upload_f32("inv_freq", &[d / 2], &inv_freq(d, 1e4, 1.0)).unwrap();
+                let what = format!("H {h} Hkv {hkv} D {d} ctx {ctx} fused {fused} f16={}", gpu.caps.f16);
+                let shape = [slots, hkv, ctx, d];
+                // The batch.
+                let qkv = gpu.upload_f32("qkv", &[b, row], &data).unwrap();
+                let kc = gpu.upload_f16("k", &shape, &cache).unwrap();
+                let vc = gpu.upload_f16("v", &shape, &cache).unwrap();
+                let out = gpu.empty("out", &[b, h * d], ElemType::F32).unwrap();
+                let flat: Vec<u32> = seqs.iter().flat_map(|&(p, s)| [p, s]).collect();
+                let sq = gpu.upload_u32("seqs", &[b, 2], &flat).unwrap();
+                let step = gpu.uniform("step", &StepParams { pos: 0, n_tokens: b as u32, slot: 0, _pad: 0 });
+                let mut ks = Vec::new();
+                if fused {
+                    ks.extend(attention_batch(&gpu, &qkv, &kc, &vc, &out, &step, &sq, p, Some(&table)).unwrap());
+                } else {
+                    ks.push(rope_kv_write_batch(&gpu, &qkv, &step, &sq, rp, None, &kc, &vc).unwrap());
+                    ks.extend(attention_batch(&gpu, &qkv, &kc, &vc, &out, &step, &sq, p, None).unwrap());
+                }
+                gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
+                let (got, gk, gv) =
+                    (gpu.read_f32(&out).unwrap(), gpu.read_f16(&kc).unwrap(), gpu.read_f16(&vc).unwrap());
+                // Each sequence alone, one after another on the same caches.
+                let kc1 = gpu.upload_f16("k", &shape, &cache).unwrap();
+                let vc1 = gpu.upload_f16("v", &shape, &cache).unwrap();
+                let p1 = AttnParams { n_tokens: 1, ..p };
+                let rp1 = RopeParams { n_tokens: 1, ..rp };
+                for (t, &(pos, slot)) in seqs.iter().enumerate() {
+                    let qkv1 = gpu.upload_f32("qkv", &[1, row], &data[t * row..][..row]).unwrap();
+                    let out1 = gpu.empty("out", &[1, h * d], ElemType::F32).unwrap();
+                    let step1 = gpu.uniform("step", &StepParams { pos, n_tokens: 1, slot, _pad: 0 });
+                    let mut ks = Vec::new();
+                    if fused {
+                        ks.extend(attention_rope(&gpu, &qkv1, &kc1, &vc1, &out1, &step1, p1, &table).unwrap());
+                    } else {
+                        ks.push(rope_kv_write(&gpu, &qkv1, &step1, rp1, None, &kc1, &vc1).unwrap());
+                        ks.extend(attention(&gpu, &qkv1, &kc1, &vc1, &out1, &step1, p1).unwrap());
+                    }
+                    gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
+                    let alone = gpu.read_f32(&out1).unwrap();
+                    let mine = &got[t * h * d..][..h * d];
+                    let same = mine.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "sequence {t} (pos {pos}, slot {slot}) differs from its one-token pass: {what}");
+                    // This step's key was written to its slot (at its position).
+                    let at = (slot as usize * hkv * ctx + pos as usize) * d;
+                    assert_ne!(gk[at], cache[at], "sequence {t}'s key was not written: {what}");
+                }
+                let bits = |a: &[f16], b: &[f16]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                assert_eq!(bits(&gk, &gpu.read_f16(&kc1).unwrap()), 0, "K caches: {what}");
+                assert_eq!(bits(&gv, &gpu.read_f16(&vc1).unwrap()), 0, "V caches: {what}");
+                // Slot 2 (idle) untouched.
+                let per_slot = hkv * ctx * d;
+                assert_eq!(bits(&gk[2 * per_slot..][..per_slot], &cache[2 * per_slot..][..per_slot]), 0, "{what}");
+            }
+        }
+    }
+
+    /// The batch's output against the CPU reference (unrotated keys: the cache write by
+    /// kv_cache_write per slot first, then attention over every sequence in one step).
+    #[test]
+    fn batch_of_sequences_matches_cpu() {
+        let gpu = gpu();
+        let (h, hkv, d, ctx, slots) = (8, 2, 64, 96, 3);
+        let seqs: [(u32, u32); 3] = [(95, 2), (40, 0), (3, 1)];
+        let b = seqs.len();
+        let p = AttnParams { n_tokens: b, ..params(h, hkv, d, ctx, 0) };
+        let row = p.row_stride();
+        let mut data = random(b * row, 31, 1.0);
+        for t in 0..b {
+            data[t * row..][..h * d].iter_mut().for_each(|x| *x *= 3.0);
+        }
+        let cache: Vec<f16> = random(slots * hkv * ctx * d, 32, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
+        let shape = [slots, hkv, ctx, d];
+        let qkv = gpu.upload_f32("qkv", &[b, row], &data).unwrap();
+        let kc = gpu.upload_f16("k", &shape, &cache).unwrap();
+        let vc = gpu.upload_f16("v", &shape, &cache).unwrap();
+        let out = gpu.empty("out", &[b, h * d], ElemType::F32).unwrap();
+        let flat: Vec<u32> = seqs.iter().flat_map(|&(p, s)| [p, s]).collect();
+        let sq = gpu.upload_u32("seqs", &[b, 2], &flat).unwrap();
+        let step = gpu.uniform("step", &StepParams { pos: 0, n_tokens: b as u32, slot: 0, _pad: 0 });
+        let ks = attention_batch(&gpu, &qkv, &kc, &vc, &out, &step, &sq, p, None).unwrap();
+        gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
+        let got = gpu.read_f32(&out).unwrap();
+        let per_slot = hkv * ctx * d;
+        for (t, &(pos, slot)) in seqs.iter().enumerate() {
+            let s = slot as usize * per_slot;
+            let want = cpu::attention(
+                &data[t * row..][..row],
+                &cache[s..][..per_slot],
+                &cache[s..][..per_slot],
+                pos as usize,
+                1,
+                &AttnParams { n_tokens: 1, ..p },
+            );
+            let (diff, at) = max_abs_diff(&got[t * h * d..][..h * d], &want);
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            assert!(diff <= 2e-5 * scale.max(1.0), "sequence {t}: max diff {diff} at {at}");
         }
     }
 
@@ -733,7 +907,7 @@ mod tests {
         }
         let mut l = Layer::new(&gpu, p);
         let qkv = gpu.upload_f32("qkv", &[8, row], &data).unwrap();
-        let sp = StepParams { pos: 0, n_tokens: 8, _pad: [0; 2] };
+        let sp = StepParams { pos: 0, n_tokens: 8, slot: 0, _pad: 0 };
         gpu.queue.write_buffer(&l.step, 0, bytemuck::bytes_of(&sp));
         let k = kv_cache_write(&gpu, &qkv, &l.k, &l.v, &l.step, p).unwrap();
         gpu.run(&[&k]).unwrap();
@@ -811,7 +985,7 @@ mod tests {
             let vc = gpu.upload_f16("v", &[hkv, ctx, d], &kv).unwrap();
             let qkv = gpu.upload_f32("qkv", &[t, p.row_stride()], &random(t * p.row_stride(), 42, 1.0)).unwrap();
             let out = gpu.empty("out", &[t, h * d], ElemType::F32).unwrap();
-            let sp = StepParams { pos: (ctx - t) as u32, n_tokens: t as u32, _pad: [0; 2] };
+            let sp = StepParams { pos: (ctx - t) as u32, n_tokens: t as u32, slot: 0, _pad: 0 };
             let step = gpu.uniform("step", &sp);
             let auto = Tiling::choose(&gpu, &p).unwrap();
             let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
@@ -834,7 +1008,7 @@ mod tests {
             let span = if window > 0 { window.min(ctx) + t } else { ctx };
             let bytes = (2 * hkv * span.min(ctx) * d * 2) as f64;
             for tl in tilings {
-                let ks = attention_with(&gpu, &qkv, &kc, &vc, &out, &step, p, tl, None).unwrap();
+                let ks = attention_with(&gpu, &qkv, &kc, &vc, &out, &step, p, tl, None, None).unwrap();
                 let refs: Vec<&Kernel> = ks.iter().collect();
                 let s = time(&refs);
                 let parts = if refs.len() > 1 {
@@ -856,9 +1030,9 @@ mod tests {
         // rope and the cache write, for scale
         for t in [1usize, 2048] {
             let p = AttnParams { n_tokens: t, ..params(32, 8, 128, 4096, 0) };
-            let (kc, vc) = kv_cache(&gpu, "c", &p).unwrap();
+            let (kc, vc) = kv_cache(&gpu, "c", &p, 1).unwrap();
             let qkv = gpu.upload_f32("qkv", &[t, p.row_stride()], &random(t * p.row_stride(), 43, 1.0)).unwrap();
-            let sp = StepParams { pos: 0, n_tokens: t as u32, _pad: [0; 2] };
+            let sp = StepParams { pos: 0, n_tokens: t as u32, slot: 0, _pad: 0 };
             let step = gpu.uniform("step", &sp);
             let w = kv_cache_write(&gpu, &qkv, &kc, &vc, &step, p).unwrap();
             let rp = crate::ops::rope::RopeParams {

@@ -292,7 +292,7 @@ mod tests {
     use crate::ops::StepParams;
 
     fn set_step(gpu: &Gpu, step: &wgpu::Buffer, pos: usize, n: usize) {
-        let sp = StepParams { pos: pos as u32, n_tokens: n as u32, _pad: [0; 2] };
+        let sp = StepParams { pos: pos as u32, n_tokens: n as u32, slot: 0, _pad: 0 };
         gpu.queue.write_buffer(step, 0, bytemuck::bytes_of(&sp));
     }
 

@@ -7,6 +7,7 @@
 
 use crate::error::Result;
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+use crate::ops::attention::cache_dims;
 
 /// Shape of one layer's RoPE.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -46,7 +47,7 @@ pub fn rope(
     p: RopeParams,
     qk_norm: Option<(&Tensor, &Tensor, f32)>,
 ) -> Result<Kernel> {
-    record(gpu, qkv, step, p, qk_norm, None)
+    record(gpu, qkv, step, p, qk_norm, None, None)
 }
 
 /// [`rope`] fused with [`kv_cache_write`](super::attention::kv_cache_write): also writes the
@@ -61,7 +62,24 @@ pub fn rope_kv_write(
     k_cache: &Tensor,
     v_cache: &Tensor,
 ) -> Result<Kernel> {
-    record(gpu, qkv, step, p, qk_norm, Some((k_cache, v_cache)))
+    record(gpu, qkv, step, p, qk_norm, Some((k_cache, v_cache)), None)
+}
+
+/// [`rope_kv_write`] for a decode step of many sequences: token `t` of the pass is sequence `t`,
+/// at position `seqs[t].0` of KV-cache slot `seqs[t].1` (u32 `[T, 2]`), the caches being
+/// `[S, Hkv, max_ctx, D]`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_write_batch(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    step: &wgpu::Buffer,
+    seqs: &Tensor,
+    p: RopeParams,
+    qk_norm: Option<(&Tensor, &Tensor, f32)>,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+) -> Result<Kernel> {
+    record(gpu, qkv, step, p, qk_norm, Some((k_cache, v_cache)), Some(seqs))
 }
 
 fn record(
@@ -71,6 +89,7 @@ fn record(
     p: RopeParams,
     qk_norm: Option<(&Tensor, &Tensor, f32)>,
     cache: Option<(&Tensor, &Tensor)>,
+    seqs: Option<&Tensor>,
 ) -> Result<Kernel> {
     let (d, rot) = (p.head_dim, p.rotary_dim);
     assert!(d >= 2 && d % 2 == 0, "rope: head_dim {d} must be even");
@@ -82,7 +101,7 @@ fn record(
     let heads = p.heads + p.kv_heads;
     let table = gpu.upload_f32("rope.inv_freq", &[rot / 2], &inv_freq(rot, p.theta, p.scaling))?;
     let eps = qk_norm.map_or(0.0, |n| n.2);
-    let max_ctx = cache.map_or(0, |(k, _)| k.shape[1]);
+    let max_ctx = cache.map_or(0, |(k, _)| cache_dims(k).2);
     let params: [u32; 8] =
         [heads as u32, p.heads as u32, row as u32, p.n_tokens as u32, eps.to_bits(), max_ctx as u32, 0, 0];
     let params = gpu.uniform("rope.params", &params);
@@ -100,15 +119,19 @@ fn record(
     if let Some((kc, vc)) = cache {
         for c in [kc, vc] {
             assert_eq!(c.ty, ElemType::F16, "rope: KV cache must be f16");
-            assert!(
-                c.shape.len() == 3 && c.shape[0] == p.kv_heads && c.shape[2] == d,
-                "rope: KV cache must be [Hkv, max_ctx, D]"
-            );
+            let (_, hkv, _, cd) = cache_dims(c);
+            assert!(hkv == p.kv_heads && cd == d, "rope: KV cache must be [S, Hkv, max_ctx, D]");
         }
         assert_eq!(kc.shape, vc.shape);
         macros = macros.flag("KV_WRITE").set("KC", bindings.len()).set("VC", bindings.len() + 1);
         bindings.push(kc.binding());
         bindings.push(vc.binding());
+    }
+    if let Some(seqs) = seqs {
+        assert!(cache.is_some(), "rope: a batch of sequences writes their caches");
+        assert!(seqs.ty == ElemType::U32 && seqs.numel() >= 2 * p.n_tokens, "rope: seqs must be u32 [T, 2]");
+        macros = macros.flag("BATCH").set("SEQS", bindings.len());
+        bindings.push(seqs.binding());
     }
     gpu.kernel("rope", "main", &macros, &bindings, grid((p.n_tokens * heads) as u32))
 }
@@ -166,7 +189,7 @@ mod tests {
         let k = rope(gpu, &qkv, &step, p, norms).unwrap();
         for &(pos, n) in steps {
             gpu.queue.write_buffer(&qkv.buffer, 0, bytemuck::cast_slice(&data));
-            let sp = StepParams { pos: pos as u32, n_tokens: n as u32, _pad: [0; 2] };
+            let sp = StepParams { pos: pos as u32, n_tokens: n as u32, slot: 0, _pad: 0 };
             gpu.queue.write_buffer(&step, 0, bytemuck::bytes_of(&sp));
             gpu.run(&[&k]).unwrap();
             let got = gpu.read_f32(&qkv).unwrap();
@@ -284,16 +307,16 @@ mod tests {
                 let qn: Vec<f32> = random(d, 78, 0.5).iter().map(|w| 1.0 + w).collect();
                 let qn = gpu.upload_f32("q_norm", &[d], &qn).unwrap();
                 let norms = norm.then_some((&qn, &qn, 1e-6));
-                let step = gpu.uniform("step", &StepParams { pos: 9, n_tokens: 4, _pad: [0; 2] });
+                let step = gpu.uniform("step", &StepParams { pos: 9, n_tokens: 4, slot: 0, _pad: 0 });
                 // separate
                 let a = gpu.upload_f32("qkv", &[5, row], &data).unwrap();
-                let (ka, va) = kv_cache(&gpu, "a", &ap).unwrap();
+                let (ka, va) = kv_cache(&gpu, "a", &ap, 1).unwrap();
                 let r = rope(&gpu, &a, &step, p, norms).unwrap();
                 let w = kv_cache_write(&gpu, &a, &ka, &va, &step, ap).unwrap();
                 gpu.run(&[&r, &w]).unwrap();
                 // fused
                 let b = gpu.upload_f32("qkv", &[5, row], &data).unwrap();
-                let (kb, vb) = kv_cache(&gpu, "b", &ap).unwrap();
+                let (kb, vb) = kv_cache(&gpu, "b", &ap, 1).unwrap();
                 let f = rope_kv_write(&gpu, &b, &step, p, norms, &kb, &vb).unwrap();
                 gpu.run(&[&f]).unwrap();
                 assert_eq!(gpu.read_f32(&a).unwrap(), gpu.read_f32(&b).unwrap());
