@@ -646,3 +646,33 @@ fn bad_input_is_an_error_before_anything_runs() {
     assert_eq!(dev, host);
     assert_eq!(s.name(), "device");
 }
+
+/// Rows keyed by their request (stream 0, each its own step: a batch of requests) draw what
+/// each request draws alone as row 0 of a one-row call at its step, on the device and on the
+/// host; and stream 0 is not row 1's stream (keys change the draw).
+#[test]
+fn rows_keyed_by_request_draw_as_alone() {
+    use wgpu_llm::sampling::RowKey;
+    let gpu = gpu();
+    let mut rng = Mix::new(77);
+    let v = 3000;
+    let rows = 6;
+    let logits: Vec<Vec<f32>> = (0..rows).map(|_| random_logits(&mut rng, v, 2.0)).collect();
+    let all = gpu.upload_f32("logits", &[rows, v], &logits.concat()).unwrap();
+    let ps: Vec<SamplingParams> =
+        (0..rows as u64).map(|r| params(0.9 + 0.1 * r as f32, 50, 0.95, 0.01, 1000 + r)).collect();
+    let keys: Vec<RowKey> = (0..rows as u32).map(|r| RowKey { step: 3 * r + 1, stream: 0 }).collect();
+    let mut dev = DeviceSampler::new(&gpu).unwrap();
+    let batch = dev.draw_rows(&gpu, &all, &ps, &keys).unwrap().ids;
+    let hosted = HostSampler.draw_rows(&gpu, &all, &ps, &keys).unwrap().ids;
+    let mut differs = 0;
+    for r in 0..rows {
+        let one = gpu.upload_f32("row", &[1, v], &logits[r]).unwrap();
+        let alone = dev.sample(&gpu, &one, &ps[r..r + 1], keys[r].step).unwrap()[0];
+        assert_eq!(batch[r], alone, "row {r}: the batch's draw is not the request's own");
+        assert_eq!(hosted[r], sample_row(&logits[r], &ps[r], keys[r].step, 0), "row {r}: host");
+        assert_eq!(batch[r], hosted[r], "row {r}: device vs host");
+        differs += usize::from(sample_row(&logits[r], &ps[r], keys[r].step, 1) != alone);
+    }
+    assert!(differs > 0, "stream 1 drew stream 0's tokens in every row");
+}

@@ -4,7 +4,7 @@
 //   1. bins d (include/sample_common: 1/8-wide bins down to -40, then a tail), counting the
 //      candidates of each bin and summing their fixed-point weights floor(exp(d) * 2^40);
 //   2. for draw-window tokens (d > -20) that pass min-p, computes the Gumbel key
-//      d + gumbel(bits_to_unit(uniform_bits(seed, step, row, i))) (one Philox block per thread);
+//      d + gumbel(bits_to_unit(uniform_bits(seed, step, stream, i))) (one Philox block per thread);
 //   3. writes its candidates (order key of s, index) to the row's list bucketed by bin (a local
 //      counting sort: the workgroup's region of the list holds bin 0's entries, then bin 1's,
 //      ...) and the bucket offsets to its metadata, so sample_select can fetch any one bin of
@@ -62,7 +62,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     var block = vec4<u32>(0u);
     if (sampling) {
-        block = philox_block(p.seed_lo, p.seed_hi, p.step, row, i0);
+        block = philox_block(p.seed_lo, p.seed_hi, p.step, p.stream, i0);
     }
 
     // The row's maximum, candidate count and +inf flag.

@@ -576,7 +576,7 @@ fn sample(p: Params, rs: Stats, hc: array<u32, BPT>, hm: array<vec2<u32>, BPT>, 
             let e = entry(j, n);
             let d = fr(fr(from_key(e.x)) - mx);
             if (e.x >= theta && d >= p.ln_min_p) {
-                let block = philox_block(p.seed_lo, p.seed_hi, p.step, r, e.y);
+                let block = philox_block(p.seed_lo, p.seed_hi, p.step, p.stream, e.y);
                 let k = okey(bitcast<u32>(fr(d + gumbel(bits_to_unit(block[e.y & 3u])))));
                 if (better(k, e.y, bk, bi)) {
                     bk = k;

@@ -11,8 +11,10 @@
 use super::StopReason;
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::sampling::{SamplingBackend, SamplingParams};
+use crate::sampling::{Draw, RowKey, SamplingBackend, SamplingParams};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 
 /// A request's handle, unique for the engine's lifetime.
 pub type SeqId = u64;
@@ -75,31 +77,124 @@ impl std::fmt::Display for SubmitError {
 
 impl std::error::Error for SubmitError {}
 
-struct Active {
+/// A running request.
+struct Seq {
     id: SeqId,
     req: Request,
-    /// Tokens delivered so far.
-    generated: usize,
-    /// The token sampled last (the next step's input).
+    /// Its KV-cache slot.
+    slot: u32,
+    /// Tokens delivered.
+    delivered: usize,
+    /// Tokens sampled or being sampled (steps submitted, the prompt's included): the next
+    /// decode step feeds token `submitted - 1` at position `prompt + submitted - 1` and samples
+    /// token `submitted` with the sampler's step `submitted`.
+    submitted: usize,
+    /// Tokens this request may produce: `max_tokens`, and one per free position after the
+    /// prompt plus the one sampled from its last position.
+    budget: usize,
+    /// The last token delivered (the next step's input after a change of the batch).
     last: u32,
+    /// It stopped; steps already in flight still carry it, their tokens dropped.
+    stopped: bool,
 }
+
+impl Seq {
+    fn wants_step(&self) -> bool {
+        !self.stopped && self.submitted < self.budget
+    }
+}
+
+/// A decode step in flight: its readback slot, and which request each row was.
+struct InFlight {
+    ring: usize,
+    rows: Vec<SeqId>,
+    submission: wgpu::SubmissionIndex,
+}
+
+/// Readback buffers of the steps in flight: per row, the sampled id, then per row the status.
+struct Ring {
+    buffers: Vec<(wgpu::Buffer, Arc<AtomicU8>)>,
+    free: Vec<usize>,
+}
+
+const PENDING: u8 = 0;
+const MAPPED: u8 = 1;
+const FAILED: u8 = 2;
 
 /// Steps many requests together over one model (see the [module docs](self)).
 pub struct BatchEngine {
     model: Model,
     sampler: Box<dyn SamplingBackend + Send>,
     opts: BatchOptions,
+    /// Decode steps in flight (the device sampler's GPU-resident loop); 0 with the host sampler.
+    depth: usize,
+    /// The model decodes many sequences in one pass (else one request runs at a time).
+    batched: bool,
     queue: VecDeque<(SeqId, Request)>,
-    active: Vec<Active>,
+    /// Running requests, in the row order of the steps being submitted.
+    running: Vec<Seq>,
+    free_slots: Vec<u32>,
+    in_flight: VecDeque<InFlight>,
+    ring: Ring,
+    /// The rows of the last step submitted, whose ids the sampler left in the plan's ids buffer:
+    /// the next step reads them there when the rows are the same.
+    fed: Vec<SeqId>,
+    /// A step sampled by a readback (host sampler, or no steps in flight), to deliver.
+    pending: Option<(Vec<SeqId>, Draw)>,
     next_id: SeqId,
 }
 
 impl BatchEngine {
-    pub fn new(model: Model, sampler: Box<dyn SamplingBackend + Send>, opts: BatchOptions) -> Result<Self> {
+    /// An engine over `model`, decoding up to `opts.max_batch` sequences together (the model's
+    /// KV caches are re-made for that many). With the device sampler, `depth` decode steps are
+    /// in flight ([`super::DEFAULT_DEPTH`] is a good value; 0 or the host sampler: one at a
+    /// time, read back each step). Models with recurrent or mixture-of-experts layers run one
+    /// request at a time (the others wait in the queue).
+    pub fn new(
+        mut model: Model,
+        mut sampler: Box<dyn SamplingBackend + Send>,
+        opts: BatchOptions,
+        depth: usize,
+    ) -> Result<Self> {
         if opts.max_batch == 0 {
             return Err(Error::InvalidArgument("the batch needs at least one sequence".into()));
         }
-        Ok(Self { model, sampler, opts, queue: VecDeque::new(), active: Vec::new(), next_id: 0 })
+        let batched = match model.set_sequences(opts.max_batch) {
+            Ok(()) => true,
+            Err(Error::Unsupported(_)) => false,
+            Err(e) => return Err(e),
+        };
+        let depth = if sampler.as_device().is_some() { depth } else { 0 };
+        let rows = if batched { opts.max_batch } else { 1 };
+        let ring = Ring {
+            buffers: (0..depth.max(1))
+                .map(|_| {
+                    let b = model.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("batch readback"),
+                        size: 8 * rows as u64,
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    });
+                    (b, Arc::new(AtomicU8::new(PENDING)))
+                })
+                .collect(),
+            free: (0..depth.max(1)).rev().collect(),
+        };
+        Ok(Self {
+            model,
+            sampler,
+            opts,
+            depth,
+            batched,
+            queue: VecDeque::new(),
+            running: Vec::new(),
+            free_slots: (0..rows as u32).rev().collect(),
+            in_flight: VecDeque::new(),
+            ring,
+            fed: Vec::new(),
+            pending: None,
+            next_id: 0,
+        })
     }
 
     pub fn model(&self) -> &Model {
@@ -115,9 +210,14 @@ impl BatchEngine {
         self.opts
     }
 
+    /// Whether requests decode together (else one at a time: recurrent or MoE models).
+    pub fn is_batched(&self) -> bool {
+        self.batched
+    }
+
     /// Requests running now.
     pub fn active(&self) -> usize {
-        self.active.len()
+        self.running.iter().filter(|s| !s.stopped).count()
     }
 
     /// Requests waiting for a free sequence.
@@ -125,12 +225,12 @@ impl BatchEngine {
         self.queue.len()
     }
 
-    /// Nothing running and nothing waiting.
+    /// Nothing running, nothing waiting, nothing in flight.
     pub fn is_idle(&self) -> bool {
-        self.active.is_empty() && self.queue.is_empty()
+        self.running.is_empty() && self.queue.is_empty() && self.in_flight.is_empty()
     }
 
-    /// Checks a request and queues it; it joins at the next [`step`](Self::step) with a free
+    /// Checks a request and queues it; it joins at a later [`step`](Self::step) with a free
     /// sequence.
     pub fn submit(&mut self, req: Request) -> Result<SeqId, SubmitError> {
         self.check(&req).map_err(SubmitError::Invalid)?;
@@ -171,64 +271,228 @@ impl BatchEngine {
             self.queue.remove(i);
             return true;
         }
-        if let Some(i) = self.active.iter().position(|a| a.id == id) {
-            self.active.remove(i);
-            return true;
+        match self.running.iter_mut().find(|s| s.id == id && !s.stopped) {
+            Some(s) => {
+                s.stopped = true;
+                true
+            }
+            None => false,
         }
-        false
     }
 
-    /// Runs one step: admits waiting requests into free sequences (prefill and first token),
-    /// then decodes one token for every running request. Events go to `sink` in order per
+    /// Runs one step: admits waiting requests into free sequences (their prompt, their first
+    /// token) when no decode step is in flight, keeps up to `depth` decode steps of every running
+    /// request in flight, and delivers the oldest step's tokens. Events go to `sink` in order per
     /// request. An `Err` is an engine failure (the GPU), not a request's.
     pub fn step(&mut self, sink: &mut dyn FnMut(SeqId, Event)) -> Result<()> {
-        // First version: one sequence at a time (the model holds one KV cache).
-        if self.active.is_empty() {
-            if let Some((id, req)) = self.queue.pop_front() {
-                if req.max_tokens == 0 {
-                    sink(
-                        id,
-                        Event::Finished {
-                            reason: StopReason::MaxTokens,
-                            prompt_tokens: req.prompt.len(),
-                            generated_tokens: 0,
-                        },
-                    );
-                    return Ok(());
-                }
-                self.model.reset();
-                let logits = self.model.forward(&req.prompt)?;
-                let d = self.sampler.draw(&self.model.gpu, &logits, std::slice::from_ref(&req.params), 0)?;
-                let a = Active { id, req, generated: 0, last: d.ids[0] };
-                self.deliver(a, d.non_finite[0], sink);
-            }
-            return Ok(());
+        if self.in_flight.is_empty() {
+            self.retire();
+            self.admit(sink)?;
         }
-        let a = self.active.pop().expect("one active");
-        let step = a.generated as u32;
-        let logits = self.model.forward(&[a.last])?;
-        let d = self.sampler.draw(&self.model.gpu, &logits, std::slice::from_ref(&a.req.params), step)?;
-        let a = Active { last: d.ids[0], ..a };
-        self.deliver(a, d.non_finite[0], sink);
+        // Submit while the rows stay the same: a change (a request stopping, reaching its budget,
+        // or one waiting with a slot free) drains the steps in flight first.
+        while self.in_flight.len() < self.depth.max(1) {
+            let rows: Vec<SeqId> = self.running.iter().filter(|s| s.wants_step()).map(|s| s.id).collect();
+            if rows.is_empty() {
+                break;
+            }
+            let same = self.in_flight.is_empty() || rows == self.fed;
+            let joiners = !self.queue.is_empty() && !self.free_slots.is_empty();
+            if !same || (joiners && !self.in_flight.is_empty()) {
+                break;
+            }
+            self.submit_step(&rows)?;
+            if self.pending.is_some() {
+                break;
+            }
+        }
+        if let Some((rows, d)) = self.pending.take() {
+            self.deliver_rows(&rows, &d.ids, &d.non_finite, sink);
+        } else if let Some(f) = self.in_flight.pop_front() {
+            let words = self.read(&f)?;
+            let (ids, status) = words.split_at(f.rows.len());
+            let non_finite: Vec<bool> = status.iter().map(|&w| w != 0).collect();
+            self.deliver_rows(&f.rows, ids, &non_finite, sink);
+        }
         Ok(())
     }
 
-    /// Delivers `a.last` and keeps `a` running unless it stops.
-    fn deliver(&mut self, mut a: Active, non_finite: bool, sink: &mut dyn FnMut(SeqId, Event)) {
-        if non_finite {
-            let pos = a.req.prompt.len() + a.generated;
-            sink(a.id, Event::Failed(super::non_finite_error(a.generated as u32, pos - 1)));
-            return;
+    /// Waits for a step in flight and reads its ids and status words.
+    fn read(&mut self, f: &InFlight) -> Result<Vec<u32>> {
+        let gpu = &self.model.gpu;
+        gpu.device
+            .poll(wgpu::PollType::Wait { submission_index: Some(f.submission.clone()), timeout: None })
+            .map_err(|e| Error::Gpu(format!("waiting for a batch step: {e}")))?;
+        gpu.check()?;
+        let (buf, state) = &self.ring.buffers[f.ring];
+        // Another thread polling the device may have taken the map callback: give it a moment.
+        let waited = std::time::Instant::now();
+        while state.load(Ordering::Acquire) == PENDING && waited.elapsed().as_secs() < 10 {
+            std::thread::yield_now();
+            let _ = gpu.device.poll(wgpu::PollType::Poll);
         }
-        a.generated += 1;
-        sink(a.id, Event::Token(a.last));
-        let room = self.model.max_ctx - a.req.prompt.len() + 1;
-        match super::stop_after(a.last, a.generated, a.req.max_tokens, room, &a.req.stop_ids) {
-            Some(reason) => {
-                sink(a.id, Event::Finished { reason, prompt_tokens: a.req.prompt.len(), generated_tokens: a.generated })
+        if state.load(Ordering::Acquire) != MAPPED {
+            return Err(Error::Gpu("reading a batch step's tokens failed".into()));
+        }
+        let n = 8 * f.rows.len();
+        let words: Vec<u32> = {
+            let view = buf
+                .slice(..n as u64)
+                .get_mapped_range()
+                .map_err(|e| Error::Gpu(format!("reading a mapped slot: {e}")))?;
+            bytemuck::pod_collect_to_vec(&view[..n])
+        };
+        buf.unmap();
+        self.ring.free.push(f.ring);
+        Ok(words)
+    }
+
+    /// Delivers a step's token to each of its rows still running.
+    fn deliver_rows(&mut self, rows: &[SeqId], ids: &[u32], non_finite: &[bool], sink: &mut dyn FnMut(SeqId, Event)) {
+        let max_ctx = self.model.max_ctx;
+        for (r, id) in rows.iter().enumerate() {
+            if let Some(s) = self.running.iter_mut().find(|s| s.id == *id) {
+                deliver(s, ids[r], non_finite[r], max_ctx, sink);
             }
-            None => self.active.push(a),
         }
+    }
+
+    /// Frees the slots of stopped requests (no step in flight carries them).
+    fn retire(&mut self) {
+        let free = &mut self.free_slots;
+        self.running.retain(|s| {
+            if s.stopped {
+                free.push(s.slot);
+            }
+            !s.stopped
+        });
+    }
+
+    /// Prefills waiting requests into free slots and delivers their first tokens.
+    fn admit(&mut self, sink: &mut dyn FnMut(SeqId, Event)) -> Result<()> {
+        while !self.free_slots.is_empty() {
+            let Some((id, req)) = self.queue.pop_front() else { break };
+            if req.max_tokens == 0 {
+                let prompt_tokens = req.prompt.len();
+                sink(id, Event::Finished { reason: StopReason::MaxTokens, prompt_tokens, generated_tokens: 0 });
+                continue;
+            }
+            let slot = self.free_slots.pop().expect("checked");
+            let logits = if self.batched {
+                self.model.prefill_slot(slot as usize, &req.prompt)?
+            } else {
+                self.model.reset();
+                self.model.forward(&req.prompt)?
+            };
+            let key = RowKey { step: 0, stream: 0 };
+            let d = self.sampler.draw_rows(&self.model.gpu, &logits, std::slice::from_ref(&req.params), &[key])?;
+            let room = self.model.max_ctx - req.prompt.len() + 1;
+            let budget = req.max_tokens.min(room);
+            self.running.push(Seq { id, req, slot, delivered: 0, submitted: 1, budget, last: 0, stopped: false });
+            let s = self.running.last_mut().expect("pushed");
+            deliver(s, d.ids[0], d.non_finite[0], self.model.max_ctx, sink);
+            self.fed.clear();
+            if s.stopped {
+                let s = self.running.pop().expect("pushed");
+                self.free_slots.push(s.slot);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records and submits one decode step of `rows`.
+    fn submit_step(&mut self, rows: &[SeqId]) -> Result<()> {
+        let seqs: Vec<&Seq> =
+            rows.iter().map(|id| self.running.iter().find(|s| s.id == *id).expect("running")).collect();
+        let params: Vec<SamplingParams> = seqs.iter().map(|s| s.req.params).collect();
+        let keys: Vec<RowKey> = seqs.iter().map(|s| RowKey { step: s.submitted as u32, stream: 0 }).collect();
+        let at: Vec<(u32, u32)> =
+            seqs.iter().map(|s| ((s.req.prompt.len() + s.submitted - 1) as u32, s.slot)).collect();
+        // The inputs: from the last step's sampler on the GPU when the rows are the same, else
+        // the tokens delivered last.
+        let inputs: Option<Vec<u32>> = (rows != self.fed.as_slice()).then(|| seqs.iter().map(|s| s.last).collect());
+        let gpu = self.model.gpu.clone();
+        if !self.batched {
+            // One request at a time on the model's own sequence.
+            let logits = self.model.forward(&inputs.unwrap_or_else(|| vec![seqs[0].last]))?;
+            return self.draw_now(rows, &logits, &params, &keys);
+        }
+        let plan = self.model.stage_batch(&at)?;
+        if let Some(ids) = &inputs {
+            gpu.queue.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(ids));
+        }
+        let Some(device) = self.sampler.as_device().filter(|_| self.depth > 0) else {
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            plan.encode(&mut enc);
+            gpu.queue.submit([enc.finish()]);
+            let logits = plan.logits.clone();
+            return self.draw_now(rows, &logits, &params, &keys);
+        };
+        device.set_rows(&gpu, &params, &keys)?;
+        let ring = self.ring.free.pop().expect("a readback slot per step in flight");
+        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch step") });
+        {
+            let mut pass = enc
+                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("batch step"), timestamp_writes: None });
+            plan.encode_pass(&mut pass);
+            device.encode_pass(&gpu, &mut pass, &plan.logits, rows.len(), &plan.ids)?;
+        }
+        let status = device.status().ok_or_else(|| Error::Gpu("the sampler's status buffer is missing".into()))?;
+        let (buf, state) = &self.ring.buffers[ring];
+        let n = 4 * rows.len() as u64;
+        enc.copy_buffer_to_buffer(&plan.ids.buffer, plan.ids.offset, buf, 0, n);
+        enc.copy_buffer_to_buffer(status, 0, buf, n, n);
+        let submission = gpu.queue.submit([enc.finish()]);
+        state.store(PENDING, Ordering::Relaxed);
+        let st = state.clone();
+        buf.slice(..2 * n).map_async(wgpu::MapMode::Read, move |r| {
+            st.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release);
+        });
+        for id in rows {
+            self.running.iter_mut().find(|s| s.id == *id).expect("running").submitted += 1;
+        }
+        self.fed = rows.to_vec();
+        self.in_flight.push_back(InFlight { ring, rows: rows.to_vec(), submission });
+        Ok(())
+    }
+
+    /// Samples `rows` from `logits` now (read back), as a step already finished.
+    fn draw_now(
+        &mut self,
+        rows: &[SeqId],
+        logits: &crate::gpu::Tensor,
+        params: &[SamplingParams],
+        keys: &[RowKey],
+    ) -> Result<()> {
+        let d = self.sampler.draw_rows(&self.model.gpu, logits, params, keys)?;
+        for id in rows {
+            self.running.iter_mut().find(|s| s.id == *id).expect("running").submitted += 1;
+        }
+        self.fed.clear();
+        self.pending = Some((rows.to_vec(), d));
+        Ok(())
+    }
+}
+
+/// Delivers `token`, the next of `s`, unless it stopped; stops it at eos, its budget or
+/// non-finite logits (the same rule as the one-sequence loops: [`super::stop_after`]).
+fn deliver(s: &mut Seq, token: u32, non_finite: bool, max_ctx: usize, sink: &mut dyn FnMut(SeqId, Event)) {
+    if s.stopped {
+        return;
+    }
+    let prompt = s.req.prompt.len();
+    if non_finite {
+        s.stopped = true;
+        sink(s.id, Event::Failed(super::non_finite_error(s.delivered as u32, prompt + s.delivered - 1)));
+        return;
+    }
+    s.delivered += 1;
+    s.last = token;
+    sink(s.id, Event::Token(token));
+    let room = max_ctx - prompt + 1;
+    if let Some(reason) = super::stop_after(token, s.delivered, s.req.max_tokens, room, &s.req.stop_ids) {
+        s.stopped = true;
+        sink(s.id, Event::Finished { reason, prompt_tokens: prompt, generated_tokens: s.delivered });
     }
 }
 

@@ -27,7 +27,7 @@ use super::weights::{
 };
 use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
-use crate::ops::attention::{attention, attention_rope, AttnParams};
+use crate::ops::attention::{attention, attention_batch, attention_rope, AttnParams};
 use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, rms_norm_gated, DeltaRuleArgs};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant};
@@ -36,7 +36,7 @@ use crate::ops::moe::{
     linear_experts, moe_combine, moe_router, moe_router_shared, ExpertWeight, SharedExpert as MoeShared,
 };
 use crate::ops::norm::rms_norm;
-use crate::ops::rope::{inv_freq, rope_kv_write, RopeParams};
+use crate::ops::rope::{inv_freq, rope_kv_write, rope_kv_write_batch, RopeParams};
 use crate::ops::StepParams;
 use std::collections::HashMap;
 
@@ -66,11 +66,14 @@ struct Scratch {
     acts: Vec<(&'static str, Tensor)>,
     last: Tensor,
     last_norm: Tensor,
+    /// `[slots, vocab]`: one row per sequence of a batch step, the first for a pass of one.
     logits: Tensor,
+    /// A batch step's (position, slot) per sequence, u32 `[slots, 2]`.
+    seqs: Tensor,
 }
 
 impl Scratch {
-    fn new(g: &Gpu, c: &ModelConfig, rows: usize) -> Result<Scratch> {
+    fn new(g: &Gpu, c: &ModelConfig, rows: usize, slots: usize) -> Result<Scratch> {
         let h = c.hidden_size;
         // Each buffer is as wide as the widest layer needs (1 where no layer uses it).
         let mut widths: Vec<(&'static str, usize)> = vec![("x", h), ("xn", h), ("tmp", h)];
@@ -134,7 +137,8 @@ impl Scratch {
             acts,
             last: g.empty("last", &[1, h], ElemType::F32)?,
             last_norm: g.empty("last_norm", &[1, h], ElemType::F32)?,
-            logits: g.empty("logits", &[c.vocab_size], ElemType::F32)?,
+            logits: g.empty("logits", &[slots, c.vocab_size], ElemType::F32)?,
+            seqs: g.empty("seqs", &[slots, 2], ElemType::U32)?,
         })
     }
 
@@ -154,7 +158,7 @@ impl Scratch {
 
     fn bytes(&self) -> u64 {
         self.acts.iter().map(|(_, a)| a.size_bytes()).sum::<u64>()
-            + [&self.ids, &self.moe_ids, &self.last, &self.last_norm, &self.logits]
+            + [&self.ids, &self.moe_ids, &self.last, &self.last_norm, &self.logits, &self.seqs]
                 .iter()
                 .map(|t| t.size_bytes())
                 .sum::<u64>()
@@ -176,7 +180,7 @@ pub const STATE_RING: usize = 4;
 
 /// What a layer keeps between passes.
 enum LayerState {
-    /// Keys and values, f16 [Hkv, max_ctx, D] each.
+    /// Keys and values, f16 [S, Hkv, max_ctx, D] each (S sequence slots).
     Kv(Tensor, Tensor),
     /// Gated DeltaNet: the conv's last inputs f32 [R, K-1, conv_dim] and the delta rule's state
     /// f32 [R, Hv, Dk, Dv], R = [`STATE_RING`] slots.
@@ -199,7 +203,8 @@ pub struct Plan {
     pub t: usize,
     /// Token ids in, u32 `[t]`.
     pub ids: Tensor,
-    /// Last-position logits out, f32 `[vocab]`.
+    /// Last-position logits out, f32 `[vocab]`; a batch step's: f32 `[t, vocab]`, a row per
+    /// sequence.
     pub logits: Tensor,
     items: Vec<Item>,
     /// When the plan was last staged (the [`Model`]'s use counter), for eviction.
@@ -264,6 +269,11 @@ pub struct Model {
     /// The [`StepParams`] uniform.
     step: wgpu::Buffer,
     plans: HashMap<usize, Plan>,
+    /// Decode steps of `b` sequences at once ([`stage_batch`](Self::stage_batch)), by `b`.
+    batch_plans: HashMap<usize, Plan>,
+    /// Sequences the KV caches hold ([`set_sequences`](Self::set_sequences)); a pass of one
+    /// sequence uses slot 0 unless staged elsewhere.
+    slots: usize,
     /// Use counter for the plans' least-recently-used eviction.
     uses: u64,
     scratch: Option<Scratch>,
@@ -325,7 +335,7 @@ impl Model {
             .map(|l| {
                 Ok(match config.layer(l).mixer {
                     Mixer::Attention(a) => {
-                        let shape = [a.kv_heads, max_ctx, a.head_dim];
+                        let shape = [1, a.kv_heads, max_ctx, a.head_dim];
                         LayerState::Kv(
                             gpu.empty(&format!("k_cache.{l}"), &shape, ElemType::F16)?,
                             gpu.empty(&format!("v_cache.{l}"), &shape, ElemType::F16)?,
@@ -356,6 +366,8 @@ impl Model {
             max_ctx,
             step,
             plans: HashMap::new(),
+            batch_plans: HashMap::new(),
+            slots: 1,
             uses: 0,
             scratch: None,
             pos: 0,
@@ -517,24 +529,173 @@ impl Model {
         }
         self.uses += 1;
         if !self.plans.contains_key(&t) {
-            if self.scratch.as_ref().is_none_or(|s| s.rows < t) {
-                // Plans bind the old buffers: record them again on the new ones (the old ones are
-                // freed first, so both sets are never held at once).
-                self.plans.clear();
-                self.scratch = None;
-                self.scratch = Some(Scratch::new(&self.gpu, &self.config, t.max(self.prefill_chunk))?);
-            }
+            self.ensure_scratch(t)?;
             while self.plans.len() >= MAX_PLANS {
                 let oldest =
                     self.plans.iter().filter(|(&n, _)| n != 1).min_by_key(|(_, p)| p.last_used).map(|(&n, _)| n);
                 self.plans.remove(&oldest.expect("MAX_PLANS > 1"));
             }
-            let p = self.record(t)?;
+            let p = self.record(t, false)?;
             self.plans.insert(t, p);
         }
         let p = self.plans.get_mut(&t).expect("recorded above");
         p.last_used = self.uses;
         Ok(p)
+    }
+
+    /// Activation buffers for at least `t` rows (and a logits row per sequence slot).
+    fn ensure_scratch(&mut self, t: usize) -> Result<()> {
+        if self.scratch.as_ref().is_none_or(|s| s.rows < t) {
+            // Plans bind the old buffers: record them again on the new ones (the old ones are
+            // freed first, so both sets are never held at once).
+            self.plans.clear();
+            self.batch_plans.clear();
+            self.scratch = None;
+            let rows = t.max(self.prefill_chunk).max(self.slots);
+            self.scratch = Some(Scratch::new(&self.gpu, &self.config, rows, self.slots)?);
+        }
+        Ok(())
+    }
+
+    /// Sequences the KV caches hold at once ([`set_sequences`](Self::set_sequences)).
+    pub fn sequences(&self) -> usize {
+        self.slots
+    }
+
+    /// Makes the KV caches hold `n` sequences of `max_ctx` tokens each (slots `0..n`), for
+    /// [`prefill_slot`](Self::prefill_slot) and [`stage_batch`](Self::stage_batch). Everything
+    /// cached is forgotten. Models with recurrent or mixture-of-experts layers hold one.
+    pub fn set_sequences(&mut self, n: usize) -> Result<()> {
+        if n == 0 || n > MATVEC_MAX_T {
+            return Err(Error::InvalidArgument(format!(
+                "a batch of {n} sequences: between 1 and {MATVEC_MAX_T} can be decoded together"
+            )));
+        }
+        if n == self.slots {
+            return Ok(());
+        }
+        let moe = (0..self.config.num_layers).any(|l| matches!(self.config.layer(l).mlp, MlpSpec::Moe { .. }));
+        if n > 1 && (self.is_recurrent() || moe) {
+            return Err(Error::Unsupported(
+                "decoding several sequences at once with recurrent (Gated DeltaNet) or mixture-of-experts layers"
+                    .into(),
+            ));
+        }
+        let max_bind = self.gpu.limits.max_storage_buffer_binding_size;
+        for st in &self.state {
+            if let LayerState::Kv(k, _) = st {
+                let per_seq = k.size_bytes() / self.slots as u64;
+                if n as u64 * per_seq > max_bind {
+                    return Err(Error::InvalidArgument(format!(
+                        "{n} sequences of {} tokens need {} MiB of KV cache per layer, more than this GPU binds \
+                         ({} MiB): decode at most {} sequences together, or lower --ctx",
+                        self.max_ctx,
+                        (n as u64 * per_seq) >> 20,
+                        max_bind >> 20,
+                        max_bind / per_seq
+                    )));
+                }
+            }
+        }
+        // Plans bind the caches: drop them, and the old caches before the new ones are made.
+        self.plans.clear();
+        self.batch_plans.clear();
+        self.scratch = None;
+        self.reset();
+        // Only attention layers get here (a recurrent model holds one sequence).
+        let shapes: Vec<[usize; 4]> = self
+            .state
+            .iter()
+            .map(|st| match st {
+                LayerState::Kv(k, _) => [n, k.shape[1], k.shape[2], k.shape[3]],
+                LayerState::Recurrent { .. } => unreachable!("a recurrent model holds one sequence"),
+            })
+            .collect();
+        self.state.clear();
+        self.slots = n;
+        for (l, shape) in shapes.iter().enumerate() {
+            self.state.push(LayerState::Kv(
+                self.gpu.empty(&format!("k_cache.{l}"), shape, ElemType::F16)?,
+                self.gpu.empty(&format!("v_cache.{l}"), shape, ElemType::F16)?,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs a sequence's prompt `tokens` at positions `0..len` of KV-cache slot `slot` and
+    /// leaves its last position's logits on the GPU (returned: f32 `[vocab]`). Submitted, not
+    /// waited for. The model's own position ([`pos`](Self::pos)) is not touched.
+    pub fn prefill_slot(&mut self, slot: usize, tokens: &[u32]) -> Result<Tensor> {
+        if slot >= self.slots {
+            return Err(Error::InvalidArgument(format!("KV-cache slot {slot} of {}", self.slots)));
+        }
+        self.check_tokens(tokens)?;
+        if tokens.len() > self.max_ctx {
+            return Err(Error::InvalidArgument(format!(
+                "{} tokens exceed the context of {} tokens",
+                tokens.len(),
+                self.max_ctx
+            )));
+        }
+        let gpu = self.gpu.clone();
+        let mut logits = None;
+        for (i, chunk) in tokens.chunks(self.prefill_chunk).enumerate() {
+            let pos = i * self.prefill_chunk;
+            let step = StepParams { pos: pos as u32, n_tokens: chunk.len() as u32, slot: slot as u32, _pad: 0 };
+            gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
+            let plan = self.plan(chunk.len())?;
+            gpu.queue.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(chunk));
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            plan.encode(&mut enc);
+            gpu.queue.submit([enc.finish()]);
+            logits = Some(plan.logits.clone());
+        }
+        gpu.check()?;
+        Ok(logits.expect("at least one chunk"))
+    }
+
+    /// Makes the next pass the decode step of `seqs.len()` sequences, one token each: row `r`
+    /// is the sequence in KV-cache slot `seqs[r].1` at position `seqs[r].0` (its tokens so far).
+    /// Records the plan for that many on first use and writes the step's uniforms (ordered
+    /// before the next submission). The caller writes the ids (or has the sampler write them on
+    /// the GPU) and encodes the returned plan, whose logits are `[rows, vocab]`.
+    pub fn stage_batch(&mut self, seqs: &[(u32, u32)]) -> Result<&Plan> {
+        let b = seqs.len();
+        if b == 0 || b > self.slots {
+            return Err(Error::InvalidArgument(format!("a batch step of {b} sequences ({} slots)", self.slots)));
+        }
+        if let Some(&(pos, slot)) = seqs.iter().find(|&&(p, s)| p as usize >= self.max_ctx || s as usize >= self.slots)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "a sequence at position {pos} of slot {slot}: the caches hold {} slots of {} positions",
+                self.slots, self.max_ctx
+            )));
+        }
+        if !self.batch_plans.contains_key(&b) {
+            self.ensure_scratch(b)?;
+            let p = self.record(b, true)?;
+            self.batch_plans.insert(b, p);
+        }
+        let s = self.scratch.as_ref().expect("made above");
+        let flat: Vec<u32> = seqs.iter().flat_map(|&(p, s)| [p, s]).collect();
+        self.gpu.queue.write_buffer(&s.seqs.buffer, s.seqs.offset, bytemuck::cast_slice(&flat));
+        let step = StepParams { pos: 0, n_tokens: b as u32, slot: 0, _pad: 0 };
+        self.gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
+        Ok(&self.batch_plans[&b])
+    }
+
+    /// Token ids a pass can take: some, all inside the vocabulary.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::InvalidArgument("no tokens to run".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(Error::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary ({})",
+                self.config.vocab_size
+            )));
+        }
+        Ok(())
     }
 
     /// (plans cached, bytes of the activation buffers they share).
@@ -545,16 +706,8 @@ impl Model {
     /// Runs `tokens` at positions `pos..pos + len` and leaves the last position's logits on the
     /// GPU (returned: f32 `[vocab]`). Work is submitted, not waited for.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Tensor> {
-        if tokens.is_empty() {
-            return Err(Error::InvalidArgument("no tokens to run".into()));
-        }
+        self.check_tokens(tokens)?;
         self.check_room(tokens.len())?;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            return Err(Error::InvalidArgument(format!(
-                "token id {bad} is outside the vocabulary ({})",
-                self.config.vocab_size
-            )));
-        }
         let mut logits = None;
         let gpu = self.gpu.clone();
         for chunk in tokens.chunks(self.prefill_chunk) {
@@ -569,13 +722,16 @@ impl Model {
         Ok(logits.expect("at least one chunk"))
     }
 
-    fn record(&self, t: usize) -> Result<Plan> {
+    /// Records the pass for `t` tokens of one sequence, or with `batch` the decode step of `t`
+    /// sequences (one token each, a logits row each).
+    fn record(&self, t: usize, batch: bool) -> Result<Plan> {
         let g = &self.gpu;
         let c = &self.config;
         let w = &self.weights;
         let h = c.hidden_size;
         let s = self.scratch.as_ref().expect("plan() sizes the scratch buffers");
         let ids = s.ids.view(0, &[t]);
+        let seqs = batch.then(|| s.seqs.view(0, &[t, 2]));
         let [x, xn, tmp] = ["x", "xn", "tmp"].map(|name| s.rows(name, t));
         let (last, last_n, logits) = (s.last.clone(), s.last_norm.clone(), s.logits.clone());
 
@@ -587,7 +743,7 @@ impl Model {
             }));
         }
         let eps = c.rms_norm_eps;
-        let lp = LayerPass { g, s, t, eps, x: &x, xn: &xn, tmp: &tmp, step: &self.step, max_ctx: self.max_ctx };
+        let lp = LayerPass { g, s, t, eps, x: &x, xn: &xn, tmp: &tmp, step: &self.step, max_ctx: self.max_ctx, seqs };
         for (l, lw) in w.layers.iter().enumerate() {
             let spec = c.layer(l);
             let mut k = Vec::new();
@@ -614,6 +770,20 @@ impl Model {
             lp.residual(&mut k, ffn, lw.post_ffw_norm.as_ref())?;
             items.extend(k.into_iter().map(Item::Kernel));
         }
+        if batch {
+            // Every row (sequence): output norm and lm_head into its logits row.
+            let (head_in, head_input) = lp.normed_out(&mut items, &w.output_norm)?;
+            for (row_start, chunk) in &w.lm_head {
+                let rows = chunk.shape()[0];
+                let out = logits.view(*row_start as usize, &[t, rows]);
+                let opts = LinearOpts { ld_out: Some(c.vocab_size), ..lp.opts() };
+                items.push(Item::Kernel(linear(g, &head_in, head_input, chunk, None, &out, opts)?));
+            }
+            if c.final_logit_softcapping.is_some() {
+                return Err(Error::Unsupported("final logit soft-capping".into()));
+            }
+            return Ok(Plan { t, ids, logits: logits.view(0, &[t, c.vocab_size]), items, last_used: 0 });
+        }
         // The last row only: output norm and lm_head.
         let last_row = if t == 1 {
             x.clone()
@@ -638,7 +808,7 @@ impl Model {
         if c.final_logit_softcapping.is_some() {
             return Err(Error::Unsupported("final logit soft-capping".into()));
         }
-        Ok(Plan { t, ids, logits, items, last_used: 0 })
+        Ok(Plan { t, ids, logits: logits.view(0, &[c.vocab_size]), items, last_used: 0 })
     }
 }
 
@@ -662,9 +832,18 @@ struct LayerPass<'a> {
     tmp: &'a Tensor,
     step: &'a wgpu::Buffer,
     max_ctx: usize,
+    /// A decode step of many sequences: token t is sequence t, at the (position, slot) of row t
+    /// (u32 `[t, 2]`).
+    seqs: Option<Tensor>,
 }
 
 impl<'a> LayerPass<'a> {
+    /// Linear options for this pass: a batch's rows independent of the batch size
+    /// ([`LinearOpts::batch`]).
+    fn opts(&self) -> LinearOpts {
+        LinearOpts { batch: self.seqs.is_some(), ..Default::default() }
+    }
+
     /// `[t, n]` rows of the scratch activation `name`.
     fn act(&self, name: &str, n: usize) -> Tensor {
         self.s.rows_as(name, self.t, &[self.t, n])
@@ -681,6 +860,14 @@ impl<'a> LayerPass<'a> {
         }
     }
 
+    /// x under the output norm for lm_head: fused into its matvec, else run into xn first.
+    fn normed_out(&self, items: &mut Vec<Item>, w: &'a Tensor) -> Result<(Tensor, Input<'a>)> {
+        let mut k = Vec::new();
+        let r = self.normed(&mut k, w)?;
+        items.extend(k.into_iter().map(Item::Kernel));
+        Ok(r)
+    }
+
     /// Adds a block's output to x: the residual add fused into its last projection, or through
     /// the post-norm (`x += norm(y)`).
     fn residual(&self, k: &mut Vec<Kernel>, out: Output<'a>, post_norm: Option<&Tensor>) -> Result<()> {
@@ -689,18 +876,12 @@ impl<'a> LayerPass<'a> {
         };
         match post_norm {
             Some(pn) => {
-                k.push(linear(self.g, &from, input, w, None, self.tmp, LinearOpts::default())?);
+                k.push(linear(self.g, &from, input, w, None, self.tmp, self.opts())?);
                 k.push(rms_norm(self.g, self.tmp, pn, self.x, self.eps, true)?);
             }
-            None => k.push(linear(
-                self.g,
-                &from,
-                input,
-                w,
-                None,
-                self.x,
-                LinearOpts { accumulate: true, ..Default::default() },
-            )?),
+            None => {
+                k.push(linear(self.g, &from, input, w, None, self.x, LinearOpts { accumulate: true, ..self.opts() })?)
+            }
         }
         Ok(())
     }
@@ -722,7 +903,7 @@ impl<'a> LayerPass<'a> {
         let qkv = self.act("qkv", a.q_dim() + 2 * a.kv_dim());
         let attn = self.act("attn", a.q_dim());
         let (xin, input) = self.normed(k, &lw.attn_norm)?;
-        k.extend(qkv_w.linear(g, &xin, input, qkv_bias.as_ref(), &qkv, LinearOpts::default())?);
+        k.extend(qkv_w.linear(g, &xin, input, qkv_bias.as_ref(), &qkv, self.opts())?);
         let rp = RopeParams {
             heads: a.heads,
             kv_heads: a.kv_heads,
@@ -743,9 +924,23 @@ impl<'a> LayerPass<'a> {
             n_tokens: t,
             splits: 0,
         };
-        // One decode token without q/k norm (full rotary): the rotation and the cache write
-        // happen inside attention (a dispatch fewer); else rope (+ q/k norm) writes the caches.
-        if t == 1 && qk.is_none() && a.rope.rotary_dim == a.head_dim {
+        // One decode token a sequence without q/k norm (full rotary): the rotation and the cache
+        // write happen inside attention (a dispatch fewer); else rope (+ q/k norm) writes the
+        // caches.
+        let fused_rope = qk.is_none() && a.rope.rotary_dim == a.head_dim;
+        if let Some(seqs) = &self.seqs {
+            if fused_rope {
+                let table = g.upload_f32(
+                    "rope.inv_freq",
+                    &[a.head_dim / 2],
+                    &inv_freq(a.head_dim, a.rope.theta, a.rope.scaling),
+                )?;
+                k.extend(attention_batch(g, &qkv, kc, vc, &attn, self.step, seqs, ap, Some(&table))?);
+            } else {
+                k.push(rope_kv_write_batch(g, &qkv, self.step, seqs, rp, qk, kc, vc)?);
+                k.extend(attention_batch(g, &qkv, kc, vc, &attn, self.step, seqs, ap, None)?);
+            }
+        } else if t == 1 && fused_rope {
             let table =
                 g.upload_f32("rope.inv_freq", &[a.head_dim / 2], &inv_freq(a.head_dim, a.rope.theta, a.rope.scaling))?;
             k.extend(attention_rope(g, &qkv, kc, vc, &attn, self.step, ap, &table)?);
@@ -756,7 +951,7 @@ impl<'a> LayerPass<'a> {
         if let Some(gate_w) = gate {
             // attn *= sigmoid(x · Wgᵀ): the gate's projection, then the product.
             let gt = self.act("gate", a.q_dim());
-            k.push(linear(g, &xin, input, gate_w, None, &gt, LinearOpts::default())?);
+            k.push(linear(g, &xin, input, gate_w, None, &gt, self.opts())?);
             k.push(mul_sigmoid(g, &attn, &gt)?);
         }
         Ok(Output::Linear { from: attn, input: Input::Plain, w: out })
@@ -780,7 +975,7 @@ impl<'a> LayerPass<'a> {
         let conv_out = self.act("conv", d.conv_dim());
         let attn = self.act("attn", d.value_dim());
         let (xin, input) = self.normed(k, &lw.attn_norm)?;
-        k.extend(in_proj.linear(g, &xin, input, None, &mix, LinearOpts::default())?);
+        k.extend(in_proj.linear(g, &xin, input, None, &mix, self.opts())?);
         k.push(causal_conv1d(g, &mix, d.in_dim(), conv, conv_state, &conv_out, self.step, t, STATE_RING)?);
         let (z_col, b_col) = (d.conv_dim(), d.conv_dim() + d.value_dim());
         k.push(gated_delta_rule(
@@ -824,11 +1019,8 @@ impl<'a> LayerPass<'a> {
         // A GLU weight (gate and up rows interleaved) ends its matvec in the activation; after a
         // matmul its output pairs go through gated_act.
         let glu_out = gate_up.glu && t <= MATVEC_MAX_T;
-        let (gu_y, gu_opts) = if glu_out {
-            (&act, LinearOpts { glu: Some(activation), ..Default::default() })
-        } else {
-            (&gu, LinearOpts::default())
-        };
+        let (gu_y, gu_opts) =
+            if glu_out { (&act, LinearOpts { glu: Some(activation), ..self.opts() }) } else { (&gu, self.opts()) };
         k.extend(gate_up.linear(g, xin, input, None, gu_y, gu_opts)?);
         Ok(if glu_out {
             Output::Linear { from: act, input: Input::Plain, w: down }
@@ -860,7 +1052,7 @@ impl<'a> LayerPass<'a> {
         let exp_act = self.s.rows_as("exp_act", t, &[t * slots, f]);
         let exp_out = self.s.rows_as("exp_out", t, &[t * slots, h]);
         let (xin, input) = self.normed(k, &lw.ffn_norm)?;
-        k.extend(router.linear(g, &xin, input, None, &logits, LinearOpts::default())?);
+        k.extend(router.linear(g, &xin, input, None, &logits, self.opts())?);
         k.push(if stacked {
             moe_router_shared(g, &logits, router_cols, experts, top_k, &ids, &weights, norm_topk)?
         } else {
@@ -872,7 +1064,7 @@ impl<'a> LayerPass<'a> {
         };
         // The selected experts' gate_up (rows interleaved per expert: the GLU epilogue) for each
         // of a token's slots, then their down projections.
-        let glu = LinearOpts { glu: Some(activation), ..Default::default() };
+        let glu = LinearOpts { glu: Some(activation), ..self.opts() };
         k.push(linear_experts(g, &xin, input, &as_stack(gate_up_exps), &ids, slots, &exp_act, glu)?);
         k.push(linear_experts(g, &exp_act, Input::Plain, &as_stack(down_exps), &ids, 1, &exp_out, Default::default())?);
         let shared_out = match shared {
@@ -881,7 +1073,7 @@ impl<'a> LayerPass<'a> {
                 let out = self.tmp;
                 match self.dense_mlp(k, &xin, input, gate_up, down, fs, activation)? {
                     Output::Linear { from, input, w } => {
-                        k.push(linear(g, &from, input, w, None, out, LinearOpts::default())?);
+                        k.push(linear(g, &from, input, w, None, out, self.opts())?);
                     }
                     Output::Added => unreachable!("a dense MLP ends in its down projection"),
                 }

@@ -54,7 +54,7 @@
 //! Scratch grows with the largest `(rows, vocab)` seen: `rows · V · 24` bytes (the bucketed list
 //! and one fetched bin, 12 bytes an entry) plus `rows · G · 2.6 KB` of metadata.
 
-use super::{logits_shape, Draw, PreparedParams, SamplingBackend, SamplingParams};
+use super::{check_keys, logits_shape, Draw, PreparedParams, RowKey, SamplingBackend, SamplingParams};
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Tensor};
 use std::sync::Arc;
@@ -227,14 +227,20 @@ impl DeviceSampler {
     /// Validates `params` (one per row) and uploads them for decode step `step`; they apply to
     /// the next [`encode`](Self::encode)d work submitted (`queue.write_buffer` semantics).
     /// Invalid parameters are an [`Error::InvalidArgument`] and nothing is written.
+    /// Row `r` draws from Philox stream `r`.
     pub fn set_params(&mut self, gpu: &Gpu, params: &[SamplingParams], step: u32) -> Result<()> {
+        let keys: Vec<RowKey> = (0..params.len() as u32).map(|row| RowKey { step, stream: row }).collect();
+        self.set_rows(gpu, params, &keys)
+    }
+
+    /// [`set_params`](Self::set_params) with each row's own decode step and Philox stream.
+    pub fn set_rows(&mut self, gpu: &Gpu, params: &[SamplingParams], keys: &[RowKey]) -> Result<()> {
         if params.is_empty() {
             return Err(Error::InvalidArgument("sampling: no rows".into()));
         }
-        for p in params {
-            p.validate()?;
-        }
-        let prepared: Vec<PreparedParams> = params.iter().map(|p| p.prepare(step)).collect();
+        check_keys(params, keys)?;
+        let prepared: Vec<PreparedParams> =
+            params.iter().zip(keys).map(|(p, k)| p.prepare_stream(k.step, k.stream)).collect();
         let bytes = std::mem::size_of_val(prepared.as_slice()) as u64;
         if self.params.ensure(gpu, bytes)? {
             self.invalidate();
@@ -524,18 +530,16 @@ impl SamplingBackend for DeviceSampler {
         "device"
     }
 
-    fn draw(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Draw> {
+    fn draw_rows(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], keys: &[RowKey]) -> Result<Draw> {
         let (rows, vocab) = logits_shape(logits, params)?;
-        for p in params {
-            p.validate()?;
-        }
+        check_keys(params, keys)?;
         if logits.ty != ElemType::F32 {
             return Err(Error::InvalidArgument(format!("sampling needs f32 logits, got {:?}", logits.ty)));
         }
         if vocab == 0 {
             return Ok(Draw { ids: vec![0; rows], non_finite: vec![false; rows] });
         }
-        self.set_params(gpu, params, step)?;
+        self.set_rows(gpu, params, keys)?;
         let out = self.ids(gpu, rows)?;
         let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sampling") });
         self.encode(gpu, &mut enc, logits, rows, &out)?;

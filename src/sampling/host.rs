@@ -13,14 +13,15 @@ use crate::error::{Error, Result};
 /// empty row.
 pub fn sample_row(logits: &[f32], params: &SamplingParams, step: u32, row: u32) -> u32 {
     debug_assert!(params.validate().is_ok(), "invalid sampling parameters {params:?}");
-    sample_row_prepared(logits, &params.prepare(step), row)
+    sample_row_prepared(logits, &params.prepare_stream(step, row))
 }
 
-/// [`sample_row`] with the parameters already in their kernel form (the step is inside).
-pub fn sample_row_prepared(logits: &[f32], params: &PreparedParams, row: u32) -> u32 {
+/// [`sample_row`] with the parameters already in their kernel form (the step and the stream are
+/// inside).
+pub fn sample_row_prepared(logits: &[f32], params: &PreparedParams) -> u32 {
     match plan_row(logits, params) {
         RowPlan::Fixed(token) => token,
-        RowPlan::Draw(thresholds) => draw(logits, params, &thresholds, row),
+        RowPlan::Draw(thresholds) => draw(logits, params, &thresholds),
     }
 }
 
@@ -210,7 +211,7 @@ fn top_p_threshold(kept: impl Iterator<Item = f32>, max: f32, top_p: f32) -> f32
 }
 
 /// Spec step 6: Gumbel-max among the kept tokens.
-fn draw(logits: &[f32], params: &PreparedParams, th: &Thresholds, row: u32) -> u32 {
+fn draw(logits: &[f32], params: &PreparedParams, th: &Thresholds) -> u32 {
     let key = [params.seed_lo, params.seed_hi];
     let mut best: Option<(u32, f32)> = None;
     for (b, chunk) in logits.chunks(4).enumerate() {
@@ -221,7 +222,7 @@ fn draw(logits: &[f32], params: &PreparedParams, th: &Thresholds, row: u32) -> u
                 continue;
             }
             let i = (b * 4 + j) as u32;
-            let words = block.get_or_insert_with(|| philox4x32_10(counter_block(params.step, row, i), key));
+            let words = block.get_or_insert_with(|| philox4x32_10(counter_block(params.step, params.stream, i), key));
             let k = (s - th.max) + gumbel(bits_to_unit(words[j]));
             if best.is_none_or(|(_, bk)| k > bk) {
                 best = Some((i, k));

@@ -9,7 +9,8 @@
 //! # Spec
 //!
 //! Input: one row of `V` logits `l[0..V)` (`f32`), a validated [`SamplingParams`], the decode
-//! `step` and the `row` index of the row in the logits matrix. Output: one token id `< V`
+//! `step` and the row's Philox `stream` (written `row` below: by default the row's index in the
+//! logits matrix; [`RowKey`]). Output: one token id `< V`
 //! (or 0 when `V = 0`).
 //!
 //! Every `f32` operation below is a single IEEE-754 operation rounded to nearest-even, with no
@@ -77,9 +78,11 @@
 //! min-p is relative to the overall maximum, which every filter keeps.
 //!
 //! **Seed schedule**: the token sampled from the prompt's last position is `step = 0`; each
-//! decode step adds 1. `row` is the row's index in the logits matrix passed to the sampler,
-//! so the same seed in a different row draws different tokens (the Philox counter words are
-//! `(i >> 2, row, step, 0)`). Without a user seed, use [`philox::random_seed`].
+//! decode step adds 1. `row` is the row's stream: by default its index in the logits matrix
+//! passed to the sampler, so the same seed in a different row draws different tokens (the
+//! Philox counter words are `(i >> 2, row, step, 0)`). A batch of requests
+//! ([`crate::decode::batch`]) gives every row stream 0 and its request's own step
+//! ([`SamplingBackend::draw_rows`]), so a request draws the same tokens whatever its row. Without a user seed, use [`philox::random_seed`].
 //!
 //! # Host vs device
 //! The host evaluates the mass comparison of step 4 as accurately as it can: `w[i] =
@@ -164,10 +167,18 @@ impl SamplingParams {
         Ok(())
     }
 
-    /// The derived per-row values both implementations use, for decode step `step`.
-    /// Call [`validate`](Self::validate) first; invalid parameters give unspecified (but
-    /// memory-safe) results.
+    /// The derived per-row values both implementations use, for decode step `step` and stream
+    /// 0 (see [`prepare_stream`](Self::prepare_stream)). Call [`validate`](Self::validate)
+    /// first; invalid parameters give unspecified (but memory-safe) results.
     pub fn prepare(&self, step: u32) -> PreparedParams {
+        self.prepare_stream(step, 0)
+    }
+
+    /// [`prepare`](Self::prepare) for Philox stream `stream` (the counter's second word): a
+    /// row's index in a logits matrix by default, so rows with one seed draw differently; a
+    /// request's own constant when rows of different requests share a batch, so its tokens do
+    /// not depend on its row.
+    pub fn prepare_stream(&self, step: u32, stream: u32) -> PreparedParams {
         let greedy = self.is_greedy();
         PreparedParams {
             mode: if greedy { MODE_GREEDY } else { MODE_SAMPLE },
@@ -178,6 +189,7 @@ impl SamplingParams {
             seed_lo: self.seed as u32,
             seed_hi: (self.seed >> 32) as u32,
             step,
+            stream,
         }
     }
 }
@@ -187,7 +199,7 @@ pub const MODE_GREEDY: u32 = 0;
 /// [`PreparedParams::mode`]: scale, filter, Gumbel-max draw.
 pub const MODE_SAMPLE: u32 = 1;
 
-/// One row's parameters in the form the kernel reads (32 bytes, eight 4-byte fields, no
+/// One row's parameters in the form the kernel reads (36 bytes, nine 4-byte fields, no
 /// padding: a WGSL `struct` of `u32`/`f32` members in this order matches it), computed by
 /// [`SamplingParams::prepare`]. The host implementation reads the same struct, so derived
 /// values (`1/T`, `ln(min_p)`) are bit-identical on both sides.
@@ -210,6 +222,8 @@ pub struct PreparedParams {
     pub seed_hi: u32,
     /// Philox counter word 2.
     pub step: u32,
+    /// Philox counter word 1: the row's stream ([`SamplingParams::prepare_stream`]).
+    pub stream: u32,
 }
 
 impl PreparedParams {
@@ -234,7 +248,14 @@ pub trait SamplingBackend {
 
     /// Samples one token per row and reports which rows had non-finite logits. Errors on invalid
     /// parameters or mismatched sizes.
-    fn draw(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Draw>;
+    fn draw(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Draw> {
+        let keys: Vec<RowKey> = (0..params.len() as u32).map(|row| RowKey { step, stream: row }).collect();
+        self.draw_rows(gpu, logits, params, &keys)
+    }
+
+    /// [`draw`](Self::draw) with each row's own decode step and Philox stream: rows of different
+    /// requests in one batch, each drawing what it draws alone.
+    fn draw_rows(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], keys: &[RowKey]) -> Result<Draw>;
 
     /// [`draw`](Self::draw)'s ids alone.
     fn sample(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Vec<u32>> {
@@ -258,6 +279,26 @@ pub struct Draw {
     pub non_finite: Vec<bool>,
 }
 
+/// A row's place in the random streams: the decode step and the Philox stream its draw uses
+/// ([`SamplingParams::prepare_stream`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowKey {
+    pub step: u32,
+    pub stream: u32,
+}
+
+/// Validates each row's parameters and that there is one key per row.
+pub fn check_keys(params: &[SamplingParams], keys: &[RowKey]) -> Result<()> {
+    if keys.len() != params.len() {
+        return Err(Error::InvalidArgument(format!(
+            "sampling: {} row keys for {} rows of parameters",
+            keys.len(),
+            params.len()
+        )));
+    }
+    params.iter().try_for_each(SamplingParams::validate)
+}
+
 /// Rows and vocabulary of `logits` for `params.len()` rows.
 pub fn logits_shape(logits: &Tensor, params: &[SamplingParams]) -> Result<(usize, usize)> {
     let rows = params.len();
@@ -276,14 +317,17 @@ impl SamplingBackend for HostSampler {
         "host"
     }
 
-    fn draw(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Draw> {
+    fn draw_rows(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], keys: &[RowKey]) -> Result<Draw> {
         let (rows, vocab) = logits_shape(logits, params)?;
-        for p in params {
-            p.validate()?;
-        }
+        check_keys(params, keys)?;
         let host_logits = gpu.read_f32(logits)?;
-        let mut ids = vec![0u32; rows];
-        host::sample_rows(&host_logits, vocab, params, step, &mut ids)?;
+        let prepared: Vec<PreparedParams> =
+            params.iter().zip(keys).map(|(p, k)| p.prepare_stream(k.step, k.stream)).collect();
+        let ids = if vocab == 0 {
+            vec![0; rows]
+        } else {
+            host_logits.chunks(vocab).zip(&prepared).map(|(l, p)| host::sample_row_prepared(l, p)).collect()
+        };
         let non_finite =
             (0..rows).map(|r| host_logits[r * vocab..(r + 1) * vocab].iter().any(|l| !l.is_finite())).collect();
         Ok(Draw { ids, non_finite })

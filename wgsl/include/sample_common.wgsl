@@ -9,7 +9,7 @@
 const WG: u32 = {{WG}}u;
 const SEG: u32 = {{SEG}}u;
 // Logits per workgroup in the multi-workgroup passes: 4 consecutive entries per thread, so one
-// Philox block serves a thread (entries 4j..4j+3 share the counter (j, row, step, 0)).
+// Philox block serves a thread (entries 4j..4j+3 share the counter (j, stream, step, 0)).
 const CHUNK: u32 = 4u * WG;
 
 // Bins of d = s - max (<= 0): bin b holds d in (-(b+1)/8, -b/8] for b < NB (d > -40); the tail
@@ -49,7 +49,7 @@ const NO_INDEX: u32 = 0xFFFFFFFFu;
 const FLAG_POS_INF: u32 = 1u;
 const FLAG_NON_FINITE: u32 = 2u;
 
-// PreparedParams (src/sampling/mod.rs), 32 bytes.
+// PreparedParams (src/sampling/mod.rs), 36 bytes.
 struct Params {
     mode: u32,
     inv_temperature: f32,
@@ -59,6 +59,7 @@ struct Params {
     seed_lo: u32,
     seed_hi: u32,
     step: u32,
+    stream: u32,
 }
 
 struct Info {

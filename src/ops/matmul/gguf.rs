@@ -380,7 +380,17 @@ pub fn linear_quant_in(
             matches!(input, Input::Plain) || super::fuses_input(s.t, s.k),
             "linear_quant: {input:?} cannot be fused at {s:?}"
         );
-        matvec_quant(gpu, x, input, w, bias, y, &s, opts, QMatvecConfig::new(gpu, w.dtype, &s))
+        matvec_quant(
+            gpu,
+            x,
+            input,
+            w,
+            bias,
+            y,
+            &s,
+            opts,
+            QMatvecConfig::new(gpu, w.dtype, &super::tuned_shape(&s, &opts)),
+        )
     } else {
         assert!(matches!(input, Input::Plain), "linear_quant: {input:?} cannot be fused into the matmul ({s:?})");
         assert!(opts.glu.is_none(), "linear_quant: GLU is a matvec epilogue, not the matmul's ({s:?})");

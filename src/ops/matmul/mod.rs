@@ -120,6 +120,20 @@ pub struct LinearOpts {
     /// pair, the gated MLP activation as the projection's epilogue (matvec only, no bias, no
     /// accumulation; after a matmul the model runs `gated_act` on the interleaved rows).
     pub glu: Option<Activation>,
+    /// The rows are separate sequences (a decode step of a batch): each row's numbers must not
+    /// depend on how many rows the pass has, so the matvec runs its several-token form (passes
+    /// of 4 tokens, float sums) even for one row, and a row's sums are the same at any batch size.
+    pub batch: bool,
+}
+
+/// The dimensions one linear layer's matvec is tuned for: `s`, or for a batch
+/// ([`LinearOpts::batch`]) at least two tokens, so every batch size takes the same form.
+fn tuned_shape(s: &LinearShape, opts: &LinearOpts) -> LinearShape {
+    if opts.batch {
+        LinearShape { t: s.t.max(2), ..*s }
+    } else {
+        *s
+    }
 }
 
 /// The dimensions of one linear layer, as checked by [`check_shapes`].
@@ -233,7 +247,7 @@ pub fn linear_in(
     let k = *w.shape.get(1).unwrap_or(&0);
     let s = check_shapes(&input.checked_x(x, k), w, bias, y, opts);
     if s.t <= MATVEC_MAX_T {
-        let cfg = MatvecConfig::new(gpu, &s);
+        let cfg = MatvecConfig::new(gpu, &tuned_shape(&s, &opts));
         assert!(
             matches!(input, Input::Plain) || (fuses_input(s.t, s.k) && cfg.vec > 1),
             "linear: {input:?} cannot be fused at {s:?}"

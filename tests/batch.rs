@@ -1,0 +1,269 @@
+//! Many sequences at once (`decode::batch`): every request gets exactly the tokens it gets alone
+//! (greedy and seeded sampling, batches up to 8, prompts of different lengths, requests joining
+//! and leaving mid-stream, cancelled ones, either sampler, pipelined or not), a batch step's
+//! logits rows are bit for bit those of each sequence alone, and the queue and bad requests give
+//! clear refusals. Small synthetic models (random weights of real layouts) keep lavapipe fast.
+
+mod common;
+
+use std::collections::HashMap;
+use wgpu_llm::decode::batch::{BatchEngine, BatchOptions, Event, Request, SeqId, SubmitError};
+use wgpu_llm::decode::{generate_with, DecodeOptions, StopReason};
+use wgpu_llm::gpu::Gpu;
+use wgpu_llm::loader::synthetic;
+use wgpu_llm::model::config::{LayerAttention, ModelConfig};
+use wgpu_llm::model::Model;
+use wgpu_llm::sampling::{DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
+
+/// A real preset's layout, shrunk: 3 layers of width 64, 4 q / 2 kv heads of 16.
+fn tiny_config(preset: &str) -> ModelConfig {
+    let mut c = synthetic::preset_config(preset).unwrap();
+    (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers) = (1000, 64, 96, 3);
+    (c.num_heads, c.num_kv_heads, c.head_dim) = (4, 2, 16);
+    c.layer_attention = vec![LayerAttention::Full; c.num_layers];
+    c.attention_scale = 1.0 / (c.head_dim as f32).sqrt();
+    c.max_position_embeddings = 256;
+    c
+}
+
+fn model(gpu: &Gpu, preset: &str, recipe: &str) -> Model {
+    let ck = synthetic::build(&tiny_config(preset), recipe, "synthetic:tiny", 5).unwrap();
+    Model::load(gpu, &ck, Some(96), &mut |_, _| {}).unwrap()
+}
+
+fn sampler(gpu: &Gpu, device: bool) -> Box<dyn SamplingBackend + Send> {
+    if device {
+        Box::new(DeviceSampler::new(gpu).unwrap())
+    } else {
+        Box::new(HostSampler)
+    }
+}
+
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, min_p: 0.05, seed }
+}
+
+/// Eight requests: prompts of 1 to 40 tokens, greedy and sampled, different lengths, one with
+/// an eos that it meets early (its own first greedy token, found by a first run).
+fn requests() -> Vec<Request> {
+    (0..8u32)
+        .map(|i| {
+            let len = [5, 1, 17, 40, 3, 9, 26, 2][i as usize];
+            let prompt = (0..len).map(|j| (i * 131 + j * 37 + 11) % 1000).collect();
+            let params = if i % 3 == 0 { SamplingParams::greedy() } else { sampled(100 + u64::from(i)) };
+            Request { prompt, params, max_tokens: [12, 20, 7, 15, 30, 9, 18, 25][i as usize], stop_ids: vec![] }
+        })
+        .collect()
+}
+
+/// What a run delivered: per request (in submission order), its tokens and how it ended.
+type Outcome = Vec<(Vec<u32>, Option<StopReason>)>;
+
+/// Runs `reqs` through `engine`, submitting request `i` before step `joins[i]`, cancelling
+/// those in `cancel` (request, after that many of its tokens); steps until idle.
+fn run(engine: &mut BatchEngine, reqs: &[Request], joins: &[usize], cancel: &[(usize, usize)]) -> Outcome {
+    let mut out: Outcome = vec![(Vec::new(), None); reqs.len()];
+    let mut ids: HashMap<SeqId, usize> = HashMap::new();
+    let mut step = 0;
+    loop {
+        for (i, r) in reqs.iter().enumerate() {
+            if joins[i] == step {
+                let id = engine.submit(r.clone()).unwrap();
+                ids.insert(id, i);
+            }
+        }
+        let pending_joins = joins.iter().any(|&j| j > step);
+        if engine.is_idle() && !pending_joins {
+            break;
+        }
+        let mut events = Vec::new();
+        engine.step(&mut |id, e| events.push((id, e))).unwrap();
+        for (id, e) in events {
+            let i = ids[&id];
+            assert!(out[i].1.is_none(), "request {i}: an event after its end: {e:?}");
+            match e {
+                Event::Token(t) => out[i].0.push(t),
+                Event::Finished { reason, prompt_tokens, generated_tokens } => {
+                    assert_eq!(prompt_tokens, reqs[i].prompt.len());
+                    assert_eq!(generated_tokens, out[i].0.len());
+                    out[i].1 = Some(reason);
+                }
+                Event::Failed(e) => panic!("request {i} failed: {e}"),
+            }
+        }
+        for &(c, after) in cancel {
+            if let Some((&id, _)) = ids.iter().find(|(_, &i)| i == c) {
+                if out[c].0.len() >= after && out[c].1.is_none() && engine.cancel(id) {
+                    out[c].1 = Some(StopReason::Caller);
+                }
+            }
+        }
+        step += 1;
+        assert!(step < 10_000, "the engine never went idle");
+    }
+    out
+}
+
+/// Each request alone through the same engine.
+fn alone(engine: &mut BatchEngine, reqs: &[Request]) -> Outcome {
+    reqs.iter().map(|r| run(engine, std::slice::from_ref(r), &[0], &[]).remove(0)).collect()
+}
+
+#[test]
+fn each_request_gets_its_tokens_alone() {
+    let gpu = common::gpu();
+    let mut reqs = requests();
+    for (preset, recipe) in [("smollm2-135m", "q8_0"), ("qwen2.5-0.5b", "f16"), ("gemma3-270m", "q4_0")] {
+        let mut engine = BatchEngine::new(
+            model(&gpu, preset, recipe),
+            sampler(&gpu, true),
+            BatchOptions { max_batch: 8, max_queue: 16 },
+            3,
+        )
+        .unwrap();
+        assert!(engine.is_batched());
+        // Request 4 stops at eos: its own third token alone.
+        reqs[4].stop_ids.clear();
+        let first = alone(&mut engine, &reqs[4..5]);
+        let eos = first[0].0[2];
+        reqs[4].stop_ids = vec![eos];
+        let want = alone(&mut engine, &reqs);
+        let at = first[0].0.iter().position(|&t| t == eos).unwrap() + 1;
+        assert_eq!((want[4].0.len(), want[4].1), (at, Some(StopReason::Eos)), "{preset}: eos ends request 4");
+        for (i, (tokens, end)) in want.iter().enumerate() {
+            assert!(end.is_some() && !tokens.is_empty(), "{preset}: request {i} alone: {end:?}");
+        }
+        let what = format!("{preset} {recipe}");
+        // All at once.
+        assert_eq!(run(&mut engine, &reqs, &[0; 8], &[]), want, "{what}: all eight at once");
+        // Joining mid-stream, the batch changing every few steps.
+        let joins = [0, 0, 3, 3, 4, 10, 11, 25];
+        assert_eq!(run(&mut engine, &reqs, &joins, &[]), want, "{what}: joining mid-stream");
+        // Cancelled mid-stream: the cancelled ones end early with a prefix of their tokens.
+        let got = run(&mut engine, &reqs, &joins, &[(1, 4), (6, 2)]);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            if i == 1 || i == 6 {
+                assert_eq!(g.1, Some(StopReason::Caller), "{what}: request {i}");
+                assert!(w.0.starts_with(&g.0) && g.0.len() < w.0.len(), "{what}: request {i}: {g:?} vs {w:?}");
+            } else {
+                assert_eq!(g, w, "{what}: request {i} beside cancelled ones");
+            }
+        }
+    }
+}
+
+/// The batch engine with fewer sequences than requests (they queue), not pipelined, and with the
+/// host sampler: the same tokens as the pipelined device engine alone; and a greedy request gives
+/// what the one-sequence loop (`generate`) gives.
+#[test]
+fn any_batch_size_loop_and_sampler_give_the_same_tokens() {
+    let gpu = common::gpu();
+    let reqs = requests();
+    let opts = BatchOptions { max_batch: 8, max_queue: 16 };
+    let mut reference = BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, true), opts, 3).unwrap();
+    let want = alone(&mut reference, &reqs);
+    let joins = [0, 0, 0, 2, 2, 5, 9, 9];
+    for (max_batch, device, depth) in [(3, true, 3), (8, true, 0), (5, false, 3), (1, true, 2)] {
+        let opts = BatchOptions { max_batch, max_queue: 16 };
+        let mut engine =
+            BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, device), opts, depth).unwrap();
+        let got = run(&mut engine, &reqs, &joins, &[]);
+        assert_eq!(got, want, "max_batch {max_batch}, device sampler {device}, depth {depth}");
+    }
+    // The one-sequence loop agrees on the greedy requests.
+    let mut m = model(&gpu, "smollm2-135m", "q8_0");
+    let mut s = DeviceSampler::new(&gpu).unwrap();
+    for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.params.is_greedy()) {
+        let mut tokens = Vec::new();
+        generate_with(
+            &mut m,
+            &mut s,
+            &r.prompt,
+            r.max_tokens,
+            &r.params,
+            &[],
+            &mut |t| {
+                tokens.push(t);
+                Ok(true)
+            },
+            DecodeOptions { depth: 3 },
+        )
+        .unwrap();
+        assert_eq!(tokens, want[i].0, "greedy request {i}: generate vs the batch engine");
+    }
+}
+
+/// A batch step's logits rows are bit for bit each sequence's logits in a batch of one, with
+/// the sequences in any rows.
+#[test]
+fn batch_logits_rows_do_not_depend_on_the_batch() {
+    let gpu = common::gpu();
+    let mut m = model(&gpu, "qwen2.5-0.5b", "q8_0");
+    m.set_sequences(4).unwrap();
+    let prompts: [&[u32]; 3] = [&[1, 2, 3, 4, 5], &[9], &[100, 200, 300, 400, 500, 600, 700, 800]];
+    let slots = [2u32, 0, 3];
+    for (p, &s) in prompts.iter().zip(&slots) {
+        m.prefill_slot(s as usize, p).unwrap();
+    }
+    let next = [17u32, 33, 999];
+    let at: Vec<(u32, u32)> = prompts.iter().zip(&slots).map(|(p, &s)| (p.len() as u32, s)).collect();
+    let step = |m: &mut Model, rows: &[usize]| -> Vec<f32> {
+        let seqs: Vec<(u32, u32)> = rows.iter().map(|&r| at[r]).collect();
+        let ids: Vec<u32> = rows.iter().map(|&r| next[r]).collect();
+        let plan = m.stage_batch(&seqs).unwrap();
+        gpu.queue.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(&ids));
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        plan.encode(&mut enc);
+        gpu.queue.submit([enc.finish()]);
+        gpu.read_f32(&plan.logits).unwrap()
+    };
+    let v = m.config.vocab_size;
+    let all = step(&mut m, &[2, 0, 1]);
+    assert!(all.iter().all(|x| x.is_finite()));
+    for (row, r) in [2usize, 0, 1].into_iter().enumerate() {
+        let one = step(&mut m, &[r]);
+        let same = one.iter().zip(&all[row * v..][..v]).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "sequence {r}: its logits in row {row} of three differ from a batch of one");
+    }
+    // And different sequences give different logits (the rows are not one sequence's copies).
+    assert_ne!(all[..v], all[v..2 * v]);
+}
+
+#[test]
+fn queue_limit_and_bad_requests_are_refused() {
+    let gpu = common::gpu();
+    let opts = BatchOptions { max_batch: 2, max_queue: 2 };
+    let mut engine = BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, true), opts, 3).unwrap();
+    let ok = Request { prompt: vec![1, 2, 3], params: SamplingParams::greedy(), max_tokens: 4, stop_ids: vec![] };
+    engine.submit(ok.clone()).unwrap();
+    engine.submit(ok.clone()).unwrap();
+    assert!(matches!(engine.submit(ok.clone()), Err(SubmitError::QueueFull)));
+    let mut bad = |r: Request| match engine.submit(r) {
+        Err(SubmitError::Invalid(e)) => e.to_string(),
+        other => panic!("accepted a bad request: {other:?}"),
+    };
+    let msg = bad(Request { prompt: vec![], ..ok.clone() });
+    assert!(msg.contains("empty"), "{msg}");
+    let msg = bad(Request { prompt: vec![1; 96], ..ok.clone() });
+    assert!(msg.contains("context"), "{msg}");
+    let msg = bad(Request { prompt: vec![1000], ..ok.clone() });
+    assert!(msg.contains("vocabulary"), "{msg}");
+    let msg = bad(Request { params: SamplingParams { top_p: 1.5, ..SamplingParams::greedy() }, ..ok.clone() });
+    assert!(msg.contains("top_p"), "{msg}");
+    // The queued ones still run to the end.
+    let mut done = 0;
+    while !engine.is_idle() {
+        engine.step(&mut |_, e| done += usize::from(matches!(e, Event::Finished { .. }))).unwrap();
+    }
+    assert_eq!(done, 2);
+    // Too many sequences for the model's batch kernels.
+    let err = BatchEngine::new(
+        model(&gpu, "smollm2-135m", "q8_0"),
+        sampler(&gpu, true),
+        BatchOptions { max_batch: 33, max_queue: 1 },
+        3,
+    )
+    .err()
+    .expect("33 sequences refused");
+    assert!(err.to_string().contains("between 1 and 32"), "{err}");
+}
