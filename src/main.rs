@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use wgpu_llm::chat::{apply_chat_template, Message};
+use wgpu_llm::decode::batch::{BatchEngine, BatchOptions, Event, Request};
 use wgpu_llm::decode::{generate_with, DecodeOptions, Stats, StepTiming, DEFAULT_DEPTH};
 use wgpu_llm::gpu::{list_adapters, BackendChoice, Gpu, GpuOptions};
 use wgpu_llm::loader::{Checkpoint, DType};
@@ -203,6 +204,11 @@ struct BenchArgs {
     /// own between timestamps) and report where the step's GPU time goes, by kernel.
     #[arg(long, value_name = "N")]
     profile: Option<usize>,
+    /// Measure N concurrent requests through the batching engine instead (continuous batching:
+    /// N sequences decoded together, each with its own prompt and seed): total decode
+    /// throughput, time to first token and inter-token latency per request.
+    #[arg(long, value_name = "N", conflicts_with = "profile")]
+    streams: Option<usize>,
     #[command(flatten)]
     gpu: GpuArgs,
 }
@@ -252,7 +258,7 @@ fn devices(backend: BackendChoice) -> Result<()> {
     Ok(())
 }
 
-fn sampler(choice: SamplerChoice, gpu: &Gpu) -> Result<Box<dyn SamplingBackend>> {
+fn sampler(choice: SamplerChoice, gpu: &Gpu) -> Result<Box<dyn SamplingBackend + Send>> {
     Ok(match choice {
         SamplerChoice::Host => Box::new(HostSampler),
         SamplerChoice::Device => Box::new(DeviceSampler::new(gpu)?),
@@ -417,6 +423,9 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             a.ctx.unwrap_or_default()
         );
     }
+    if a.streams.is_some_and(|n| n == 0 || n > 32) {
+        anyhow::bail!("--streams {} is out of range: 1..=32", a.streams.unwrap_or_default());
+    }
     let ctx = Some(a.ctx.unwrap_or(need));
     let ck = match (&a.model, &a.synthetic) {
         (Some(path), _) => Checkpoint::open(path)?,
@@ -432,8 +441,16 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     let mut sampler = sampler(a.sampling.sampler, &gpu)?;
     // Deterministic pseudo-random prompt ids (no text needed).
     let vocab = ck.config.vocab_size as u64;
-    let prompt: Vec<u32> =
-        (0..a.prompt_tokens as u64).map(|i| ((i.wrapping_mul(2654435761) ^ 0x5bd1e995) % vocab) as u32).collect();
+    let prompt_of = |stream: u64| -> Vec<u32> {
+        (0..a.prompt_tokens as u64)
+            .map(|i| ((i.wrapping_mul(2654435761) ^ 0x5bd1e995 ^ stream.wrapping_mul(0x9e3779b9)) % vocab) as u32)
+            .collect()
+    };
+    let prompt = prompt_of(0);
+    if let Some(n) = a.streams {
+        let engine = BatchEngine::new(model, sampler, BatchOptions { max_batch: n, max_queue: n }, opts.depth)?;
+        return bench_streams(&a, engine, n, &params, &prompt_of, &source, &ck.config.arch.name());
+    }
     let mut runs = Vec::new();
     for rep in 0..=a.reps {
         // No eos: every run decodes gen_tokens steps.
@@ -529,6 +546,118 @@ fn run_bench(a: BenchArgs) -> Result<()> {
                 );
             }
         }
+    }
+    Ok(())
+}
+
+/// `bench --streams N`: N requests submitted at once, each `gen_tokens` long (no eos).
+fn bench_streams(
+    a: &BenchArgs,
+    mut engine: BatchEngine,
+    n: usize,
+    params: &SamplingParams,
+    prompt_of: &dyn Fn(u64) -> Vec<u32>,
+    source: &str,
+    arch: &str,
+) -> Result<()> {
+    use std::time::Instant;
+    struct Rep {
+        total_tok_s: f64,
+        decode_tok_s: f64,
+        ttft_ms: Vec<f64>,
+        itl_ms: Vec<f64>,
+        wall_s: f64,
+    }
+    let mut reps = Vec::new();
+    for rep in 0..=a.reps {
+        let t0 = Instant::now();
+        let mut ids = Vec::new();
+        for i in 0..n as u64 {
+            let req = Request {
+                prompt: prompt_of(i),
+                params: SamplingParams { seed: params.seed.wrapping_add(i), ..*params },
+                max_tokens: a.gen_tokens,
+                stop_ids: vec![],
+            };
+            ids.push(engine.submit(req).map_err(|e| anyhow::anyhow!("{e}"))?);
+        }
+        // Per request: the time of each token.
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); n];
+        let mut failed = None;
+        while !engine.is_idle() {
+            engine.step(&mut |id, e| match e {
+                Event::Token(_) => {
+                    times[ids.iter().position(|&x| x == id).expect("ours")].push(t0.elapsed().as_secs_f64())
+                }
+                Event::Failed(e) => failed = Some(e),
+                Event::Finished { .. } => {}
+            })?;
+            if let Some(e) = failed.take() {
+                return Err(e.into());
+            }
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let all_first = times.iter().map(|t| t[0]).fold(0f64, f64::max);
+        let decode_tokens: usize = times.iter().map(|t| t.iter().filter(|&&x| x > all_first).count()).sum();
+        let r = Rep {
+            total_tok_s: times.iter().map(Vec::len).sum::<usize>() as f64 / wall,
+            decode_tok_s: decode_tokens as f64 / (wall - all_first).max(1e-9),
+            ttft_ms: times.iter().map(|t| 1e3 * t[0]).collect(),
+            itl_ms: times.iter().map(|t| 1e3 * (t[t.len() - 1] - t[0]) / (t.len() - 1).max(1) as f64).collect(),
+            wall_s: wall,
+        };
+        if rep > 0 {
+            reps.push(r);
+        }
+    }
+    let med = |f: &dyn Fn(&Rep) -> f64| median(reps.iter().map(f).collect());
+    let decode = med(&|r| r.decode_tok_s);
+    let total = med(&|r| r.total_tok_s);
+    let ttft = med(&|r| median(r.ttft_ms.clone()));
+    let ttft_max = med(&|r| r.ttft_ms.iter().copied().fold(0.0, f64::max));
+    let itl = med(&|r| median(r.itl_ms.clone()));
+    let gpu = &engine.model().gpu;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "model": source,
+                "arch": arch,
+                "adapter": gpu.info.name,
+                "backend": format!("{:?}", gpu.info.backend),
+                "streams": n,
+                "batched": engine.is_batched(),
+                "prompt_tokens": a.prompt_tokens,
+                "gen_tokens": a.gen_tokens,
+                "reps": a.reps,
+                "sampler": format!("{:?}", a.sampling.sampler),
+                "temperature": params.temperature,
+                "top_k": params.top_k,
+                "top_p": params.top_p,
+                "min_p": params.min_p,
+                "seed": params.seed,
+                "pipeline_depth": a.sampling.pipeline,
+                "decode_tok_s_total": decode,
+                "tok_s_total_with_prefill": total,
+                "decode_tok_s_per_stream": decode / n as f64,
+                "ttft_ms_median": ttft,
+                "ttft_ms_max": ttft_max,
+                "inter_token_ms_median": itl,
+                "decode_tok_s_all": reps.iter().map(|r| r.decode_tok_s).collect::<Vec<_>>(),
+                "wall_s_all": reps.iter().map(|r| r.wall_s).collect::<Vec<_>>(),
+                "logits_finite": true,
+            })
+        );
+    } else {
+        println!(
+            "{arch} on {}: {n} streams (pp{} + tg{} each, sampler {:?}): decode {decode:.1} tok/s in total ({:.1} per stream), {total:.1} tok/s with prefill; time to first token {ttft:.1} ms median ({ttft_max:.1} max), inter-token {itl:.2} ms (median of {})",
+            gpu.info.name,
+            a.prompt_tokens,
+            a.gen_tokens,
+            a.sampling.sampler,
+            decode / n as f64,
+            a.reps,
+        );
     }
     Ok(())
 }
