@@ -48,4 +48,24 @@ for s in ${SYNTH:-}; do
     echo "}" >> "$out/synth.jsonl"
   done
 done
+# Concurrent requests (batched decoding): STREAMS="1 8 32" runs `bench --streams N` on each model with each sampler of
+# STREAM_SAMPLERS and the chains of STREAM_CHAINS, STREAM_ARGS setting the request shape (default: 128-token prompts,
+# 128 tokens each); llama.cpp with as many parallel sequences on the same files (tools/llama_batched_anchor.py).
+for m in $models; do
+  for n in ${STREAMS:-}; do
+    for c in ${STREAM_CHAINS:-"greedy:--temperature=0"}; do
+      for smp in ${STREAM_SAMPLERS:-device host}; do
+        echo "{\"model\":\"$m\",\"streams\":$n,\"chain\":\"${c%%:*}\",\"sampler\":\"$smp\",\"result\":" >> "$out/streams.jsonl"
+        timeout ${STREAM_TIMEOUT:-180} $B bench --model "/tmp/$m.gguf" --json --reps "$reps" --seed 1 --streams "$n" \
+          --sampler "$smp" ${c#*:} ${STREAM_ARGS:-"--prompt-tokens=128 --gen-tokens=128"} >> "$out/streams.jsonl" 2>> "$out/wgpu.err" \
+          || echo "{\"error\":$?}" >> "$out/streams.jsonl"
+        echo "}" >> "$out/streams.jsonl"
+      done
+    done
+  done
+done
+if [ -n "${STREAMS:-}" ] && [ -z "${NO_ANCHOR:-}" ] && [ -f tools/llama_batched_anchor.py ]; then
+  STREAMS="$STREAMS" REPS=$reps timeout ${BATCH_ANCHOR_TIMEOUT:-300} python3 tools/llama_batched_anchor.py /tmp/anchor \
+    $(for m in $models; do echo /tmp/$m.gguf; done) > "$out/anchor_streams.jsonl" 2> "$out/anchor_streams.err"
+fi
 python3 tools/bench_table.py "$out" | tee "$out/table.md"

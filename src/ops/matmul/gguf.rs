@@ -868,7 +868,7 @@ pub(crate) mod tests {
         let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
         let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
         let bias = with_bias.then_some(&b);
-        let opts = LinearOpts { accumulate, ld_out: None, glu: None };
+        let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false };
         let s = check_operands("test", &x, n, k, bias, &y, opts);
         let kern = match path {
             Path::Auto => linear_quant(gpu, &x, &w, bias, &y, opts),
@@ -953,7 +953,7 @@ pub(crate) mod tests {
                     let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
                     let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
                     let input = if gated { Input::Gated(act) } else { Input::Norm { weight: &g, eps: 1e-6 } };
-                    let opts = LinearOpts { accumulate: kind != 0, ld_out: None, glu: None };
+                    let opts = LinearOpts { accumulate: kind != 0, ld_out: None, glu: None, batch: false };
                     // T = 1: the DP4 kernel where the type allows it (kind 0, 1), else as picked.
                     let s = LinearShape { t, n, k, ld_out: n, cols: n };
                     let auto = QMatvecConfig::new(&gpu, ty, &s);
@@ -1005,6 +1005,43 @@ pub(crate) mod tests {
                     }
                     let what = format!("{ty} {input:?} T={t} K={k} f16={} sg={}", gpu.caps.f16, gpu.caps.subgroups);
                     check(&got, &want, &tol, &what);
+                }
+            }
+        }
+    }
+
+    /// `LinearOpts::batch`: a token's row of y is bit for bit the same whether the pass has 1, 3,
+    /// 5 or 32 tokens (every type, plain and with the fused norm), and matches the CPU.
+    #[test]
+    fn batch_rows_do_not_depend_on_the_batch_size() {
+        let gpu = gpu();
+        for (i, ty) in TYPES.into_iter().enumerate() {
+            let (n, k) = (72, ks(ty)[0]);
+            let seed = 5000 + 10 * i as u64;
+            let raw = random_blocks(ty, n, k, seed);
+            let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+            let xv = random(32 * k, seed + 1, 1.0);
+            let gv: Vec<f32> = random(k, seed + 2, 0.5).into_iter().map(|v| 1.0 + v).collect();
+            let g = gpu.upload_f32("g", &[k], &gv).unwrap();
+            for norm in [false, true] {
+                let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
+                let rows = |t: usize| {
+                    let x = gpu.upload_f32("x", &[t, k], &xv[..t * k]).unwrap();
+                    let y = gpu.empty("y", &[t, n], ElemType::F32).unwrap();
+                    let opts = LinearOpts { batch: true, ..Default::default() };
+                    let kern = linear_quant_in(&gpu, &x, input, &w, None, &y, opts).unwrap();
+                    gpu.run(&[&kern]).unwrap();
+                    gpu.read_f32(&y).unwrap()
+                };
+                let one = rows(1);
+                for t in [3, 5, 32] {
+                    let many = rows(t);
+                    let same = one.iter().zip(&many[..n]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{ty} norm={norm}: token 0's row differs between a batch of 1 and of {t}");
+                }
+                if !norm {
+                    let (want, tol) = reference(&xv[..k], ty, &raw, k, None, &vec![0.0; n], false);
+                    check(&one, &want, &tol, &format!("{ty} batch of 1"));
                 }
             }
         }
@@ -1181,7 +1218,7 @@ pub(crate) mod tests {
                             shape: vec![t, rows],
                             ty: ElemType::F32,
                         };
-                        let opts = LinearOpts { accumulate, ld_out: Some(v), glu: None };
+                        let opts = LinearOpts { accumulate, ld_out: Some(v), glu: None, batch: false };
                         keep.push(linear_quant(&gpu, &x, w, None, &view, opts).unwrap());
                     }
                     gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();
@@ -1293,7 +1330,7 @@ pub(crate) mod tests {
             let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
             let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
             let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
-            let opts = LinearOpts { accumulate: true, ld_out: None, glu: None };
+            let opts = LinearOpts { accumulate: true, ld_out: None, glu: None, batch: false };
             let s = check_operands("test", &x, n, k, None, &y, opts);
             let mut cfg = QMatvecConfig::new(&gpu, ty, &s);
             cfg.tpr = if cfg.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
