@@ -654,7 +654,7 @@ fn bad_input_is_an_error_before_anything_runs() {
 fn rows_keyed_by_request_draw_as_alone() {
     use wgpu_llm::sampling::RowKey;
     let gpu = gpu();
-    let mut rng = Mix::new(77);
+    let mut rng = Mix(77);
     let v = 3000;
     let rows = 6;
     let logits: Vec<Vec<f32>> = (0..rows).map(|_| random_logits(&mut rng, v, 2.0)).collect();
