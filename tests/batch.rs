@@ -235,8 +235,10 @@ fn queue_limit_and_bad_requests_are_refused() {
     let opts = BatchOptions { max_batch: 2, max_queue: 2 };
     let mut engine = BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, true), opts, 3).unwrap();
     let ok = Request { prompt: vec![1, 2, 3], params: SamplingParams::greedy(), max_tokens: 4, stop_ids: vec![] };
-    engine.submit(ok.clone()).unwrap();
-    engine.submit(ok.clone()).unwrap();
+    // Two for the free sequences, two to wait: the fifth is refused.
+    for _ in 0..4 {
+        engine.submit(ok.clone()).unwrap();
+    }
     assert!(matches!(engine.submit(ok.clone()), Err(SubmitError::QueueFull)));
     let mut bad = |r: Request| match engine.submit(r) {
         Err(SubmitError::Invalid(e)) => e.to_string(),
@@ -255,7 +257,7 @@ fn queue_limit_and_bad_requests_are_refused() {
     while !engine.is_idle() {
         engine.step(&mut |_, e| done += usize::from(matches!(e, Event::Finished { .. }))).unwrap();
     }
-    assert_eq!(done, 2);
+    assert_eq!(done, 4);
     // Too many sequences for the model's batch kernels.
     let err = BatchEngine::new(
         model(&gpu, "smollm2-135m", "q8_0"),

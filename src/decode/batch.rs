@@ -46,7 +46,8 @@ pub enum Event {
 pub struct BatchOptions {
     /// Sequences decoded together at most.
     pub max_batch: usize,
-    /// Requests waiting for a free sequence at most; [`BatchEngine::submit`] refuses more.
+    /// Requests waiting for a sequence at most, besides those that a free sequence takes at the
+    /// next step; [`BatchEngine::submit`] refuses more.
     pub max_queue: usize,
 }
 
@@ -220,6 +221,12 @@ impl BatchEngine {
         self.running.iter().filter(|s| !s.stopped).count()
     }
 
+    /// Sequences no running request holds (a stopped request's included: it is freed before the
+    /// next request is admitted).
+    pub fn free_sequences(&self) -> usize {
+        self.free_slots.len() + self.running.iter().filter(|s| s.stopped).count()
+    }
+
     /// Requests waiting for a free sequence.
     pub fn queued(&self) -> usize {
         self.queue.len()
@@ -234,7 +241,9 @@ impl BatchEngine {
     /// sequence.
     pub fn submit(&mut self, req: Request) -> Result<SeqId, SubmitError> {
         self.check(&req).map_err(SubmitError::Invalid)?;
-        if self.queue.len() >= self.opts.max_queue {
+        // Requests that free sequences take at the next step do not wait (a stopped request's
+        // sequence is freed before the next admission).
+        if self.queue.len() >= self.opts.max_queue + self.free_sequences() {
             return Err(SubmitError::QueueFull);
         }
         let id = self.next_id;
