@@ -9,6 +9,8 @@
 //!   weights through [`model::source::TensorSource`], which [`loader::Checkpoint`] implements.
 //! - [`sampling`]: the [`sampling::SamplingBackend`] trait with its host and device implementations.
 //! - [`tokenizer`], [`chat`]: text in and out.
+//! - [`decode`]: the decode loops, one sequence ([`decode::generate`]) or many ([`decode::batch`]).
+//! - [`serve`]: the OpenAI-compatible HTTP server over the batching engine.
 
 pub mod chat;
 pub mod decode;
@@ -19,6 +21,7 @@ pub mod loader;
 pub mod model;
 pub mod ops;
 pub mod sampling;
+pub mod serve;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -32,6 +32,9 @@ enum Cmd {
     },
     /// Measure prefill and decode throughput.
     Bench(BenchArgs),
+    /// Serve the model over HTTP with the OpenAI API (chat and text completions, streamed or
+    /// not), many requests decoded together.
+    Serve(ServeArgs),
 }
 
 #[derive(Args, Clone)]
@@ -213,6 +216,41 @@ struct BenchArgs {
     gpu: GpuArgs,
 }
 
+#[derive(Args)]
+struct ServeArgs {
+    /// A GGUF file or a Hugging Face folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0: any free port; the address is printed on stderr as `listening on http://...`).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// The model id `/v1/models` lists (default: the model file's or folder's name).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// Requests decoded together at most (each holds a KV-cache sequence of --ctx tokens).
+    #[arg(long, default_value_t = 8)]
+    max_batch: usize,
+    /// Requests waiting for a sequence at most; beyond, requests get 429.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Context of each sequence (prompt plus completion), in tokens; default min(model maximum,
+    /// 4096).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Request bodies above this many bytes get 413.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body_bytes: usize,
+    /// Sampling for what a request leaves out (as `generate`; a request without a seed gets a
+    /// random one, so `--seed` is not taken here).
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    gpu: GpuArgs,
+}
+
 /// Mesa's implicit Vulkan layer VK_LAYER_MESA_device_select, when it enumerates devices, looks
 /// for a Wayland compositor to put its GPU first; on a machine without one (a server, CI) that
 /// prints `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` twice, although
@@ -237,6 +275,7 @@ fn main() -> ExitCode {
         Cmd::Devices { backend } => devices(backend),
         Cmd::Generate(a) => run_generate(a),
         Cmd::Bench(a) => run_bench(a),
+        Cmd::Serve(a) => run_serve(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -379,6 +418,93 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+fn run_serve(a: ServeArgs) -> Result<()> {
+    use wgpu_llm::serve::{worker::Worker, ServerState};
+    if a.sampling.seed.is_some() {
+        anyhow::bail!("serve takes no --seed: each request has its own (`seed`), or a random one");
+    }
+    let defaults = a.sampling.params()?;
+    let opts = a.sampling.decode()?;
+    if a.max_batch == 0 {
+        anyhow::bail!("--max-batch must be at least 1");
+    }
+    let ck = Checkpoint::open(&a.model)?;
+    let tokenizer = Tokenizer::from_source(&ck.tokenizer, ck.config.add_bos, ck.config.bos_token_id)?;
+    let template = match ck.chat_template.as_deref() {
+        Some(t) => Some(
+            wgpu_llm::chat::ChatTemplate::new(t, ck.bos_token.as_deref(), ck.eos_token.as_deref())
+                .context("the model's chat template")?,
+        ),
+        None => None,
+    };
+    // Bind before the weights load: a port in use is an error at once.
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind((a.host.as_str(), a.port)))
+        .with_context(|| format!("listening on {}:{}", a.host, a.port))?;
+    let gpu = a.gpu.open()?;
+    let model = load(&ck, &gpu, a.ctx, a.gpu.weight_format(), false)?;
+    let max_ctx = model.max_ctx;
+    let engine = BatchEngine::new(
+        model,
+        sampler(a.sampling.sampler, &gpu)?,
+        BatchOptions { max_batch: a.max_batch, max_queue: a.max_queue },
+        opts.depth,
+    )?;
+    let together = if engine.is_batched() { a.max_batch } else { 1 };
+    let worker = Worker::spawn(engine).context("starting the engine thread")?;
+    let model_name = a.model_name.clone().unwrap_or_else(|| {
+        let p = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
+        p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+    });
+    let state = std::sync::Arc::new(ServerState {
+        worker,
+        tokenizer: std::sync::Arc::new(tokenizer),
+        template,
+        stop_ids: ck.config.eos_token_ids.clone(),
+        max_ctx,
+        model_name,
+        defaults,
+        max_body_bytes: a.max_body_bytes,
+        created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+    });
+    let addr = listener.local_addr().context("the listening address")?;
+    eprintln!(
+        "{} on {}: {} sequences of {} tokens decoded together, queue {}, sampler {:?}",
+        ck.config.arch.name(),
+        gpu.info.name,
+        together,
+        max_ctx,
+        a.max_queue,
+        a.sampling.sampler
+    );
+    eprintln!("listening on http://{addr}");
+    rt.block_on(wgpu_llm::serve::serve(listener, state, shutdown_signal())).context("serving")?;
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM on Unix.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
 /// Median of `v` (empty: 0).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -449,7 +575,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     let prompt = prompt_of(0);
     if let Some(n) = a.streams {
         let engine = BatchEngine::new(model, sampler, BatchOptions { max_batch: n, max_queue: n }, opts.depth)?;
-        return bench_streams(&a, engine, n, &params, &prompt_of, &source, &ck.config.arch.name());
+        return bench_streams(&a, engine, n, &params, &prompt_of, &source, ck.config.arch.name());
     }
     let mut runs = Vec::new();
     for rep in 0..=a.reps {

@@ -1,0 +1,393 @@
+//! `wgpu-llm serve`: an HTTP server with the OpenAI API (`POST /v1/chat/completions`,
+//! `POST /v1/completions`, streaming with server-sent events or not; `GET /v1/models`,
+//! `GET /health`) over one [`BatchEngine`].
+//!
+//! The engine runs on a thread of its own ([`worker`]); the HTTP tasks (axum on tokio) parse and
+//! check a request, tokenize it (the model's chat template for chat), hand it to the engine and
+//! turn the token ids it sends back into text, stop strings included ([`text`]). Requests run
+//! concurrently through continuous batching; a client that goes away drops its receiver, and the
+//! engine cancels its sequence at the next step. Beyond the engine's queue a request gets a 429;
+//! bad requests get OpenAI's error shape with a 4xx, and nothing a client sends reaches a panic.
+
+pub mod api;
+pub mod text;
+pub mod worker;
+
+use crate::chat::{ChatTemplate, Message};
+use crate::decode::batch::{Request, SubmitError};
+use crate::decode::StopReason;
+use crate::sampling::{random_seed, SamplingParams};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use api::{ApiError, ChatRequest, CompletionRequest, Generation, Prompt, Usage};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use text::StopText;
+use tokio::sync::mpsc;
+use worker::{Reply, StartError, Worker};
+
+/// What the server knows besides the engine.
+pub struct ServerState {
+    pub worker: Worker,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    /// Token ids that end a completion.
+    pub stop_ids: Vec<u32>,
+    /// The context of one sequence, in tokens.
+    pub max_ctx: usize,
+    /// The id `/v1/models` lists.
+    pub model_name: String,
+    /// Sampling for what a request leaves out (the seed is random per request).
+    pub defaults: SamplingParams,
+    /// Request bodies above this many bytes get a 413.
+    pub max_body_bytes: usize,
+    /// Unix seconds when the server started.
+    pub created: u64,
+}
+
+/// The routes; anything else is a 404 in OpenAI's error shape.
+pub fn router(state: Arc<ServerState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .fallback(|| async { ApiError::invalid("no such route", None).with_status(404) })
+        .with_state(state)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = (status, Json(self.body())).into_response();
+        if self.status == 429 {
+            r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        r
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+async fn health(State(st): State<Arc<ServerState>>) -> Response {
+    let l = &st.worker.load;
+    let body = json!({
+        "status": if l.broken.load(Ordering::Relaxed) { "error" } else { "ok" },
+        "active": l.active.load(Ordering::Relaxed),
+        "queued": l.queued.load(Ordering::Relaxed),
+        "served": l.served.load(Ordering::Relaxed),
+        "free_sequences": l.free.load(Ordering::Relaxed),
+    });
+    let status = if l.broken.load(Ordering::Relaxed) { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    (status, Json(body)).into_response()
+}
+
+async fn models(State(st): State<Arc<ServerState>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{"id": st.model_name, "object": "model", "created": st.created, "owned_by": "wgpu-llm",
+                  "max_model_len": st.max_ctx}],
+    }))
+}
+
+/// Reads a body of at most `limit` bytes and parses it as `T`.
+async fn parse<T: serde::de::DeserializeOwned>(req: axum::extract::Request, limit: usize) -> Result<T, ApiError> {
+    let bytes = axum::body::to_bytes(req.into_body(), limit).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some());
+        if too_large {
+            ApiError::invalid(format!("the request body is larger than {limit} bytes"), None).with_status(413)
+        } else {
+            ApiError::invalid(format!("reading the request body: {e}"), None)
+        }
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid(format!("the request body is not valid: {e}"), None))
+}
+
+async fn chat(State(st): State<Arc<ServerState>>, req: axum::extract::Request) -> Result<Response, ApiError> {
+    let r: ChatRequest = parse(req, st.max_body_bytes).await?;
+    let template = st
+        .template
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid("this model has no chat template: use /v1/completions", Some("messages")))?;
+    if r.messages.is_empty() {
+        return Err(ApiError::invalid("messages is empty", Some("messages")));
+    }
+    let msgs = r.messages.iter().map(|m| Ok(Message::new(&m.role, m.text()?))).collect::<Result<Vec<_>, ApiError>>()?;
+    let text = template.render(&msgs, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let ids = st.tokenizer.encode(&text, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let g = api::generation(&r.sampling, r.max_completion_tokens.or(r.max_tokens), &st.defaults, random_seed)?;
+    let model = r.model.unwrap_or_else(|| st.model_name.clone());
+    run(st, Kind::Chat, model, ids, String::new(), g, "messages").await
+}
+
+async fn completions(State(st): State<Arc<ServerState>>, req: axum::extract::Request) -> Result<Response, ApiError> {
+    let r: CompletionRequest = parse(req, st.max_body_bytes).await?;
+    let tok = &st.tokenizer;
+    let one = |n: usize| {
+        (n == 1).then_some(()).ok_or_else(|| {
+            ApiError::invalid(format!("{n} prompts: one prompt per request is supported"), Some("prompt"))
+        })
+    };
+    let encode = |s: &str| tok.encode(s, true).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")));
+    let (ids, text) = match r.prompt {
+        Prompt::Text(s) => (encode(&s)?, s),
+        Prompt::Texts(v) => {
+            one(v.len())?;
+            (encode(&v[0])?, v[0].clone())
+        }
+        Prompt::Tokens(ids) => {
+            let t = tok.decode(&ids).unwrap_or_default();
+            (ids, t)
+        }
+        Prompt::TokenLists(v) => {
+            one(v.len())?;
+            let t = tok.decode(&v[0]).unwrap_or_default();
+            (v[0].clone(), t)
+        }
+    };
+    let g = api::generation(&r.sampling, Some(r.max_tokens.unwrap_or(16)), &st.defaults, random_seed)?;
+    let model = r.model.unwrap_or_else(|| st.model_name.clone());
+    let echo = if r.echo.unwrap_or(false) { text } else { String::new() };
+    run(st, Kind::Completion, model, ids, echo, g, "prompt").await
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// Starts a request on the engine and answers with its completion, whole or streamed.
+async fn run(
+    st: Arc<ServerState>,
+    kind: Kind,
+    model: String,
+    ids: Vec<u32>,
+    echo: String,
+    g: Generation,
+    param: &'static str,
+) -> Result<Response, ApiError> {
+    if ids.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty", Some(param)));
+    }
+    if ids.len() >= st.max_ctx {
+        return Err(ApiError::invalid(
+            format!(
+                "This model's maximum context length is {} tokens; the prompt has {} tokens and at least one \
+                 must be generated",
+                st.max_ctx,
+                ids.len()
+            ),
+            Some(param),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let prompt_tokens = ids.len();
+    let req = Request {
+        prompt: ids,
+        params: g.params,
+        max_tokens: g.max_tokens.unwrap_or(usize::MAX),
+        stop_ids: st.stop_ids.clone(),
+    };
+    let rx = st.worker.start(req).await.map_err(|e| match e {
+        StartError::Refused(SubmitError::QueueFull) => ApiError::busy(),
+        StartError::Refused(SubmitError::Invalid(e)) => ApiError::invalid(e.to_string(), Some(param)),
+        StartError::Down => ApiError::internal("the engine is not running").with_status(503),
+    })?;
+    let (prefix, object) = match kind {
+        Kind::Chat => ("chatcmpl", "chat.completion"),
+        Kind::Completion => ("cmpl", "text_completion"),
+    };
+    let head = Head { id: format!("{prefix}-{:016x}", random_seed()), created: now(), model, kind };
+    if g.stream {
+        let (tx, events) = mpsc::channel::<SseEvent>(64);
+        tokio::spawn(stream(st, head, rx, tx, g, prompt_tokens, echo));
+        let body = futures_util::stream::unfold(events, |mut ev| async move {
+            ev.recv().await.map(|e| (Ok::<_, std::convert::Infallible>(e), ev))
+        });
+        return Ok(Sse::new(body).keep_alive(KeepAlive::default()).into_response());
+    }
+    let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops);
+    let mut text = echo;
+    let mut rx = rx;
+    let finish = loop {
+        let (piece, finish) = out.feed(rx.recv().await)?;
+        text.push_str(&piece);
+        if let Some(f) = finish {
+            break f;
+        }
+    };
+    drop(rx);
+    let usage = Usage::new(prompt_tokens, out.tokens);
+    let choice = match kind {
+        Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,
+                            "finish_reason": finish}),
+        Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+    };
+    Ok(Json(json!({
+        "id": head.id, "object": object, "created": head.created, "model": head.model,
+        "choices": [choice], "usage": usage,
+    }))
+    .into_response())
+}
+
+/// What every chunk of a completion repeats.
+struct Head {
+    id: String,
+    created: u64,
+    model: String,
+    kind: Kind,
+}
+
+impl Head {
+    /// A chunk with one choice: `delta` (chat) or `text` (completions), and its finish reason.
+    fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool, usage: bool) -> SseEvent {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), t.into());
+                }
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            Kind::Completion => {
+                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+            }
+        };
+        let mut v = self.frame(vec![choice]);
+        if usage {
+            v["usage"] = Value::Null;
+        }
+        SseEvent::default().data(v.to_string())
+    }
+
+    fn frame(&self, choices: Vec<Value>) -> Value {
+        let object = match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": choices})
+    }
+}
+
+/// Streams a completion as server-sent events until it ends, fails, or the client goes away
+/// (then the engine's receiver is dropped, which cancels the request).
+async fn stream(
+    st: Arc<ServerState>,
+    head: Head,
+    mut rx: mpsc::UnboundedReceiver<Reply>,
+    tx: mpsc::Sender<SseEvent>,
+    g: Generation,
+    prompt_tokens: usize,
+    echo: String,
+) {
+    let usage = g.include_usage;
+    let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops);
+    let mut first = true;
+    if head.kind == Kind::Chat || !echo.is_empty() {
+        let text = if head.kind == Kind::Chat { "" } else { &echo };
+        if tx.send(head.chunk(Some(text), None, true, usage)).await.is_err() {
+            return;
+        }
+        first = false;
+    }
+    let finish = loop {
+        let reply = tokio::select! {
+            _ = tx.closed() => return,
+            r = rx.recv() => r,
+        };
+        match out.feed(reply) {
+            Ok((piece, finish)) => {
+                if !piece.is_empty() && tx.send(head.chunk(Some(&piece), None, first, usage)).await.is_err() {
+                    return;
+                }
+                first &= piece.is_empty();
+                if let Some(f) = finish {
+                    break f;
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(SseEvent::default().data(e.body().to_string())).await;
+                return;
+            }
+        }
+    };
+    drop(rx);
+    let _ = tx.send(head.chunk(None, Some(finish), first, usage)).await;
+    if usage {
+        let mut v = head.frame(Vec::new());
+        v["usage"] = serde_json::to_value(Usage::new(prompt_tokens, out.tokens)).expect("plain struct");
+        let _ = tx.send(SseEvent::default().data(v.to_string())).await;
+    }
+    let _ = tx.send(SseEvent::default().data("[DONE]")).await;
+}
+
+/// Turns a request's token ids into text: stop ids are not text, stop strings end it.
+struct Decoded<'t> {
+    dec: StreamDecoder<'t>,
+    stop: StopText,
+    stop_ids: &'t [u32],
+    /// Tokens generated (a stop id included).
+    tokens: usize,
+}
+
+impl<'t> Decoded<'t> {
+    fn new(tok: &'t Tokenizer, stop_ids: &'t [u32], stops: Vec<String>) -> Self {
+        Self { dec: StreamDecoder::new(tok), stop: StopText::new(stops), stop_ids, tokens: 0 }
+    }
+
+    /// The text `reply` releases, and the finish reason when the completion ended.
+    fn feed(&mut self, reply: Option<Reply>) -> Result<(String, Option<&'static str>), ApiError> {
+        let text_err = |e: crate::Error| ApiError::internal(e.to_string());
+        match reply {
+            None => Err(ApiError::internal("the engine stopped")),
+            Some(Reply::Failed(m)) => Err(ApiError::internal(m)),
+            Some(Reply::Token(t)) => {
+                self.tokens += 1;
+                let mut out = String::new();
+                if !self.stop_ids.contains(&t) {
+                    if let Some(p) = self.dec.push(t).map_err(text_err)? {
+                        out = self.stop.push(&p);
+                    }
+                }
+                Ok((out, self.stop.stopped().then_some("stop")))
+            }
+            Some(Reply::Finished { reason, .. }) => {
+                let mut out = match self.dec.finish().map_err(text_err)? {
+                    Some(p) => self.stop.push(&p),
+                    None => String::new(),
+                };
+                if !self.stop.stopped() {
+                    out.push_str(&self.stop.finish());
+                }
+                let finish = match reason {
+                    _ if self.stop.stopped() => "stop",
+                    StopReason::Eos | StopReason::Caller => "stop",
+                    StopReason::MaxTokens | StopReason::ContextFull => "length",
+                };
+                Ok((out, Some(finish)))
+            }
+        }
+    }
+}
+
+/// Serves on `listener` until `shutdown` resolves (requests in progress finish first).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<ServerState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}
