@@ -60,3 +60,29 @@ for r in records(f"{d}/synth.jsonl"):
         print(f"synthetic {r['synthetic']} {r.get('loop', '')}: pp{res.get('prompt_tokens', '')} {res['prefill_tok_s']:.0f} tok/s, "
               f"tg {res['decode_tok_s']:.1f} tok/s, GPU {st.get('gpu_us')} us/step, {st.get('dispatches')} dispatches, "
               f"weights {res['weights_bytes'] / 1e6:.0f} MB")
+# Concurrent streams (bench --streams) beside llama.cpp with as many parallel sequences.
+streams = records(f"{d}/streams.jsonl")
+if streams:
+    anc = {}
+    for a in records(f"{d}/anchor_streams.jsonl"):
+        if "error" not in a:
+            anc[(a["model"].removesuffix(".gguf"), a["streams"], a["chain"])] = a
+    print("| model | streams | sampling | sampler | decode tok/s total | per stream | llama.cpp total | x llama.cpp "
+          "| TTFT ms median (max) | inter-token ms | llama.cpp TTFT / ITL ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in streams:
+        res = r["result"]
+        chain = "greedy" if r["chain"] == "greedy" else "default"
+        a = anc.get((r["model"], r["streams"], chain), {})
+        if "error" in res:
+            print(f"| {r['model']} | {r['streams']} | {r['chain']} | {r['sampler']} | error {res['error']} |")
+            continue
+        ref = a.get("decode_tok_s_total")
+        ratio = f"{res['decode_tok_s_total'] / ref:.2f}" if ref else "-"
+        print(f"| {r['model']} | {r['streams']} | {r['chain']} | {r['sampler']} | {res['decode_tok_s_total']:.0f} "
+              f"| {res['decode_tok_s_per_stream']:.1f} | {ref or '-'} | {ratio} | {res['ttft_ms_median']:.0f} "
+              f"({res['ttft_ms_max']:.0f}) | {res['inter_token_ms_median']:.2f} "
+              f"| {a.get('ttft_ms', '-')} / {a.get('inter_token_ms', '-')} |")
+    for a in records(f"{d}/anchor_streams.jsonl"):
+        if "error" in a:
+            print(f"llama.cpp streams {a['model']}: error {a['error']}")

@@ -19,8 +19,9 @@ for r in ${RETYPE:-}; do
   base=${r%%:*}; ty=${r#*:}
   .bin/gguf_retype "/tmp/$base.gguf" "/tmp/${base}_$ty.gguf" "$ty" 2>> "$out/wgpu.err" && models="$models ${base}_$ty"
 done
-if [ -z "${NO_ANCHOR:-}" ]; then
-  mkdir -p /tmp/anchor && tar -xJf .bin/anchor.tar.xz -C /tmp/anchor
+mkdir -p /tmp/anchor && tar -xJf .bin/anchor.tar.xz -C /tmp/anchor
+# SINGLE=0 skips the one-sequence runs (llama.cpp's and ours), e.g. to measure only STREAMS.
+if [ -z "${NO_ANCHOR:-}" ] && [ "${SINGLE:-1}" = 1 ]; then
   FA=1 REPS=$reps timeout 300 python3 tools/llama_anchor.py /tmp/anchor $(for m in $models; do echo /tmp/$m.gguf; done) \
     > "$out/anchor.jsonl" 2> "$out/anchor.err"
 fi
@@ -28,6 +29,7 @@ B=.bin/wgpu-llm
 # name:flags
 loops=${LOOPS:-"d3:--pipeline=3 d1:--pipeline=1 readback:--pipeline=0 host:--sampler=host"}
 chains=${CHAINS:-"greedy:--temperature=0 chain:--temperature=0.8"}
+[ "${SINGLE:-1}" = 1 ] || loops=""
 for m in $models; do
   for c in $chains; do
     for l in $loops; do
@@ -51,13 +53,14 @@ done
 # Concurrent requests (batched decoding): STREAMS="1 8 32" runs `bench --streams N` on each model with each sampler of
 # STREAM_SAMPLERS and the chains of STREAM_CHAINS, STREAM_ARGS setting the request shape (default: 128-token prompts,
 # 128 tokens each); llama.cpp with as many parallel sequences on the same files (tools/llama_batched_anchor.py).
+sargs=${STREAM_ARGS:-"--prompt-tokens=128 --gen-tokens=128"}
 for m in $models; do
   for n in ${STREAMS:-}; do
     for c in ${STREAM_CHAINS:-"greedy:--temperature=0"}; do
       for smp in ${STREAM_SAMPLERS:-device host}; do
         echo "{\"model\":\"$m\",\"streams\":$n,\"chain\":\"${c%%:*}\",\"sampler\":\"$smp\",\"result\":" >> "$out/streams.jsonl"
         timeout ${STREAM_TIMEOUT:-180} $B bench --model "/tmp/$m.gguf" --json --reps "$reps" --seed 1 --streams "$n" \
-          --sampler "$smp" ${c#*:} ${STREAM_ARGS:-"--prompt-tokens=128 --gen-tokens=128"} >> "$out/streams.jsonl" 2>> "$out/wgpu.err" \
+          --sampler "$smp" ${c#*:} $sargs >> "$out/streams.jsonl" 2>> "$out/wgpu.err" \
           || echo "{\"error\":$?}" >> "$out/streams.jsonl"
         echo "}" >> "$out/streams.jsonl"
       done
