@@ -94,14 +94,18 @@ fn main() -> anyhow::Result<()> {
                     fused.extend_from_slice(&g_rows[h * head..(h + 1) * head]);
                 }
                 w.add_tensor(b("attn_q.weight"), dq, &[2 * sq[0], sq[1]], fused)?;
-                for s in ["attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight"] {
+                for s in
+                    ["attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight"]
+                {
                     copy(&mut w, &b(s), &b(s))?;
                 }
             }
             Mixer::DeltaNet(_) => {
                 copy(&mut w, &b("ssm_in_qkv.weight"), &b("attn_qkv.weight"))?;
                 copy(&mut w, &b("ssm_in_z.weight"), &b("attn_gate.weight"))?;
-                for s in ["ssm_beta.weight", "ssm_alpha.weight", "ssm_conv1d.weight", "ssm_norm.weight", "ssm_out.weight"] {
+                for s in
+                    ["ssm_beta.weight", "ssm_alpha.weight", "ssm_conv1d.weight", "ssm_norm.weight", "ssm_out.weight"]
+                {
                     copy(&mut w, &b(s), &b(s))?;
                 }
                 copy(&mut w, &b("ssm_dt_bias.weight"), &b("ssm_dt.bias"))?;

@@ -1,6 +1,6 @@
 // gated_delta_rule: Gated DeltaNet's recurrence (transformers' torch_recurrent_gated_delta_rule
 // with use_qk_l2norm_in_kernel), per value head h and token t of the pass (k head
-// kh = h / (Hv / Hk): repeat_interleave):
+// kh = h / (Hv / Hk): repeat_interleave; with KV_TILED kh = h % Hk, llama.cpp's GGUF order):
 //   q, k   = l2norm(q_kh), l2norm(k_kh)        x * inverseSqrt(sum(x^2) + 1e-6), then q /= sqrt(Dk)
 //   beta   = sigmoid(b[t, h]);  g = -exp(A_log[h]) * softplus(a[t, h] + dt_bias[h])
 //   S      = S * exp(g)                          S: (Dk, Dv), the head's recurrent state
@@ -67,7 +67,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let r = lid3.y;
     let j = (wg % blocks) * {{CB}}u + c;
     let i0 = r * {{ROWS}}u;
+#ifdef KV_TILED
+    let kh = h % p.k_heads;
+#else
     let kh = h / (p.v_heads / p.k_heads);
+#endif
     let n = min(step.n_tokens, p.n_rows);
     let head_size = {{DK}}u * {{DV}}u;
     let src = ((step.pos % p.ring) * p.v_heads + h) * head_size;

@@ -981,6 +981,7 @@ fn build_qwen35_moe(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<
             .opt_capped("shared_expert_intermediate_size", limits::INTERMEDIATE)?
             .unwrap_or(0),
         attention_bias: c.opt_bool("attention_bias")? == Some(true),
+        value_heads_tiled: false,
     };
     let bad = |msg: String| Err(Error::Mismatch(format!("{}: {msg}", c.path.display())));
     if q.num_experts_per_tok == 0 || q.num_experts_per_tok > q.num_experts {

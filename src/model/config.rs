@@ -110,12 +110,24 @@ pub struct DeltaNetSpec {
     pub v_dim: usize,
     /// Taps of the causal conv (`linear_conv_kernel_dim`).
     pub conv_kernel: usize,
+    /// Value head `h` reads key head `h % k_heads` (llama.cpp's GGUF order of the value heads,
+    /// tiled over the key heads) instead of `h / (v_heads / k_heads)` (transformers'
+    /// `repeat_interleave`).
+    pub kv_tiled: bool,
 }
 
 impl DeltaNetSpec {
     /// Channels of the conv: [q | k | v].
     pub fn conv_dim(&self) -> usize {
         2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+    }
+    /// The key head value head `h` reads.
+    pub fn k_head(&self, h: usize) -> usize {
+        if self.kv_tiled {
+            h % self.k_heads
+        } else {
+            h / (self.v_heads / self.k_heads)
+        }
     }
     pub fn value_dim(&self) -> usize {
         self.v_heads * self.v_dim

@@ -57,6 +57,9 @@ pub struct Qwen35MoeConfig {
     pub moe_intermediate_size: usize,
     pub shared_expert_intermediate_size: usize,
     pub attention_bias: bool,
+    /// The linear layers' value heads are in llama.cpp's GGUF order (tiled over the key heads,
+    /// [`DeltaNetSpec::kv_tiled`]) rather than transformers'.
+    pub value_heads_tiled: bool,
 }
 
 impl Qwen35MoeConfig {
@@ -90,6 +93,7 @@ impl Qwen35MoeConfig {
             moe_intermediate_size: 512,
             shared_expert_intermediate_size: 512,
             attention_bias: false,
+            value_heads_tiled: false,
         }
     }
 
@@ -158,6 +162,7 @@ impl Qwen35MoeConfig {
                         k_dim: self.linear_key_head_dim,
                         v_dim: self.linear_value_head_dim,
                         conv_kernel: self.linear_conv_kernel_dim,
+                        kv_tiled: self.value_heads_tiled,
                     })
                 };
                 LayerSpec { mixer, mlp, sandwich_norm: false }

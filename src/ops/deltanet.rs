@@ -138,7 +138,10 @@ pub fn gated_delta_rule(gpu: &Gpu, a: &DeltaRuleArgs<'_>) -> Result<Kernel> {
         [hk as u32, hv as u32, ld_qkv as u32, a.ld_mix as u32, a.b_col as u32, a.a_col as u32, t as u32, a.ring as u32];
     let params = gpu.uniform("gated_delta_rule.params", &params);
     let (cb, rg) = delta_tiling(dk, dv);
-    let macros = gpu.macros().set("DK", dk).set("DV", dv).set("CB", cb).set("RG", rg).set("ROWS", dk.div_ceil(rg));
+    let mut macros = gpu.macros().set("DK", dk).set("DV", dv).set("CB", cb).set("RG", rg).set("ROWS", dk.div_ceil(rg));
+    if d.kv_tiled {
+        macros = macros.flag("KV_TILED");
+    }
     gpu.kernel(
         "gated_delta_rule",
         "main",
@@ -254,7 +257,7 @@ pub mod cpu {
             let row = &qkv[r * ld..][..ld];
             let m = &mix[r * ld_mix..][..ld_mix];
             for h in 0..hv {
-                let kh = h / (hv / hk);
+                let kh = d.k_head(h);
                 let q: Vec<f64> = l2(&row[kh * dk..][..dk]).iter().map(|v| v / (dk as f64).sqrt()).collect();
                 let k = l2(&row[hk * dk + kh * dk..][..dk]);
                 let v = &row[2 * hk * dk + h * dv..][..dv];
@@ -363,7 +366,7 @@ mod tests {
     }
 
     fn spec(hk: usize, hv: usize, dk: usize, dv: usize) -> DeltaNetSpec {
-        DeltaNetSpec { k_heads: hk, v_heads: hv, k_dim: dk, v_dim: dv, conv_kernel: 4 }
+        DeltaNetSpec { k_heads: hk, v_heads: hv, k_dim: dk, v_dim: dv, conv_kernel: 4, kv_tiled: false }
     }
 
     struct Case {
@@ -481,6 +484,11 @@ mod tests {
             {
                 check_delta(&gpu, d, 12, &[8, 1, 1], 8);
             }
+            // llama.cpp's order of the value heads: head h reads key head h % Hk (3 key heads
+            // of 6 value heads: 0 1 2 0 1 2, not 0 0 1 1 2 2).
+            let tiled = DeltaNetSpec { kv_tiled: true, ..spec(3, 6, 16, 16) };
+            assert_eq!((0..6).map(|h| tiled.k_head(h)).collect::<Vec<_>>(), [0, 1, 2, 0, 1, 2]);
+            check_delta(&gpu, tiled, 12, &[8, 1, 1], 8);
         }
     }
 
