@@ -107,3 +107,150 @@ fn mlx4_folder_matches_mlx_lm() {
     assert_eq!(ck.raw("blk.0.ffn_gate_inp.weight").unwrap().dtype.name(), "mlx8_g64_bf16");
     check_path(&dir, "qwen35moe_tiny_mlx4", Check { max_abs: 0.02, steps: 16, prefill_chunk: None });
 }
+
+/// The tiny model written as llama.cpp's converter writes a `qwen35moe` GGUF (its names, the
+/// `(1 + w)` norms with the 1 added, `ssm_a = -exp(A_log)`, q and gate fused per head, conv taps
+/// [C, K], the linear layers' value heads reordered so that GGUF head `i·Hk + g` is
+/// transformers' head `g·r + i`, r = Hv / Hk: in qkv's and z's rows, b, a, A_log, dt_bias, the
+/// conv's value channels and out_proj's columns), all f32; no tokenizer.
+fn tiny_as_gguf(path: &std::path::Path) {
+    use wgpu_llm::loader::gguf::{GgufValue, GgufWriter};
+    let ck = Checkpoint::open(&tiny()).unwrap();
+    let c = &ck.config;
+    let f = |name: &str| -> (Vec<usize>, Vec<f32>) {
+        let shape = ck.raw_shape(name).unwrap();
+        let v = ck.f32(name, &shape).unwrap();
+        // The conv taps [C, 1, K] as llama.cpp stores them: [C, K].
+        let shape = if name.ends_with("ssm_conv1d.weight") { vec![shape[0], shape[2]] } else { shape };
+        (shape, v)
+    };
+    let (mut att, mut dn) = (None, None);
+    for l in 0..c.num_layers {
+        match c.layer(l).mixer {
+            Mixer::Attention(a) => att = Some(a),
+            Mixer::DeltaNet(d) => dn = Some(d),
+        }
+    }
+    let (a, d) = (att.unwrap(), dn.unwrap());
+    let MlpSpec::Moe { experts, top_k, intermediate, shared_intermediate, .. } = c.layer(0).mlp else { panic!() };
+    let (hk, hv, dk, dv) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim);
+    let r = hv / hk;
+    // GGUF value head j = i·Hk + g holds transformers' head g·r + i.
+    let hf_head = |j: usize| (j % hk) * r + j / hk;
+    // Rows in blocks of `block` per value head from `start`, reordered.
+    let reorder_rows = |v: &[f32], cols: usize, start: usize, block: usize| -> Vec<f32> {
+        let mut out = v.to_vec();
+        for j in 0..hv {
+            let (dst, src) = (start + j * block, start + hf_head(j) * block);
+            out[dst * cols..(dst + block) * cols].copy_from_slice(&v[src * cols..(src + block) * cols]);
+        }
+        out
+    };
+    let mut w = GgufWriter::new();
+    let k = |s: &str| format!("qwen35moe.{s}");
+    let u = |v: usize| GgufValue::U32(v as u32);
+    w.add_metadata("general.architecture", "qwen35moe");
+    w.add_metadata(k("block_count"), u(c.num_layers));
+    w.add_metadata(k("context_length"), u(c.max_position_embeddings));
+    w.add_metadata(k("embedding_length"), u(c.hidden_size));
+    w.add_metadata(k("attention.head_count"), u(a.heads));
+    w.add_metadata(k("attention.head_count_kv"), u(a.kv_heads));
+    w.add_metadata(k("attention.key_length"), u(a.head_dim));
+    w.add_metadata(k("attention.value_length"), u(a.head_dim));
+    w.add_metadata(k("attention.layer_norm_rms_epsilon"), GgufValue::F32(c.rms_norm_eps));
+    w.add_metadata(k("rope.freq_base"), GgufValue::F32(a.rope.theta));
+    w.add_metadata(k("rope.dimension_count"), u(a.rope.rotary_dim));
+    let recurrent: Vec<GgufValue> =
+        (0..c.num_layers).map(|l| GgufValue::Bool(matches!(c.layer(l).mixer, Mixer::DeltaNet(_)))).collect();
+    w.add_metadata(k("attention.recurrent_layers"), GgufValue::Array(recurrent));
+    w.add_metadata(k("expert_count"), u(experts));
+    w.add_metadata(k("expert_used_count"), u(top_k));
+    w.add_metadata(k("expert_feed_forward_length"), u(intermediate));
+    w.add_metadata(k("expert_shared_feed_forward_length"), u(shared_intermediate));
+    w.add_metadata(k("ssm.conv_kernel"), u(d.conv_kernel));
+    w.add_metadata(k("ssm.state_size"), u(dk));
+    w.add_metadata(k("ssm.group_count"), u(hk));
+    w.add_metadata(k("ssm.time_step_rank"), u(hv));
+    w.add_metadata(k("ssm.inner_size"), u(hv * dv));
+    w.add_metadata("tokenizer.ggml.model", "none");
+    let put = |w: &mut GgufWriter, name: &str, (shape, v): (Vec<usize>, Vec<f32>)| {
+        w.add_f32(name, &shape, &v).unwrap();
+    };
+    for name in ["token_embd.weight", "output_norm.weight", "output.weight"] {
+        if ck.has(name) {
+            put(&mut w, name, f(name));
+        }
+    }
+    for l in 0..c.num_layers {
+        let b = |s: &str| format!("blk.{l}.{s}");
+        put(&mut w, &b("attn_norm.weight"), f(&b("attn_norm.weight")));
+        put(&mut w, &b("post_attention_norm.weight"), f(&b("ffn_norm.weight")));
+        match c.layer(l).mixer {
+            Mixer::Attention(at) => {
+                let ((qs, qv), (_, gv)) = (f(&b("attn_q.weight")), f(&b("attn_out_gate.weight")));
+                let head = at.head_dim * qs[1];
+                let mut fused = Vec::new();
+                for h in 0..at.heads {
+                    fused.extend_from_slice(&qv[h * head..(h + 1) * head]);
+                    fused.extend_from_slice(&gv[h * head..(h + 1) * head]);
+                }
+                put(&mut w, &b("attn_q.weight"), (vec![2 * qs[0], qs[1]], fused));
+                for s in
+                    ["attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight"]
+                {
+                    put(&mut w, &b(s), f(&b(s)));
+                }
+            }
+            Mixer::DeltaNet(_) => {
+                let (s, v) = f(&b("ssm_in_qkv.weight"));
+                put(&mut w, &b("attn_qkv.weight"), (s.clone(), reorder_rows(&v, s[1], 2 * hk * dk, dv)));
+                let (s, v) = f(&b("ssm_in_z.weight"));
+                put(&mut w, &b("attn_gate.weight"), (s.clone(), reorder_rows(&v, s[1], 0, dv)));
+                for n in ["ssm_beta.weight", "ssm_alpha.weight"] {
+                    let (s, v) = f(&b(n));
+                    put(&mut w, &b(n), (s.clone(), reorder_rows(&v, s[1], 0, 1)));
+                }
+                let (s, v) = f(&b("ssm_conv1d.weight"));
+                put(&mut w, &b("ssm_conv1d.weight"), (s.clone(), reorder_rows(&v, s[1], 2 * hk * dk, dv)));
+                let (s, v) = f(&b("ssm_dt_bias.weight"));
+                put(&mut w, &b("ssm_dt.bias"), (s, reorder_rows(&v, 1, 0, 1)));
+                let (s, v) = f(&b("ssm_a_log.weight"));
+                let a: Vec<f32> = reorder_rows(&v, 1, 0, 1).iter().map(|x| -x.exp()).collect();
+                put(&mut w, &b("ssm_a"), (s, a));
+                put(&mut w, &b("ssm_norm.weight"), f(&b("ssm_norm.weight")));
+                // out_proj's columns: transpose, reorder the rows, transpose back.
+                let (s, v) = f(&b("ssm_out.weight"));
+                let (rows, cols) = (s[0], s[1]);
+                let t: Vec<f32> = (0..cols * rows).map(|i| v[(i % rows) * cols + i / rows]).collect();
+                let t = reorder_rows(&t, rows, 0, dv);
+                let back: Vec<f32> = (0..rows * cols).map(|i| t[(i % cols) * rows + i / cols]).collect();
+                put(&mut w, &b("ssm_out.weight"), (s, back));
+            }
+        }
+        for s in ["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"] {
+            put(&mut w, &b(s), f(&b(s)));
+        }
+        let (s, v) = f(&b("ffn_gate_inp_shexp.weight"));
+        put(&mut w, &b("ffn_gate_inp_shexp.weight"), (vec![s[1]], v));
+        for s in ["ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"] {
+            put(&mut w, &b(s), f(&b(s)));
+        }
+    }
+    w.write(path).unwrap();
+}
+
+/// The same model from a GGUF in llama.cpp's `qwen35moe` layout matches transformers as the
+/// folder does (the value heads run in llama.cpp's order, tiled over the key heads).
+#[test]
+fn tiny_gguf_matches_transformers() {
+    let path = std::env::temp_dir().join(format!("qwen35moe_tiny_{}.gguf", std::process::id()));
+    tiny_as_gguf(&path);
+    let ck = Checkpoint::open(&path).unwrap();
+    match ck.config.layer(0).mixer {
+        Mixer::DeltaNet(d) => assert!(d.kv_tiled && d.v_heads > d.k_heads, "{d:?}"),
+        Mixer::Attention(_) => unreachable!(),
+    }
+    let err = check_path(&path, "qwen35moe_tiny", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
+    let _ = std::fs::remove_file(&path);
+    eprintln!("max |logit error| {err}");
+}

@@ -726,6 +726,9 @@ pub(crate) const END_OF_TURN_TOKENS: [&str; 4] = ["<|im_end|>", "<|endoftext|>",
 pub fn open(path: &Path) -> Result<Checkpoint> {
     let (file, len) = open_regular(path)?;
     let g = GgufFile::parse_from(std::io::BufReader::with_capacity(1 << 20, &file), len, path)?;
+    if g.get("general.architecture").and_then(GgufValue::as_str) == Some("qwen35moe") {
+        return open_qwen35moe(&g, DataFile::file(path, file, len), path);
+    }
     let (config, tok) = build_config(&g, path)?;
     let tensors: HashMap<String, StoredTensor> = g
         .tensors
@@ -770,6 +773,154 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
         eos_token,
         tensors,
         files: vec![DataFile::file(path, file, len)],
+        fixups,
+    })
+}
+
+/// A `qwen35moe` GGUF (llama.cpp's Qwen3.5-MoE layout): the config from its metadata, its
+/// tensors under the engine's names. llama.cpp's converter stores the `(1 + w)` norms with the 1
+/// added, `ssm_a = -exp(A_log)` (undone by [`Fixup::LnNeg`]), q and its output gate fused per
+/// head in `attn_q` (split as transformers' `q_proj` is), and the linear layers' value heads
+/// tiled over the key heads ([`DeltaNetSpec::kv_tiled`](crate::model::config::DeltaNetSpec)),
+/// which the engine runs as stored.
+fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> {
+    use crate::model::qwen3_5_moe::Qwen35MoeConfig;
+    let m = Meta { g, path, arch: "qwen35moe" };
+    let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
+    let layers_key = m.key("block_count");
+    let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
+    check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
+    let embd = g.tensor("token_embd.weight").ok_or_else(|| mismatch("tensor token_embd.weight is missing".into()))?;
+    let vocab_size = capped(path, "token_embd.weight rows", embd.shape[0], cfg_limits::VOCAB)?;
+    let heads = m.req_capped(&m.key("attention.head_count"), cfg_limits::HEADS)?;
+    let head_dim = m.req_capped(&m.key("attention.key_length"), cfg_limits::HEAD_DIM)?;
+    if let Some(vd) = m.opt_usize(&m.key("attention.value_length"))? {
+        if vd != head_dim {
+            return Err(mismatch(format!("attention.value_length {vd} differs from attention.key_length {head_dim}")));
+        }
+    }
+    let rot = m.opt_usize(&m.key("rope.dimension_count"))?.unwrap_or(head_dim / 4);
+    // Full attention layers: those `attention.recurrent_layers` marks false, else every
+    // `full_attention_interval`-th (default 4).
+    let full_attention: Vec<bool> = match m.opt_array(&m.key("attention.recurrent_layers"))? {
+        Some(a) => {
+            if a.len() != num_layers {
+                return Err(mismatch(format!(
+                    "attention.recurrent_layers has {} entries for {num_layers} layers",
+                    a.len()
+                )));
+            }
+            a.iter()
+                .map(|v| v.as_bool().map(|r| !r).ok_or_else(|| m.wrong("attention.recurrent_layers", "bools", v)))
+                .collect::<Result<_>>()?
+        }
+        None => {
+            let interval = m.opt_usize(&m.key("full_attention_interval"))?.unwrap_or(4).max(1);
+            (0..num_layers).map(|i| (i + 1) % interval == 0).collect()
+        }
+    };
+    let req = |k: &str, limit| m.req_capped(&m.key(k), limit);
+    let v_heads = req("ssm.time_step_rank", cfg_limits::HEADS)?;
+    let inner = req("ssm.inner_size", cfg_limits::INTERMEDIATE)?;
+    if v_heads == 0 || inner % v_heads != 0 {
+        return Err(mismatch(format!("ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {v_heads}")));
+    }
+    let q = Qwen35MoeConfig {
+        vocab_size,
+        hidden_size: req("embedding_length", cfg_limits::HIDDEN)?,
+        rms_norm_eps: m.opt_f32(&m.key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
+        max_position_embeddings: req("context_length", cfg_limits::CONTEXT)?,
+        tie_word_embeddings: g.tensor("output.weight").is_none(),
+        num_attention_heads: heads,
+        num_key_value_heads: m.opt_usize(&m.key("attention.head_count_kv"))?.unwrap_or(heads),
+        head_dim,
+        rope_theta: m.opt_f32(&m.key("rope.freq_base"))?.unwrap_or(10_000_000.0),
+        partial_rotary_factor: rot as f32 / head_dim.max(1) as f32,
+        full_attention,
+        linear_num_key_heads: req("ssm.group_count", cfg_limits::HEADS)?,
+        linear_num_value_heads: v_heads,
+        linear_key_head_dim: req("ssm.state_size", cfg_limits::HEAD_DIM)?,
+        linear_value_head_dim: inner / v_heads,
+        linear_conv_kernel_dim: m.req_capped(&m.key("ssm.conv_kernel"), 64)?,
+        num_experts: req("expert_count", cfg_limits::EXPERTS)?,
+        num_experts_per_tok: req("expert_used_count", cfg_limits::EXPERTS)?,
+        moe_intermediate_size: req("expert_feed_forward_length", cfg_limits::INTERMEDIATE)?,
+        shared_expert_intermediate_size: m
+            .opt_usize(&m.key("expert_shared_feed_forward_length"))?
+            .map(|v| capped(path, "expert_shared_feed_forward_length", v, cfg_limits::INTERMEDIATE))
+            .transpose()?
+            .unwrap_or(0),
+        attention_bias: false,
+        value_heads_tiled: true,
+    };
+    if q.rotary_dim() != rot || rot < 2 || rot % 2 != 0 || rot > head_dim {
+        return Err(mismatch(format!("rope.dimension_count {rot} of head dimension {head_dim}")));
+    }
+    let no_vocab = m.opt_str("tokenizer.ggml.model")? == Some("none");
+    let tok = if no_vocab { None } else { Some(tokenizer_data(&m, Arch::Qwen35Moe)?) };
+    let mut config = q.model_config();
+    if let Some(t) = &tok {
+        config.bos_token_id = t.bos_token_id;
+        config.eos_token_ids = t.eos_token_id.into_iter().collect();
+        config.add_bos = t.add_bos_token;
+    }
+    // llama.cpp's names -> the engine's; `a|b` names are split into halves below.
+    let mut tensors = HashMap::new();
+    let mut fixups = HashMap::new();
+    for t in &g.tensors {
+        let st = StoredTensor {
+            file: 0,
+            offset: t.offset,
+            len: t.len,
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            affine: None,
+            pick: None,
+            stack: None,
+        };
+        let (layer, rest) = match t.name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+            Some((l, rest)) => (Some(l), rest),
+            None => (None, t.name.as_str()),
+        };
+        let full = layer.and_then(|l| l.parse::<usize>().ok()).is_some_and(|l| q.full_attention.get(l) == Some(&true));
+        let canonical = match rest {
+            "post_attention_norm.weight" => "ffn_norm.weight",
+            "attn_q.weight" if full => "attn_q.weight|attn_out_gate.weight",
+            "attn_qkv.weight" => "ssm_in_qkv.weight",
+            "attn_gate.weight" => "ssm_in_z.weight",
+            "ssm_dt.bias" => "ssm_dt_bias.weight",
+            "ssm_a" => "ssm_a_log.weight",
+            other => other,
+        };
+        let name = match layer {
+            Some(l) => format!("blk.{l}.{canonical}"),
+            None => canonical.to_string(),
+        };
+        let st = if rest == "ffn_gate_inp_shexp.weight" && st.shape.len() == 1 {
+            StoredTensor { shape: vec![1, st.shape[0]], ..st }
+        } else {
+            st
+        };
+        if rest == "ssm_a" {
+            fixups.insert(name.clone(), Fixup::LnNeg);
+        }
+        tensors.insert(name, st);
+    }
+    super::hf::split_halves(&mut tensors, &config, path)?;
+    check_tensors(&config, &tensors, path)?;
+    validate_config(&config, path)?;
+    let token_str = |id: Option<u32>| tok.as_ref().and_then(|t| id.and_then(|i| t.tokens.get(i as usize)).cloned());
+    let (bos_token, eos_token) = (token_str(config.bos_token_id), token_str(config.eos_token_ids.first().copied()));
+    let chat_template = m.opt_str("tokenizer.chat_template")?.map(str::to_string);
+    Ok(Checkpoint {
+        path: path.to_path_buf(),
+        config,
+        tokenizer: tok.map_or(TokenizerSource::None, TokenizerSource::Gguf),
+        chat_template,
+        bos_token,
+        eos_token,
+        tensors,
+        files: vec![data],
         fixups,
     })
 }
@@ -877,10 +1028,10 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
         }
     };
     let arch = match Arch::parse(arch_name) {
-        // Its Hugging Face and MLX folders load; llama.cpp's tensor layout for it is not read yet.
+        // Its own builder: `open_qwen35moe`.
         Some(Arch::Qwen35Moe) => {
             return Err(Error::Unsupported(format!(
-                "architecture {} in GGUF files (in {}): use its Hugging Face or MLX folder",
+                "architecture {} spelled other than llama.cpp's qwen35moe (in {})",
                 shown(arch_name),
                 path.display()
             )))

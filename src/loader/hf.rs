@@ -1049,7 +1049,11 @@ fn stack_experts(tensors: &mut HashMap<String, StoredTensor>, path: &Path) -> Re
 /// Splits each tensor named `a|b` (a [`TensorName::Halves`]) into `a` and `b`: row groups of
 /// `2n`, n = the experts' intermediate rows for a stacked [E, 2I, K] tensor, else the attention
 /// head dim (q_proj's [q_h | gate_h]).
-fn split_halves(tensors: &mut HashMap<String, StoredTensor>, config: &ModelConfig, path: &Path) -> Result<()> {
+pub(crate) fn split_halves(
+    tensors: &mut HashMap<String, StoredTensor>,
+    config: &ModelConfig,
+    path: &Path,
+) -> Result<()> {
     let joined: Vec<String> = tensors.keys().filter(|k| k.contains('|')).cloned().collect();
     for name in joined {
         let t = tensors.remove(&name).expect("listed");

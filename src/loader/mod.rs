@@ -94,6 +94,9 @@ pub enum Fixup {
     UnpermuteRope { heads: usize },
     /// Add a constant to every element (Gemma's `(1 + w)` RMSNorm in a Hugging Face checkpoint).
     AddConstant(f32),
+    /// `x -> ln(-x)`: llama.cpp stores a Gated DeltaNet's `ssm_a = -exp(A_log)`; the engine reads
+    /// `A_log`.
+    LnNeg,
 }
 
 #[derive(Clone, Debug)]
@@ -413,6 +416,7 @@ impl Checkpoint {
         match self.fixups.get(name) {
             None => {}
             Some(Fixup::AddConstant(c)) => data.iter_mut().for_each(|x| *x += c),
+            Some(Fixup::LnNeg) => data.iter_mut().for_each(|x| *x = (-*x).ln()),
             Some(Fixup::UnpermuteRope { heads }) => {
                 *data = unpermute_rope_rows(data, shape[0], shape[1], *heads);
             }
@@ -445,7 +449,7 @@ impl crate::model::TensorSource for Checkpoint {
                 let bytes = crate::ops::matmul::gguf::unpermute_rope_rows_raw(&v.bytes, n, v.bytes.len() / n, *heads);
                 Some((v.dtype, bytes))
             }
-            Some(Fixup::AddConstant(_)) => None,
+            Some(Fixup::AddConstant(_) | Fixup::LnNeg) => None,
         })
     }
 
