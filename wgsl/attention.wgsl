@@ -56,6 +56,8 @@
 #define NSPLIT 1
 #define RB 7
 
+// BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
+#define SEQS 8
 #include "step"
 
 struct Params {

@@ -14,6 +14,8 @@
 #define WG 64
 #define K 4
 
+// BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
+#define SEQS 6
 #include "step"
 
 struct Params {

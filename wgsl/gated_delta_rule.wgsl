@@ -21,6 +21,8 @@
 #define RG 16
 #define ROWS 1
 
+// BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
+#define SEQS 8
 #include "step"
 
 struct Params {

@@ -6,6 +6,8 @@
 // Grid: ceil(T * Hkv * D/2 / WG) workgroups, 2-D folded (gpu/kernel.rs).
 #define WG 256
 
+// BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
+#define SEQS 5
 #include "step"
 
 struct Params {

@@ -5,6 +5,8 @@
 // t >= step.n_tokens are skipped. Macros: WG (threads, a power of two).
 #define WG 64
 
+// BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
+#define SEQS 5
 #include "step"
 
 struct Params {

@@ -23,6 +23,8 @@
 #define KC 6
 #define VC 7
 
+// BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
+#define SEQS 8
 #include "step"
 
 struct Params {
