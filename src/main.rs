@@ -451,7 +451,11 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         BatchOptions { max_batch: a.max_batch, max_queue: a.max_queue },
         opts.depth,
     )?;
-    let together = if engine.is_batched() { a.max_batch } else { 1 };
+    let together = if engine.is_batched() {
+        format!("{} sequences decoded together", a.max_batch)
+    } else {
+        "one sequence at a time (recurrent or mixture-of-experts layers)".to_string()
+    };
     let worker = Worker::spawn(engine).context("starting the engine thread")?;
     let model_name = a.model_name.clone().unwrap_or_else(|| {
         let p = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
@@ -470,7 +474,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     });
     let addr = listener.local_addr().context("the listening address")?;
     eprintln!(
-        "{} on {}: {} sequences of {} tokens decoded together, queue {}, sampler {:?}",
+        "{} on {}: {}, {} tokens each, queue {}, sampler {:?}",
         ck.config.arch.name(),
         gpu.info.name,
         together,
