@@ -14,9 +14,7 @@
 // TPR / 8 through workgroup memory (TPR >= 8). Lane r + 4·j of the row group stores row r of
 // token j.
 // More than TOK tokens: the workgroup repeats this over the same rows for each TOK tokens, so
-// only the first pass streams W from memory; with TOK8 (set with TOK4) a pass meets the loaded
-// units with 8 tokens, as two groups of 4 reduced and stored one after the other (the second only
-// when the pass has tokens for it), so a batch of B rows loads W's units B / 8 times, not B / 4.
+// only the first pass streams W from memory.
 // DP4 (one token a pass; Q4_0, Q4_1, Q4_K, Q6_K): the workgroup first stages the token's x (the
 // fused input included) in workgroup memory as 16-bit fixed point per 32-element block (a
 // power-of-two scale under its largest |x|, so |q| < 2^14 + 1, round to nearest even; split into
@@ -40,15 +38,6 @@
 #define EB 5
 
 #include "quant"
-
-// Tokens a pass covers: TOK, or with TOK8 (TOK = 4) two groups of 4 over the same loaded units
-// (the second group's sums are the first's code on other registers: a token's row is the same
-// in either group).
-#ifdef TOK8
-const STRIDE: u32 = 8u;
-#else
-const STRIDE: u32 = {{TOK}}u;
-#endif
 
 struct Params {
     n: u32,       // N, output rows
@@ -323,7 +312,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // The token this lane stores after the reduction (token j = lane / 4 of the pass).
     let out_j = lane / 4u;
 
-    for (var t0 = 0u; t0 < nt; t0 += STRIDE) {
+    for (var t0 = 0u; t0 < nt; t0 += {{TOK}}u) {
         // Each token's x row start (clamped: tokens past T compute garbage, unstored).
         let xr = (min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(nt - 1u)) + vec4<u32>(xt0)) * p.xs;
         // (acc1..3 stay 0 without TOK4.)
@@ -331,15 +320,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var acc1 = vec4<f32>(0.0);
         var acc2 = vec4<f32>(0.0);
         var acc3 = vec4<f32>(0.0);
-#ifdef TOK8
-        // The pass's second 4 tokens, when it has any (uniform): the same sums in acc4..7.
-        let more = t0 + 4u < nt;
-        let xr2 = (min(vec4<u32>(t0 + 4u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(nt - 1u)) + vec4<u32>(xt0)) * p.xs;
-        var acc4 = vec4<f32>(0.0);
-        var acc5 = vec4<f32>(0.0);
-        var acc6 = vec4<f32>(0.0);
-        var acc7 = vec4<f32>(0.0);
-#endif
 #ifdef DP4
         // The first unit of each row loads while x is staged.
         let uf = min(lane, units - 1u);
@@ -375,18 +355,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             q_row = xr.w;
             acc3 += dot4(r0, r1, r2, r3, u, xr.w);
 #endif
-#ifdef TOK8
-            if (more) {
-                q_row = xr2.x;
-                acc4 += dot4(r0, r1, r2, r3, u, xr2.x);
-                q_row = xr2.y;
-                acc5 += dot4(r0, r1, r2, r3, u, xr2.y);
-                q_row = xr2.z;
-                acc6 += dot4(r0, r1, r2, r3, u, xr2.z);
-                q_row = xr2.w;
-                acc7 += dot4(r0, r1, r2, r3, u, xr2.w);
-            }
-#endif
         }
 #endif
 
@@ -407,24 +375,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         mv_store(sums, lane, yt0 + t0, row0, p.n, yt0 + nt);
         // `red` is rewritten by the next pass.
         workgroupBarrier();
-#ifdef TOK8
-        if (more) {
-#ifdef SUBGROUP
-            var sums2 = mv_reduce(acc4, acc5, acc6, acc7, lid, sg_size, sg_lane);
-#else
-            var sums2 = mv_reduce(acc4, acc5, acc6, acc7, lid, 1u, 0u);
-#endif
-#ifdef NORM
-#ifdef SUBGROUP
-            let rn2 = li_norm_scales(xr2, p.xk, p.eps, lid, sg_size, sg_lane);
-#else
-            let rn2 = li_norm_scales(xr2, p.xk, p.eps, lid, 1u, 0u);
-#endif
-            sums2 *= rn2[min(out_j, 3u)];
-#endif
-            mv_store(sums2, lane, yt0 + t0 + 4u, row0, p.n, yt0 + nt);
-            workgroupBarrier();
-        }
-#endif
     }
 }

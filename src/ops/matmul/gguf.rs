@@ -550,8 +550,7 @@ fn matvec_quant_routed(
             .set("WG", cfg.wg)
             .set("TPR", cfg.tpr)
             .set("TOK", cfg.tok)
-            .flag_if("TOK4", cfg.tok == 4)
-            .flag_if("TOK8", cfg.tok == 4);
+            .flag_if("TOK4", cfg.tok == 4);
     if cfg.dp4 {
         assert!(cfg.tok == 1 && dp4_fits(gpu, w.dtype, s.k, cfg.wg), "DP4 for {} K = {}", w.dtype, s.k);
         macros =
