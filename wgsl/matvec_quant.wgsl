@@ -348,12 +348,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             q_row = xr.x;
             acc0 += dot4(r0, r1, r2, r3, u, xr.x);
 #ifdef TOK4
-            q_row = xr.y;
-            acc1 += dot4(r0, r1, r2, r3, u, xr.y);
-            q_row = xr.z;
-            acc2 += dot4(r0, r1, r2, r3, u, xr.z);
-            q_row = xr.w;
-            acc3 += dot4(r0, r1, r2, r3, u, xr.w);
+            // Tokens past T (a pass of fewer than 4) are skipped: uniform branches, and a token's
+            // sums are the same code whichever others the pass has.
+            if (t0 + 1u < nt) {
+                q_row = xr.y;
+                acc1 += dot4(r0, r1, r2, r3, u, xr.y);
+            }
+            if (t0 + 2u < nt) {
+                q_row = xr.z;
+                acc2 += dot4(r0, r1, r2, r3, u, xr.z);
+            }
+            if (t0 + 3u < nt) {
+                q_row = xr.w;
+                acc3 += dot4(r0, r1, r2, r3, u, xr.w);
+            }
 #endif
         }
 #endif
