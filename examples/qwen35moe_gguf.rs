@@ -14,7 +14,7 @@
 //! cargo run --release --example qwen35moe_gguf -- q4_k_m OUT.gguf [LAYERS]
 //! ```
 
-use wgpu_llm::loader::gguf::{GgufValue, GgufWriter};
+use wgpu_llm::loader::gguf::GgufWriter;
 use wgpu_llm::loader::synthetic;
 use wgpu_llm::model::config::{Mixer, MlpSpec};
 use wgpu_llm::model::qwen3_5_moe::Qwen35MoeConfig;
@@ -32,37 +32,9 @@ fn main() -> anyhow::Result<()> {
     }
     let c = q.model_config();
     let ck = synthetic::build(&c, recipe, &format!("synthetic:qwen3.5-35b-a3b:{recipe}"), 0x5EED)?;
-    let a = "qwen35moe";
     let mut w = GgufWriter::new();
-    w.add_metadata("general.architecture", a);
+    w.add_qwen35moe_config(&c)?;
     w.add_metadata("general.name", format!("synthetic Qwen3.5-35B-A3B shape, {recipe}"));
-    let u = |v: usize| GgufValue::U32(v as u32);
-    w.add_metadata(format!("{a}.block_count"), u(c.num_layers));
-    w.add_metadata(format!("{a}.context_length"), u(q.max_position_embeddings));
-    w.add_metadata(format!("{a}.embedding_length"), u(c.hidden_size));
-    w.add_metadata(format!("{a}.attention.head_count"), u(q.num_attention_heads));
-    w.add_metadata(format!("{a}.attention.head_count_kv"), u(q.num_key_value_heads));
-    w.add_metadata(format!("{a}.attention.key_length"), u(q.head_dim));
-    w.add_metadata(format!("{a}.attention.value_length"), u(q.head_dim));
-    w.add_metadata(format!("{a}.attention.layer_norm_rms_epsilon"), GgufValue::F32(q.rms_norm_eps));
-    w.add_metadata(format!("{a}.rope.freq_base"), GgufValue::F32(q.rope_theta));
-    w.add_metadata(format!("{a}.rope.dimension_count"), u(q.rotary_dim()));
-    // Qwen3.5's interleaved M-RoPE sections; text positions make it the plain rotary embedding.
-    w.add_metadata(
-        format!("{a}.rope.dimension_sections"),
-        GgufValue::Array(vec![GgufValue::I32(11), GgufValue::I32(11), GgufValue::I32(10), GgufValue::I32(0)]),
-    );
-    w.add_metadata(format!("{a}.expert_count"), u(q.num_experts));
-    w.add_metadata(format!("{a}.expert_used_count"), u(q.num_experts_per_tok));
-    w.add_metadata(format!("{a}.expert_feed_forward_length"), u(q.moe_intermediate_size));
-    w.add_metadata(format!("{a}.expert_shared_feed_forward_length"), u(q.shared_expert_intermediate_size));
-    w.add_metadata(format!("{a}.ssm.conv_kernel"), u(q.linear_conv_kernel_dim));
-    w.add_metadata(format!("{a}.ssm.state_size"), u(q.linear_key_head_dim));
-    w.add_metadata(format!("{a}.ssm.group_count"), u(q.linear_num_key_heads));
-    w.add_metadata(format!("{a}.ssm.time_step_rank"), u(q.linear_num_value_heads));
-    w.add_metadata(format!("{a}.ssm.inner_size"), u(q.linear_num_value_heads * q.linear_value_head_dim));
-    w.add_metadata(format!("{a}.full_attention_interval"), u(4));
-    w.add_metadata(format!("{a}.vocab_size"), u(c.vocab_size));
     w.add_metadata("tokenizer.ggml.model", "none");
 
     let raw = |name: &str| ck.raw(name).map(|t| (t.dtype, t.shape, t.bytes));

@@ -470,7 +470,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         model_name,
         defaults,
         max_body_bytes: a.max_body_bytes,
-        created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        created: wgpu_llm::serve::now(),
     });
     let addr = listener.local_addr().context("the listening address")?;
     eprintln!(

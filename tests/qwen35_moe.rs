@@ -124,15 +124,7 @@ fn tiny_as_gguf(path: &std::path::Path) {
         let shape = if name.ends_with("ssm_conv1d.weight") { vec![shape[0], shape[2]] } else { shape };
         (shape, v)
     };
-    let (mut att, mut dn) = (None, None);
-    for l in 0..c.num_layers {
-        match c.layer(l).mixer {
-            Mixer::Attention(a) => att = Some(a),
-            Mixer::DeltaNet(d) => dn = Some(d),
-        }
-    }
-    let (a, d) = (att.unwrap(), dn.unwrap());
-    let MlpSpec::Moe { experts, top_k, intermediate, shared_intermediate, .. } = c.layer(0).mlp else { panic!() };
+    let Mixer::DeltaNet(d) = c.layer(0).mixer else { panic!("layer 0 is a Gated DeltaNet layer") };
     let (hk, hv, dk, dv) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim);
     let r = hv / hk;
     // GGUF value head j = i·Hk + g holds transformers' head g·r + i.
@@ -147,31 +139,13 @@ fn tiny_as_gguf(path: &std::path::Path) {
         out
     };
     let mut w = GgufWriter::new();
-    let k = |s: &str| format!("qwen35moe.{s}");
-    let u = |v: usize| GgufValue::U32(v as u32);
-    w.add_metadata("general.architecture", "qwen35moe");
-    w.add_metadata(k("block_count"), u(c.num_layers));
-    w.add_metadata(k("context_length"), u(c.max_position_embeddings));
-    w.add_metadata(k("embedding_length"), u(c.hidden_size));
-    w.add_metadata(k("attention.head_count"), u(a.heads));
-    w.add_metadata(k("attention.head_count_kv"), u(a.kv_heads));
-    w.add_metadata(k("attention.key_length"), u(a.head_dim));
-    w.add_metadata(k("attention.value_length"), u(a.head_dim));
-    w.add_metadata(k("attention.layer_norm_rms_epsilon"), GgufValue::F32(c.rms_norm_eps));
-    w.add_metadata(k("rope.freq_base"), GgufValue::F32(a.rope.theta));
-    w.add_metadata(k("rope.dimension_count"), u(a.rope.rotary_dim));
+    w.add_qwen35moe_config(c).unwrap();
+    // The layer kinds as a per-layer list, as llama.cpp's newer converters write them (the
+    // writer chose full_attention_interval 4, which the reader also takes).
+    w.remove_metadata("qwen35moe.full_attention_interval");
     let recurrent: Vec<GgufValue> =
         (0..c.num_layers).map(|l| GgufValue::Bool(matches!(c.layer(l).mixer, Mixer::DeltaNet(_)))).collect();
-    w.add_metadata(k("attention.recurrent_layers"), GgufValue::Array(recurrent));
-    w.add_metadata(k("expert_count"), u(experts));
-    w.add_metadata(k("expert_used_count"), u(top_k));
-    w.add_metadata(k("expert_feed_forward_length"), u(intermediate));
-    w.add_metadata(k("expert_shared_feed_forward_length"), u(shared_intermediate));
-    w.add_metadata(k("ssm.conv_kernel"), u(d.conv_kernel));
-    w.add_metadata(k("ssm.state_size"), u(dk));
-    w.add_metadata(k("ssm.group_count"), u(hk));
-    w.add_metadata(k("ssm.time_step_rank"), u(hv));
-    w.add_metadata(k("ssm.inner_size"), u(hv * dv));
+    w.add_metadata("qwen35moe.attention.recurrent_layers", GgufValue::Array(recurrent));
     w.add_metadata("tokenizer.ggml.model", "none");
     let put = |w: &mut GgufWriter, name: &str, (shape, v): (Vec<usize>, Vec<f32>)| {
         w.add_f32(name, &shape, &v).unwrap();

@@ -236,6 +236,22 @@ pub struct GgufTensorInfo {
     pub len: usize,
 }
 
+impl GgufTensorInfo {
+    /// The tensor as stored in file 0 of a [`Checkpoint`].
+    fn stored(&self) -> StoredTensor {
+        StoredTensor {
+            file: 0,
+            offset: self.offset,
+            len: self.len,
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            affine: None,
+            pick: None,
+            stack: None,
+        }
+    }
+}
+
 /// The header of a GGUF file: metadata and tensor infos, validated against the file's length.
 #[derive(Clone, Debug)]
 pub struct GgufFile {
@@ -730,23 +746,7 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
         return open_qwen35moe(&g, DataFile::file(path, file, len), path);
     }
     let (config, tok) = build_config(&g, path)?;
-    let tensors: HashMap<String, StoredTensor> = g
-        .tensors
-        .iter()
-        .map(|t| {
-            let st = StoredTensor {
-                file: 0,
-                offset: t.offset,
-                len: t.len,
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                affine: None,
-                pick: None,
-                stack: None,
-            };
-            (t.name.clone(), st)
-        })
-        .collect();
+    let tensors: HashMap<String, StoredTensor> = g.tensors.iter().map(|t| (t.name.clone(), t.stored())).collect();
     check_tensors(&config, &tensors, path)?;
 
     let mut fixups = HashMap::new();
@@ -790,8 +790,6 @@ fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoin
     let layers_key = m.key("block_count");
     let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
     check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
-    let embd = g.tensor("token_embd.weight").ok_or_else(|| mismatch("tensor token_embd.weight is missing".into()))?;
-    let vocab_size = capped(path, "token_embd.weight rows", embd.shape[0], cfg_limits::VOCAB)?;
     let heads = m.req_capped(&m.key("attention.head_count"), cfg_limits::HEADS)?;
     let head_dim = m.req_capped(&m.key("attention.key_length"), cfg_limits::HEAD_DIM)?;
     if let Some(vd) = m.opt_usize(&m.key("attention.value_length"))? {
@@ -825,6 +823,9 @@ fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoin
     if v_heads == 0 || inner % v_heads != 0 {
         return Err(mismatch(format!("ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {v_heads}")));
     }
+    let no_vocab = m.opt_str("tokenizer.ggml.model")? == Some("none");
+    let tok = if no_vocab { None } else { Some(tokenizer_data(&m, Arch::Qwen35Moe)?) };
+    let vocab_size = vocab_rows(g, tok.as_ref(), path)?;
     let q = Qwen35MoeConfig {
         vocab_size,
         hidden_size: req("embedding_length", cfg_limits::HIDDEN)?,
@@ -856,28 +857,18 @@ fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoin
     if q.rotary_dim() != rot || rot < 2 || rot % 2 != 0 || rot > head_dim {
         return Err(mismatch(format!("rope.dimension_count {rot} of head dimension {head_dim}")));
     }
-    let no_vocab = m.opt_str("tokenizer.ggml.model")? == Some("none");
-    let tok = if no_vocab { None } else { Some(tokenizer_data(&m, Arch::Qwen35Moe)?) };
+
     let mut config = q.model_config();
     if let Some(t) = &tok {
         config.bos_token_id = t.bos_token_id;
-        config.eos_token_ids = t.eos_token_id.into_iter().collect();
+        config.eos_token_ids = stop_ids(t);
         config.add_bos = t.add_bos_token;
     }
     // llama.cpp's names -> the engine's; `a|b` names are split into halves below.
     let mut tensors = HashMap::new();
     let mut fixups = HashMap::new();
     for t in &g.tensors {
-        let st = StoredTensor {
-            file: 0,
-            offset: t.offset,
-            len: t.len,
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            affine: None,
-            pick: None,
-            stack: None,
-        };
+        let st = t.stored();
         let (layer, rest) = match t.name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
             Some((l, rest)) => (Some(l), rest),
             None => (None, t.name.as_str()),
@@ -923,6 +914,40 @@ fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoin
         files: vec![data],
         fixups,
     })
+}
+
+/// The vocabulary size: `token_embd.weight`'s rows, which must equal the tokenizer's tokens.
+fn vocab_rows(g: &GgufFile, tok: Option<&GgufTokenizerData>, path: &Path) -> Result<usize> {
+    let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
+    let rows = match g.tensor("token_embd.weight") {
+        Some(t) => t.shape.first().copied().unwrap_or(0),
+        None => return Err(mismatch("tensor token_embd.weight is missing".into())),
+    };
+    if let Some(tok) = tok.filter(|t| !t.tokens.is_empty() && t.tokens.len() != rows) {
+        return Err(mismatch(format!(
+            "the vocabulary has {} tokens but token_embd.weight has {rows} rows (they must be equal)",
+            tok.tokens.len()
+        )));
+    }
+    let rows = capped(path, "token_embd.weight rows (vocabulary size)", rows, cfg_limits::VOCAB)?;
+    if rows == 0 {
+        return Err(mismatch("the vocabulary is empty (token_embd.weight has no rows)".into()));
+    }
+    Ok(rows)
+}
+
+/// The ids that end generation: eos, eot and eom, and the end-of-turn tokens of
+/// [`END_OF_TURN_TOKENS`] in the vocabulary.
+fn stop_ids(tok: &GgufTokenizerData) -> Vec<u32> {
+    let mut ids = Vec::new();
+    let ends = [tok.eos_token_id, tok.eot_token_id, tok.eom_token_id];
+    let named = END_OF_TURN_TOKENS.iter().map(|t| tok.token_id(t));
+    for id in ends.into_iter().chain(named).flatten() {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
 }
 
 /// Typed metadata lookups with errors naming the key.
@@ -1146,32 +1171,8 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
     // Tokenizer.
     let tok = tokenizer_data(&m, arch)?;
 
-    let vocab_size = match g.tensor("token_embd.weight") {
-        Some(t) => {
-            let rows = t.shape.first().copied().unwrap_or(0);
-            if !tok.tokens.is_empty() && tok.tokens.len() != rows {
-                return Err(mismatch(format!(
-                    "the vocabulary has {} tokens but token_embd.weight has {rows} rows (they must be equal)",
-                    tok.tokens.len()
-                )));
-            }
-            rows
-        }
-        None => return Err(mismatch("tensor token_embd.weight is missing".into())),
-    };
-    let vocab_size = capped(path, "token_embd.weight rows (vocabulary size)", vocab_size, cfg_limits::VOCAB)?;
-    if vocab_size == 0 {
-        return Err(mismatch("the vocabulary is empty (token_embd.weight has no rows)".into()));
-    }
-
-    let mut eos_token_ids = Vec::new();
-    let ends = [tok.eos_token_id, tok.eot_token_id, tok.eom_token_id];
-    let named = END_OF_TURN_TOKENS.iter().map(|t| tok.token_id(t));
-    for id in ends.into_iter().chain(named).flatten() {
-        if !eos_token_ids.contains(&id) {
-            eos_token_ids.push(id);
-        }
-    }
+    let vocab_size = vocab_rows(g, Some(&tok), path)?;
+    let eos_token_ids = stop_ids(&tok);
 
     let attention_bias = g.tensor("blk.0.attn_q.bias").is_some();
     let tie_word_embeddings = g.tensor("output.weight").is_none();
@@ -1579,6 +1580,68 @@ impl GgufWriter {
         }
         self.add_metadata("tokenizer.ggml.add_bos_token", cfg.add_bos);
         self
+    }
+
+    /// Writes the `qwen35moe.*` keys of llama.cpp's Qwen3.5-MoE that [`open`] reads back into
+    /// `cfg` (a Qwen3.5-MoE config: [`crate::model::qwen3_5_moe::Qwen35MoeConfig::model_config`]):
+    /// the layer pattern as `full_attention_interval` when it is every n-th layer, else as
+    /// `attention.recurrent_layers`; `vocab_size` for files without a tokenizer.
+    pub fn add_qwen35moe_config(&mut self, cfg: &ModelConfig) -> Result<&mut Self> {
+        use crate::model::config::{Mixer, MlpSpec};
+        let bad = || Error::InvalidArgument("add_qwen35moe_config: not a Qwen3.5-MoE config".into());
+        let specs: Vec<_> = (0..cfg.num_layers).map(|l| cfg.layer(l)).collect();
+        let full: Vec<bool> = specs.iter().map(|s| matches!(s.mixer, Mixer::Attention(_))).collect();
+        let att = specs.iter().find_map(|s| match s.mixer {
+            Mixer::Attention(a) => Some(a),
+            Mixer::DeltaNet(_) => None,
+        });
+        let dn = specs.iter().find_map(|s| match s.mixer {
+            Mixer::DeltaNet(d) => Some(d),
+            Mixer::Attention(_) => None,
+        });
+        let (Some(a), Some(d), Some(MlpSpec::Moe { experts, top_k, intermediate, shared_intermediate, .. })) =
+            (att, dn, specs.first().map(|s| s.mlp))
+        else {
+            return Err(bad());
+        };
+        let k = |s: &str| format!("qwen35moe.{s}");
+        let u = |v: usize| GgufValue::U32(v as u32);
+        self.add_metadata("general.architecture", "qwen35moe");
+        self.add_metadata(k("block_count"), u(cfg.num_layers));
+        self.add_metadata(k("context_length"), u(cfg.max_position_embeddings));
+        self.add_metadata(k("embedding_length"), u(cfg.hidden_size));
+        self.add_metadata(k("vocab_size"), u(cfg.vocab_size));
+        self.add_metadata(k("attention.head_count"), u(a.heads));
+        self.add_metadata(k("attention.head_count_kv"), u(a.kv_heads));
+        self.add_metadata(k("attention.key_length"), u(a.head_dim));
+        self.add_metadata(k("attention.value_length"), u(a.head_dim));
+        self.add_metadata(k("attention.layer_norm_rms_epsilon"), cfg.rms_norm_eps);
+        self.add_metadata(k("rope.freq_base"), a.rope.theta);
+        self.add_metadata(k("rope.dimension_count"), u(a.rope.rotary_dim));
+        // Qwen3.5's interleaved M-RoPE sections (11, 11, 10 of 32 pairs at the 35B-A3B's 64
+        // rotary dims); text positions make it the plain rotary embedding.
+        let pairs = (a.rope.rotary_dim / 2) as i32;
+        let (s0, s1) = (pairs * 11 / 32, pairs * 11 / 32);
+        self.add_metadata(k("rope.dimension_sections"), vec![s0, s1, pairs - s0 - s1, 0]);
+        match (1..=cfg.num_layers).find(|&n| full.iter().enumerate().all(|(i, &f)| f == ((i + 1) % n == 0))) {
+            Some(n) => self.add_metadata(k("full_attention_interval"), u(n)),
+            None => self.add_metadata(
+                k("attention.recurrent_layers"),
+                GgufValue::Array(full.iter().map(|&f| GgufValue::Bool(!f)).collect()),
+            ),
+        };
+        self.add_metadata(k("expert_count"), u(experts));
+        self.add_metadata(k("expert_used_count"), u(top_k));
+        self.add_metadata(k("expert_feed_forward_length"), u(intermediate));
+        if shared_intermediate > 0 {
+            self.add_metadata(k("expert_shared_feed_forward_length"), u(shared_intermediate));
+        }
+        self.add_metadata(k("ssm.conv_kernel"), u(d.conv_kernel));
+        self.add_metadata(k("ssm.state_size"), u(d.k_dim));
+        self.add_metadata(k("ssm.group_count"), u(d.k_heads));
+        self.add_metadata(k("ssm.time_step_rank"), u(d.v_heads));
+        self.add_metadata(k("ssm.inner_size"), u(d.value_dim()));
+        Ok(self)
     }
 
     /// Writes the `tokenizer.ggml.*` keys of `t` (empty vectors and `None`s are left out).

@@ -73,7 +73,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn now() -> u64 {
+/// Seconds since the Unix epoch (OpenAI's `created`).
+pub fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
@@ -138,25 +139,33 @@ async fn completions(State(st): State<Arc<ServerState>>, req: axum::extract::Req
         })
     };
     let encode = |s: &str| tok.encode(s, true).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")));
-    let (ids, text) = match r.prompt {
-        Prompt::Text(s) => (encode(&s)?, s),
-        Prompt::Texts(v) => {
+    // One prompt: text or token ids (echoed as text only when asked).
+    enum One {
+        Text(String),
+        Ids(Vec<u32>),
+    }
+    let prompt = match r.prompt {
+        Prompt::Text(s) => One::Text(s),
+        Prompt::Tokens(ids) => One::Ids(ids),
+        Prompt::Texts(mut v) => {
             one(v.len())?;
-            (encode(&v[0])?, v[0].clone())
+            One::Text(v.swap_remove(0))
         }
-        Prompt::Tokens(ids) => {
-            let t = tok.decode(&ids).unwrap_or_default();
-            (ids, t)
-        }
-        Prompt::TokenLists(v) => {
+        Prompt::TokenLists(mut v) => {
             one(v.len())?;
-            let t = tok.decode(&v[0]).unwrap_or_default();
-            (v[0].clone(), t)
+            One::Ids(v.swap_remove(0))
+        }
+    };
+    let echo = r.echo.unwrap_or(false);
+    let (ids, echo) = match prompt {
+        One::Text(s) => (encode(&s)?, if echo { s } else { String::new() }),
+        One::Ids(ids) => {
+            let text = if echo { tok.decode(&ids).unwrap_or_default() } else { String::new() };
+            (ids, text)
         }
     };
     let g = api::generation(&r.sampling, Some(r.max_tokens.unwrap_or(16)), &st.defaults, random_seed)?;
     let model = r.model.unwrap_or_else(|| st.model_name.clone());
-    let echo = if r.echo.unwrap_or(false) { text } else { String::new() };
     run(st, Kind::Completion, model, ids, echo, g, "prompt").await
 }
 
@@ -176,9 +185,8 @@ async fn run(
     g: Generation,
     param: &'static str,
 ) -> Result<Response, ApiError> {
-    if ids.is_empty() {
-        return Err(ApiError::invalid("the prompt is empty", Some(param)));
-    }
+    // The engine checks the rest (an empty prompt, token ids past the vocabulary, parameters);
+    // this one gets OpenAI's code.
     if ids.len() >= st.max_ctx {
         return Err(ApiError::invalid(
             format!(
