@@ -38,7 +38,7 @@
 // f16 as the cache holds it, and written to both caches for the steps after (by the one workgroup
 // whose tile holds it: decode has one row block per KV head). A dispatch a layer fewer.
 //
-// Macros: D (multiple of 16, <= 256), G, BQ, LPR, WG (= BQ * LPR), BK (= KPL * LPR), KPL, NW
+// Macros: D (multiple of 16, <= 512; above 256 with Q_F16), G, BQ, LPR, WG (= BQ * LPR), BK (= KPL * LPR), KPL, NW
 // (= ceil(D / 4 / LPR)), LD (= ceil(BK * D / 8 / WG)), QL (= ceil(BQ * D / 4 / WG)), NSPLIT.
 // All <= 8 where slots are used.
 
@@ -186,7 +186,13 @@ const PS: u32 = {{BK}}u / 4u + 1u; // padded row stride of p_s (in vec4)
 const RS: u32 = {{LPR}}u / 4u;     // row stride of red_m, red_l (in vec4)
 const DV: u32 = {{D}}u / 8u;   // vec4<u32> per cache row
 
+#ifdef Q_F16
+// Heads wider than 256 (Gemma 4's 512): the queries staged as f16 (rounded to nearest even, as the
+// keys they meet), which halves their workgroup memory so a 16-key tile fits 32 KiB.
+var<workgroup> q_s: array<vec2<u32>, {{BQ}} * QS>;  // (BQ, D) the block's queries, f16
+#else
 var<workgroup> q_s: array<vec4<f32>, {{BQ}} * QS>;  // (BQ, D) the block's queries
+#endif
 var<workgroup> kv_s: array<vec2<u32>, {{BK}} * QS>; // (BK, D) K tile, then V tile, f16
 var<workgroup> p_s: array<vec4<f32>, {{BQ}} * PS>;  // (BQ, BK) probabilities of the tile
 var<workgroup> red_m: array<vec4<f32>, {{WG}} / 4>; // (BQ, LPR) per-lane max
@@ -201,9 +207,10 @@ fn unpack4(w: vec2<u32>) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
 
+#include "attention_f16"
+
 #ifdef ROPE
 #include "sincos"
-#include "attention_f16"
 
 // (sin, cos) of pos · inv_freq[i] for the D/2 frequencies: one sincos per frequency per
 // workgroup (rope_table), shared by every rotation of the workgroup.
@@ -326,7 +333,11 @@ fn load_q(s: u32, tid: u32, row0: u32, g: u32, n_tok: u32, stride: u32) -> vec4<
 fn store_q(s: u32, tid: u32, q: vec4<f32>) {
     let e = tid + {{WG}}u * s;
     if (e < {{BQ}}u * DU) {
+#ifdef Q_F16
+        q_s[(e / DU) * QS + e % DU] = vec2<u32>(pack_rne(q.x, q.y), pack_rne(q.z, q.w));
+#else
         q_s[(e / DU) * QS + e % DU] = q;
+#endif
     }
 }
 
@@ -341,10 +352,19 @@ fn prob(d: f32, m: f32) -> f32 {
     return select(0.0, exp(d - m), d > 0.5 * NEG);
 }
 
+// Unit i of q_s.
+fn q_unit(i: u32) -> vec4<f32> {
+#ifdef Q_F16
+    return unpack4(q_s[i]);
+#else
+    return q_s[i];
+#endif
+}
+
 // q . k over 4 units (16 dims) from q_s row unit q and kv_s key unit k.
 fn kdot(q: u32, k: u32) -> f32 {
-    return (dot(q_s[q], unpack4(kv_s[k])) + dot(q_s[q + 1u], unpack4(kv_s[k + 1u])))
-        + (dot(q_s[q + 2u], unpack4(kv_s[k + 2u])) + dot(q_s[q + 3u], unpack4(kv_s[k + 3u])));
+    return (dot(q_unit(q), unpack4(kv_s[k])) + dot(q_unit(q + 1u), unpack4(kv_s[k + 1u])))
+        + (dot(q_unit(q + 2u), unpack4(kv_s[k + 2u])) + dot(q_unit(q + 3u), unpack4(kv_s[k + 3u])));
 }
 
 // sum_i p[i] v_(k + i) of one unit over 4 keys, from kv_s unit i of key k.

@@ -48,6 +48,7 @@ var<workgroup> xs: array<vec4<f32>, {{BK}} * (4 * {{TILE}} + 1)>;  // [k][m / 4]
 var<workgroup> ws: array<vec4<f32>, {{BK}} * (4 * {{TILE}} + 1)>;  // [k][n / 4], k-major
 
 // Stores the 4 outputs of row m from column c.
+
 fn store4(m: u32, c: u32, v: vec4<f32>) {
     if (m >= p.t) {
         return;
@@ -58,6 +59,9 @@ fn store4(m: u32, c: u32, v: vec4<f32>) {
             var o = v[j];
 #ifdef BIAS
             o += bias[n];
+#endif
+#ifdef SOFTCAP
+            o = softcap(o);
 #endif
             let at = m * p.ld_out + n;
 #ifdef ACCUMULATE
@@ -108,6 +112,8 @@ fn store_w(lid: u32, s: u32, v: vec2<f32>) {
     ws[at][rq.x % 4u] = v.x;
     ws[at + WS4][rq.x % 4u] = v.y;
 }
+
+#include "softcap"
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,

@@ -42,6 +42,7 @@ struct Params {
 #endif
 
 // quant.wgsl's accessors: q_run reads words only.
+
 fn qw4(i: u32) -> vec4<u32> {
     return vec4<u32>(ww[4u * i], ww[4u * i + 1u], ww[4u * i + 2u], ww[4u * i + 3u]);
 }
@@ -74,6 +75,9 @@ fn store4(m: u32, c: u32, v: vec4<f32>) {
             var o = v[j];
 #ifdef BIAS
             o += bias[n];
+#endif
+#ifdef SOFTCAP
+            o = softcap(o);
 #endif
             let at = m * p.ld_out + n;
 #ifdef ACCUMULATE
@@ -130,6 +134,8 @@ fn store_w(lid: u32, s: u32, v: vec4<f32>) {
     ws[at + 2u * WS4][c] = v.z;
     ws[at + 3u * WS4][c] = v.w;
 }
+
+#include "softcap"
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,

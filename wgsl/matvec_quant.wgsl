@@ -72,6 +72,7 @@ struct Params {
 // The fused input (include/linear_input.wgsl): x as the kernel meets it. q_row is the current
 // token's row start (vec4), set before each token's dot products.
 var<private> q_row: u32;
+
 fn li_x(i: u32) -> vec4<f32> {
     return x[i];
 }
@@ -262,11 +263,16 @@ fn dot4(r0: QRaw, r1: QRaw, r2: QRaw, r3: QRaw, u: u32, xr: u32) -> vec4<f32> {
 #endif
 }
 
+#include "softcap"
+
 // Writes output `row` of token `t`.
 fn store(t: u32, row: u32, v: f32) {
     var o = v;
 #ifdef BIAS
     o += bias[row];
+#endif
+#ifdef SOFTCAP
+    o = softcap(o);
 #endif
     let at = t * p.ld_out + row;
 #ifdef ACCUMULATE

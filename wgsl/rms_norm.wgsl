@@ -1,7 +1,8 @@
 // rms_norm: for each of `rows` rows of n f32,
 //   out[r, i] = x[r, i] * inverseSqrt(mean_i(x[r, i]^2) + eps) * w[i]
-// (Gemma's (1 + w) is folded into w at load). With ACCUMULATE: out[r, i] += that instead
-// (Gemma's sandwich norms: x_resid += rms_norm(tmp) * w). With IN_PLACE: x is normalized in
+// (Gemma's (1 + w) is folded into w at load). With ACCUMULATE: out[r, i] = (out[r, i] + that) *
+// out_scale instead (Gemma's sandwich norms: x_resid += rms_norm(tmp) * w; Gemma 4 then scales
+// the layer's output by its layer_scalar; out_scale = 1 elsewhere, the same bits as a plain add). With IN_PLACE: x is normalized in
 // place (binding 0 is both input and output; there is no out binding; out_stride is ignored).
 //
 // Row r starts at element r * x_stride of x and r * out_stride of out, so x and out may be
@@ -17,7 +18,7 @@ struct Params {
     x_stride: u32,
     out_stride: u32,
     eps: f32,
-    _pad0: u32,
+    out_scale: f32,   // ACCUMULATE: (out + norm(x)) * out_scale
     _pad1: u32,
     _pad2: u32,
 }
@@ -91,7 +92,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var i = lid; i < n; i += {{WG}}u) {
         let v = x[xb + i] * scale * w[i];
 #ifdef ACCUMULATE
-        out[ob + i] += v;
+        out[ob + i] = (out[ob + i] + v) * p.out_scale;
 #else
         out[ob + i] = v;
 #endif

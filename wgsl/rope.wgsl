@@ -11,6 +11,12 @@
 //
 // KV_WRITE: also writes the rotated k head and its v head to the f16 KV caches of the token's slot
 // (S slots of Hkv heads) at its position (what kv_cache_write does, fused to save a dispatch per layer).
+// With KV_WRITE, K_EQ_V takes each value head from its k head as the projection wrote it (before
+// the norm and the rotation: Gemma 4's `attention_k_eq_v`; the row's v part is not read), and
+// V_NORM writes the value head RMS-normalized without a weight (Gemma 4's `v_norm`).
+//
+// Proportional RoPE (Gemma 4) is this kernel with ROT = D and an inv_freq table whose entries past
+// the turning pairs are 0 (angle 0: cos 1, sin 0, the pair passes through unchanged).
 //
 // Grid: one workgroup per (token, head), T * (H + Hkv) workgroups, 2-D folded (gpu/kernel.rs);
 // rows t >= step.n_tokens are skipped. Macros: D (head dim, even), ROT (rotated dims, even, <= D),
@@ -48,14 +54,30 @@ const DHALF: u32 = {{D}}u / 2u;
 #ifdef QK_NORM
 @group(0) @binding(4) var<storage, read> q_norm: array<f32>;     // (D)
 @group(0) @binding(5) var<storage, read> k_norm: array<f32>;     // (D)
-
-var<workgroup> red: array<f32, {{WG}}>;
 #endif
+
+// The norms' reductions (QK_NORM, V_NORM).
+var<workgroup> red: array<f32, {{WG}}>;
+
+// The sum over the workgroup of each thread's `v` (every thread gets it).
+fn workgroup_sum(lid: u32, v: f32) -> f32 {
+    workgroupBarrier();
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = {{WG}}u / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    return red[0];
+}
 #ifdef KV_WRITE
 @group(0) @binding({{KC}}) var<storage, read_write> k_cache: array<u32>; // (S, Hkv, max_ctx, D) f16, packed pairs
 @group(0) @binding({{VC}}) var<storage, read_write> v_cache: array<u32>; // (S, Hkv, max_ctx, D) f16, packed pairs
 
 var<workgroup> row_s: array<f32, {{D}}>; // the rotated head
+var<workgroup> row_v: array<f32, {{D}}>; // the value head as written to the cache
 
 #include "attention_f16"
 #endif
@@ -73,21 +95,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let base = t * p.row_stride + head * {{D}}u;
     let pos = f32(tok_pos(t));
+#ifdef KV_WRITE
+    // The value head, before this workgroup changes the row: from the k head itself (K_EQ_V) or
+    // from the row's v part.
+    if (head >= p.q_heads) {
+#ifdef K_EQ_V
+        let vbase = base;
+#else
+        let vbase = base + (p.heads - p.q_heads) * {{D}}u;
+#endif
+        for (var i = lid; i < {{D}}u; i += {{WG}}u) {
+            row_v[i] = qkv[vbase + i];
+        }
+#ifdef V_NORM
+        var vs = 0.0;
+        for (var i = lid; i < {{D}}u; i += {{WG}}u) {
+            vs += row_v[i] * row_v[i];
+        }
+        let v_inv_rms = inverseSqrt(workgroup_sum(lid, vs) / f32({{D}}u) + p.eps);
+        for (var i = lid; i < {{D}}u; i += {{WG}}u) {
+            row_v[i] = row_v[i] * v_inv_rms;
+        }
+#endif
+        workgroupBarrier();
+    }
+#endif
 #ifdef QK_NORM
     var ss = 0.0;
     for (var i = lid; i < {{D}}u; i += {{WG}}u) {
         let x = qkv[base + i];
         ss += x * x;
     }
-    red[lid] = ss;
-    workgroupBarrier();
-    for (var s = {{WG}}u / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let inv_rms = inverseSqrt(red[0] / f32({{D}}u) + p.eps);
+    let inv_rms = inverseSqrt(workgroup_sum(lid, ss) / f32({{D}}u) + p.eps);
     let is_q = head < p.q_heads;
 #endif
     for (var i = lid; i < HALF; i += {{WG}}u) {
@@ -134,12 +173,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let g = head - p.q_heads;
         let kv_pos = tok_pos(t);
         let kv_heads = p.heads - p.q_heads;
-        let vbase = base + kv_heads * {{D}}u; // v head g follows the k heads
         if (kv_pos < p.max_ctx) {
             let dst = ((tok_slot(t) * kv_heads + g) * p.max_ctx + kv_pos) * DHALF;
             for (var w = lid; w < DHALF; w += {{WG}}u) {
                 k_cache[dst + w] = pack_rne(row_s[2u * w], row_s[2u * w + 1u]);
-                v_cache[dst + w] = pack_rne(qkv[vbase + 2u * w], qkv[vbase + 2u * w + 1u]);
+                v_cache[dst + w] = pack_rne(row_v[2u * w], row_v[2u * w + 1u]);
             }
         }
     }

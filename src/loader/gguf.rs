@@ -1206,6 +1206,7 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
     };
     match arch {
         Arch::Llama | Arch::Qwen2 | Arch::Qwen35Moe => {}
+        Arch::Gemma4 => return Err(Error::Unsupported("gemma4 GGUF files".into())),
         Arch::Qwen3 => config.qk_norm = true,
         Arch::Gemma3 => {
             config.qk_norm = true;

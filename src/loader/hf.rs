@@ -22,6 +22,7 @@ use super::{
 };
 use crate::error::{shown, Error, Result};
 use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
+use crate::model::gemma4::{self, Gemma4Config, Gemma4Rope};
 use crate::model::qwen3_5_moe::{self, Qwen35MoeConfig, TensorName};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -581,6 +582,9 @@ pub fn canonical_name(hf: &str, arch: Arch) -> Option<String> {
         return None;
     }
     let layer: usize = layer.parse().ok()?;
+    if arch == Arch::Gemma4 {
+        return gemma4::tensor_name(rest).map(|n| format!("blk.{layer}.{n}"));
+    }
     if arch == Arch::Qwen35Moe {
         // A tensor split in two by rows is named `a|b` until split_halves.
         return match qwen3_5_moe::tensor_name(rest)? {
@@ -741,6 +745,9 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
     if arch == Arch::Qwen35Moe {
         return build_qwen35_moe(c, tensors);
     }
+    if arch == Arch::Gemma4 {
+        return build_gemma4(c, tensors);
+    }
     let gemma = arch == Arch::Gemma3;
     // The layer count first, against its limit and the tensors present, before anything is
     // sized by it.
@@ -777,7 +784,7 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
     let max_pos = c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(match arch {
         Arch::Llama => 2048,
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen35Moe => 32768,
-        Arch::Gemma3 => 131072,
+        Arch::Gemma3 | Arch::Gemma4 => 131072,
     });
 
     // RoPE: rope_theta / rope_scaling (transformers 4.x) or rope_parameters (5.x, per layer kind
@@ -1008,6 +1015,164 @@ fn build_qwen35_moe(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<
         return Err(Error::Unsupported(format!("activation {} in a qwen3_5_moe model", shown(act))));
     }
     Ok(q.model_config())
+}
+
+/// `Gemma4TextConfig` (the `text_config` of the multimodal model) into its layer specs.
+fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<ModelConfig> {
+    let num_layers = c.req_capped("num_hidden_layers", limits::LAYERS)?;
+    check_layer_count(tensors.keys().map(String::as_str), num_layers, "num_hidden_layers", c.path)?;
+    let bad = |msg: String| Error::Mismatch(format!("{}: {msg}", c.path.display()));
+    // What this engine does not run yet: refused by name rather than run wrong.
+    if c.opt_usize("hidden_size_per_layer_input")?.unwrap_or(0) > 0 {
+        return Err(Error::Unsupported("gemma4 per-layer input embeddings (hidden_size_per_layer_input)".into()));
+    }
+    if c.opt_usize("num_kv_shared_layers")?.unwrap_or(0) > 0 {
+        return Err(Error::Unsupported("gemma4 shared KV layers (num_kv_shared_layers)".into()));
+    }
+    if c.opt_bool("enable_moe_block")? == Some(true) {
+        return Err(Error::Unsupported("gemma4 mixture-of-experts blocks (enable_moe_block)".into()));
+    }
+    if c.get("use_bidirectional_attention").is_some() {
+        return Err(Error::Unsupported("gemma4 bidirectional attention (use_bidirectional_attention)".into()));
+    }
+    let act = c.opt_str("hidden_activation")?.unwrap_or("gelu_pytorch_tanh");
+    if act != "gelu_pytorch_tanh" {
+        return Err(Error::Unsupported(format!("activation {} in a gemma4 model", shown(act))));
+    }
+    let full_attention: Vec<bool> = match c.get("layer_types") {
+        Some(types) => {
+            let types = types.as_array().ok_or_else(|| c.wrong("layer_types", "a list"))?;
+            if types.len() != num_layers {
+                return Err(bad(format!("layer_types has {} entries for {num_layers} layers", types.len())));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("full_attention") => Ok(true),
+                    Some("sliding_attention") => Ok(false),
+                    _ => Err(Error::Unsupported(format!("layer type {} in a gemma4 model", json_shown(t)))),
+                })
+                .collect::<Result<_>>()?
+        }
+        // Gemma4TextConfig's default: every 6th layer full.
+        None => (0..num_layers).map(|i| (i + 1) % 6 == 0).collect(),
+    };
+    // rope_parameters: {"sliding_attention": {...}, "full_attention": {...}}.
+    let rope = |kind: &str, theta: f32, proportional: bool, partial: f32| -> Result<Gemma4Rope> {
+        let key = format!("rope_parameters.{kind}");
+        let p = match c.get("rope_parameters").and_then(|r| r.get(kind)) {
+            None | Some(Value::Null) => return Ok(Gemma4Rope { theta, proportional, partial_rotary_factor: partial }),
+            Some(Value::Object(p)) => Cfg { obj: p, path: c.path },
+            Some(_) => return Err(c.wrong("rope_parameters", "an object of objects per layer type")),
+        };
+        let proportional = match p.opt_str("rope_type")?.unwrap_or("default") {
+            "default" => false,
+            "proportional" => true,
+            other => return Err(Error::Unsupported(format!("{key}.rope_type {}", shown(other)))),
+        };
+        if p.opt_f32("factor")?.is_some_and(|f| f != 1.0) {
+            return Err(Error::Unsupported(format!("{key}: RoPE scaling factor other than 1")));
+        }
+        let theta = p.opt_f32("rope_theta")?.unwrap_or(theta);
+        let partial = p.opt_f32("partial_rotary_factor")?.unwrap_or(1.0);
+        if theta <= 0.0 || partial <= 0.0 || partial > 1.0 {
+            return Err(bad(format!("{key}: rope_theta {theta}, partial_rotary_factor {partial}")));
+        }
+        Ok(Gemma4Rope { theta, proportional, partial_rotary_factor: partial })
+    };
+    if let Some(r) = c.get("rope_parameters") {
+        if !r.is_object() {
+            return Err(c.wrong("rope_parameters", "an object of objects per layer type"));
+        }
+    }
+    let heads = c.req_capped("num_attention_heads", limits::HEADS)?;
+    let head_dim = c.opt_capped("head_dim", limits::HEAD_DIM)?.unwrap_or(256);
+    let g = Gemma4Config {
+        vocab_size: c.req_capped("vocab_size", limits::VOCAB)?,
+        hidden_size: c.req_capped("hidden_size", limits::HIDDEN)?,
+        intermediate_size: c.req_capped("intermediate_size", limits::INTERMEDIATE)?,
+        num_attention_heads: heads,
+        num_key_value_heads: c.opt_capped("num_key_value_heads", limits::HEADS)?.unwrap_or(heads),
+        num_global_key_value_heads: c.opt_capped("num_global_key_value_heads", limits::HEADS)?,
+        head_dim,
+        global_head_dim: c.opt_capped("global_head_dim", limits::HEAD_DIM)?.unwrap_or(512),
+        attention_k_eq_v: c.opt_bool("attention_k_eq_v")?.unwrap_or(false),
+        attention_bias: c.opt_bool("attention_bias")?.unwrap_or(false),
+        full_attention,
+        sliding_window: c.opt_capped("sliding_window", limits::CONTEXT)?.unwrap_or(512) as u32,
+        rope_sliding: rope("sliding_attention", 10_000.0, false, 1.0)?,
+        rope_full: rope("full_attention", 1_000_000.0, true, 0.25)?,
+        final_logit_softcapping: c.opt_f32("final_logit_softcapping")?,
+        rms_norm_eps: c.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
+        max_position_embeddings: c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(131_072),
+        tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(true),
+        bos_token_id: None,
+        eos_token_ids: Vec::new(),
+    };
+    // transformers writes the full layers' head dim and KV heads as a per-layer table
+    // (`per_layer_config`, keyed by layer index), Google's and mlx-lm's configs as the top-level
+    // keys read above: the table, where present, says it for each layer.
+    let mut g = g;
+    if let Some(table) = c.get("per_layer_config") {
+        let table = table.as_object().ok_or_else(|| c.wrong("per_layer_config", "an object"))?;
+        let mut entries = Vec::new();
+        for (layer, o) in table {
+            let l = layer.parse::<usize>().ok().filter(|&l| l < num_layers);
+            let l = l.ok_or_else(|| c.wrong("per_layer_config", "keyed by layer index"))?;
+            let o = o.as_object().ok_or_else(|| c.wrong("per_layer_config", "an object of objects"))?;
+            let o = Cfg { obj: o, path: c.path };
+            entries.push((
+                l,
+                o.opt_capped("head_dim", limits::HEAD_DIM)?,
+                o.opt_capped("num_key_value_heads", limits::HEADS)?,
+            ));
+        }
+        entries.sort_unstable();
+        let mut full_seen = false;
+        for (l, head_dim, kv) in entries {
+            let full = g.full_attention[l];
+            if full && !full_seen {
+                // The first full layer's entry sets the full layers' shape; the others must agree.
+                full_seen = true;
+                g.global_head_dim = head_dim.unwrap_or(g.global_head_dim);
+                if g.attention_k_eq_v {
+                    g.num_global_key_value_heads = kv.or(g.num_global_key_value_heads);
+                }
+            }
+            let (want_dim, want_kv) = match full {
+                true if g.attention_k_eq_v => {
+                    (g.global_head_dim, g.num_global_key_value_heads.unwrap_or(g.num_key_value_heads))
+                }
+                true => (g.global_head_dim, g.num_key_value_heads),
+                false => (g.head_dim, g.num_key_value_heads),
+            };
+            let (d, k) = (head_dim.unwrap_or(want_dim), kv.unwrap_or(want_kv));
+            if (d, k) != (want_dim, want_kv) {
+                return Err(Error::Unsupported(format!(
+                    "gemma4 per_layer_config: layer {l} with head_dim {d} and {k} KV heads (its kind has {want_dim} and \
+                     {want_kv})"
+                )));
+            }
+        }
+    }
+    if g.sliding_window == 0 {
+        return Err(bad("sliding_window is 0".into()));
+    }
+    if g.num_key_value_heads == 0 || heads % g.num_key_value_heads != 0 {
+        return Err(bad(format!("num_key_value_heads {} does not divide {heads} heads", g.num_key_value_heads)));
+    }
+    if let Some(n) = g.num_global_key_value_heads.filter(|_| g.attention_k_eq_v) {
+        if n == 0 || heads % n != 0 {
+            return Err(bad(format!("num_global_key_value_heads {n} does not divide {heads} heads")));
+        }
+    }
+    if g.final_logit_softcapping.is_some_and(|cap| cap <= 0.0) {
+        return Err(bad("final_logit_softcapping must be positive".into()));
+    }
+    if g.full_rotary_dim() < 2 {
+        return Err(bad(format!("full_attention RoPE turns {} dims of {}", g.full_rotary_dim(), g.global_head_dim)));
+    }
+    Ok(g.model_config())
 }
 
 /// Stacks each expert tensor `name#e` (e = 0..E, all present, one shape and type) into `name`

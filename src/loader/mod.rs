@@ -606,7 +606,9 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
                 let (d, q, kv) = (a.head_dim, a.q_dim(), a.kv_dim());
                 add("attn_q.weight", vec![q, h], Role::Matrix);
                 add("attn_k.weight", vec![kv, h], Role::Matrix);
-                add("attn_v.weight", vec![kv, h], Role::Matrix);
+                if !a.k_eq_v {
+                    add("attn_v.weight", vec![kv, h], Role::Matrix);
+                }
                 add("attn_output.weight", vec![h, q], Role::Matrix);
                 if a.output_gate {
                     add("attn_out_gate.weight", vec![q, h], Role::Matrix);
@@ -614,7 +616,9 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
                 if a.bias {
                     add("attn_q.bias", vec![q], Role::Vector);
                     add("attn_k.bias", vec![kv], Role::Vector);
-                    add("attn_v.bias", vec![kv], Role::Vector);
+                    if !a.k_eq_v {
+                        add("attn_v.bias", vec![kv], Role::Vector);
+                    }
                 }
                 if a.qk_norm {
                     add("attn_q_norm.weight", vec![d], Role::Vector);
@@ -656,6 +660,9 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
         if spec.sandwich_norm {
             add("post_attention_norm.weight", vec![h], Role::Vector);
             add("post_ffw_norm.weight", vec![h], Role::Vector);
+        }
+        if spec.output_scale {
+            add("layer_output_scale.weight", vec![1], Role::Vector);
         }
     }
     out

@@ -19,6 +19,10 @@ pub enum Arch {
     /// layers, every MLP a sparse mixture of experts with a shared expert
     /// ([`super::qwen3_5_moe`]).
     Qwen35Moe,
+    /// Gemma 4: sliding and full attention layers with their own head dims, KV heads and RoPE
+    /// (proportional on full layers), keys as values on full layers, an unweighted norm on v,
+    /// a per-layer output scale, soft-capped logits ([`super::gemma4`]).
+    Gemma4,
 }
 
 impl Arch {
@@ -30,6 +34,7 @@ impl Arch {
             "qwen3" => Some(Arch::Qwen3),
             "gemma3" | "gemma3_text" => Some(Arch::Gemma3),
             "qwen3_5_moe" | "qwen3_5_moe_text" | "qwen35moe" => Some(Arch::Qwen35Moe),
+            "gemma4" | "gemma4_text" => Some(Arch::Gemma4),
             _ => None,
         }
     }
@@ -40,6 +45,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
             Arch::Qwen35Moe => "qwen3_5_moe",
+            Arch::Gemma4 => "gemma4",
         }
     }
 }
@@ -69,6 +75,31 @@ pub struct RopeSpec {
     pub scaling: f32,
     /// Rotated dims of a head (the first ones; = head_dim unless partial rotary).
     pub rotary_dim: usize,
+    /// Proportional RoPE (Gemma 4's full attention, transformers' `rope_type: proportional`):
+    /// pairs (i, i + D/2) over the whole head, pair i at `theta^(-2i/D)` for the first
+    /// `rotary_dim / 2` pairs and frequency 0 (unrotated) past them. False: NeoX pairs over the
+    /// first `rotary_dim` dims at `theta^(-2i/rotary_dim)`.
+    pub proportional: bool,
+}
+
+impl RopeSpec {
+    /// Full rotary over `head_dim` at `theta`.
+    pub fn full(theta: f32, head_dim: usize) -> RopeSpec {
+        RopeSpec { theta, scaling: 1.0, rotary_dim: head_dim, proportional: false }
+    }
+
+    /// The dims the RoPE kernels pair over (pairs (i, i + span/2)) and each pair's inverse
+    /// frequency: `(rotary_dim, inv_freq)`, or for proportional RoPE `(D, inv_freq with zeros
+    /// past the turning pairs)`.
+    pub fn table(&self, head_dim: usize) -> (usize, Vec<f32>) {
+        if self.proportional {
+            let mut f = crate::ops::rope::inv_freq(head_dim, self.theta, self.scaling);
+            f[self.rotary_dim / 2..].iter_mut().for_each(|v| *v = 0.0);
+            (head_dim, f)
+        } else {
+            (self.rotary_dim, crate::ops::rope::inv_freq(self.rotary_dim, self.theta, self.scaling))
+        }
+    }
 }
 
 /// Softmax attention over a KV cache.
@@ -88,6 +119,11 @@ pub struct AttentionSpec {
     pub qk_norm: bool,
     /// q_proj also yields a gate per output element: `o_proj(attn * sigmoid(gate))` (Qwen3.5).
     pub output_gate: bool,
+    /// No v projection: the values are k_proj's output before k's norm and RoPE (Gemma 4's
+    /// `attention_k_eq_v` on full layers).
+    pub k_eq_v: bool,
+    /// RMSNorm without a weight on each value head (Gemma 4's `v_norm`).
+    pub v_norm: bool,
 }
 
 impl AttentionSpec {
@@ -96,6 +132,10 @@ impl AttentionSpec {
     }
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+    /// Columns of the fused projection: [q | k | v], or [q | k] with `k_eq_v`.
+    pub fn qkv_dim(&self) -> usize {
+        self.q_dim() + if self.k_eq_v { 1 } else { 2 } * self.kv_dim()
     }
 }
 
@@ -170,6 +210,9 @@ pub struct LayerSpec {
     pub mlp: MlpSpec,
     /// Extra RMSNorms after the mixer and after the MLP, before each residual add (Gemma).
     pub sandwich_norm: bool,
+    /// The layer's output (the residual stream) is multiplied by a learned scalar (Gemma 4's
+    /// `layer_scalar`).
+    pub output_scale: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -229,12 +272,8 @@ impl ModelConfig {
             LayerAttention::Sliding { window } => Some(window),
         };
         let rope = match window {
-            Some(_) => RopeSpec {
-                theta: self.rope_local_theta.unwrap_or(self.rope_theta),
-                scaling: 1.0,
-                rotary_dim: self.head_dim,
-            },
-            None => RopeSpec { theta: self.rope_theta, scaling: self.rope_scaling_factor, rotary_dim: self.head_dim },
+            Some(_) => RopeSpec::full(self.rope_local_theta.unwrap_or(self.rope_theta), self.head_dim),
+            None => RopeSpec { scaling: self.rope_scaling_factor, ..RopeSpec::full(self.rope_theta, self.head_dim) },
         };
         LayerSpec {
             mixer: Mixer::Attention(AttentionSpec {
@@ -247,9 +286,12 @@ impl ModelConfig {
                 bias: self.attention_bias,
                 qk_norm: self.qk_norm,
                 output_gate: false,
+                k_eq_v: false,
+                v_norm: false,
             }),
             mlp: MlpSpec::Dense { intermediate: self.intermediate_size, activation: self.activation },
             sandwich_norm: self.sandwich_norm,
+            output_scale: false,
         }
     }
 

@@ -35,7 +35,7 @@ use crate::ops::matmul::{fuses_input, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::moe::{
     linear_experts, moe_combine, moe_router, moe_router_shared, ExpertWeight, SharedExpert as MoeShared,
 };
-use crate::ops::norm::rms_norm;
+use crate::ops::norm::{rms_norm, rms_norm_residual};
 use crate::ops::rope::{inv_freq, rope_kv_write, rope_kv_write_batch, RopeParams};
 use crate::ops::StepParams;
 use std::collections::HashMap;
@@ -767,7 +767,7 @@ impl Model {
                 (MlpSpec::Moe { .. }, MlpWeights::Moe { .. }) => lp.moe(&mut k, &spec.mlp, lw)?,
                 _ => unreachable!("layer {l}: weights are made from its spec"),
             };
-            lp.residual(&mut k, ffn, lw.post_ffw_norm.as_ref())?;
+            lp.residual_scaled(&mut k, ffn, lw.post_ffw_norm.as_ref(), lw.output_scale)?;
             items.extend(k.into_iter().map(Item::Kernel));
         }
         if batch {
@@ -776,11 +776,8 @@ impl Model {
             for (row_start, chunk) in &w.lm_head {
                 let rows = chunk.shape()[0];
                 let out = logits.view(*row_start as usize, &[t, rows]);
-                let opts = LinearOpts { ld_out: Some(c.vocab_size), ..lp.opts() };
+                let opts = LinearOpts { ld_out: Some(c.vocab_size), softcap: c.final_logit_softcapping, ..lp.opts() };
                 items.push(Item::Kernel(linear(g, &head_in, head_input, chunk, None, &out, opts)?));
-            }
-            if c.final_logit_softcapping.is_some() {
-                return Err(Error::Unsupported("final logit soft-capping".into()));
             }
             return Ok(Plan { t, ids, logits: logits.view(0, &[t, c.vocab_size]), items, last_used: 0 });
         }
@@ -791,7 +788,8 @@ impl Model {
             items.push(Item::Copy { src: x.view((t - 1) * h, &[1, h]), dst: last.clone() });
             last.clone()
         };
-        let plain = LinearOpts::default();
+        // Soft-capping (Gemma 4) is the lm_head's epilogue.
+        let plain = LinearOpts { softcap: c.final_logit_softcapping, ..Default::default() };
         let mut k = |kernel: Kernel| items.push(Item::Kernel(kernel));
         // One row: the output norm always fuses into the lm_head's matvec when K allows.
         let (head_in, head_input) = if fuses_input(1, h) {
@@ -804,9 +802,6 @@ impl Model {
             let rows = chunk.shape()[0];
             let out = logits.view(*row_start as usize, &[1, rows]);
             k(linear(g, head_in, head_input, chunk, None, &out, plain)?);
-        }
-        if c.final_logit_softcapping.is_some() {
-            return Err(Error::Unsupported("final logit soft-capping".into()));
         }
         Ok(Plan { t, ids, logits: logits.view(0, &[c.vocab_size]), items, last_used: 0 })
     }
@@ -871,15 +866,29 @@ impl<'a> LayerPass<'a> {
     /// Adds a block's output to x: the residual add fused into its last projection, or through
     /// the post-norm (`x += norm(y)`).
     fn residual(&self, k: &mut Vec<Kernel>, out: Output<'a>, post_norm: Option<&Tensor>) -> Result<()> {
+        self.residual_scaled(k, out, post_norm, 1.0)
+    }
+
+    /// [`Self::residual`], then x scaled by the layer's output scale (fused into the post-norm;
+    /// the loader refuses a scale without one).
+    fn residual_scaled(
+        &self,
+        k: &mut Vec<Kernel>,
+        out: Output<'a>,
+        post_norm: Option<&Tensor>,
+        scale: f32,
+    ) -> Result<()> {
         let Output::Linear { from, input, w } = out else {
+            assert_eq!(scale, 1.0, "an output scale needs the block's post-norm");
             return Ok(());
         };
         match post_norm {
             Some(pn) => {
                 k.push(linear(self.g, &from, input, w, None, self.tmp, self.opts())?);
-                k.push(rms_norm(self.g, self.tmp, pn, self.x, self.eps, true)?);
+                k.push(rms_norm_residual(self.g, self.tmp, pn, self.x, self.eps, scale)?);
             }
             None => {
+                assert_eq!(scale, 1.0, "an output scale needs the block's post-norm");
                 k.push(linear(self.g, &from, input, w, None, self.x, LinearOpts { accumulate: true, ..self.opts() })?)
             }
         }
@@ -903,7 +912,14 @@ impl<'a> LayerPass<'a> {
         let qkv = self.act("qkv", a.q_dim() + 2 * a.kv_dim());
         let attn = self.act("attn", a.q_dim());
         let (xin, input) = self.normed(k, &lw.attn_norm)?;
-        k.extend(qkv_w.linear(g, &xin, input, qkv_bias.as_ref(), &qkv, self.opts())?);
+        if a.k_eq_v {
+            // [q | k] into the rows' first columns; the cache write takes v from k.
+            let qk = qkv.view(0, &[t, a.qkv_dim()]);
+            let opts = LinearOpts { ld_out: Some(a.q_dim() + 2 * a.kv_dim()), ..self.opts() };
+            k.extend(qkv_w.linear(g, &xin, input, qkv_bias.as_ref(), &qk, opts)?);
+        } else {
+            k.extend(qkv_w.linear(g, &xin, input, qkv_bias.as_ref(), &qkv, self.opts())?);
+        }
         let rp = RopeParams {
             heads: a.heads,
             kv_heads: a.kv_heads,
@@ -912,6 +928,9 @@ impl<'a> LayerPass<'a> {
             theta: a.rope.theta,
             scaling: a.rope.scaling,
             n_tokens: t,
+            proportional: a.rope.proportional,
+            k_eq_v: a.k_eq_v,
+            v_norm: a.v_norm,
         };
         let qk = qk_norm.as_ref().map(|(q, kk)| (q, kk, self.eps));
         let ap = AttnParams {
@@ -927,7 +946,8 @@ impl<'a> LayerPass<'a> {
         // One decode token a sequence without q/k norm (full rotary): the rotation and the cache
         // write happen inside attention (a dispatch fewer); else rope (+ q/k norm) writes the
         // caches.
-        let fused_rope = qk.is_none() && a.rope.rotary_dim == a.head_dim;
+        let fused_rope =
+            qk.is_none() && a.rope.rotary_dim == a.head_dim && !a.rope.proportional && !a.k_eq_v && !a.v_norm;
         if let Some(seqs) = &self.seqs {
             if fused_rope {
                 let table = g.upload_f32(

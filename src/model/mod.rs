@@ -1,6 +1,7 @@
 //! Model description and the layer loop.
 pub mod config;
 pub mod forward;
+pub mod gemma4;
 pub mod qwen3_5_moe;
 pub mod source;
 pub mod weights;

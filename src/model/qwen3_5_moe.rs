@@ -149,11 +149,16 @@ impl Qwen35MoeConfig {
                         kv_heads: self.num_key_value_heads,
                         head_dim: self.head_dim,
                         window: None,
-                        rope: RopeSpec { theta: self.rope_theta, scaling: 1.0, rotary_dim: self.rotary_dim() },
+                        rope: RopeSpec {
+                            rotary_dim: self.rotary_dim(),
+                            ..RopeSpec::full(self.rope_theta, self.head_dim)
+                        },
                         scale: 1.0 / (self.head_dim as f32).sqrt(),
                         bias: self.attention_bias,
                         qk_norm: true,
                         output_gate: true,
+                        k_eq_v: false,
+                        v_norm: false,
                     })
                 } else {
                     Mixer::DeltaNet(DeltaNetSpec {
@@ -165,7 +170,7 @@ impl Qwen35MoeConfig {
                         kv_tiled: self.value_heads_tiled,
                     })
                 };
-                LayerSpec { mixer, mlp, sandwich_norm: false }
+                LayerSpec { mixer, mlp, sandwich_norm: false, output_scale: false }
             })
             .collect()
     }

@@ -178,6 +178,8 @@ pub struct LayerWeights {
     pub ffn_norm: Tensor,
     pub mlp: MlpWeights,
     pub post_ffw_norm: Option<Tensor>,
+    /// The layer's output scale (Gemma 4's `layer_scalar`; 1 = none).
+    pub output_scale: f32,
 }
 
 impl LayerWeights {
@@ -487,20 +489,20 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
     let mixer = match spec.mixer {
         Mixer::Attention(a) => {
             let (qd, kvd, d) = (a.q_dim(), a.kv_dim(), a.head_dim);
-            let qkv = load_proj(
-                gpu,
-                ck,
-                &n("attn_qkv.weight"),
-                &[(n("attn_q.weight"), qd), (n("attn_k.weight"), kvd), (n("attn_v.weight"), kvd)],
-                h,
-                format,
-                false,
-            )?;
+            // [q; k; v], or [q; k] when the values are the keys (k_eq_v).
+            let mut parts = vec![("attn_q", qd), ("attn_k", kvd)];
+            if !a.k_eq_v {
+                parts.push(("attn_v", kvd));
+            }
+            let weights: Vec<(String, usize)> = parts.iter().map(|&(p, r)| (n(&format!("{p}.weight")), r)).collect();
+            let qkv = load_proj(gpu, ck, &n("attn_qkv.weight"), &weights, h, format, false)?;
             let qkv_bias = if a.bias {
-                let mut b = finite32(&n("attn_q.bias"), ck.f32(&n("attn_q.bias"), &[qd])?)?;
-                b.extend(finite32(&n("attn_k.bias"), ck.f32(&n("attn_k.bias"), &[kvd])?)?);
-                b.extend(finite32(&n("attn_v.bias"), ck.f32(&n("attn_v.bias"), &[kvd])?)?);
-                Some(gpu.upload_f32(&n("attn_qkv.bias"), &[qd + 2 * kvd], &b)?)
+                let mut b = Vec::with_capacity(a.qkv_dim());
+                for &(p, rows) in &parts {
+                    let name = n(&format!("{p}.bias"));
+                    b.extend(finite32(&name, ck.f32(&name, &[rows])?)?);
+                }
+                Some(gpu.upload_f32(&n("attn_qkv.bias"), &[a.qkv_dim()], &b)?)
             } else {
                 None
             };
@@ -611,6 +613,18 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
     } else {
         (None, None)
     };
+    let output_scale = if spec.output_scale {
+        let name = n("layer_output_scale.weight");
+        match finite32(&name, ck.f32(&name, &[1])?)?[..] {
+            [s] => s,
+            _ => unreachable!("a tensor of shape [1]"),
+        }
+    } else {
+        1.0
+    };
+    if output_scale != 1.0 && post_ffw_norm.is_none() {
+        return Err(Error::Unsupported(format!("layer {i}: an output scale without a post-MLP norm")));
+    }
     Ok(LayerWeights {
         attn_norm: norm(&n("attn_norm.weight"), h)?,
         mixer,
@@ -618,6 +632,7 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
         ffn_norm: norm(&n("ffn_norm.weight"), h)?,
         mlp,
         post_ffw_norm,
+        output_scale,
     })
 }
 

@@ -28,7 +28,7 @@ pub struct AttnParams {
     pub heads: usize,
     /// Key/value heads (Hkv); divides H.
     pub kv_heads: usize,
-    /// Head dimension D (a multiple of 16, ≤ 256).
+    /// Head dimension D (a multiple of 16, ≤ 512).
     pub head_dim: usize,
     /// Positions the KV cache holds.
     pub max_ctx: usize,
@@ -48,7 +48,7 @@ impl AttnParams {
     }
     fn check(&self, qkv: &Tensor, k_cache: &Tensor, v_cache: &Tensor) {
         let d = self.head_dim;
-        assert!(d >= 16 && d % 16 == 0 && d <= 256, "attention: head_dim {d} must be a multiple of 16, at most 256");
+        assert!(d >= 16 && d % 16 == 0 && d <= 512, "attention: head_dim {d} must be a multiple of 16, at most 512");
         assert!(self.kv_heads > 0 && self.heads % self.kv_heads == 0, "attention: Hkv must divide H");
         assert!(self.n_tokens > 0 && self.max_ctx > 0);
         assert_eq!(qkv.ty, ElemType::F32, "attention: qkv must be f32");
@@ -117,6 +117,20 @@ pub fn kv_cache_write(
     )
 }
 
+/// Heads wider than 256 stage their queries as f16 (`Q_F16` in `wgsl/attention.wgsl`: 8 bytes per
+/// 4-dim unit instead of 16), so that Gemma 4's 512-dim heads fit a 16-key tile in 32 KiB.
+pub fn q_f16(head_dim: usize) -> bool {
+    head_dim > 256
+}
+
+fn q_unit_bytes(d: usize) -> usize {
+    if q_f16(d) {
+        8
+    } else {
+        16
+    }
+}
+
 /// How [`attention`] cuts the work (see `wgsl/attention.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tiling {
@@ -134,7 +148,7 @@ impl Tiling {
     /// Workgroup memory of a tiling (see the arrays of `wgsl/attention.wgsl`).
     pub fn workgroup_bytes(&self, d: usize) -> usize {
         let row = d / 4 + 1;
-        16 * self.bq * row + 8 * self.bk * row + 4 * self.bq * (self.bk + 1) + 8 * self.bq * self.lpr
+        q_unit_bytes(d) * self.bq * row + 8 * self.bk * row + 4 * self.bq * (self.bk + 1) + 8 * self.bq * self.lpr
     }
 
     /// Per-thread counts of the kernel's unrolled register slots: (keys per lane, 4-dim output
@@ -164,7 +178,12 @@ impl Tiling {
         let g = p.heads / p.kv_heads;
         let d = p.head_dim;
         let budget = (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10) - (4 << 10);
+        // Wide heads (Gemma 4's 512) take the block size nearest the rows that fits the register
+        // slots and the memory with some key tile (D = 512: 8 rows of 16 lanes, 16-key tiles).
+        let any_tile =
+            |bq: usize| [8, 16, 32, 64].iter().any(|&bk| Tiling { bq, lpr: 128 / bq, bk, nsplit: 1 }.valid(d, budget));
         let bq = (p.n_tokens * g).next_power_of_two().clamp(4, 16);
+        let bq = [bq, bq / 2, bq / 4, 8, 16].into_iter().find(|&b| (4..=16).contains(&b) && any_tile(b)).unwrap_or(bq);
         let lpr = 128 / bq;
         let blocks = (p.n_tokens * g).div_ceil(bq) * p.kv_heads;
         // keys one row block can see at most
@@ -308,7 +327,8 @@ pub fn attention_with(
         .set("NW", nw)
         .set("LD", ld)
         .set("QL", ql)
-        .set("NSPLIT", nsplit);
+        .set("NSPLIT", nsplit)
+        .flag_if("Q_F16", q_f16(d));
     // A batch of sequences: one row block per token (its G heads), so bq must hold them.
     assert!(seqs.is_none() || bq >= g, "attention: a batch needs a row block of at least G rows");
     let blocks = if seqs.is_some() { p.n_tokens as u32 } else { (p.n_tokens * g).div_ceil(bq) as u32 };
@@ -384,7 +404,8 @@ pub mod cpu {
     }
 
     /// Reference attention (f64 accumulation) of rows `t < n_tokens` at positions `pos + t`:
-    /// returns `[n_tokens, H * D]`.
+    /// returns `[n_tokens, H * D]`. Queries of heads wider than 256 are rounded to f16 first, as
+    /// the kernel stages them ([`super::q_f16`]).
     pub fn attention(
         qkv: &[f32],
         k_cache: &[f16],
@@ -402,7 +423,10 @@ pub mod cpu {
             let lo = if p.window > 0 { (q_pos + 1).saturating_sub(p.window) } else { 0 };
             for h in 0..p.heads {
                 let kv = h / g;
-                let q = &qkv[t * row + h * d..][..d];
+                let q: Vec<f32> = qkv[t * row + h * d..][..d]
+                    .iter()
+                    .map(|&x| if super::q_f16(d) { f16::from_f32(x).to_f32() } else { x })
+                    .collect();
                 let scores: Vec<f64> = (lo..=q_pos)
                     .map(|j| {
                         let k = &k_cache[(kv * p.max_ctx + j) * d..][..d];
@@ -527,7 +551,9 @@ mod tests {
     #[test]
     fn prefill_then_decode() {
         for gpu in gpu_variants() {
-            for (h, hkv, d) in [(4, 2, 64), (4, 1, 64), (6, 2, 64), (4, 1, 256), (6, 2, 256), (2, 2, 128)] {
+            for (h, hkv, d) in
+                [(4, 2, 64), (4, 1, 64), (6, 2, 64), (4, 1, 256), (6, 2, 256), (2, 2, 128), (8, 1, 512), (8, 2, 512)]
+            {
                 let mut l = Layer::new(&gpu, params(h, hkv, d, 64, 0));
                 l.pass(&gpu, 0, 7, 7, None, 1);
                 let mut l = Layer::new(&gpu, params(h, hkv, d, 64, 0));
@@ -558,6 +584,9 @@ mod tests {
                     theta: 1e6,
                     scaling: 1.0,
                     n_tokens: 1,
+                    proportional: false,
+                    k_eq_v: false,
+                    v_norm: false,
                 };
                 let row = p.row_stride();
                 let data = random(row, 91 + pos as u64, 1.5);
@@ -736,7 +765,9 @@ mod tests {
     fn batch_of_sequences_equals_each_alone() {
         use crate::ops::rope::{inv_freq, rope_kv_write, rope_kv_write_batch, RopeParams};
         for gpu in gpu_variants() {
-            for (h, hkv, d, ctx, fused) in [(12, 2, 128, 300, true), (6, 2, 64, 64, false), (4, 1, 256, 40, true)] {
+            for (h, hkv, d, ctx, fused) in
+                [(12, 2, 128, 300, true), (6, 2, 64, 64, false), (4, 1, 256, 40, true), (8, 1, 512, 40, false)]
+            {
                 let slots = 5;
                 // (position, slot) per token: different lengths, slot 2 idle, a sequence at 0.
                 let seqs: [(u32, u32); 4] = [(17, 3), (0, 0), ((ctx - 1) as u32, 4), (123 % ctx as u32, 1)];
@@ -750,6 +781,9 @@ mod tests {
                     theta: 1e4,
                     scaling: 1.0,
                     n_tokens: b,
+                    proportional: false,
+                    k_eq_v: false,
+                    v_norm: false,
                 };
                 let row = p.row_stride();
                 let data = random(b * row, 7 + d as u64, 1.5);
@@ -1043,6 +1077,9 @@ mod tests {
                 theta: 5e5,
                 scaling: 1.0,
                 n_tokens: t,
+                proportional: false,
+                k_eq_v: false,
+                v_norm: false,
             };
             let nw = gpu.upload_f32("n", &[128], &[1.0; 128]).unwrap();
             let r = crate::ops::rope::rope(&gpu, &qkv, &step, rp, Some((&nw, &nw, 1e-6))).unwrap();

@@ -725,7 +725,7 @@ mod tests {
             Proj::Down { gated: true, .. } => Input::Gated(Activation::SiluGated),
             _ => Input::Plain,
         };
-        let opts = LinearOpts { accumulate: acc, ld_out: None, glu, batch: false };
+        let opts = LinearOpts { accumulate: acc, ld_out: None, glu, batch: false, softcap: None };
         // The weights, as the kernel reads them and as f32 (an expert's [N, K] rows at e·N·K).
         let rows = experts * n;
         let shape = LinearShape { t: slots, n, k, ld_out: cols, cols };

@@ -40,7 +40,8 @@ struct Params {
     x_stride: u32,
     out_stride: u32,
     eps: f32,
-    _pad: [u32; 3],
+    out_scale: f32,
+    _pad: [u32; 2],
 }
 
 fn check(gpu: &Gpu, what: &str, t: &Tensor, rows: u32, n: u32, stride: u32) -> Result<()> {
@@ -76,10 +77,10 @@ fn checks(gpu: &Gpu, x: &Tensor, w: &Tensor, out: Option<&Tensor>, l: &RowLayout
     Ok(())
 }
 
-fn params(gpu: &Gpu, l: &RowLayout, eps: f32) -> wgpu::Buffer {
+fn params(gpu: &Gpu, l: &RowLayout, eps: f32, out_scale: f32) -> wgpu::Buffer {
     gpu.uniform(
         "rms_norm.params",
-        &Params { rows: l.rows, n: l.n, x_stride: l.x_stride, out_stride: l.out_stride, eps, _pad: [0; 3] },
+        &Params { rows: l.rows, n: l.n, x_stride: l.x_stride, out_stride: l.out_stride, eps, out_scale, _pad: [0; 2] },
     )
 }
 
@@ -87,6 +88,11 @@ fn params(gpu: &Gpu, l: &RowLayout, eps: f32) -> wgpu::Buffer {
 /// (rows = `x.numel() / n`); with `accumulate`, `out[r, :] += …` instead. `x` and `out` must not
 /// share a buffer (use [`rms_norm_in_place`]).
 pub fn rms_norm(gpu: &Gpu, x: &Tensor, w: &Tensor, out: &Tensor, eps: f32, accumulate: bool) -> Result<Kernel> {
+    rms_norm_rows(gpu, x, w, out, whole_rows(x, w)?, eps, accumulate)
+}
+
+/// Contiguous rows of `n = w.numel()` covering x.
+fn whole_rows(x: &Tensor, w: &Tensor) -> Result<RowLayout> {
     let n = w.numel() as u32;
     if n == 0 || x.numel() % n as usize != 0 {
         return Err(Error::InvalidArgument(format!(
@@ -95,7 +101,7 @@ pub fn rms_norm(gpu: &Gpu, x: &Tensor, w: &Tensor, out: &Tensor, eps: f32, accum
         )));
     }
     let layout = RowLayout::contiguous((x.numel() / n as usize) as u32, n);
-    rms_norm_rows(gpu, x, w, out, layout, eps, accumulate)
+    Ok(layout)
 }
 
 /// [`rms_norm`] over an explicit (possibly strided) [`RowLayout`].
@@ -108,8 +114,29 @@ pub fn rms_norm_rows(
     eps: f32,
     accumulate: bool,
 ) -> Result<Kernel> {
+    rms_norm_with(gpu, x, w, out, layout, eps, accumulate, 1.0)
+}
+
+/// The residual add through a post-norm, then the layer's output scale:
+/// `out = (out + norm(x) * w) * scale` over contiguous rows of `n = w.numel()` (Gemma 4's last
+/// sandwich norm and `layer_scalar`).
+pub fn rms_norm_residual(gpu: &Gpu, x: &Tensor, w: &Tensor, out: &Tensor, eps: f32, scale: f32) -> Result<Kernel> {
+    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rms_norm_with(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    layout: RowLayout,
+    eps: f32,
+    accumulate: bool,
+    out_scale: f32,
+) -> Result<Kernel> {
     checks(gpu, x, w, Some(out), &layout)?;
-    let p = params(gpu, &layout, eps);
+    let p = params(gpu, &layout, eps, out_scale);
     gpu.kernel(
         "rms_norm",
         "main",
@@ -123,7 +150,7 @@ pub fn rms_norm_rows(
 /// ignored), e.g. the per-head q/k norm with rows = tokens × heads and n = head_dim.
 pub fn rms_norm_in_place(gpu: &Gpu, x: &Tensor, w: &Tensor, layout: RowLayout, eps: f32) -> Result<Kernel> {
     checks(gpu, x, w, None, &layout)?;
-    let p = params(gpu, &layout, eps);
+    let p = params(gpu, &layout, eps, 1.0);
     gpu.kernel(
         "rms_norm",
         "main",
@@ -152,6 +179,12 @@ pub mod cpu {
                 }
             }
         }
+    }
+
+    /// Reference of [`super::rms_norm_residual`]: `out = (out + norm(x) * w) * scale`.
+    pub fn rms_norm_residual(x: &[f32], w: &[f32], out: &mut [f32], eps: f32, scale: f32) {
+        rms_norm(x, w, out, eps, true);
+        out.iter_mut().for_each(|o| *o *= scale);
     }
 
     /// Contiguous rows of `w.len()`.
@@ -218,6 +251,34 @@ mod tests {
                     assert!(e < TOL, "n={n} acc={accumulate} subgroups={} rel err {e}", gpu.caps.subgroups);
                 }
             }
+        }
+    }
+
+    /// Gemma 4's last post-norm with the layer's output scale.
+    #[test]
+    fn rms_norm_residual_matches_cpu() {
+        for gpu in gpu_variants() {
+            let (rows, n) = (3usize, 640usize);
+            let xs = random(rows * n, 61, 4.0);
+            let ws = random(n, 62, 1.5);
+            let init = random(rows * n, 63, 2.0);
+            let x = gpu.upload_f32("x", &[rows, n], &xs).unwrap();
+            let w = gpu.upload_f32("w", &[n], &ws).unwrap();
+            let out = gpu.upload_f32("out", &[rows, n], &init).unwrap();
+            let k = rms_norm_residual(&gpu, &x, &w, &out, 1e-6, 0.37).unwrap();
+            gpu.run(&[&k]).unwrap();
+            let got = gpu.read_f32(&out).unwrap();
+            let mut want = init.clone();
+            cpu::rms_norm_residual(&xs, &ws, &mut want, 1e-6, 0.37);
+            let e = rel_err(&got, &want);
+            assert!(e < TOL, "subgroups={} rel err {e}", gpu.caps.subgroups);
+            // Scale 1 is the plain residual add, bit for bit.
+            let a = gpu.upload_f32("a", &[rows, n], &init).unwrap();
+            let b = gpu.upload_f32("b", &[rows, n], &init).unwrap();
+            let ka = rms_norm_residual(&gpu, &x, &w, &a, 1e-6, 1.0).unwrap();
+            let kb = rms_norm(&gpu, &x, &w, &b, 1e-6, true).unwrap();
+            gpu.run(&[&ka, &kb]).unwrap();
+            assert_eq!(gpu.read_f32(&a).unwrap(), gpu.read_f32(&b).unwrap());
         }
     }
 

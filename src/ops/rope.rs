@@ -27,6 +27,32 @@ pub struct RopeParams {
     pub scaling: f32,
     /// Tokens per pass the kernel is recorded for (T); a step may use fewer (`step.n_tokens`).
     pub n_tokens: usize,
+    /// Proportional RoPE (Gemma 4): pairs (i, i + D/2) over the whole head, the first
+    /// `rotary_dim / 2` at `theta^(-2i/D)`, the rest unrotated ([`rope_table`]).
+    pub proportional: bool,
+    /// Cache write only: the values are the k heads as projected, before norm and RoPE (the
+    /// row's v part is not read; Gemma 4's `attention_k_eq_v`).
+    pub k_eq_v: bool,
+    /// Cache write only: the values RMS-normalized per head without a weight (Gemma 4).
+    pub v_norm: bool,
+}
+
+impl RopeParams {
+    /// Full NeoX RoPE over heads of `head_dim`, no scaling; the cache write plain.
+    pub fn new(heads: usize, kv_heads: usize, head_dim: usize, theta: f32, n_tokens: usize) -> RopeParams {
+        RopeParams {
+            heads,
+            kv_heads,
+            head_dim,
+            rotary_dim: head_dim,
+            theta,
+            scaling: 1.0,
+            n_tokens,
+            proportional: false,
+            k_eq_v: false,
+            v_norm: false,
+        }
+    }
 }
 
 /// `inv_freq[i] = 1 / theta^(2i/D) / scaling` for i < D/2, in f32 exactly as Hugging Face
@@ -34,6 +60,26 @@ pub struct RopeParams {
 /// linear scaling); the angle of pair i at position p is then `f32(p) * inv_freq[i]`.
 pub fn inv_freq(head_dim: usize, theta: f32, scaling: f32) -> Vec<f32> {
     (0..head_dim / 2).map(|i| 1.0f32 / theta.powf((2 * i) as f32 / head_dim as f32) / scaling).collect()
+}
+
+/// The dims the kernel pairs over (pairs (i, i + span / 2)) and each pair's inverse frequency:
+/// `(rotary_dim, inv_freq(rotary_dim))` for NeoX RoPE over the first `rotary_dim` dims; for
+/// proportional RoPE (transformers' `_compute_proportional_rope_parameters`) `(D, inv_freq(D))`
+/// with the entries past `rotary_dim / 2` set to 0: those pairs turn by angle 0, unchanged.
+pub fn rope_table(
+    head_dim: usize,
+    rotary_dim: usize,
+    theta: f32,
+    scaling: f32,
+    proportional: bool,
+) -> (usize, Vec<f32>) {
+    if proportional {
+        let mut f = inv_freq(head_dim, theta, scaling);
+        f[rotary_dim / 2..].iter_mut().for_each(|v| *v = 0.0);
+        (head_dim, f)
+    } else {
+        (rotary_dim, inv_freq(rotary_dim, theta, scaling))
+    }
 }
 
 /// Records RoPE (and with `qk_norm = Some((q_norm, k_norm, eps))`, the per-head RMSNorm before
@@ -91,15 +137,22 @@ fn record(
     cache: Option<(&Tensor, &Tensor)>,
     seqs: Option<&Tensor>,
 ) -> Result<Kernel> {
-    let (d, rot) = (p.head_dim, p.rotary_dim);
+    let d = p.head_dim;
     assert!(d >= 2 && d % 2 == 0, "rope: head_dim {d} must be even");
-    assert!(rot >= 2 && rot % 2 == 0 && rot <= d, "rope: rotary_dim {rot} must be even and at most {d}");
+    assert!(
+        p.rotary_dim >= 2 && p.rotary_dim % 2 == 0 && p.rotary_dim <= d,
+        "rope: rotary_dim {} must be even and at most {d}",
+        p.rotary_dim
+    );
+    assert!(cache.is_some() || !(p.k_eq_v || p.v_norm), "rope: k_eq_v and v_norm shape the cache write");
+    assert!(!p.v_norm || qk_norm.is_some(), "rope: v_norm takes its epsilon from the q/k norm");
+    let (rot, table) = rope_table(d, p.rotary_dim, p.theta, p.scaling, p.proportional);
     assert!(p.heads > 0 && p.kv_heads > 0 && p.n_tokens > 0);
     assert_eq!(qkv.ty, ElemType::F32, "rope: qkv must be f32");
     let row = (p.heads + 2 * p.kv_heads) * d;
     assert!(qkv.numel() >= p.n_tokens * row, "rope: qkv holds fewer than T rows");
     let heads = p.heads + p.kv_heads;
-    let table = gpu.upload_f32("rope.inv_freq", &[rot / 2], &inv_freq(rot, p.theta, p.scaling))?;
+    let table = gpu.upload_f32("rope.inv_freq", &[rot / 2], &table)?;
     let eps = qk_norm.map_or(0.0, |n| n.2);
     let max_ctx = cache.map_or(0, |(k, _)| cache_dims(k).2);
     let params: [u32; 8] =
@@ -107,7 +160,14 @@ fn record(
     let params = gpu.uniform("rope.params", &params);
     // One pair per thread where possible: D/2 threads, clamped to 32..=128.
     let wg = (d / 2).next_power_of_two().clamp(32, 128);
-    let macros = gpu.macros().set("D", d).set("ROT", rot).set("WG", wg).flag_if("QK_NORM", qk_norm.is_some());
+    let macros = gpu
+        .macros()
+        .set("D", d)
+        .set("ROT", rot)
+        .set("WG", wg)
+        .flag_if("QK_NORM", qk_norm.is_some())
+        .flag_if("K_EQ_V", p.k_eq_v)
+        .flag_if("V_NORM", p.v_norm);
     let mut bindings = vec![qkv.binding(), table.binding(), step.as_entire_binding(), params.as_entire_binding()];
     if let Some((qn, kn, _)) = qk_norm {
         assert!(qn.ty == ElemType::F32 && kn.ty == ElemType::F32, "rope: q/k norm weights must be f32");
@@ -143,9 +203,9 @@ pub mod cpu {
     /// `pos + t`; cos/sin of the f32 angle are computed in f64.
     pub fn rope(qkv: &mut [f32], pos: usize, n_tokens: usize, p: &RopeParams, qk_norm: Option<(&[f32], &[f32], f32)>) {
         let d = p.head_dim;
-        let half = p.rotary_dim / 2;
+        let (rot, inv) = super::rope_table(d, p.rotary_dim, p.theta, p.scaling, p.proportional);
+        let half = rot / 2;
         let row = (p.heads + 2 * p.kv_heads) * d;
-        let inv = super::inv_freq(p.rotary_dim, p.theta, p.scaling);
         for t in 0..n_tokens {
             let position = (pos + t) as f32;
             for h in 0..p.heads + p.kv_heads {
@@ -165,6 +225,42 @@ pub mod cpu {
                 }
             }
         }
+    }
+
+    /// Reference of what [`super::rope_kv_write`] writes to the caches for rows `t < n_tokens`
+    /// of `qkv` (as the projection wrote it) at positions `pos + t`: `(keys, values)`, f32
+    /// `[n_tokens, Hkv, D]` each before the f16 rounding. Keys are the rotated (and normed) k
+    /// heads; values the v heads, or with `k_eq_v` the k heads as projected, with `v_norm`
+    /// RMS-normalized (no weight; the q/k norm's epsilon).
+    pub fn kv_values(
+        qkv: &[f32],
+        pos: usize,
+        n_tokens: usize,
+        p: &RopeParams,
+        qk_norm: Option<(&[f32], &[f32], f32)>,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let d = p.head_dim;
+        let row = (p.heads + 2 * p.kv_heads) * d;
+        let mut roped = qkv.to_vec();
+        rope(&mut roped, pos, n_tokens, p, qk_norm);
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for t in 0..n_tokens {
+            for g in 0..p.kv_heads {
+                let k_at = t * row + (p.heads + g) * d;
+                keys.extend_from_slice(&roped[k_at..][..d]);
+                let v_at = if p.k_eq_v { k_at } else { k_at + p.kv_heads * d };
+                let v = &qkv[v_at..][..d];
+                if p.v_norm {
+                    let eps = qk_norm.expect("v_norm takes the q/k norm's epsilon").2 as f64;
+                    let ms = v.iter().map(|&x| x as f64 * x as f64).sum::<f64>() / d as f64;
+                    let r = 1.0 / (ms + eps).sqrt();
+                    values.extend(v.iter().map(|&x| (x as f64 * r) as f32));
+                } else {
+                    values.extend_from_slice(v);
+                }
+            }
+        }
+        (keys, values)
     }
 }
 
@@ -228,6 +324,9 @@ mod tests {
                         theta: 10000.0,
                         scaling: 1.0,
                         n_tokens: 7,
+                        proportional: false,
+                        k_eq_v: false,
+                        v_norm: false,
                     };
                     check(&gpu, p, &[(0, 7), (37, 1), (10, 5)], norm, 2e-6 * if norm { 4.0 } else { 2.0 });
                 }
@@ -241,6 +340,9 @@ mod tests {
                 theta: 1_000_000.0,
                 scaling: 1.0,
                 n_tokens: 3,
+                proportional: false,
+                k_eq_v: false,
+                v_norm: false,
             };
             check(&gpu, p, &[(5, 3)], true, 1e-5);
             let p = RopeParams { theta: 1_000_000.0, scaling: 8.0, heads: 4, kv_heads: 1, ..p };
@@ -254,9 +356,100 @@ mod tests {
                 theta: 1e7,
                 scaling: 1.0,
                 n_tokens: 3,
+                proportional: false,
+                k_eq_v: false,
+                v_norm: false,
             };
             check(&gpu, p, &[(0, 3), (300, 2)], true, 1e-5);
             check(&gpu, RopeParams { head_dim: 32, rotary_dim: 8, ..p }, &[(7, 3)], false, 1e-5);
+        }
+    }
+
+    /// Gemma 4's full layers: proportional RoPE (a quarter of the pairs of a 512-dim head turn,
+    /// at theta^(-2i/D)), values from the k projection (k_eq_v) under an unweighted RMSNorm
+    /// (v_norm); its sliding layers: plain RoPE with v_norm. The caches hold the CPU reference's
+    /// keys and values to f16 rounding, q and k in the row match it, and rows past n_tokens are
+    /// untouched.
+    #[test]
+    fn rope_kv_write_gemma4_matches_cpu() {
+        use crate::ops::attention::{kv_cache, AttnParams};
+        for gpu in gpu_variants() {
+            for (d, rot, proportional, k_eq_v) in
+                [(512, 128, true, true), (64, 16, true, false), (64, 64, false, false)]
+            {
+                let (h, hkv, t) = (4, 2, 3);
+                let p = RopeParams {
+                    rotary_dim: rot,
+                    proportional,
+                    k_eq_v,
+                    v_norm: true,
+                    ..RopeParams::new(h, hkv, d, 1e6, t)
+                };
+                let ap = AttnParams {
+                    heads: h,
+                    kv_heads: hkv,
+                    head_dim: d,
+                    max_ctx: 64,
+                    window: 0,
+                    scale: 1.0,
+                    n_tokens: t,
+                    splits: 0,
+                };
+                let row = (h + 2 * hkv) * d;
+                let data = random(t * row, 90 + d as u64, 2.0);
+                let qn: Vec<f32> = random(d, 91, 0.5).iter().map(|w| 1.0 + w).collect();
+                let kn: Vec<f32> = random(d, 92, 0.5).iter().map(|w| 1.0 + w).collect();
+                let (qn_t, kn_t) = (gpu.upload_f32("qn", &[d], &qn).unwrap(), gpu.upload_f32("kn", &[d], &kn).unwrap());
+                let (pos, n) = (37, 2);
+                let step = gpu.uniform("step", &StepParams { pos, n_tokens: n, slot: 0, _pad: 0 });
+                let qkv = gpu.upload_f32("qkv", &[t, row], &data).unwrap();
+                let (kc, vc) = kv_cache(&gpu, "c", &ap, 1).unwrap();
+                let k = rope_kv_write(&gpu, &qkv, &step, p, Some((&qn_t, &kn_t, 1e-6)), &kc, &vc).unwrap();
+                gpu.run(&[&k]).unwrap();
+                let norms = Some((&qn[..], &kn[..], 1e-6));
+                let mut want = data.clone();
+                cpu::rope(&mut want, pos as usize, n as usize, &p, norms);
+                let got = gpu.read_f32(&qkv).unwrap();
+                let qk = (h + hkv) * d;
+                for r in 0..t {
+                    let (g, w) = (&got[r * row..][..qk], &want[r * row..][..qk]);
+                    let (diff, at) = max_abs_diff(g, w);
+                    assert!(diff <= 2e-5, "d={d} q/k row {r}: {diff} at {at}");
+                    if r >= n as usize {
+                        assert_eq!(&got[r * row..][..row], &data[r * row..][..row], "row {r} >= n_tokens changed");
+                    }
+                }
+                // The pairs past the turning ones only normalized: q head 0's last dim is x * rms * w.
+                let (keys, values) = cpu::kv_values(&data, pos as usize, n as usize, &p, norms);
+                let (kg, vg) = (gpu.read_f16(&kc).unwrap(), gpu.read_f16(&vc).unwrap());
+                for tok in 0..n as usize {
+                    for g in 0..hkv {
+                        let at = (g * 64 + pos as usize + tok) * d;
+                        let src = (tok * hkv + g) * d;
+                        for i in 0..d {
+                            let (kw, vw) = (keys[src + i], values[src + i]);
+                            // f16 rounding: half an ulp, relative 2^-11.
+                            assert!(
+                                (kg[at + i].to_f32() - kw).abs() <= kw.abs() / 2048.0 + 1e-5,
+                                "K d={d} {tok} {g} {i}"
+                            );
+                            assert!(
+                                (vg[at + i].to_f32() - vw).abs() <= vw.abs() / 2048.0 + 1e-5,
+                                "V d={d} {tok} {g} {i}"
+                            );
+                        }
+                    }
+                }
+                // v_norm gives unit-RMS values.
+                let ms = values[..d].iter().map(|v| v * v).sum::<f32>() / d as f32;
+                assert!((ms - 1.0).abs() < 1e-3, "v_norm: mean square {ms}");
+                if proportional {
+                    // The non-turning pairs pass through the norm only.
+                    let x = data[d - 1] / (data[..d].iter().map(|v| v * v).sum::<f32>() / d as f32 + 1e-6).sqrt()
+                        * qn[d - 1];
+                    assert!((got[d - 1] - x).abs() <= 1e-5 * (1.0 + x.abs()), "unrotated dim: {} vs {x}", got[d - 1]);
+                }
+            }
         }
     }
 
@@ -272,6 +465,9 @@ mod tests {
                 theta: 10000.0,
                 scaling: 1.0,
                 n_tokens: 4,
+                proportional: false,
+                k_eq_v: false,
+                v_norm: false,
             };
             check(&gpu, p, &[(4093, 4), (32764, 4), (131_000, 4), (1_000_000, 2)], false, 4e-6);
         }
@@ -291,6 +487,9 @@ mod tests {
                     theta: 10000.0,
                     scaling: 1.0,
                     n_tokens: 5,
+                    proportional: false,
+                    k_eq_v: false,
+                    v_norm: false,
                 };
                 let ap = AttnParams {
                     heads: 6,

@@ -545,7 +545,7 @@ fn matvec_quant_routed(
     assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
     let units = s.k / unit_elems(w.dtype);
     let mut macros =
-        type_macros(glu_macros(input.macros(common_macros(gpu, bias.is_some(), opts.accumulate)), opts.glu), w.dtype)
+        type_macros(glu_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), opts.glu), w.dtype)
             .set("GB", if bias.is_some() { 6 } else { 5 })
             .set("WG", cfg.wg)
             .set("TPR", cfg.tpr)
@@ -612,7 +612,7 @@ fn matmul_quant(
     // Staging: 2 runs of 4 k per thread and slice; a slice never straddles a block (K is whole
     // blocks of 32 or 256, and bk divides 32).
     assert!(matches!(tile, 4 | 8) && 16 * tile * bk / 4 == 2 * 256 && 32 % bk == 0);
-    let macros = type_macros(common_macros(gpu, bias.is_some(), opts.accumulate), w.dtype)
+    let macros = type_macros(common_macros(gpu, bias.is_some(), &opts), w.dtype)
         .set("TILE", tile)
         .flag_if("TILE8", tile == 8)
         .set("BK", bk);
@@ -868,7 +868,7 @@ pub(crate) mod tests {
         let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
         let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
         let bias = with_bias.then_some(&b);
-        let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false };
+        let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false, softcap: None };
         let s = check_operands("test", &x, n, k, bias, &y, opts);
         let kern = match path {
             Path::Auto => linear_quant(gpu, &x, &w, bias, &y, opts),
@@ -953,7 +953,8 @@ pub(crate) mod tests {
                     let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
                     let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
                     let input = if gated { Input::Gated(act) } else { Input::Norm { weight: &g, eps: 1e-6 } };
-                    let opts = LinearOpts { accumulate: kind != 0, ld_out: None, glu: None, batch: false };
+                    let opts =
+                        LinearOpts { accumulate: kind != 0, ld_out: None, glu: None, batch: false, softcap: None };
                     // T = 1: the DP4 kernel where the type allows it (kind 0, 1), else as picked.
                     let s = LinearShape { t, n, k, ld_out: n, cols: n };
                     let auto = QMatvecConfig::new(&gpu, ty, &s);
@@ -1218,7 +1219,7 @@ pub(crate) mod tests {
                             shape: vec![t, rows],
                             ty: ElemType::F32,
                         };
-                        let opts = LinearOpts { accumulate, ld_out: Some(v), glu: None, batch: false };
+                        let opts = LinearOpts { accumulate, ld_out: Some(v), glu: None, batch: false, softcap: None };
                         keep.push(linear_quant(&gpu, &x, w, None, &view, opts).unwrap());
                     }
                     gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();
@@ -1330,7 +1331,7 @@ pub(crate) mod tests {
             let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
             let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
             let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
-            let opts = LinearOpts { accumulate: true, ld_out: None, glu: None, batch: false };
+            let opts = LinearOpts { accumulate: true, ld_out: None, glu: None, batch: false, softcap: None };
             let s = check_operands("test", &x, n, k, None, &y, opts);
             let mut cfg = QMatvecConfig::new(&gpu, ty, &s);
             cfg.tpr = if cfg.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };

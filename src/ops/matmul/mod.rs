@@ -110,7 +110,7 @@ pub fn fuses_input(t: usize, k: usize) -> bool {
 }
 
 /// Options of [`linear`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LinearOpts {
     /// `y += x · Wᵀ (+ bias)` instead of `y = ...`.
     pub accumulate: bool,
@@ -124,6 +124,9 @@ pub struct LinearOpts {
     /// depend on how many rows the pass has, so the matvec runs its several-token form (passes
     /// of 4 tokens, float sums) even for one row, and a row's sums are the same at any batch size.
     pub batch: bool,
+    /// `y = cap · tanh(y / cap)` as the epilogue (Gemma's final logit soft-capping, fused into
+    /// lm_head); not with `accumulate` or `glu`.
+    pub softcap: Option<f32>,
 }
 
 /// The dimensions one linear layer's matvec is tuned for: `s`, or for a batch
@@ -275,8 +278,16 @@ fn out_binding<'a>(gpu: &Gpu, y: &'a Tensor, s: &LinearShape) -> wgpu::BindingRe
     })
 }
 
-fn common_macros(gpu: &Gpu, bias: bool, accumulate: bool) -> crate::gpu::Macros {
-    gpu.macros().flag_if("BIAS", bias).flag_if("ACCUMULATE", accumulate)
+fn common_macros(gpu: &Gpu, bias: bool, opts: &LinearOpts) -> crate::gpu::Macros {
+    let m = gpu.macros().flag_if("BIAS", bias).flag_if("ACCUMULATE", opts.accumulate);
+    match opts.softcap {
+        None => m,
+        Some(cap) => {
+            assert!(cap > 0.0 && cap.is_finite(), "linear: softcap {cap} must be positive");
+            assert!(!opts.accumulate && opts.glu.is_none(), "linear: softcap is the epilogue of a plain projection");
+            m.flag("SOFTCAP").set("SOFTCAP_BITS", cap.to_bits())
+        }
+    }
 }
 
 /// The GLU epilogue's flags ([`LinearOpts::glu`]).
@@ -428,7 +439,7 @@ fn matvec_routed(
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
     assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
     let loads = (s.k / (2 * cfg.vec as usize)) as u32;
-    let mut macros = glu_macros(input.macros(common_macros(gpu, bias.is_some(), opts.accumulate)), opts.glu)
+    let mut macros = glu_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), opts.glu)
         .flag_if("VEC4", cfg.vec == 4)
         .flag_if("VEC1", cfg.vec == 1)
         .set("GB", if bias.is_some() { 5 } else { 4 })
@@ -508,8 +519,7 @@ fn matmul(
     let MatmulConfig { tile, bk } = cfg;
     // Staging: every thread loads 4 K pairs of each tile, and a K slice is whole groups of 4.
     assert!(matches!(tile, 4 | 8) && bk % 8 == 0 && 16 * tile * bk / 2 == 4 * 256);
-    let macros =
-        common_macros(gpu, bias.is_some(), opts.accumulate).set("TILE", tile).flag_if("TILE8", tile == 8).set("BK", bk);
+    let macros = common_macros(gpu, bias.is_some(), &opts).set("TILE", tile).flag_if("TILE8", tile == 8).set("BK", bk);
     let params = gpu.uniform("matmul.params", &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32]);
     let mut bindings = vec![w.binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
     if let Some(b) = bias {
@@ -521,6 +531,12 @@ fn matmul(
 
 pub mod cpu {
     pub use super::gguf::cpu::linear_quant;
+
+    /// Reference of the soft-capping epilogue ([`super::LinearOpts::softcap`]):
+    /// `cap · tanh(v / cap)`, in f64.
+    pub fn softcap(v: f32, cap: f32) -> f32 {
+        (cap as f64 * (v as f64 / cap as f64).tanh()) as f32
+    }
 
     /// `y (+)= x · Wᵀ (+ bias)` with x `[T, K]`, w `[N, K]` (f32, e.g. the f16 weight widened),
     /// y `[T, N]`; sums in f64, so it serves as the exact reference.
@@ -598,6 +614,49 @@ pub(crate) mod tests {
         worst
     }
 
+    /// The soft-capping epilogue on every kernel family (f16 and Q4_K weights, matvec for one and
+    /// three tokens, the matmul for 40): each output is its uncapped projection (same kernel, same
+    /// sums) through the CPU twin, within the epilogue's own rounding (a few ulp of the cap).
+    /// The projections reach over 4x the cap, so both tails and the linear middle are met.
+    #[test]
+    fn softcap_epilogue_matches_cpu() {
+        use crate::dtype::DType;
+        use crate::ops::matmul::gguf::{linear_quant_in, tests::random_blocks, QuantWeight};
+        let (n, k, cap) = (96usize, 256usize, 1.5f32);
+        for gpu in gpu_variants() {
+            let (wh, _) = weights(n, k, 7);
+            let w16 = gpu.upload_f16("w", &[n, k], &wh).unwrap();
+            let wq = QuantWeight::new(&gpu, "wq", DType::Q4_K, [n, k], &random_blocks(DType::Q4_K, n, k, 8)).unwrap();
+            for t in [1usize, 3, 40] {
+                let x = gpu.upload_f32("x", &[t, k], &random(t * k, 9 + t as u64, 1.0)).unwrap();
+                for quant in [false, true] {
+                    let run = |softcap: Option<f32>| {
+                        let y = gpu.empty("y", &[t, n], ElemType::F32).unwrap();
+                        let opts = LinearOpts { softcap, ..Default::default() };
+                        let kern = if quant {
+                            linear_quant_in(&gpu, &x, Input::Plain, &wq, None, &y, opts)
+                        } else {
+                            linear_in(&gpu, &x, Input::Plain, &w16, None, &y, opts)
+                        }
+                        .unwrap();
+                        gpu.run(&[&kern]).unwrap();
+                        gpu.read_f32(&y).unwrap()
+                    };
+                    let (plain, capped) = (run(None), run(Some(cap)));
+                    let top = plain.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    assert!(top > 4.0 * cap, "T={t} quant={quant}: projections reach only {top}");
+                    for (i, (&p, &c)) in plain.iter().zip(&capped).enumerate() {
+                        let want = cpu::softcap(p, cap);
+                        assert!(
+                            (c - want).abs() <= 8.0 * f32::EPSILON * cap,
+                            "T={t} quant={quant} [{i}]: softcap({p}) = {c}, want {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Which kernel a test case runs.
     #[derive(Clone, Copy, Debug)]
     enum Path {
@@ -634,7 +693,7 @@ pub(crate) mod tests {
         let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
         let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
         let bias = with_bias.then_some(&b);
-        let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false };
+        let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false, softcap: None };
         let s = check_shapes(&x, &w, bias, &y, opts);
         let kern = match path {
             Path::Matvec => matvec(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, MatvecConfig::new(gpu, &s)),
@@ -713,7 +772,7 @@ pub(crate) mod tests {
                     let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
                     let rms_eps = 1e-6;
                     let input = if gated { Input::Gated(act) } else { Input::Norm { weight: &g, eps: rms_eps } };
-                    let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false };
+                    let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false, softcap: None };
                     let kern = linear_in(&gpu, &x, input, &w, with_bias.then_some(&b), &y, opts).unwrap();
                     gpu.run(&[&kern]).unwrap();
                     let got = gpu.read_f32(&y).unwrap();
@@ -815,7 +874,7 @@ pub(crate) mod tests {
                         shape: vec![t, rows],
                         ty: ElemType::F32,
                     };
-                    let opts = LinearOpts { accumulate, ld_out: Some(v), glu: None, batch: false };
+                    let opts = LinearOpts { accumulate, ld_out: Some(v), glu: None, batch: false, softcap: None };
                     keep.push(linear(&gpu, &x, &w, Some(&b), &view, opts).unwrap());
                 }
                 gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();

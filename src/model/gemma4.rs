@@ -1,0 +1,229 @@
+//! Gemma 4 (text), as transformers' `modeling_gemma4.py` (`Gemma4ForCausalLM`, the text part of
+//! `Gemma4ForConditionalGeneration`) and mlx-lm's `gemma4_text.py` write it.
+//!
+//! ```text
+//! Gemma4TextModel:
+//!     x = embed_tokens(ids) * sqrt(hidden)
+//!     for layer in layers: x = Gemma4TextDecoderLayer(x)
+//!     logits = lm_head(norm(x)); logits = cap * tanh(logits / cap)   # final_logit_softcapping
+//! Gemma4TextDecoderLayer:
+//!     h = x + post_attention_layernorm(self_attn(input_layernorm(x)))
+//!     out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))
+//!     out = out * layer_scalar                                      # a learned scalar per layer
+//! Gemma4TextAttention, by config.layer_types[i]:
+//!     "sliding_attention": head_dim, num_key_value_heads, window sliding_window,
+//!                          RoPE "default" at rope_parameters.sliding_attention.rope_theta
+//!     "full_attention":    global_head_dim, num_global_key_value_heads (with attention_k_eq_v),
+//!                          RoPE "proportional": pairs (i, i + D/2), the first
+//!                          partial_rotary_factor * D / 2 at theta^(-2i/D), the rest unrotated;
+//!                          with attention_k_eq_v no v_proj: v = k_proj(x)
+//!     q = rope(q_norm(q_proj(x))); k = rope(k_norm(k)); v = v_norm(v)   # v_norm: no weight
+//!     o_proj(softmax(q · kᵀ) v)                                      # scaling 1.0
+//! Gemma4TextMLP: down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))
+//! Gemma4RMSNorm: x * (mean(x²) + eps)^-0.5 * w                       # plain w, not (1 + w)
+//! ```
+//!
+//! The engine reads this as one [`LayerSpec`] per layer ([`Gemma4Config::layers`]) and the
+//! tensors under the canonical names of [`tensor_name`]. Not supported yet (refused with a clear
+//! error by the loaders): per-layer input embeddings (`hidden_size_per_layer_input`, Gemma 4
+//! E2B/E4B), shared KV layers (`num_kv_shared_layers`) and the MoE block (`enable_moe_block`,
+//! 26B-A4B).
+
+use super::config::{
+    Activation, Arch, AttentionSpec, LayerAttention, LayerSpec, Mixer, MlpSpec, ModelConfig, RopeSpec,
+};
+
+/// RoPE of one layer type (`rope_parameters[layer_type]`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gemma4Rope {
+    pub theta: f32,
+    /// `rope_type: proportional` (else `default`: every pair of the head turns).
+    pub proportional: bool,
+    /// `partial_rotary_factor` of proportional RoPE.
+    pub partial_rotary_factor: f32,
+}
+
+/// The fields of `Gemma4TextConfig` the engine uses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemma4Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_attention_heads: usize,
+    /// KV heads of sliding layers (and of full ones without `attention_k_eq_v`).
+    pub num_key_value_heads: usize,
+    /// KV heads of full layers with `attention_k_eq_v` (`None`: `num_key_value_heads`).
+    pub num_global_key_value_heads: Option<usize>,
+    pub head_dim: usize,
+    /// Head dim of full layers.
+    pub global_head_dim: usize,
+    pub attention_k_eq_v: bool,
+    pub attention_bias: bool,
+    /// `layer_types[i] == "full_attention"`.
+    pub full_attention: Vec<bool>,
+    pub sliding_window: u32,
+    pub rope_sliding: Gemma4Rope,
+    pub rope_full: Gemma4Rope,
+    pub final_logit_softcapping: Option<f32>,
+    pub rms_norm_eps: f32,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl Gemma4Config {
+    /// google/gemma-4-31B's text config.
+    pub fn gemma_4_31b() -> Self {
+        Gemma4Config {
+            vocab_size: 262_144,
+            hidden_size: 5376,
+            intermediate_size: 21_504,
+            num_attention_heads: 32,
+            num_key_value_heads: 16,
+            num_global_key_value_heads: Some(4),
+            head_dim: 256,
+            global_head_dim: 512,
+            attention_k_eq_v: true,
+            attention_bias: false,
+            full_attention: (0..60).map(|i| (i + 1) % 6 == 0).collect(),
+            sliding_window: 1024,
+            rope_sliding: Gemma4Rope { theta: 10_000.0, proportional: false, partial_rotary_factor: 1.0 },
+            rope_full: Gemma4Rope { theta: 1_000_000.0, proportional: true, partial_rotary_factor: 0.25 },
+            final_logit_softcapping: Some(30.0),
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 262_144,
+            tie_word_embeddings: true,
+            bos_token_id: Some(2),
+            eos_token_ids: vec![1, 106],
+        }
+    }
+
+    /// Turning dims of a full layer's head: `2 * int(partial_rotary_factor * D // 2)`
+    /// (transformers' `_compute_proportional_rope_parameters`), or D for `default` RoPE.
+    pub fn full_rotary_dim(&self) -> usize {
+        if self.rope_full.proportional {
+            2 * (self.rope_full.partial_rotary_factor * self.global_head_dim as f32 / 2.0).floor() as usize
+        } else {
+            self.global_head_dim
+        }
+    }
+
+    /// The engine's description: the model-wide fields (those of the sliding layers), and one
+    /// spec per layer.
+    pub fn model_config(&self) -> ModelConfig {
+        let layers = self.layers();
+        ModelConfig {
+            arch: Arch::Gemma4,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_layers: layers.len(),
+            num_heads: self.num_attention_heads,
+            num_kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_full.theta,
+            rope_local_theta: Some(self.rope_sliding.theta),
+            rope_scaling_factor: 1.0,
+            max_position_embeddings: self.max_position_embeddings,
+            layer_attention: self
+                .full_attention
+                .iter()
+                .map(
+                    |&full| {
+                        if full {
+                            LayerAttention::Full
+                        } else {
+                            LayerAttention::Sliding { window: self.sliding_window }
+                        }
+                    },
+                )
+                .collect(),
+            tie_word_embeddings: self.tie_word_embeddings,
+            attention_bias: self.attention_bias,
+            qk_norm: true,
+            sandwich_norm: true,
+            activation: Activation::GeluTanhGated,
+            // Gemma4TextScaledWordEmbedding: embed_scale = hidden_size ** 0.5.
+            embedding_scale: (self.hidden_size as f32).sqrt(),
+            attention_scale: 1.0,
+            final_logit_softcapping: self.final_logit_softcapping,
+            bos_token_id: self.bos_token_id,
+            eos_token_ids: self.eos_token_ids.clone(),
+            add_bos: true,
+            layers,
+        }
+    }
+
+    pub fn layers(&self) -> Vec<LayerSpec> {
+        let mlp = MlpSpec::Dense { intermediate: self.intermediate_size, activation: Activation::GeluTanhGated };
+        self.full_attention
+            .iter()
+            .map(|&full| {
+                let attention = if full {
+                    let k_eq_v = self.attention_k_eq_v;
+                    let kv_heads = match (k_eq_v, self.num_global_key_value_heads) {
+                        (true, Some(n)) => n,
+                        _ => self.num_key_value_heads,
+                    };
+                    AttentionSpec {
+                        heads: self.num_attention_heads,
+                        kv_heads,
+                        head_dim: self.global_head_dim,
+                        window: None,
+                        rope: RopeSpec {
+                            rotary_dim: self.full_rotary_dim(),
+                            proportional: self.rope_full.proportional,
+                            ..RopeSpec::full(self.rope_full.theta, self.global_head_dim)
+                        },
+                        scale: 1.0,
+                        bias: self.attention_bias,
+                        qk_norm: true,
+                        output_gate: false,
+                        k_eq_v,
+                        v_norm: true,
+                    }
+                } else {
+                    AttentionSpec {
+                        heads: self.num_attention_heads,
+                        kv_heads: self.num_key_value_heads,
+                        head_dim: self.head_dim,
+                        window: Some(self.sliding_window),
+                        rope: RopeSpec::full(self.rope_sliding.theta, self.head_dim),
+                        scale: 1.0,
+                        bias: self.attention_bias,
+                        qk_norm: true,
+                        output_gate: false,
+                        k_eq_v: false,
+                        v_norm: true,
+                    }
+                };
+                LayerSpec { mixer: Mixer::Attention(attention), mlp, sandwich_norm: true, output_scale: true }
+            })
+            .collect()
+    }
+}
+
+/// The canonical name (`blk.{i}.` + this) of a layer tensor by its module path after
+/// `model.layers.{i}.` in transformers' and mlx-lm's names (with `.weight`, or the bare buffer
+/// `layer_scalar`).
+pub fn tensor_name(module: &str) -> Option<&'static str> {
+    Some(match module {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_norm.weight" => "attn_q_norm.weight",
+        "self_attn.k_norm.weight" => "attn_k_norm.weight",
+        "post_attention_layernorm.weight" => "post_attention_norm.weight",
+        "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
+        "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        "layer_scalar" => "layer_output_scale.weight",
+        _ => return None,
+    })
+}
