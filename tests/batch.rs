@@ -26,8 +26,21 @@ fn tiny_config(preset: &str) -> ModelConfig {
     c
 }
 
+/// Gemma 4's layout, shrunk: 4 layers (sliding, full, sliding, full), window 8, head dims 16 / 32,
+/// KV heads 2 / 1 with keys as values on the full layers, soft-capped logits.
+fn tiny_gemma4() -> ModelConfig {
+    let mut g = wgpu_llm::model::gemma4::Gemma4Config::gemma_4_31b();
+    (g.vocab_size, g.hidden_size, g.intermediate_size) = (1000, 64, 96);
+    (g.num_attention_heads, g.num_key_value_heads, g.num_global_key_value_heads) = (4, 2, Some(1));
+    (g.head_dim, g.global_head_dim, g.sliding_window) = (16, 32, 8);
+    g.full_attention = vec![false, true, false, true];
+    g.max_position_embeddings = 256;
+    g.model_config()
+}
+
 fn model(gpu: &Gpu, preset: &str, recipe: &str) -> Model {
-    let ck = synthetic::build(&tiny_config(preset), recipe, "synthetic:tiny", 5).unwrap();
+    let config = if preset == "gemma-4-tiny" { tiny_gemma4() } else { tiny_config(preset) };
+    let ck = synthetic::build(&config, recipe, "synthetic:tiny", 5).unwrap();
     Model::load(gpu, &ck, Some(96), &mut |_, _| {}).unwrap()
 }
 
@@ -113,7 +126,9 @@ fn alone(engine: &mut BatchEngine, reqs: &[Request]) -> Outcome {
 fn each_request_gets_its_tokens_alone() {
     let gpu = common::gpu();
     let mut reqs = requests();
-    for (preset, recipe) in [("smollm2-135m", "q8_0"), ("qwen2.5-0.5b", "f16"), ("gemma3-270m", "q4_0")] {
+    for (preset, recipe) in
+        [("smollm2-135m", "q8_0"), ("qwen2.5-0.5b", "f16"), ("gemma3-270m", "q4_0"), ("gemma-4-tiny", "q8_0")]
+    {
         let mut engine = BatchEngine::new(
             model(&gpu, preset, recipe),
             sampler(&gpu, true),

@@ -28,7 +28,8 @@ use std::path::PathBuf;
 
 /// The architectures a synthetic checkpoint can copy (the shapes of the real checkpoints of
 /// `tools/fetch-model.sh` and of the GPU machine's shape recipes).
-pub const PRESETS: [&str; 5] = ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b", "gemma3-270m", "qwen3.5-35b-a3b"];
+pub const PRESETS: [&str; 6] =
+    ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b", "gemma3-270m", "qwen3.5-35b-a3b", "gemma-4-31b"];
 
 /// Quantization recipes.
 pub const RECIPES: [&str; 10] = ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "mlx4", "mlx8"];
@@ -68,6 +69,7 @@ pub fn preset_config(name: &str) -> Result<ModelConfig> {
         "qwen2.5-0.5b" => llama_like(Arch::Qwen2, 151936, 896, 4864, 24, 14, 2, 64, 1e6, 1e-6, 32768, false, true),
         "qwen2.5-1.5b" => llama_like(Arch::Qwen2, 151936, 1536, 8960, 28, 12, 2, 128, 1e6, 1e-6, 32768, false, true),
         "qwen3.5-35b-a3b" => crate::model::qwen3_5_moe::Qwen35MoeConfig::qwen3_5_35b_a3b().model_config(),
+        "gemma-4-31b" => crate::model::gemma4::Gemma4Config::gemma_4_31b().model_config(),
         "gemma3-270m" => {
             let mut c = llama_like(Arch::Gemma3, 262144, 640, 2048, 18, 4, 1, 256, 1e6, 1e-6, 32768, true, false);
             c.rope_local_theta = Some(1e4);
