@@ -140,3 +140,36 @@ fn per_layer_config_table() {
     assert!(err.contains("per_layer_config: layer 7 with head_dim 64"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The tiny model written as llama.cpp's `gemma4` GGUF (its keys: per-layer KV heads, the sliding
+/// pattern, the `_swa` head dims; `rope_freqs` for the full layers' proportional RoPE; no `attn_v`
+/// on the keys-as-values layers), as `examples/gemma4_gguf` writes the 31B shape for llama.cpp.
+pub fn tiny_as_gguf(path: &std::path::Path) {
+    use wgpu_llm::loader::gguf::{GgufTokenizerData, GgufWriter};
+    let ck = Checkpoint::open(&tiny()).unwrap();
+    let c = &ck.config;
+    let mut w = GgufWriter::new();
+    let freqs = w.add_gemma4_config(c).unwrap().expect("proportional RoPE on the full layers");
+    w.add_tokenizer(&GgufTokenizerData::placeholder(c.vocab_size));
+    w.add_f32("rope_freqs.weight", &[freqs.len()], &freqs).unwrap();
+    let mut names: Vec<&str> = ck.tensor_names().collect();
+    names.sort_unstable();
+    for name in names {
+        let shape = ck.raw_shape(name).unwrap();
+        w.add_f32(name, &shape, &ck.f32(name, &shape).unwrap()).unwrap();
+    }
+    w.write(path).unwrap();
+}
+
+/// The same model from that GGUF matches transformers as the folder does.
+#[test]
+fn tiny_gguf_matches_transformers() {
+    let path = std::env::temp_dir().join(format!("gemma4_tiny_{}.gguf", std::process::id()));
+    tiny_as_gguf(&path);
+    let ck = Checkpoint::open(&path).unwrap();
+    assert_eq!(ck.config.layer_specs(), Checkpoint::open(&tiny()).unwrap().config.layer_specs());
+    assert_eq!(ck.config.final_logit_softcapping, Some(30.0));
+    let err = check_path(&path, "gemma4_tiny", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
+    let _ = std::fs::remove_file(&path);
+    eprintln!("max |logit error| {err}");
+}

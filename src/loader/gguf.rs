@@ -723,6 +723,25 @@ pub struct GgufTokenizerData {
 }
 
 impl GgufTokenizerData {
+    /// A stand-in vocabulary for synthetic files that carry no real tokenizer but must satisfy
+    /// llama.cpp (which wants as many tokens as embedding rows): SentencePiece model `"llama"`,
+    /// tokens `<t0>`..`<tN>`, the first four control tokens (pad 0, eos 1, bos 2, unk 3).
+    pub fn placeholder(vocab: usize) -> Self {
+        GgufTokenizerData {
+            model: "llama".into(),
+            pre: Some("default".into()),
+            tokens: (0..vocab).map(|i| format!("<t{i}>")).collect(),
+            scores: vec![0.0; vocab],
+            token_types: (0..vocab).map(|i| if i < 4 { 3 } else { 1 }).collect(),
+            padding_token_id: Some(0),
+            eos_token_id: Some(1),
+            bos_token_id: Some(2),
+            unknown_token_id: Some(3),
+            add_bos_token: true,
+            ..Default::default()
+        }
+    }
+
     /// The id of a token string, by linear search.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.tokens.iter().position(|t| t == token).map(|i| i as u32)
@@ -742,8 +761,10 @@ pub(crate) const END_OF_TURN_TOKENS: [&str; 4] = ["<|im_end|>", "<|endoftext|>",
 pub fn open(path: &Path) -> Result<Checkpoint> {
     let (file, len) = open_regular(path)?;
     let g = GgufFile::parse_from(std::io::BufReader::with_capacity(1 << 20, &file), len, path)?;
-    if g.get("general.architecture").and_then(GgufValue::as_str) == Some("qwen35moe") {
-        return open_qwen35moe(&g, DataFile::file(path, file, len), path);
+    match g.get("general.architecture").and_then(GgufValue::as_str) {
+        Some("qwen35moe") => return open_qwen35moe(&g, DataFile::file(path, file, len), path),
+        Some("gemma4") => return open_gemma4(&g, DataFile::file(path, file, len), path),
+        _ => {}
     }
     let (config, tok) = build_config(&g, path)?;
     let tensors: HashMap<String, StoredTensor> = g.tensors.iter().map(|t| (t.name.clone(), t.stored())).collect();
@@ -914,6 +935,166 @@ fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoin
         files: vec![data],
         fixups,
     })
+}
+
+/// A `gemma4` GGUF (llama.cpp's Gemma 4 layout): the config from its metadata (sliding and full
+/// layers by `attention.sliding_window_pattern`, their head dims by `attention.key_length_swa` /
+/// `key_length`, their KV heads by the per-layer `attention.head_count_kv`), keys as values on the
+/// full layers where they have no `attn_v`, and the full layers' proportional RoPE from the
+/// `rope_freqs` factors (1 for the pairs that turn, ~1e30 for those that do not). Tensor names are
+/// the engine's own; norms are stored as they are used (plain w).
+fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> {
+    use crate::model::gemma4::{Gemma4Config, Gemma4Rope};
+    let m = Meta { g, path, arch: "gemma4" };
+    let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
+    let layers_key = m.key("block_count");
+    let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
+    check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
+    let req = |k: &str, limit| m.req_capped(&m.key(k), limit);
+    for (key, what) in [
+        ("embedding_length_per_layer_input", "per-layer input embeddings"),
+        ("attention.shared_kv_layers", "shared KV layers"),
+        ("expert_count", "mixture-of-experts blocks"),
+    ] {
+        if m.opt_usize(&m.key(key))?.unwrap_or(0) > 0 {
+            return Err(Error::Unsupported(format!("gemma4 {what} ({})", m.key(key))));
+        }
+    }
+    let pattern_key = m.key("attention.sliding_window_pattern");
+    let pattern = m.opt_array(&pattern_key)?.ok_or_else(|| m.missing(&pattern_key))?;
+    if pattern.len() != num_layers {
+        return Err(mismatch(format!("{pattern_key} has {} entries for {num_layers} layers", pattern.len())));
+    }
+    let full_attention: Vec<bool> = pattern
+        .iter()
+        .map(|v| match (v.as_bool(), v.as_u64()) {
+            (Some(b), _) => Ok(!b),
+            (None, Some(n)) => Ok(n == 0),
+            _ => Err(m.wrong(&pattern_key, "bools", v)),
+        })
+        .collect::<Result<_>>()?;
+    let heads = req("attention.head_count", cfg_limits::HEADS)?;
+    let kv_key = m.key("attention.head_count_kv");
+    let kv_per_layer: Vec<usize> = match m.opt_array(&kv_key)? {
+        Some(a) if a.len() == num_layers => a
+            .iter()
+            .map(|v| v.as_u64().map(|x| x as usize).ok_or_else(|| m.wrong(&kv_key, "integers", v)))
+            .collect::<Result<_>>()?,
+        Some(a) => return Err(mismatch(format!("{kv_key} has {} entries for {num_layers} layers", a.len()))),
+        None => vec![m.opt_usize(&kv_key)?.unwrap_or(heads); num_layers],
+    };
+    // One KV head count per layer kind.
+    let kind_kv = |full: bool| -> Result<usize> {
+        let mut v = kv_per_layer.iter().zip(&full_attention).filter(|(_, &f)| f == full).map(|(&k, _)| k);
+        let first = v.next().unwrap_or(heads);
+        match v.find(|&k| k != first) {
+            Some(other) => Err(Error::Unsupported(format!("{kv_key}: {first} and {other} KV heads in one layer kind"))),
+            None => Ok(capped(path, &kv_key, first, cfg_limits::HEADS)?),
+        }
+    };
+    let (sliding_kv, full_kv) = (kind_kv(false)?, kind_kv(true)?);
+    let head_dim = req("attention.key_length_swa", cfg_limits::HEAD_DIM)?;
+    let global_head_dim = req("attention.key_length", cfg_limits::HEAD_DIM)?;
+    for (k, want) in [("attention.value_length_swa", head_dim), ("attention.value_length", global_head_dim)] {
+        if let Some(v) = m.opt_usize(&m.key(k))?.filter(|&v| v != want) {
+            return Err(Error::Unsupported(format!("{} {v} different from the key length {want}", m.key(k))));
+        }
+    }
+    for (k, want) in [("rope.dimension_count_swa", head_dim), ("rope.dimension_count", global_head_dim)] {
+        if let Some(v) = m.opt_usize(&m.key(k))?.filter(|&v| v != want) {
+            return Err(Error::Unsupported(format!("{} {v} of head dimension {want} (partial rotary)", m.key(k))));
+        }
+    }
+    // Keys as values: the full layers have no attn_v.
+    let k_eq_v = (0..num_layers).any(|l| full_attention[l] && g.tensor(&format!("blk.{l}.attn_v.weight")).is_none());
+    if !k_eq_v && full_kv != sliding_kv {
+        return Err(Error::Unsupported(format!(
+            "{kv_key}: {full_kv} KV heads on full layers, {sliding_kv} on sliding ones, with a v projection"
+        )));
+    }
+    let tok = tokenizer_data(&m, Arch::Gemma4)?;
+    let vocab_size = vocab_rows(g, Some(&tok), path)?;
+    // llama.cpp caps at 30 when the key is absent; 0 turns it off.
+    let cap = m.opt_f32(&m.key("final_logit_softcapping"))?.unwrap_or(30.0);
+    let window =
+        m.opt_u32(&m.key("attention.sliding_window"))?.ok_or_else(|| m.missing(&m.key("attention.sliding_window")))?;
+    let mut gc = Gemma4Config {
+        vocab_size,
+        hidden_size: req("embedding_length", cfg_limits::HIDDEN)?,
+        intermediate_size: {
+            let key = m.key("feed_forward_length");
+            let f = m.uniform_usize(&key)?.ok_or_else(|| m.missing(&key))?;
+            capped(path, &key, f, cfg_limits::INTERMEDIATE)?
+        },
+        num_attention_heads: heads,
+        num_key_value_heads: sliding_kv,
+        num_global_key_value_heads: Some(full_kv),
+        head_dim,
+        global_head_dim,
+        attention_k_eq_v: k_eq_v,
+        attention_bias: false,
+        full_attention,
+        sliding_window: window,
+        rope_sliding: Gemma4Rope {
+            theta: m.opt_f32(&m.key("rope.freq_base_swa"))?.unwrap_or(10_000.0),
+            proportional: false,
+            partial_rotary_factor: 1.0,
+        },
+        // Set from rope_freqs below.
+        rope_full: Gemma4Rope {
+            theta: m.opt_f32(&m.key("rope.freq_base"))?.unwrap_or(10_000.0),
+            proportional: false,
+            partial_rotary_factor: 1.0,
+        },
+        final_logit_softcapping: (cap != 0.0).then_some(cap),
+        rms_norm_eps: m
+            .opt_f32(&m.key("attention.layer_norm_rms_epsilon"))?
+            .ok_or_else(|| m.missing(&m.key("attention.layer_norm_rms_epsilon")))?,
+        max_position_embeddings: req("context_length", cfg_limits::CONTEXT)?,
+        tie_word_embeddings: g.tensor("output.weight").is_none(),
+        bos_token_id: tok.bos_token_id,
+        eos_token_ids: stop_ids(&tok),
+    };
+    if window == 0 || sliding_kv == 0 || full_kv == 0 || heads % sliding_kv != 0 || heads % full_kv != 0 {
+        return Err(mismatch(format!(
+            "sliding_window {window}, {heads} heads with {sliding_kv} (sliding) and {full_kv} (full) KV heads"
+        )));
+    }
+    let mut tensors: HashMap<String, StoredTensor> = g.tensors.iter().map(|t| (t.name.clone(), t.stored())).collect();
+    let freqs = tensors.remove("rope_freqs.weight");
+    let mut ck = Checkpoint {
+        path: path.to_path_buf(),
+        config: gc.model_config(),
+        tokenizer: TokenizerSource::None,
+        chat_template: m.opt_str("tokenizer.chat_template")?.map(str::to_string),
+        bos_token: gc.bos_token_id.and_then(|i| tok.tokens.get(i as usize)).cloned(),
+        eos_token: gc.eos_token_ids.first().and_then(|&i| tok.tokens.get(i as usize)).cloned(),
+        tensors,
+        files: vec![data],
+        fixups: HashMap::new(),
+    };
+    if let Some(f) = freqs {
+        // Proportional RoPE: a run of factor 1 (the pairs that turn), then factors that stop the
+        // rest (llama.cpp: angle / factor; 1e30 makes it 0 to f32 precision).
+        ck.tensors.insert("rope_freqs.weight".into(), f);
+        let factors = ck.raw("rope_freqs.weight")?.to_f32()?;
+        ck.tensors.remove("rope_freqs.weight");
+        let turning = factors.iter().take_while(|&&x| x == 1.0).count();
+        if factors.len() != global_head_dim / 2 || factors[turning..].iter().any(|&x| !(x >= 1e20)) || turning == 0 {
+            return Err(Error::Unsupported(format!(
+                "rope_freqs factors other than a run of 1 then >= 1e20 ({} factors for head dimension {global_head_dim})",
+                factors.len()
+            )));
+        }
+        gc.rope_full.proportional = true;
+        gc.rope_full.partial_rotary_factor = (2 * turning) as f32 / global_head_dim as f32;
+    }
+    ck.config = gc.model_config();
+    ck.config.add_bos = tok.add_bos_token;
+    ck.tokenizer = if tok.tokens.is_empty() { TokenizerSource::None } else { TokenizerSource::Gguf(tok) };
+    check_tensors(&ck.config, &ck.tensors, path)?;
+    validate_config(&ck.config, path)?;
+    Ok(ck)
 }
 
 /// The vocabulary size: `token_embd.weight`'s rows, which must equal the tokenizer's tokens.
@@ -1370,7 +1551,7 @@ fn tokenizer_data(m: &Meta, arch: Arch) -> Result<GgufTokenizerData> {
             other => Ok(other),
         }
     };
-    let default_add_bos = model == "llama" || arch == Arch::Gemma3;
+    let default_add_bos = model == "llama" || matches!(arch, Arch::Gemma3 | Arch::Gemma4);
     Ok(GgufTokenizerData {
         bos_token_id: id("bos", true)?,
         eos_token_id: id("eos", true)?,
@@ -1643,6 +1824,66 @@ impl GgufWriter {
         self.add_metadata(k("ssm.time_step_rank"), u(d.v_heads));
         self.add_metadata(k("ssm.inner_size"), u(d.value_dim()));
         Ok(self)
+    }
+
+    /// Writes the `gemma4.*` keys of llama.cpp's Gemma 4 that [`open`] reads back into `cfg` (a
+    /// Gemma 4 config: [`crate::model::gemma4::Gemma4Config::model_config`]), and returns the
+    /// `rope_freqs.weight` factors its full layers need (proportional RoPE: 1 for the pairs that
+    /// turn, 1e30 for the rest; `None` for full rotary), for the caller to add as an F32 tensor.
+    pub fn add_gemma4_config(&mut self, cfg: &ModelConfig) -> Result<Option<Vec<f32>>> {
+        use crate::model::config::{AttentionSpec, Mixer, MlpSpec};
+        let bad = |what: &str| Error::InvalidArgument(format!("add_gemma4_config: {what}"));
+        let att: Vec<AttentionSpec> = (0..cfg.num_layers)
+            .map(|l| match cfg.layer(l) {
+                spec if spec.output_scale && spec.sandwich_norm => match (spec.mixer, spec.mlp) {
+                    (Mixer::Attention(a), MlpSpec::Dense { intermediate, .. })
+                        if intermediate == cfg.intermediate_size =>
+                    {
+                        Ok(a)
+                    }
+                    _ => Err(bad("not a Gemma 4 layer")),
+                },
+                _ => Err(bad("not a Gemma 4 layer")),
+            })
+            .collect::<Result<_>>()?;
+        let sliding = att.iter().find(|a| a.window.is_some()).ok_or_else(|| bad("no sliding layer"))?;
+        let full = att.iter().find(|a| a.window.is_none()).ok_or_else(|| bad("no full layer"))?;
+        let k = |s: &str| format!("gemma4.{s}");
+        let u = |v: usize| GgufValue::U32(v as u32);
+        self.add_metadata("general.architecture", "gemma4");
+        self.add_metadata(k("block_count"), u(cfg.num_layers));
+        self.add_metadata(k("context_length"), u(cfg.max_position_embeddings));
+        self.add_metadata(k("embedding_length"), u(cfg.hidden_size));
+        self.add_metadata(k("feed_forward_length"), u(cfg.intermediate_size));
+        self.add_metadata(k("embedding_length_per_layer_input"), u(0));
+        self.add_metadata(k("attention.head_count"), u(sliding.heads));
+        self.add_metadata(k("attention.head_count_kv"), GgufValue::Array(att.iter().map(|a| u(a.kv_heads)).collect()));
+        self.add_metadata(k("attention.key_length"), u(full.head_dim));
+        self.add_metadata(k("attention.value_length"), u(full.head_dim));
+        self.add_metadata(k("attention.key_length_swa"), u(sliding.head_dim));
+        self.add_metadata(k("attention.value_length_swa"), u(sliding.head_dim));
+        self.add_metadata(k("attention.sliding_window"), u(sliding.window.unwrap_or(0) as usize));
+        self.add_metadata(
+            k("attention.sliding_window_pattern"),
+            GgufValue::Array(att.iter().map(|a| GgufValue::Bool(a.window.is_some())).collect()),
+        );
+        self.add_metadata(k("attention.layer_norm_rms_epsilon"), cfg.rms_norm_eps);
+        self.add_metadata(k("attention.shared_kv_layers"), u(0));
+        self.add_metadata(k("rope.freq_base"), full.rope.theta);
+        self.add_metadata(k("rope.freq_base_swa"), sliding.rope.theta);
+        // llama.cpp rotates every dim (NEOX pairs over the head); partial rotation is in rope_freqs.
+        self.add_metadata(k("rope.dimension_count"), u(full.head_dim));
+        self.add_metadata(k("rope.dimension_count_swa"), u(sliding.head_dim));
+        self.add_metadata(k("final_logit_softcapping"), cfg.final_logit_softcapping.unwrap_or(0.0));
+        if sliding.rope.rotary_dim != sliding.head_dim
+            || (!full.rope.proportional && full.rope.rotary_dim != full.head_dim)
+        {
+            return Err(bad("partial rotary other than proportional RoPE on full layers"));
+        }
+        Ok(full
+            .rope
+            .proportional
+            .then(|| (0..full.head_dim / 2).map(|i| if i < full.rope.rotary_dim / 2 { 1.0 } else { 1e30 }).collect()))
     }
 
     /// Writes the `tokenizer.ggml.*` keys of `t` (empty vectors and `None`s are left out).
