@@ -1080,7 +1080,10 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
         let factors = ck.raw("rope_freqs.weight")?.to_f32()?;
         ck.tensors.remove("rope_freqs.weight");
         let turning = factors.iter().take_while(|&&x| x == 1.0).count();
-        if factors.len() != global_head_dim / 2 || factors[turning..].iter().any(|&x| !(x >= 1e20)) || turning == 0 {
+        if factors.len() != global_head_dim / 2
+            || factors[turning..].iter().any(|&x| x.is_nan() || x < 1e20)
+            || turning == 0
+        {
             return Err(Error::Unsupported(format!(
                 "rope_freqs factors other than a run of 1 then >= 1e20 ({} factors for head dimension {global_head_dim})",
                 factors.len()
