@@ -53,10 +53,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let n = p.n;
     let xb = row * p.x_stride;
 
+    // Rows of a multiple of 4: four independent loads per thread per step (a row alone is one
+    // workgroup, so the loads' latency, not bandwidth, sets its time).
     var s = 0.0;
-    for (var i = lid; i < n; i += {{WG}}u) {
-        let v = x[xb + i];
-        s += v * v;
+    let quad = n % 4u == 0u;
+    if (quad) {
+        for (var i = 4u * lid; i < n; i += 4u * {{WG}}u) {
+            let a = x[xb + i];
+            let b = x[xb + i + 1u];
+            let c = x[xb + i + 2u];
+            let d = x[xb + i + 3u];
+            s += (a * a + b * b) + (c * c + d * d);
+        }
+    } else {
+        for (var i = lid; i < n; i += {{WG}}u) {
+            let v = x[xb + i];
+            s += v * v;
+        }
     }
 
 #ifdef SUBGROUP
@@ -89,13 +102,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 #else
     let ob = row * p.out_stride;
-    for (var i = lid; i < n; i += {{WG}}u) {
-        let v = x[xb + i] * scale * w[i];
+    if (quad) {
+        for (var i = 4u * lid; i < n; i += 4u * {{WG}}u) {
+            let v = vec4<f32>(x[xb + i], x[xb + i + 1u], x[xb + i + 2u], x[xb + i + 3u]) * scale
+                * vec4<f32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);
 #ifdef ACCUMULATE
-        out[ob + i] = (out[ob + i] + v) * p.out_scale;
+            let o = (vec4<f32>(out[ob + i], out[ob + i + 1u], out[ob + i + 2u], out[ob + i + 3u]) + v) * p.out_scale;
 #else
-        out[ob + i] = v;
+            let o = v;
 #endif
+            out[ob + i] = o.x;
+            out[ob + i + 1u] = o.y;
+            out[ob + i + 2u] = o.z;
+            out[ob + i + 3u] = o.w;
+        }
+    } else {
+        for (var i = lid; i < n; i += {{WG}}u) {
+            let v = x[xb + i] * scale * w[i];
+#ifdef ACCUMULATE
+            out[ob + i] = (out[ob + i] + v) * p.out_scale;
+#else
+            out[ob + i] = v;
+#endif
+        }
     }
 #endif
 }

@@ -31,7 +31,7 @@ use crate::ops::attention::{attention, attention_batch, attention_rope, AttnPara
 use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, rms_norm_gated, DeltaRuleArgs};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant};
-use crate::ops::matmul::{fuses_input, Input, LinearOpts, MATVEC_MAX_T};
+use crate::ops::matmul::{fuses_input, fuses_norm, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::moe::{
     linear_experts, moe_combine, moe_router, moe_router_shared, ExpertWeight, SharedExpert as MoeShared,
 };
@@ -792,7 +792,7 @@ impl Model {
         let plain = LinearOpts { softcap: c.final_logit_softcapping, ..Default::default() };
         let mut k = |kernel: Kernel| items.push(Item::Kernel(kernel));
         // One row: the output norm always fuses into the lm_head's matvec when K allows.
-        let (head_in, head_input) = if fuses_input(1, h) {
+        let (head_in, head_input) = if fuses_norm(1, h) {
             (&last_row, Input::Norm { weight: &w.output_norm, eps })
         } else {
             k(rms_norm(g, &last_row, &w.output_norm, &last_n, eps, false)?);
@@ -847,7 +847,7 @@ impl<'a> LayerPass<'a> {
     /// The input of a projection that starts from the residual stream under the norm `w`: the
     /// norm fused into the matvec up to MATVEC_MAX_T tokens, else run into xn first.
     fn normed(&self, k: &mut Vec<Kernel>, w: &'a Tensor) -> Result<(Tensor, Input<'a>)> {
-        if fuses_input(self.t, self.x.shape[1]) {
+        if fuses_norm(self.t, self.x.shape[1]) {
             Ok((self.x.clone(), Input::Norm { weight: w, eps: self.eps }))
         } else {
             k.push(rms_norm(self.g, self.x, w, self.xn, self.eps, false)?);

@@ -436,12 +436,25 @@ impl QMatvecConfig {
         let groups = s.n.div_ceil(4) as u32;
         let want = 262144u32.div_ceil(groups).next_power_of_two();
         let widest = units.next_power_of_two().min(MATVEC_WG).max(min_tpr);
-        let tpr = want.clamp(min_tpr.max(16).min(widest), widest);
+        let mut tpr = want.clamp(min_tpr.max(16).min(widest), widest);
+        // Gemma-4-31B's shapes on the H100 (`bench_quant` with QSHAPES): rows of 4096 to 8192
+        // elements over 4096 rows or more run best as 32-lane row groups with the integer dot
+        // products (N = 5376, K = 8192: Q4_K 17.5 us against 20.7 at 256 lanes, Q6_K 23.4 against
+        // 30.0; N = 16384, K = 5376: 29.9 / 43.6 against 34.7 / 56.5 at 64 lanes); Q6_K rows of
+        // 16384 or more want 64 lanes (N = 5376, K = 21504: 71.5 us against 88.4 at 256).
+        let dp4_ok = dp4_fits(gpu, dtype, s.k, MATVEC_WG) && gpu.info.backend == wgpu::Backend::Vulkan;
+        // (measured with 256-thread workgroups: 32 rows each, which the staging pays off on).
+        let wide_rows = tok == 1 && dp4_ok && (4096..=8192).contains(&s.k) && s.n >= 4096;
+        if wide_rows {
+            tpr = min_tpr.max(32);
+        } else if dtype == DType::Q6_K && s.k >= 16384 {
+            tpr = tpr.min(64).max(min_tpr);
+        }
         // Few rows (a v or o projection): smaller workgroups, so that more of them spread over
         // the GPU (N = 256, 32 lanes a row group: 8 workgroups of 256 threads, or 64 of 32),
         // down to one row group, or 32 threads, a workgroup.
         let mut wg = MATVEC_WG;
-        while wg / 2 >= tpr.max(32) && (s.n as u32).div_ceil(4 * wg / tpr) < 512 {
+        while !wide_rows && wg / 2 >= tpr.max(32) && (s.n as u32).div_ceil(4 * wg / tpr) < 512 {
             wg /= 2;
         }
         // Integer dot products where the backend compiles them to instructions: Vulkan (SPIR-V
@@ -1473,17 +1486,30 @@ pub(crate) mod tests {
         // Qwen2.5-1.5B's linear layers (N, K): qkv, o, gate_up, down, lm_head.
         let gpu = gpu();
         let big = gpu.info.device_type != wgpu::DeviceType::Cpu;
-        let shapes: &[(usize, usize)] = if big {
-            &[(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960), (151936, 1536)]
-        } else {
-            &[(2048, 1536)]
+        // QSHAPES="N:K,N:K" and QTYPES="Q4_K,Q6_K" narrow the run to other shapes and types.
+        let custom: Option<Vec<(usize, usize)>> = std::env::var("QSHAPES").ok().map(|v| {
+            v.split(',')
+                .map(|nk| {
+                    let (n, k) = nk.split_once(':').expect("QSHAPES entries are N:K");
+                    (n.parse().unwrap(), k.parse().unwrap())
+                })
+                .collect()
+        });
+        let shapes: &[(usize, usize)] = match (&custom, big) {
+            (Some(c), _) => c,
+            (None, true) => &[(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960), (151936, 1536)],
+            (None, false) => &[(2048, 1536)],
+        };
+        let types: Vec<DType> = match std::env::var("QTYPES") {
+            Ok(v) => TYPES.into_iter().filter(|t| v.split(',').any(|n| n == t.name())).collect(),
+            Err(_) => TYPES.to_vec(),
         };
         eprintln!(
             "{} f16={} sg={} (max {})",
             gpu.info.name, gpu.caps.f16, gpu.caps.subgroups, gpu.caps.subgroup_max_size
         );
         let opts = LinearOpts::default();
-        for ty in TYPES {
+        for &ty in &types {
             for &(n, k) in shapes {
                 let raw = random_blocks(ty, n, k, 2);
                 let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
@@ -1494,8 +1520,14 @@ pub(crate) mod tests {
                 let mut line = format!("matvec {ty} N={n} K={k} ({:.1} MB):", w.gpu_bytes() as f64 / 1e6);
                 let mut cfgs = vec![auto];
                 for tpr in [16u32, 32, 64, 128, 256] {
-                    if tpr != auto.tpr && (tpr >= gpu.caps.subgroup_max_size || !auto.subgroups) {
-                        cfgs.push(QMatvecConfig { tpr, ..auto });
+                    if tpr >= gpu.caps.subgroup_max_size || !auto.subgroups {
+                        for dp4 in [false, true] {
+                            let c = QMatvecConfig { tpr, dp4, ..auto };
+                            if (dp4 && !dp4_fits(&gpu, ty, k, auto.wg)) || (tpr == auto.tpr && dp4 == auto.dp4) {
+                                continue;
+                            }
+                            cfgs.push(c);
+                        }
                     }
                 }
                 let mut first = None;
@@ -1506,7 +1538,8 @@ pub(crate) mod tests {
                     let first = first.get_or_insert(out.clone());
                     let (d, at) = max_abs_diff(first, &out);
                     assert!(d < 1e-3 * (1.0 + first[at].abs()), "{ty} N={n} K={k} {c:?}: differs by {d} at {at}");
-                    let name = if i == 0 { format!("auto(tpr {})", c.tpr) } else { format!("tpr {}", c.tpr) };
+                    let dp = if c.dp4 { "+dp4" } else { "" };
+                    let name = if i == 0 { format!("auto(tpr {}{dp})", c.tpr) } else { format!("tpr {}{dp}", c.tpr) };
                     line += &format!(" {name} {:.1}us {:.0}GB/s;", t * 1e6, w.gpu_bytes() as f64 / t / 1e9);
                 }
                 eprintln!("{line}");
@@ -1522,7 +1555,7 @@ pub(crate) mod tests {
             let t = time_per_call(&gpu, &|pass| kern.encode(pass));
             eprintln!("matvec f16 N={n} K={k}: {:.1}us {:.0}GB/s", t * 1e6, (2 * n * k) as f64 / t / 1e9);
         }
-        if std::env::var("QBENCH").is_ok_and(|v| v == "matvec") {
+        if std::env::var("QBENCH").is_ok_and(|v| v == "matvec") || custom.is_some() {
             return;
         }
         // Few tokens (matvec, 4 tokens per pass) and prefill (matmul).
