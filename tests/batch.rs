@@ -26,14 +26,17 @@ fn tiny_config(preset: &str) -> ModelConfig {
     c
 }
 
-/// Gemma 4's layout, shrunk: 4 layers (sliding, full, sliding, full), window 8, head dims 16 / 32,
-/// KV heads 2 / 1 with keys as values on the full layers, soft-capped logits.
+/// Gemma 4's layout, shrunk: 5 layers (sliding, full, sliding, full, sliding), window 8, head
+/// dims 16 / 32, KV heads 2 / 1 with keys as values on the full layers, soft-capped logits; and
+/// E2B's per-layer inputs (8 wide) with the last layer reading layer 2's KV cache.
 fn tiny_gemma4() -> ModelConfig {
     let mut g = wgpu_llm::model::gemma4::Gemma4Config::gemma_4_31b();
     (g.vocab_size, g.hidden_size, g.intermediate_size) = (1000, 64, 96);
     (g.num_attention_heads, g.num_key_value_heads, g.num_global_key_value_heads) = (4, 2, Some(1));
     (g.head_dim, g.global_head_dim, g.sliding_window) = (16, 32, 8);
-    g.full_attention = vec![false, true, false, true];
+    g.full_attention = vec![false, true, false, true, false];
+    (g.hidden_size_per_layer_input, g.vocab_size_per_layer_input) = (8, 1000);
+    (g.num_kv_shared_layers, g.use_double_wide_mlp) = (1, true);
     g.max_position_embeddings = 256;
     g.model_config()
 }

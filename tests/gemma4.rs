@@ -105,13 +105,43 @@ fn mlx4_folder_matches_mlx_lm() {
     check_path(&dir, "gemma4_tiny_mlx4", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
 }
 
-/// What the engine does not run yet is refused by name, not run wrong: the E2B-style variant
-/// (per-layer input embeddings, shared KV layers, double-wide MLPs).
+/// The E2B-style variant: per-layer input embeddings (P = 8), the last two layers reading earlier
+/// layers' KV caches (layer 6 the sliding layer 5's, layer 7 the full layer 3's) with MLPs twice
+/// as wide, through prefill, decode and a chunked prefill.
 #[test]
-fn per_layer_inputs_are_refused_by_name() {
+fn per_layer_inputs_and_shared_kv_match_transformers() {
     let dir = common::fixture_dir().join("models/gemma4_tiny_ple");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let c = &ck.config;
+    assert_eq!(c.per_layer_input.map(|p| (p.dim, p.vocab)), Some((8, 1024)));
+    let src: Vec<Option<usize>> = (0..c.num_layers)
+        .map(|l| match c.layer(l).mixer {
+            Mixer::Attention(a) => a.kv_from,
+            Mixer::DeltaNet(_) => unreachable!(),
+        })
+        .collect();
+    assert_eq!(src, [None, None, None, None, None, None, Some(5), Some(3)]);
+    let err = check_path(&dir, "gemma4_tiny_ple", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
+    eprintln!("max |logit error| {err}");
+    check_path(&dir, "gemma4_tiny_ple", Check { max_abs: MAX_ABS, steps: 2, prefill_chunk: Some(7) });
+}
+
+/// What the engine does not run yet is refused by name, not run wrong: the 26B-A4B's
+/// mixture-of-experts blocks.
+#[test]
+fn moe_blocks_are_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("gemma4-moe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["model.safetensors", "tokenizer.json"] {
+        std::fs::copy(tiny().join(f), dir.join(f)).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny().join("config.json")).unwrap()).unwrap();
+    cfg["enable_moe_block"] = true.into();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     let err = Checkpoint::open(&dir).err().expect("a clear error").to_string();
-    assert!(err.contains("per-layer input embeddings"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(err.contains("mixture-of-experts"), "{err}");
 }
 
 /// A config as transformers writes it, with the full layers' head dim and KV heads only in the

@@ -75,6 +75,7 @@ fn tiny_config(arch: Arch) -> ModelConfig {
         embedding_scale: 1.0,
         attention_scale: 1.0 / 8f32.sqrt(),
         final_logit_softcapping: None,
+        per_layer_input: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         add_bos: false,

@@ -1054,6 +1054,10 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
         tie_word_embeddings: g.tensor("output.weight").is_none(),
         bos_token_id: tok.bos_token_id,
         eos_token_ids: stop_ids(&tok),
+        hidden_size_per_layer_input: 0,
+        vocab_size_per_layer_input: vocab_size,
+        num_kv_shared_layers: 0,
+        use_double_wide_mlp: false,
     };
     if window == 0 || sliding_kv == 0 || full_kv == 0 || heads % sliding_kv != 0 || heads % full_kv != 0 {
         return Err(mismatch(format!(
@@ -1383,6 +1387,7 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
         embedding_scale: 1.0,
         attention_scale: 1.0 / (head_dim as f32).sqrt(),
         final_logit_softcapping,
+        per_layer_input: None,
         bos_token_id: tok.bos_token_id,
         eos_token_ids,
         add_bos: tok.add_bos_token,

@@ -567,6 +567,9 @@ pub fn canonical_name(hf: &str, arch: Arch) -> Option<String> {
     };
     match name.as_str() {
         "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
+        "model.embed_tokens_per_layer.weight" => return Some("per_layer_token_embd.weight".into()),
+        "model.per_layer_model_projection.weight" => return Some("per_layer_model_proj.weight".into()),
+        "model.per_layer_projection_norm.weight" => return Some("per_layer_proj_norm.weight".into()),
         "model.norm.weight" => return Some("output_norm.weight".into()),
         "lm_head.weight" => return Some("output.weight".into()),
         _ => {}
@@ -906,6 +909,7 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
         embedding_scale: if gemma { (hidden as f32).sqrt() } else { 1.0 },
         attention_scale,
         final_logit_softcapping: c.opt_f32("final_logit_softcapping")?.filter(|&x| x > 0.0),
+        per_layer_input: None,
         bos_token_id: None,
         eos_token_ids: Vec::new(),
         add_bos: false,
@@ -1023,12 +1027,6 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
     check_layer_count(tensors.keys().map(String::as_str), num_layers, "num_hidden_layers", c.path)?;
     let bad = |msg: String| Error::Mismatch(format!("{}: {msg}", c.path.display()));
     // What this engine does not run yet: refused by name rather than run wrong.
-    if c.opt_usize("hidden_size_per_layer_input")?.unwrap_or(0) > 0 {
-        return Err(Error::Unsupported("gemma4 per-layer input embeddings (hidden_size_per_layer_input)".into()));
-    }
-    if c.opt_usize("num_kv_shared_layers")?.unwrap_or(0) > 0 {
-        return Err(Error::Unsupported("gemma4 shared KV layers (num_kv_shared_layers)".into()));
-    }
     if c.opt_bool("enable_moe_block")? == Some(true) {
         return Err(Error::Unsupported("gemma4 mixture-of-experts blocks (enable_moe_block)".into()));
     }
@@ -1108,6 +1106,10 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
         tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(true),
         bos_token_id: None,
         eos_token_ids: Vec::new(),
+        hidden_size_per_layer_input: c.opt_capped("hidden_size_per_layer_input", limits::HIDDEN)?.unwrap_or(0),
+        vocab_size_per_layer_input: c.opt_capped("vocab_size_per_layer_input", limits::VOCAB)?.unwrap_or(262_144),
+        num_kv_shared_layers: c.opt_capped("num_kv_shared_layers", limits::LAYERS)?.unwrap_or(0),
+        use_double_wide_mlp: c.opt_bool("use_double_wide_mlp")?.unwrap_or(false),
     };
     // transformers writes the full layers' head dim and KV heads as a per-layer table
     // (`per_layer_config`, keyed by layer index), Google's and mlx-lm's configs as the top-level
@@ -1168,6 +1170,15 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
     }
     if g.final_logit_softcapping.is_some_and(|cap| cap <= 0.0) {
         return Err(bad("final_logit_softcapping must be positive".into()));
+    }
+    if g.num_kv_shared_layers > num_layers {
+        return Err(bad(format!("num_kv_shared_layers {} of {num_layers} layers", g.num_kv_shared_layers)));
+    }
+    if let Some(l) = (num_layers - g.num_kv_shared_layers..num_layers).find(|&l| g.kv_source(l).is_none()) {
+        return Err(bad(format!("shared KV layer {l} has no earlier unshared layer of its kind to read")));
+    }
+    if g.hidden_size_per_layer_input > 0 && g.vocab_size_per_layer_input == 0 {
+        return Err(bad("vocab_size_per_layer_input is 0".into()));
     }
     if g.full_rotary_dim() < 2 {
         return Err(bad(format!("full_attention RoPE turns {} dims of {}", g.full_rotary_dim(), g.global_head_dim)));

@@ -596,6 +596,12 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
     if !c.tie_word_embeddings {
         out.push(("output.weight".into(), vec![v, h], Role::Matrix));
     }
+    if let Some(ple) = c.per_layer_input {
+        let all = c.num_layers * ple.dim;
+        out.push(("per_layer_token_embd.weight".into(), vec![ple.vocab, all], Role::Matrix));
+        out.push(("per_layer_model_proj.weight".into(), vec![all, h], Role::Matrix));
+        out.push(("per_layer_proj_norm.weight".into(), vec![ple.dim], Role::Vector));
+    }
     for i in 0..c.num_layers {
         let spec = c.layer(i);
         let mut add = |s: &str, shape: Vec<usize>, role| out.push((format!("blk.{i}.{s}"), shape, role));
@@ -604,9 +610,13 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
         match spec.mixer {
             Mixer::Attention(a) => {
                 let (d, q, kv) = (a.head_dim, a.q_dim(), a.kv_dim());
+                // A layer reading another's KV cache has only q.
+                let own_kv = a.kv_from.is_none();
                 add("attn_q.weight", vec![q, h], Role::Matrix);
-                add("attn_k.weight", vec![kv, h], Role::Matrix);
-                if !a.k_eq_v {
+                if own_kv {
+                    add("attn_k.weight", vec![kv, h], Role::Matrix);
+                }
+                if own_kv && !a.k_eq_v {
                     add("attn_v.weight", vec![kv, h], Role::Matrix);
                 }
                 add("attn_output.weight", vec![h, q], Role::Matrix);
@@ -615,14 +625,18 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
                 }
                 if a.bias {
                     add("attn_q.bias", vec![q], Role::Vector);
-                    add("attn_k.bias", vec![kv], Role::Vector);
-                    if !a.k_eq_v {
+                    if own_kv {
+                        add("attn_k.bias", vec![kv], Role::Vector);
+                    }
+                    if own_kv && !a.k_eq_v {
                         add("attn_v.bias", vec![kv], Role::Vector);
                     }
                 }
                 if a.qk_norm {
                     add("attn_q_norm.weight", vec![d], Role::Vector);
-                    add("attn_k_norm.weight", vec![d], Role::Vector);
+                    if own_kv {
+                        add("attn_k_norm.weight", vec![d], Role::Vector);
+                    }
                 }
             }
             Mixer::DeltaNet(d) => {
@@ -663,6 +677,11 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
         }
         if spec.output_scale {
             add("layer_output_scale.weight", vec![1], Role::Vector);
+        }
+        if let Some(ple) = c.per_layer_input {
+            add("inp_gate.weight", vec![ple.dim, h], Role::Matrix);
+            add("proj.weight", vec![h, ple.dim], Role::Matrix);
+            add("post_norm.weight", vec![h], Role::Vector);
         }
     }
     out

@@ -59,6 +59,7 @@ pub fn preset_config(name: &str) -> Result<ModelConfig> {
         embedding_scale: 1.0,
         attention_scale: 1.0 / (head_dim as f32).sqrt(),
         final_logit_softcapping: None,
+        per_layer_input: None,
         bos_token_id: None,
         eos_token_ids: vec![],
         add_bos: false,

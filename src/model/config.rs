@@ -124,6 +124,9 @@ pub struct AttentionSpec {
     pub k_eq_v: bool,
     /// RMSNorm without a weight on each value head (Gemma 4's `v_norm`).
     pub v_norm: bool,
+    /// This layer reads layer `kv_from`'s KV cache (same kind and shape) instead of projecting
+    /// and caching keys and values of its own: it has only q (Gemma 4's shared KV layers).
+    pub kv_from: Option<usize>,
 }
 
 impl AttentionSpec {
@@ -133,9 +136,14 @@ impl AttentionSpec {
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
     }
-    /// Columns of the fused projection: [q | k | v], or [q | k] with `k_eq_v`.
+    /// Columns of the fused projection: [q | k | v], [q | k] with `k_eq_v`, [q] with `kv_from`.
     pub fn qkv_dim(&self) -> usize {
-        self.q_dim() + if self.k_eq_v { 1 } else { 2 } * self.kv_dim()
+        let kv_parts = match (self.kv_from, self.k_eq_v) {
+            (Some(_), _) => 0,
+            (None, true) => 1,
+            (None, false) => 2,
+        };
+        self.q_dim() + kv_parts * self.kv_dim()
     }
 }
 
@@ -203,6 +211,15 @@ pub enum MlpSpec {
     },
 }
 
+/// Per-layer input embeddings (Gemma 4 E2B/E4B's PLE): every layer gets a `dim`-wide input per
+/// token from its own slice of a second embedding table (`vocab` rows of `layers * dim`) and a
+/// projection of the token's embedding, added to its output through a gated projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PerLayerInput {
+    pub dim: usize,
+    pub vocab: usize,
+}
+
 /// One layer of the loop: what `forward` runs and `weights` loads for it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LayerSpec {
@@ -249,6 +266,8 @@ pub struct ModelConfig {
     pub attention_scale: f32,
     /// tanh soft-capping of the final logits (None = off).
     pub final_logit_softcapping: Option<f32>,
+    /// Per-layer input embeddings (Gemma 4 E2B/E4B), when the model has them.
+    pub per_layer_input: Option<PerLayerInput>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     /// Whether the tokenizer prepends BOS to a prompt (Gemma: yes; SmolLM2/Qwen: no).
@@ -288,6 +307,7 @@ impl ModelConfig {
                 output_gate: false,
                 k_eq_v: false,
                 v_norm: false,
+                kv_from: None,
             }),
             mlp: MlpSpec::Dense { intermediate: self.intermediate_size, activation: self.activation },
             sandwich_norm: self.sandwich_norm,

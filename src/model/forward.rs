@@ -30,13 +30,13 @@ use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
 use crate::ops::attention::{attention, attention_batch, attention_rope, AttnParams};
 use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, rms_norm_gated, DeltaRuleArgs};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
-use crate::ops::embedding::{embedding, embedding_quant};
+use crate::ops::embedding::{embedding, embedding_quant, per_layer_inputs, per_layer_slot};
 use crate::ops::matmul::{fuses_input, fuses_norm, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::moe::{
     linear_experts, moe_combine, moe_router, moe_router_shared, ExpertWeight, SharedExpert as MoeShared,
 };
-use crate::ops::norm::{rms_norm, rms_norm_residual};
-use crate::ops::rope::{inv_freq, rope_kv_write, rope_kv_write_batch, RopeParams};
+use crate::ops::norm::{rms_norm, rms_norm_in_place, rms_norm_residual, RowLayout};
+use crate::ops::rope::{inv_freq, rope, rope_batch, rope_kv_write, rope_kv_write_batch, RopeParams};
 use crate::ops::StepParams;
 use std::collections::HashMap;
 
@@ -70,6 +70,9 @@ struct Scratch {
     logits: Tensor,
     /// A batch step's (position, slot) per sequence, u32 `[slots, 2]`.
     seqs: Tensor,
+    /// Per-layer inputs (Gemma 4 E2B/E4B): each layer's slot of `rows` rows of [gate | input]
+    /// (`ops::embedding::per_layer_inputs`), f32 `[layers * slot]`.
+    ple_slots: Option<(Tensor, usize)>,
 }
 
 impl Scratch {
@@ -117,6 +120,11 @@ impl Scratch {
                 }
             }
         }
+        if let Some(ple) = c.per_layer_input {
+            need("ple_tok", c.num_layers * ple.dim);
+            need("ple_proj", c.num_layers * ple.dim);
+            need("ple_act", ple.dim);
+        }
         let acts = widths
             .into_iter()
             .map(|(name, n)| Ok((name, g.empty(name, &[rows, n], ElemType::F32)?)))
@@ -139,6 +147,13 @@ impl Scratch {
             last_norm: g.empty("last_norm", &[1, h], ElemType::F32)?,
             logits: g.empty("logits", &[slots, c.vocab_size], ElemType::F32)?,
             seqs: g.empty("seqs", &[slots, 2], ElemType::U32)?,
+            ple_slots: match c.per_layer_input {
+                None => None,
+                Some(ple) => {
+                    let slot = per_layer_slot(rows, ple.dim);
+                    Some((g.empty("ple_slots", &[c.num_layers * slot], ElemType::F32)?, slot))
+                }
+            },
         })
     }
 
@@ -162,6 +177,7 @@ impl Scratch {
                 .iter()
                 .map(|t| t.size_bytes())
                 .sum::<u64>()
+            + self.ple_slots.as_ref().map_or(0, |(t, _)| t.size_bytes())
     }
 }
 
@@ -185,6 +201,8 @@ enum LayerState {
     /// Gated DeltaNet: the conv's last inputs f32 [R, K-1, conv_dim] and the delta rule's state
     /// f32 [R, Hv, Dk, Dv], R = [`STATE_RING`] slots.
     Recurrent { conv: Tensor, delta: Tensor },
+    /// Nothing of its own: the layer reads layer `.0`'s KV caches (Gemma 4's shared KV layers).
+    Shared(usize),
 }
 
 /// One dispatch's median GPU time in [`Model::profile_step`].
@@ -334,6 +352,15 @@ impl Model {
         let state = (0..config.num_layers)
             .map(|l| {
                 Ok(match config.layer(l).mixer {
+                    Mixer::Attention(a) if a.kv_from.is_some() => {
+                        let src = a.kv_from.expect("checked");
+                        if src >= l || !matches!(config.layer(src).mixer, Mixer::Attention(b) if b.kv_from.is_none() && (b.kv_heads, b.head_dim) == (a.kv_heads, a.head_dim)) {
+                            return Err(Error::InvalidArgument(format!(
+                                "layer {l} reads layer {src}'s KV cache, which is not an earlier attention layer of its shape"
+                            )));
+                        }
+                        LayerState::Shared(src)
+                    }
                     Mixer::Attention(a) => {
                         let shape = [1, a.kv_heads, max_ctx, a.head_dim];
                         LayerState::Kv(
@@ -603,21 +630,25 @@ impl Model {
         self.scratch = None;
         self.reset();
         // Only attention layers get here (a recurrent model holds one sequence).
-        let shapes: Vec<[usize; 4]> = self
+        let shapes: Vec<Option<[usize; 4]>> = self
             .state
             .iter()
             .map(|st| match st {
-                LayerState::Kv(k, _) => [n, k.shape[1], k.shape[2], k.shape[3]],
+                LayerState::Kv(k, _) => Some([n, k.shape[1], k.shape[2], k.shape[3]]),
+                LayerState::Shared(_) => None,
                 LayerState::Recurrent { .. } => unreachable!("a recurrent model holds one sequence"),
             })
             .collect();
-        self.state.clear();
+        let old = std::mem::take(&mut self.state);
         self.slots = n;
-        for (l, shape) in shapes.iter().enumerate() {
-            self.state.push(LayerState::Kv(
-                self.gpu.empty(&format!("k_cache.{l}"), shape, ElemType::F16)?,
-                self.gpu.empty(&format!("v_cache.{l}"), shape, ElemType::F16)?,
-            ));
+        for (l, (shape, st)) in shapes.iter().zip(old).enumerate() {
+            self.state.push(match shape {
+                Some(shape) => LayerState::Kv(
+                    self.gpu.empty(&format!("k_cache.{l}"), shape, ElemType::F16)?,
+                    self.gpu.empty(&format!("v_cache.{l}"), shape, ElemType::F16)?,
+                ),
+                None => st,
+            });
         }
         Ok(())
     }
@@ -744,12 +775,33 @@ impl Model {
         }
         let eps = c.rms_norm_eps;
         let lp = LayerPass { g, s, t, eps, x: &x, xn: &xn, tmp: &tmp, step: &self.step, max_ctx: self.max_ctx, seqs };
+        // Per-layer inputs from the token embedding x0, before any layer changes x.
+        if let (Some(ple), Some(pw), Some((slots, _))) = (c.per_layer_input, &w.per_layer_input, &s.ple_slots) {
+            let width = c.num_layers * ple.dim;
+            let (tok, proj) = (lp.act("ple_tok", width), lp.act("ple_proj", width));
+            for (row_start, chunk) in &pw.embed {
+                items.push(Item::Kernel(match chunk {
+                    Linear::F16(tb) => embedding(g, tb, *row_start, &ids, &tok, (ple.dim as f32).sqrt())?,
+                    Linear::Quant(q) => embedding_quant(g, q, *row_start, &ids, &tok, (ple.dim as f32).sqrt())?,
+                }));
+            }
+            items.push(Item::Kernel(linear(g, &x, Input::Plain, &pw.model_proj, None, &proj, lp.opts())?));
+            // norm(proj(x0) / sqrt(hidden)) is norm(proj(x0)) with eps * hidden: the scale folded in.
+            let rows = RowLayout::contiguous((t * c.num_layers) as u32, ple.dim as u32);
+            items.push(Item::Kernel(rms_norm_in_place(g, &proj, &pw.norm, rows, eps * h as f32)?));
+            let scale = std::f32::consts::FRAC_1_SQRT_2;
+            items.push(Item::Kernel(per_layer_inputs(g, &proj, &tok, slots, (c.num_layers, ple.dim), scale)?));
+        }
         for (l, lw) in w.layers.iter().enumerate() {
             let spec = c.layer(l);
             let mut k = Vec::new();
             // Token mixer, its output added to the residual stream x (through the sandwich norm
             // where there is one).
-            let mixed = match (spec.mixer, &lw.mixer, &self.state[l]) {
+            let state = match &self.state[l] {
+                LayerState::Shared(src) => &self.state[*src],
+                own => own,
+            };
+            let mixed = match (spec.mixer, &lw.mixer, state) {
                 (Mixer::Attention(a), MixerWeights::Attention { .. }, LayerState::Kv(kc, vc)) => {
                     lp.attention(&mut k, &a, lw, kc, vc)?
                 }
@@ -767,7 +819,14 @@ impl Model {
                 (MlpSpec::Moe { .. }, MlpWeights::Moe { .. }) => lp.moe(&mut k, &spec.mlp, lw)?,
                 _ => unreachable!("layer {l}: weights are made from its spec"),
             };
-            lp.residual_scaled(&mut k, ffn, lw.post_ffw_norm.as_ref(), lw.output_scale)?;
+            match (&lw.per_layer_input, &s.ple_slots) {
+                (Some(ple_w), Some((slots, slot))) => {
+                    lp.residual(&mut k, ffn, lw.post_ffw_norm.as_ref())?;
+                    let out = lp.per_layer_input(&mut k, ple_w, slots.view(l * slot, &[t, 2 * ple_w.0.shape()[0]]))?;
+                    lp.residual_scaled(&mut k, out, Some(&ple_w.2), lw.output_scale)?;
+                }
+                _ => lp.residual_scaled(&mut k, ffn, lw.post_ffw_norm.as_ref(), lw.output_scale)?,
+            }
             items.extend(k.into_iter().map(Item::Kernel));
         }
         if batch {
@@ -912,8 +971,9 @@ impl<'a> LayerPass<'a> {
         let qkv = self.act("qkv", a.q_dim() + 2 * a.kv_dim());
         let attn = self.act("attn", a.q_dim());
         let (xin, input) = self.normed(k, &lw.attn_norm)?;
-        if a.k_eq_v {
-            // [q | k] into the rows' first columns; the cache write takes v from k.
+        if a.qkv_dim() != a.q_dim() + 2 * a.kv_dim() {
+            // [q | k] (the cache write takes v from k) or [q] (the layer reads another's cache)
+            // into the rows' first columns.
             let qk = qkv.view(0, &[t, a.qkv_dim()]);
             let opts = LinearOpts { ld_out: Some(a.q_dim() + 2 * a.kv_dim()), ..self.opts() };
             k.extend(qkv_w.linear(g, &xin, input, qkv_bias.as_ref(), &qk, opts)?);
@@ -929,8 +989,10 @@ impl<'a> LayerPass<'a> {
             scaling: a.rope.scaling,
             n_tokens: t,
             proportional: a.rope.proportional,
-            k_eq_v: a.k_eq_v,
-            v_norm: a.v_norm,
+            // The cache write's options; a layer reading another's cache writes none.
+            k_eq_v: a.k_eq_v && a.kv_from.is_none(),
+            v_norm: a.v_norm && a.kv_from.is_none(),
+            q_only: a.kv_from.is_some(),
         };
         let qk = qk_norm.as_ref().map(|(q, kk)| (q, kk, self.eps));
         let ap = AttnParams {
@@ -946,9 +1008,23 @@ impl<'a> LayerPass<'a> {
         // One decode token a sequence without q/k norm (full rotary): the rotation and the cache
         // write happen inside attention (a dispatch fewer); else rope (+ q/k norm) writes the
         // caches.
-        let fused_rope =
-            qk.is_none() && a.rope.rotary_dim == a.head_dim && !a.rope.proportional && !a.k_eq_v && !a.v_norm;
-        if let Some(seqs) = &self.seqs {
+        let fused_rope = qk.is_none()
+            && a.rope.rotary_dim == a.head_dim
+            && !a.rope.proportional
+            && !a.k_eq_v
+            && !a.v_norm
+            && a.kv_from.is_none();
+        if a.kv_from.is_some() {
+            // Only q to rotate: the keys and values are another layer's, already cached.
+            k.push(match &self.seqs {
+                Some(seqs) => rope_batch(g, &qkv, self.step, seqs, rp, qk)?,
+                None => rope(g, &qkv, self.step, rp, qk)?,
+            });
+            k.extend(match &self.seqs {
+                Some(seqs) => attention_batch(g, &qkv, kc, vc, &attn, self.step, seqs, ap, None)?,
+                None => attention(g, &qkv, kc, vc, &attn, self.step, ap)?,
+            });
+        } else if let Some(seqs) = &self.seqs {
             if fused_rope {
                 let table = g.upload_f32(
                     "rope.inv_freq",
@@ -975,6 +1051,36 @@ impl<'a> LayerPass<'a> {
             k.push(mul_sigmoid(g, &attn, &gt)?);
         }
         Ok(Output::Linear { from: attn, input: Input::Plain, w: out })
+    }
+
+    /// A layer's per-layer input (Gemma 4 E2B/E4B): its gate projection of x into the first half
+    /// of its slot's rows ([gate | input], the input written before the layers), then the
+    /// projection of `act(gate) · input`; returns that projection (added to x through the post
+    /// norm and the layer's output scale).
+    fn per_layer_input(
+        &self,
+        k: &mut Vec<Kernel>,
+        (gate, proj, _): &'a (Linear, Linear, Tensor),
+        slot: Tensor,
+    ) -> Result<Output<'a>> {
+        let (g, t, p) = (self.g, self.t, gate.shape()[0]);
+        let gate_out = slot.view(0, &[t, p]);
+        k.push(linear(
+            g,
+            self.x,
+            Input::Plain,
+            gate,
+            None,
+            &gate_out,
+            LinearOpts { ld_out: Some(2 * p), ..self.opts() },
+        )?);
+        Ok(if fuses_input(t, p) {
+            Output::Linear { from: slot, input: Input::Gated(Activation::GeluTanhGated), w: proj }
+        } else {
+            let act = self.act("ple_act", p);
+            k.push(gated_act_in(g, &slot, &act, Activation::GeluTanhGated, false)?);
+            Output::Linear { from: act, input: Input::Plain, w: proj }
+        })
     }
 
     /// Gated DeltaNet: in_proj [qkv | z | b | a] → causal conv (+ SiLU) → gated delta rule with

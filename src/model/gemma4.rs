@@ -23,14 +23,25 @@
 //! Gemma4RMSNorm: x * (mean(x²) + eps)^-0.5 * w                       # plain w, not (1 + w)
 //! ```
 //!
+//! With per-layer inputs (`hidden_size_per_layer_input` P > 0: E2B/E4B):
+//!
+//! ```text
+//! ple = embed_tokens_per_layer(ids) * sqrt(P)                              # [T, L, P]
+//! pli = (per_layer_projection_norm(per_layer_model_projection(x0) / sqrt(hidden)) + ple) / sqrt(2)
+//! after each layer's MLP, before layer_scalar:
+//!     out = out + post_per_layer_input_norm(per_layer_projection(gelu_tanh(per_layer_input_gate(out)) * pli[l]))
+//! ```
+//!
+//! and with `num_kv_shared_layers` the last layers have only q: they attend over the KV cache of
+//! the last earlier unshared layer of their kind ([`Gemma4Config::kv_source`]), their MLPs twice as
+//! wide with `use_double_wide_mlp`.
+//!
 //! The engine reads this as one [`LayerSpec`] per layer ([`Gemma4Config::layers`]) and the
 //! tensors under the canonical names of [`tensor_name`]. Not supported yet (refused with a clear
-//! error by the loaders): per-layer input embeddings (`hidden_size_per_layer_input`, Gemma 4
-//! E2B/E4B), shared KV layers (`num_kv_shared_layers`) and the MoE block (`enable_moe_block`,
-//! 26B-A4B).
+//! error by the loaders): the MoE block (`enable_moe_block`, 26B-A4B).
 
 use super::config::{
-    Activation, Arch, AttentionSpec, LayerAttention, LayerSpec, Mixer, MlpSpec, ModelConfig, RopeSpec,
+    Activation, Arch, AttentionSpec, LayerAttention, LayerSpec, Mixer, MlpSpec, ModelConfig, PerLayerInput, RopeSpec,
 };
 
 /// RoPE of one layer type (`rope_parameters[layer_type]`).
@@ -70,6 +81,14 @@ pub struct Gemma4Config {
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// Per-layer input width (`hidden_size_per_layer_input`; 0 = none).
+    pub hidden_size_per_layer_input: usize,
+    /// Rows of the per-layer embedding table (`vocab_size_per_layer_input`).
+    pub vocab_size_per_layer_input: usize,
+    /// The last layers that read an earlier layer's KV cache (`num_kv_shared_layers`).
+    pub num_kv_shared_layers: usize,
+    /// Shared-KV layers' MLPs are twice as wide (`use_double_wide_mlp`).
+    pub use_double_wide_mlp: bool,
 }
 
 impl Gemma4Config {
@@ -96,7 +115,22 @@ impl Gemma4Config {
             tie_word_embeddings: true,
             bos_token_id: Some(2),
             eos_token_ids: vec![1, 106],
+            hidden_size_per_layer_input: 0,
+            vocab_size_per_layer_input: 262_144,
+            num_kv_shared_layers: 0,
+            use_double_wide_mlp: false,
         }
+    }
+
+    /// The layer whose KV cache layer `l` reads (`Gemma4TextConfig.kv_sharing_modes`): for the
+    /// last `num_kv_shared_layers` layers, the last earlier unshared layer of the same kind;
+    /// `None` for the others, or when no such layer exists (the loaders refuse that config).
+    pub fn kv_source(&self, l: usize) -> Option<usize> {
+        let first_shared = self.full_attention.len().saturating_sub(self.num_kv_shared_layers);
+        if l < first_shared {
+            return None;
+        }
+        (0..first_shared).rev().find(|&s| self.full_attention[s] == self.full_attention[l])
     }
 
     /// Turning dims of a full layer's head: `2 * int(partial_rotary_factor * D // 2)`
@@ -149,6 +183,10 @@ impl Gemma4Config {
             embedding_scale: (self.hidden_size as f32).sqrt(),
             attention_scale: 1.0,
             final_logit_softcapping: self.final_logit_softcapping,
+            per_layer_input: (self.hidden_size_per_layer_input > 0).then_some(PerLayerInput {
+                dim: self.hidden_size_per_layer_input,
+                vocab: self.vocab_size_per_layer_input,
+            }),
             bos_token_id: self.bos_token_id,
             eos_token_ids: self.eos_token_ids.clone(),
             add_bos: true,
@@ -157,10 +195,16 @@ impl Gemma4Config {
     }
 
     pub fn layers(&self) -> Vec<LayerSpec> {
-        let mlp = MlpSpec::Dense { intermediate: self.intermediate_size, activation: Activation::GeluTanhGated };
         self.full_attention
             .iter()
-            .map(|&full| {
+            .enumerate()
+            .map(|(l, &full)| {
+                let kv_from = self.kv_source(l);
+                let wide = if self.use_double_wide_mlp && kv_from.is_some() { 2 } else { 1 };
+                let mlp = MlpSpec::Dense {
+                    intermediate: wide * self.intermediate_size,
+                    activation: Activation::GeluTanhGated,
+                };
                 let attention = if full {
                     let k_eq_v = self.attention_k_eq_v;
                     let kv_heads = match (k_eq_v, self.num_global_key_value_heads) {
@@ -183,6 +227,7 @@ impl Gemma4Config {
                         output_gate: false,
                         k_eq_v,
                         v_norm: true,
+                        kv_from,
                     }
                 } else {
                     AttentionSpec {
@@ -197,6 +242,7 @@ impl Gemma4Config {
                         output_gate: false,
                         k_eq_v: false,
                         v_norm: true,
+                        kv_from,
                     }
                 };
                 LayerSpec { mixer: Mixer::Attention(attention), mlp, sandwich_norm: true, output_scale: true }
@@ -224,6 +270,9 @@ pub fn tensor_name(module: &str) -> Option<&'static str> {
         "mlp.up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
         "layer_scalar" => "layer_output_scale.weight",
+        "per_layer_input_gate.weight" => "inp_gate.weight",
+        "per_layer_projection.weight" => "proj.weight",
+        "post_per_layer_input_norm.weight" => "post_norm.weight",
         _ => return None,
     })
 }

@@ -123,6 +123,7 @@ impl Qwen35MoeConfig {
             embedding_scale: 1.0,
             attention_scale: 1.0 / (self.head_dim as f32).sqrt(),
             final_logit_softcapping: None,
+            per_layer_input: None,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
             add_bos: false,
@@ -159,6 +160,7 @@ impl Qwen35MoeConfig {
                         output_gate: true,
                         k_eq_v: false,
                         v_norm: false,
+                        kv_from: None,
                     })
                 } else {
                     Mixer::DeltaNet(DeltaNetSpec {

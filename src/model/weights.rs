@@ -180,6 +180,18 @@ pub struct LayerWeights {
     pub post_ffw_norm: Option<Tensor>,
     /// The layer's output scale (Gemma 4's `layer_scalar`; 1 = none).
     pub output_scale: f32,
+    /// Per-layer input: (gate `[P, hidden]`, projection `[hidden, P]`, post-norm f32 `[hidden]`).
+    pub per_layer_input: Option<(Linear, Linear, Tensor)>,
+}
+
+/// The model-level weights of per-layer inputs ([`crate::model::config::PerLayerInput`]).
+pub struct PerLayerInputWeights {
+    /// (first row, chunk) of the per-layer embedding table `[vocab, layers * P]`.
+    pub embed: Vec<(u32, Linear)>,
+    /// `[layers * P, hidden]`.
+    pub model_proj: Linear,
+    /// f32 `[P]`.
+    pub norm: Tensor,
 }
 
 impl LayerWeights {
@@ -212,6 +224,10 @@ impl LayerWeights {
                 }
             }
         }
+        if let Some((gate, proj, _)) = &self.per_layer_input {
+            out.push(gate);
+            out.push(proj);
+        }
         out
     }
 }
@@ -224,6 +240,7 @@ pub struct Weights {
     pub lm_head: Vec<(u32, Linear)>,
     pub output_norm: Tensor,
     pub layers: Vec<LayerWeights>,
+    pub per_layer_input: Option<PerLayerInputWeights>,
     /// Bytes of GPU memory the weights take.
     pub bytes: u64,
 }
@@ -460,6 +477,44 @@ pub fn load(
     }
     progress(2, total);
     let output_norm = norm("output_norm.weight", h)?;
+    let per_layer_input = match c.per_layer_input {
+        None => None,
+        Some(ple) => {
+            let all = c.num_layers * ple.dim;
+            let name = "per_layer_token_embd.weight";
+            let embed: Vec<(u32, Linear)> = match gpu_rows(ck, name, ple.vocab, all, format)? {
+                Some((dtype, raw)) => {
+                    QuantWeight::row_chunks(gpu, "per_layer_token_embd", dtype, [ple.vocab, all], &raw)?
+                        .into_iter()
+                        .map(|(r, w)| (r, Linear::Quant(w)))
+                        .collect()
+                }
+                None => {
+                    let t = finite16(name, ck.f16(name, &[ple.vocab, all])?)?;
+                    upload_row_chunks(gpu, "per_layer_token_embd", &t, ple.vocab, all)?
+                        .into_iter()
+                        .map(|(r, t)| (r, Linear::F16(t)))
+                        .collect()
+                }
+            };
+            let proj = load_proj(
+                gpu,
+                ck,
+                "per_layer_model_proj.weight",
+                &[("per_layer_model_proj.weight".into(), all)],
+                h,
+                format,
+                false,
+            )?;
+            let w = PerLayerInputWeights {
+                embed,
+                model_proj: proj.parts.into_iter().next().expect("one part").1,
+                norm: norm("per_layer_proj_norm.weight", ple.dim)?,
+            };
+            bytes += w.embed.iter().map(|(_, e)| e.gpu_bytes()).sum::<u64>() + w.model_proj.gpu_bytes();
+            Some(w)
+        }
+    };
     progress(3, total);
 
     let mut layers = Vec::with_capacity(c.num_layers);
@@ -470,7 +525,7 @@ pub fn load(
         progress(4 + i, total);
     }
     gpu.wait()?;
-    Ok(Weights { embed, lm_head, output_norm, layers, bytes })
+    Ok(Weights { embed, lm_head, output_norm, layers, per_layer_input, bytes })
 }
 
 /// One layer's weights, by its spec ([`ModelConfig::layer`]).
@@ -489,10 +544,14 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
     let mixer = match spec.mixer {
         Mixer::Attention(a) => {
             let (qd, kvd, d) = (a.q_dim(), a.kv_dim(), a.head_dim);
-            // [q; k; v], or [q; k] when the values are the keys (k_eq_v).
-            let mut parts = vec![("attn_q", qd), ("attn_k", kvd)];
-            if !a.k_eq_v {
-                parts.push(("attn_v", kvd));
+            // [q; k; v], or [q; k] when the values are the keys (k_eq_v), or [q] alone for a layer
+            // that reads another layer's KV cache.
+            let mut parts = vec![("attn_q", qd)];
+            if a.kv_from.is_none() {
+                parts.push(("attn_k", kvd));
+                if !a.k_eq_v {
+                    parts.push(("attn_v", kvd));
+                }
             }
             let weights: Vec<(String, usize)> = parts.iter().map(|&(p, r)| (n(&format!("{p}.weight")), r)).collect();
             let qkv = load_proj(gpu, ck, &n("attn_qkv.weight"), &weights, h, format, false)?;
@@ -502,14 +561,18 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
                     let name = n(&format!("{p}.bias"));
                     b.extend(finite32(&name, ck.f32(&name, &[rows])?)?);
                 }
-                Some(gpu.upload_f32(&n("attn_qkv.bias"), &[a.qkv_dim()], &b)?)
+                Some(gpu.upload_f32(&n("attn_qkv.bias"), &[b.len()], &b)?)
             } else {
                 None
             };
-            let qk_norm = if a.qk_norm {
-                Some((norm(&n("attn_q_norm.weight"), d)?, norm(&n("attn_k_norm.weight"), d)?))
-            } else {
-                None
+            let qk_norm = match (a.qk_norm, a.kv_from) {
+                (false, _) => None,
+                (true, None) => Some((norm(&n("attn_q_norm.weight"), d)?, norm(&n("attn_k_norm.weight"), d)?)),
+                // No k heads to norm: the q norm stands in for the k norm's binding.
+                (true, Some(_)) => {
+                    let q = norm(&n("attn_q_norm.weight"), d)?;
+                    Some((q.clone(), q))
+                }
             };
             let gate = if a.output_gate { Some(single(&n("attn_out_gate.weight"), qd, h)?) } else { None };
             MixerWeights::Attention { qkv, qkv_bias, qk_norm, gate, out: single(&n("attn_output.weight"), h, qd)? }
@@ -622,6 +685,14 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
     } else {
         1.0
     };
+    let per_layer_input = match c.per_layer_input {
+        None => None,
+        Some(ple) => Some((
+            single(&n("inp_gate.weight"), ple.dim, h)?,
+            single(&n("proj.weight"), h, ple.dim)?,
+            norm(&n("post_norm.weight"), h)?,
+        )),
+    };
     if output_scale != 1.0 && post_ffw_norm.is_none() {
         return Err(Error::Unsupported(format!("layer {i}: an output scale without a post-MLP norm")));
     }
@@ -633,6 +704,7 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
         mlp,
         post_ffw_norm,
         output_scale,
+        per_layer_input,
     })
 }
 

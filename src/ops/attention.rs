@@ -587,6 +587,7 @@ mod tests {
                     proportional: false,
                     k_eq_v: false,
                     v_norm: false,
+                    q_only: false,
                 };
                 let row = p.row_stride();
                 let data = random(row, 91 + pos as u64, 1.5);
@@ -784,6 +785,7 @@ mod tests {
                     proportional: false,
                     k_eq_v: false,
                     v_norm: false,
+                    q_only: false,
                 };
                 let row = p.row_stride();
                 let data = random(b * row, 7 + d as u64, 1.5);
@@ -1080,6 +1082,7 @@ mod tests {
                 proportional: false,
                 k_eq_v: false,
                 v_norm: false,
+                q_only: false,
             };
             let nw = gpu.upload_f32("n", &[128], &[1.0; 128]).unwrap();
             let r = crate::ops::rope::rope(&gpu, &qkv, &step, rp, Some((&nw, &nw, 1e-6))).unwrap();

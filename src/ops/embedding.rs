@@ -196,7 +196,94 @@ pub fn upload_row_chunks_max(
         .collect()
 }
 
+/// WGSL twin: `struct Params` of `wgsl/per_layer_inputs.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct PleParams {
+    n_tokens: u32,
+    layers: u32,
+    dim: u32,
+    slot: u32,
+    scale: f32,
+    _pad: [u32; 3],
+}
+
+/// Floats per layer slot of [`per_layer_inputs`]' output for `rows` tokens of width `dim`: `rows`
+/// rows of `2 dim`, rounded up to 64 floats (256 bytes) so every layer's slot can be bound.
+pub fn per_layer_slot(rows: usize, dim: usize) -> usize {
+    (rows * 2 * dim).div_ceil(64) * 64
+}
+
+/// Gemma 4's per-layer inputs into each layer's slot of `out` (f32 `[layers * slot]`, slot from
+/// [`per_layer_slot`]): row t of layer l's slot gets `[.. | (proj + tok)[t, l] * scale]` in its
+/// second half (`proj`, `tok`: f32 `[T, layers * dim]`); the first half is the layer's gate's.
+pub fn per_layer_inputs(
+    gpu: &Gpu,
+    proj: &Tensor,
+    tok: &Tensor,
+    out: &Tensor,
+    (layers, dim): (usize, usize),
+    scale: f32,
+) -> Result<Kernel> {
+    let bad = |msg: String| Err(Error::InvalidArgument(format!("per_layer_inputs: {msg}")));
+    let width = layers * dim;
+    if width == 0 || proj.numel() % width != 0 || tok.numel() != proj.numel() {
+        return bad(format!("proj {:?} and tok {:?} must be [T, {layers} x {dim}]", proj.shape, tok.shape));
+    }
+    let n_tokens = proj.numel() / width;
+    let slot = out.numel() / layers;
+    if slot < n_tokens * 2 * dim || slot % 64 != 0 || out.numel() < layers * slot {
+        return bad(format!(
+            "out has {} floats for {layers} slots of {slot} ({n_tokens} rows of {})",
+            out.numel(),
+            2 * dim
+        ));
+    }
+    if [proj, tok, out].iter().any(|t| t.ty != ElemType::F32) {
+        return bad("proj, tok and out must be f32".into());
+    }
+    let p = gpu.uniform(
+        "per_layer_inputs.params",
+        &PleParams {
+            n_tokens: n_tokens as u32,
+            layers: layers as u32,
+            dim: dim as u32,
+            slot: slot as u32,
+            scale,
+            _pad: [0; 3],
+        },
+    );
+    gpu.kernel(
+        "per_layer_inputs",
+        "main",
+        &gpu.macros(),
+        &[proj.binding(), tok.binding(), out.binding(), p.as_entire_binding()],
+        grid(((n_tokens * width) as u32).div_ceil(256)),
+    )
+}
+
 pub mod cpu {
+    /// Reference of [`super::per_layer_inputs`] (f64 sum and scale).
+    pub fn per_layer_inputs(
+        proj: &[f32],
+        tok: &[f32],
+        out: &mut [f32],
+        layers: usize,
+        dim: usize,
+        slot: usize,
+        scale: f32,
+    ) {
+        let width = layers * dim;
+        for t in 0..proj.len() / width {
+            for l in 0..layers {
+                for j in 0..dim {
+                    let i = t * width + l * dim + j;
+                    out[l * slot + t * 2 * dim + dim + j] = ((proj[i] as f64 + tok[i] as f64) * scale as f64) as f32;
+                }
+            }
+        }
+    }
+
     /// Reference: `out[t, :] = table[ids[t], :] * scale` (f16 table `[rows, cols]`); ids out of
     /// range leave their row of `out` as is.
     pub fn embedding(table: &[half::f16], cols: usize, ids: &[u32], out: &mut [f32], scale: f32) {
@@ -217,6 +304,37 @@ mod tests {
     use super::*;
     use crate::gpu::tensor::test_util::*;
     use half::f16;
+
+    /// Each layer's slot gets its tokens' combined inputs in the rows' second halves; the first
+    /// halves (the gates') and the slots' padding are untouched.
+    #[test]
+    fn per_layer_inputs_match_cpu() {
+        for gpu in gpu_variants() {
+            for (t, layers, dim) in [(3usize, 5usize, 8usize), (1, 35, 256), (33, 4, 12)] {
+                let slot = per_layer_slot(t, dim);
+                let proj = random(t * layers * dim, 70, 2.0);
+                let tok = random(t * layers * dim, 71, 2.0);
+                let init = random(layers * slot, 72, 1.0);
+                let (pt, tt) = (
+                    gpu.upload_f32("proj", &[t, layers * dim], &proj).unwrap(),
+                    gpu.upload_f32("tok", &[t, layers * dim], &tok).unwrap(),
+                );
+                let out = gpu.upload_f32("out", &[layers * slot], &init).unwrap();
+                let k = per_layer_inputs(&gpu, &pt, &tt, &out, (layers, dim), std::f32::consts::FRAC_1_SQRT_2).unwrap();
+                gpu.run(&[&k]).unwrap();
+                let got = gpu.read_f32(&out).unwrap();
+                let mut want = init.clone();
+                cpu::per_layer_inputs(&proj, &tok, &mut want, layers, dim, slot, std::f32::consts::FRAC_1_SQRT_2);
+                // One f32 add and multiply: within an ulp of the f64 reference.
+                let (d, at) = max_abs_diff(&got, &want);
+                assert!(d <= 4e-7 * (1.0 + want[at].abs()), "T={t} L={layers} P={dim}: {d} at {at}");
+                assert!(
+                    want.iter().zip(&init).filter(|(a, b)| a != b).count() == t * layers * dim,
+                    "T={t}: the halves written"
+                );
+            }
+        }
+    }
 
     #[test]
     fn plan_is_balanced_and_aligned() {

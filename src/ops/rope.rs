@@ -35,6 +35,9 @@ pub struct RopeParams {
     pub k_eq_v: bool,
     /// Cache write only: the values RMS-normalized per head without a weight (Gemma 4).
     pub v_norm: bool,
+    /// Only the q heads (normed and) rotated, no cache write: a layer that reads another layer's
+    /// KV cache (Gemma 4's shared KV layers).
+    pub q_only: bool,
 }
 
 impl RopeParams {
@@ -51,6 +54,7 @@ impl RopeParams {
             proportional: false,
             k_eq_v: false,
             v_norm: false,
+            q_only: false,
         }
     }
 }
@@ -128,6 +132,20 @@ pub fn rope_kv_write_batch(
     record(gpu, qkv, step, p, qk_norm, Some((k_cache, v_cache)), Some(seqs))
 }
 
+/// [`rope`] of the q heads only ([`RopeParams::q_only`]) for a decode step of many sequences:
+/// token `t` at position `seqs[t].0` (u32 `[T, 2]`).
+pub fn rope_batch(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    step: &wgpu::Buffer,
+    seqs: &Tensor,
+    p: RopeParams,
+    qk_norm: Option<(&Tensor, &Tensor, f32)>,
+) -> Result<Kernel> {
+    assert!(p.q_only, "rope_batch: the batch form without a cache write is for q-only layers");
+    record(gpu, qkv, step, p, qk_norm, None, Some(seqs))
+}
+
 fn record(
     gpu: &Gpu,
     qkv: &Tensor,
@@ -145,13 +163,14 @@ fn record(
         p.rotary_dim
     );
     assert!(cache.is_some() || !(p.k_eq_v || p.v_norm), "rope: k_eq_v and v_norm shape the cache write");
+    assert!(!p.q_only || cache.is_none(), "rope: a q-only pass writes no cache");
     assert!(!p.v_norm || qk_norm.is_some(), "rope: v_norm takes its epsilon from the q/k norm");
     let (rot, table) = rope_table(d, p.rotary_dim, p.theta, p.scaling, p.proportional);
     assert!(p.heads > 0 && p.kv_heads > 0 && p.n_tokens > 0);
     assert_eq!(qkv.ty, ElemType::F32, "rope: qkv must be f32");
     let row = (p.heads + 2 * p.kv_heads) * d;
     assert!(qkv.numel() >= p.n_tokens * row, "rope: qkv holds fewer than T rows");
-    let heads = p.heads + p.kv_heads;
+    let heads = p.heads + if p.q_only { 0 } else { p.kv_heads };
     let table = gpu.upload_f32("rope.inv_freq", &[rot / 2], &table)?;
     let eps = qk_norm.map_or(0.0, |n| n.2);
     let max_ctx = cache.map_or(0, |(k, _)| cache_dims(k).2);
@@ -188,7 +207,7 @@ fn record(
         bindings.push(vc.binding());
     }
     if let Some(seqs) = seqs {
-        assert!(cache.is_some(), "rope: a batch of sequences writes their caches");
+        assert!(cache.is_some() || p.q_only, "rope: a batch of sequences writes their caches");
         assert!(seqs.ty == ElemType::U32 && seqs.numel() >= 2 * p.n_tokens, "rope: seqs must be u32 [T, 2]");
         macros = macros.flag("BATCH").set("SEQS", bindings.len());
         bindings.push(seqs.binding());
@@ -208,7 +227,7 @@ pub mod cpu {
         let row = (p.heads + 2 * p.kv_heads) * d;
         for t in 0..n_tokens {
             let position = (pos + t) as f32;
-            for h in 0..p.heads + p.kv_heads {
+            for h in 0..p.heads + if p.q_only { 0 } else { p.kv_heads } {
                 let x = &mut qkv[t * row + h * d..][..d];
                 if let Some((qn, kn, eps)) = qk_norm {
                     let w = if h < p.heads { qn } else { kn };
@@ -327,6 +346,7 @@ mod tests {
                         proportional: false,
                         k_eq_v: false,
                         v_norm: false,
+                        q_only: false,
                     };
                     check(&gpu, p, &[(0, 7), (37, 1), (10, 5)], norm, 2e-6 * if norm { 4.0 } else { 2.0 });
                 }
@@ -343,6 +363,7 @@ mod tests {
                 proportional: false,
                 k_eq_v: false,
                 v_norm: false,
+                q_only: false,
             };
             check(&gpu, p, &[(5, 3)], true, 1e-5);
             let p = RopeParams { theta: 1_000_000.0, scaling: 8.0, heads: 4, kv_heads: 1, ..p };
@@ -359,6 +380,7 @@ mod tests {
                 proportional: false,
                 k_eq_v: false,
                 v_norm: false,
+                q_only: false,
             };
             check(&gpu, p, &[(0, 3), (300, 2)], true, 1e-5);
             check(&gpu, RopeParams { head_dim: 32, rotary_dim: 8, ..p }, &[(7, 3)], false, 1e-5);
@@ -383,6 +405,7 @@ mod tests {
                     proportional,
                     k_eq_v,
                     v_norm: true,
+                    q_only: false,
                     ..RopeParams::new(h, hkv, d, 1e6, t)
                 };
                 let ap = AttnParams {
@@ -468,6 +491,7 @@ mod tests {
                 proportional: false,
                 k_eq_v: false,
                 v_norm: false,
+                q_only: false,
             };
             check(&gpu, p, &[(4093, 4), (32764, 4), (131_000, 4), (1_000_000, 2)], false, 4e-6);
         }
@@ -490,6 +514,7 @@ mod tests {
                     proportional: false,
                     k_eq_v: false,
                     v_norm: false,
+                    q_only: false,
                 };
                 let ap = AttnParams {
                     heads: 6,
