@@ -174,9 +174,9 @@ fn per_layer_config_table() {
 /// The tiny model written as llama.cpp's `gemma4` GGUF (its keys: per-layer KV heads, the sliding
 /// pattern, the `_swa` head dims; `rope_freqs` for the full layers' proportional RoPE; no `attn_v`
 /// on the keys-as-values layers), as `examples/gemma4_gguf` writes the 31B shape for llama.cpp.
-pub fn tiny_as_gguf(path: &std::path::Path) {
+pub fn as_gguf(dir: &std::path::Path, path: &std::path::Path) {
     use wgpu_llm::loader::gguf::{GgufTokenizerData, GgufWriter};
-    let ck = Checkpoint::open(&tiny()).unwrap();
+    let ck = Checkpoint::open(dir).unwrap();
     let c = &ck.config;
     let mut w = GgufWriter::new();
     let freqs = w.add_gemma4_config(c).unwrap().expect("proportional RoPE on the full layers");
@@ -195,11 +195,27 @@ pub fn tiny_as_gguf(path: &std::path::Path) {
 #[test]
 fn tiny_gguf_matches_transformers() {
     let path = std::env::temp_dir().join(format!("gemma4_tiny_{}.gguf", std::process::id()));
-    tiny_as_gguf(&path);
+    as_gguf(&tiny(), &path);
     let ck = Checkpoint::open(&path).unwrap();
     assert_eq!(ck.config.layer_specs(), Checkpoint::open(&tiny()).unwrap().config.layer_specs());
     assert_eq!(ck.config.final_logit_softcapping, Some(30.0));
     let err = check_path(&path, "gemma4_tiny", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
+    let _ = std::fs::remove_file(&path);
+    eprintln!("max |logit error| {err}");
+}
+
+/// The E2B-style model as a `gemma4` GGUF (`embedding_length_per_layer_input`, the per-layer
+/// tensors, `attention.shared_kv_layers`, per-layer `feed_forward_length` for the double-wide
+/// MLPs) matches transformers as its folder does.
+#[test]
+fn per_layer_inputs_gguf_matches_transformers() {
+    let dir = common::fixture_dir().join("models/gemma4_tiny_ple");
+    let path = std::env::temp_dir().join(format!("gemma4_tiny_ple_{}.gguf", std::process::id()));
+    as_gguf(&dir, &path);
+    let ck = Checkpoint::open(&path).unwrap();
+    assert_eq!(ck.config.layer_specs(), Checkpoint::open(&dir).unwrap().config.layer_specs());
+    assert_eq!(ck.config.per_layer_input, Checkpoint::open(&dir).unwrap().config.per_layer_input);
+    let err = check_path(&path, "gemma4_tiny_ple", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
     let _ = std::fs::remove_file(&path);
     eprintln!("max |logit error| {err}");
 }

@@ -951,14 +951,14 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
     let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
     check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
     let req = |k: &str, limit| m.req_capped(&m.key(k), limit);
-    for (key, what) in [
-        ("embedding_length_per_layer_input", "per-layer input embeddings"),
-        ("attention.shared_kv_layers", "shared KV layers"),
-        ("expert_count", "mixture-of-experts blocks"),
-    ] {
-        if m.opt_usize(&m.key(key))?.unwrap_or(0) > 0 {
-            return Err(Error::Unsupported(format!("gemma4 {what} ({})", m.key(key))));
-        }
+    if m.opt_usize(&m.key("expert_count"))?.unwrap_or(0) > 0 {
+        return Err(Error::Unsupported(format!("gemma4 mixture-of-experts blocks ({})", m.key("expert_count"))));
+    }
+    let ple_dim = m.opt_usize(&m.key("embedding_length_per_layer_input"))?.unwrap_or(0);
+    let ple_dim = capped(path, &m.key("embedding_length_per_layer_input"), ple_dim, cfg_limits::HIDDEN)?;
+    let shared = m.opt_usize(&m.key("attention.shared_kv_layers"))?.unwrap_or(0);
+    if shared > num_layers {
+        return Err(mismatch(format!("attention.shared_kv_layers {shared} of {num_layers} layers")));
     }
     let pattern_key = m.key("attention.sliding_window_pattern");
     let pattern = m.opt_array(&pattern_key)?.ok_or_else(|| m.missing(&pattern_key))?;
@@ -1005,8 +1005,9 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
             return Err(Error::Unsupported(format!("{} {v} of head dimension {want} (partial rotary)", m.key(k))));
         }
     }
-    // Keys as values: the full layers have no attn_v.
-    let k_eq_v = (0..num_layers).any(|l| full_attention[l] && g.tensor(&format!("blk.{l}.attn_v.weight")).is_none());
+    // Keys as values: the full layers that project their own KV have no attn_v.
+    let k_eq_v =
+        (0..num_layers - shared).any(|l| full_attention[l] && g.tensor(&format!("blk.{l}.attn_v.weight")).is_none());
     if !k_eq_v && full_kv != sliding_kv {
         return Err(Error::Unsupported(format!(
             "{kv_key}: {full_kv} KV heads on full layers, {sliding_kv} on sliding ones, with a v projection"
@@ -1014,6 +1015,26 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
     }
     let tok = tokenizer_data(&m, Arch::Gemma4)?;
     let vocab_size = vocab_rows(g, Some(&tok), path)?;
+    let ffn_key = m.key("feed_forward_length");
+    let ffn_list = g.get(&ffn_key).and_then(GgufValue::as_array);
+    let ffn: Vec<usize> = match ffn_list {
+        Some(a) if a.len() == num_layers => a
+            .iter()
+            .map(|v| v.as_u64().map(|x| x as usize).ok_or_else(|| m.wrong(&ffn_key, "integers", v)))
+            .collect::<Result<_>>()?,
+        Some(a) => return Err(mismatch(format!("{ffn_key} has {} entries for {num_layers} layers", a.len()))),
+        None => vec![m.opt_usize(&ffn_key)?.ok_or_else(|| m.missing(&ffn_key))?; num_layers],
+    };
+    let double_wide = ffn.iter().any(|&f| f != ffn[0]);
+    let want_ffn = |l: usize| if double_wide && l >= num_layers - shared { 2 * ffn[0] } else { ffn[0] };
+    if let Some(l) = (0..num_layers).find(|&l| ffn[l] != want_ffn(l)) {
+        return Err(Error::Unsupported(format!(
+            "{ffn_key}: layer {l} is {} wide (one width, or twice it on the shared KV layers)",
+            ffn[l]
+        )));
+    }
+    let ple_vocab =
+        g.tensor("per_layer_token_embd.weight").and_then(|t| t.shape.first().copied()).unwrap_or(vocab_size);
     // llama.cpp caps at 30 when the key is absent; 0 turns it off.
     let cap = m.opt_f32(&m.key("final_logit_softcapping"))?.unwrap_or(30.0);
     let window =
@@ -1021,11 +1042,8 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
     let mut gc = Gemma4Config {
         vocab_size,
         hidden_size: req("embedding_length", cfg_limits::HIDDEN)?,
-        intermediate_size: {
-            let key = m.key("feed_forward_length");
-            let f = m.uniform_usize(&key)?.ok_or_else(|| m.missing(&key))?;
-            capped(path, &key, f, cfg_limits::INTERMEDIATE)?
-        },
+        // One width, or per layer with the shared-KV layers' twice the others' (double-wide MLPs).
+        intermediate_size: capped(path, &ffn_key, ffn[0], cfg_limits::INTERMEDIATE)?,
         num_attention_heads: heads,
         num_key_value_heads: sliding_kv,
         num_global_key_value_heads: Some(full_kv),
@@ -1054,11 +1072,14 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
         tie_word_embeddings: g.tensor("output.weight").is_none(),
         bos_token_id: tok.bos_token_id,
         eos_token_ids: stop_ids(&tok),
-        hidden_size_per_layer_input: 0,
-        vocab_size_per_layer_input: vocab_size,
-        num_kv_shared_layers: 0,
-        use_double_wide_mlp: false,
+        hidden_size_per_layer_input: ple_dim,
+        vocab_size_per_layer_input: ple_vocab,
+        num_kv_shared_layers: shared,
+        use_double_wide_mlp: double_wide,
     };
+    if let Some(l) = (num_layers - shared..num_layers).find(|&l| gc.kv_source(l).is_none()) {
+        return Err(mismatch(format!("shared KV layer {l} has no earlier unshared layer of its kind to read")));
+    }
     if window == 0 || sliding_kv == 0 || full_kv == 0 || heads % sliding_kv != 0 || heads % full_kv != 0 {
         return Err(mismatch(format!(
             "sliding_window {window}, {heads} heads with {sliding_kv} (sliding) and {full_kv} (full) KV heads"
@@ -1844,11 +1865,7 @@ impl GgufWriter {
         let att: Vec<AttentionSpec> = (0..cfg.num_layers)
             .map(|l| match cfg.layer(l) {
                 spec if spec.output_scale && spec.sandwich_norm => match (spec.mixer, spec.mlp) {
-                    (Mixer::Attention(a), MlpSpec::Dense { intermediate, .. })
-                        if intermediate == cfg.intermediate_size =>
-                    {
-                        Ok(a)
-                    }
+                    (Mixer::Attention(a), MlpSpec::Dense { .. }) => Ok(a),
                     _ => Err(bad("not a Gemma 4 layer")),
                 },
                 _ => Err(bad("not a Gemma 4 layer")),
@@ -1862,8 +1879,18 @@ impl GgufWriter {
         self.add_metadata(k("block_count"), u(cfg.num_layers));
         self.add_metadata(k("context_length"), u(cfg.max_position_embeddings));
         self.add_metadata(k("embedding_length"), u(cfg.hidden_size));
-        self.add_metadata(k("feed_forward_length"), u(cfg.intermediate_size));
-        self.add_metadata(k("embedding_length_per_layer_input"), u(0));
+        let ffn: Vec<usize> = (0..cfg.num_layers)
+            .map(|l| match cfg.layer(l).mlp {
+                MlpSpec::Dense { intermediate, .. } => intermediate,
+                MlpSpec::Moe { .. } => 0,
+            })
+            .collect();
+        if ffn.iter().all(|&f| f == cfg.intermediate_size) {
+            self.add_metadata(k("feed_forward_length"), u(cfg.intermediate_size));
+        } else {
+            self.add_metadata(k("feed_forward_length"), GgufValue::Array(ffn.iter().map(|&f| u(f)).collect()));
+        }
+        self.add_metadata(k("embedding_length_per_layer_input"), u(cfg.per_layer_input.map_or(0, |p| p.dim)));
         self.add_metadata(k("attention.head_count"), u(sliding.heads));
         self.add_metadata(k("attention.head_count_kv"), GgufValue::Array(att.iter().map(|a| u(a.kv_heads)).collect()));
         self.add_metadata(k("attention.key_length"), u(full.head_dim));
@@ -1876,7 +1903,8 @@ impl GgufWriter {
             GgufValue::Array(att.iter().map(|a| GgufValue::Bool(a.window.is_some())).collect()),
         );
         self.add_metadata(k("attention.layer_norm_rms_epsilon"), cfg.rms_norm_eps);
-        self.add_metadata(k("attention.shared_kv_layers"), u(0));
+        let shared = att.iter().filter(|a| a.kv_from.is_some()).count();
+        self.add_metadata(k("attention.shared_kv_layers"), u(shared));
         self.add_metadata(k("rope.freq_base"), full.rope.theta);
         self.add_metadata(k("rope.freq_base_swa"), sliding.rope.theta);
         // llama.cpp rotates every dim (NEOX pairs over the head); partial rotation is in rope_freqs.
