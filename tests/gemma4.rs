@@ -219,3 +219,68 @@ fn per_layer_inputs_gguf_matches_transformers() {
     let _ = std::fs::remove_file(&path);
     eprintln!("max |logit error| {err}");
 }
+
+/// A copy of a fixture folder with its config edited by `edit` and its tensors by `tensors`.
+fn variant(
+    from: &std::path::Path,
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+    tensors: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("gemma4-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(from.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(from.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let bytes = std::fs::read(from.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut list: Vec<_> =
+        st.tensors().into_iter().map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec())).collect();
+    tensors(&mut list);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = list
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+/// Google's published configs set `use_bidirectional_attention: "vision"` (image tokens only:
+/// text stays causal), which loads as the same model; "all" (every token both ways) is refused.
+#[test]
+fn bidirectional_vision_is_causal_text() {
+    let vision = variant(&tiny(), "vision", |c| c["use_bidirectional_attention"] = "vision".into(), |_| {});
+    check_path(&vision, "gemma4_tiny", Check { max_abs: MAX_ABS, steps: 2, prefill_chunk: None });
+    let all = variant(&tiny(), "all", |c| c["use_bidirectional_attention"] = "all".into(), |_| {});
+    let err = Checkpoint::open(&all).err().expect("refused").to_string();
+    assert!(err.contains("bidirectional"), "{err}");
+    for d in [vision, all] {
+        std::fs::remove_dir_all(d).ok();
+    }
+}
+
+/// Google's E2B/E4B checkpoints carry k_proj, v_proj and k_norm for the shared KV layers too
+/// (transformers ignores them): they load, unused, and the model is the same.
+#[test]
+fn shared_layers_with_their_own_kv_tensors_load() {
+    let dir = common::fixture_dir().join("models/gemma4_tiny_ple");
+    let with_kv = variant(
+        &dir,
+        "ple-kv",
+        |_| {},
+        |list| {
+            // Layers 6 and 7 get copies of layer 5's and layer 3's (same kinds and shapes).
+            for (shared, from) in [(6, 5), (7, 3)] {
+                for t in ["self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight"] {
+                    let src = format!("model.layers.{from}.{t}");
+                    let (_, d, s, b) = list.iter().find(|(n, ..)| *n == src).cloned().expect(&src);
+                    list.push((format!("model.layers.{shared}.{t}"), d, s, b));
+                }
+            }
+        },
+    );
+    check_path(&with_kv, "gemma4_tiny_ple", Check { max_abs: MAX_ABS, steps: 2, prefill_chunk: None });
+    std::fs::remove_dir_all(with_kv).ok();
+}

@@ -950,6 +950,9 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
     let layers_key = m.key("block_count");
     let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
     check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
+    if num_layers == 0 {
+        return Err(mismatch(format!("{layers_key} is 0")));
+    }
     let req = |k: &str, limit| m.req_capped(&m.key(k), limit);
     if m.opt_usize(&m.key("expert_count"))?.unwrap_or(0) > 0 {
         return Err(Error::Unsupported(format!("gemma4 mixture-of-experts blocks ({})", m.key("expert_count"))));
@@ -1077,14 +1080,7 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
         num_kv_shared_layers: shared,
         use_double_wide_mlp: double_wide,
     };
-    if let Some(l) = (num_layers - shared..num_layers).find(|&l| gc.kv_source(l).is_none()) {
-        return Err(mismatch(format!("shared KV layer {l} has no earlier unshared layer of its kind to read")));
-    }
-    if window == 0 || sliding_kv == 0 || full_kv == 0 || heads % sliding_kv != 0 || heads % full_kv != 0 {
-        return Err(mismatch(format!(
-            "sliding_window {window}, {heads} heads with {sliding_kv} (sliding) and {full_kv} (full) KV heads"
-        )));
-    }
+    gc.validate().map_err(mismatch)?;
     let mut tensors: HashMap<String, StoredTensor> = g.tensors.iter().map(|t| (t.name.clone(), t.stored())).collect();
     let freqs = tensors.remove("rope_freqs.weight");
     let mut ck = Checkpoint {
@@ -1115,10 +1111,14 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
             )));
         }
         gc.rope_full.proportional = true;
-        gc.rope_full.partial_rotary_factor = (2 * turning) as f32 / global_head_dim as f32;
+        // Halfway between `turning` and `turning + 1` pairs: Gemma4Config::full_rotary_dim's
+        // floor gives `turning` whatever the f32 rounding of the fraction.
+        gc.rope_full.partial_rotary_factor = (2 * turning + 1) as f32 / global_head_dim as f32;
     }
+    gc.validate().map_err(mismatch)?;
     ck.config = gc.model_config();
     ck.config.add_bos = tok.add_bos_token;
+    super::drop_shared_kv_tensors(&ck.config, &mut ck.tensors);
     ck.tokenizer = if tok.tokens.is_empty() { TokenizerSource::None } else { TokenizerSource::Gguf(tok) };
     check_tensors(&ck.config, &ck.tensors, path)?;
     validate_config(&ck.config, path)?;

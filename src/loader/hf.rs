@@ -118,6 +118,7 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
     }
     split_halves(&mut tensors, &config, dir)?;
     stack_experts(&mut tensors, dir)?;
+    super::drop_shared_kv_tensors(&config, &mut tensors);
     check_tensors(&config, &tensors, dir)?;
 
     // Tokenizer files.
@@ -1030,8 +1031,18 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
     if c.opt_bool("enable_moe_block")? == Some(true) {
         return Err(Error::Unsupported("gemma4 mixture-of-experts blocks (enable_moe_block)".into()));
     }
-    if c.get("use_bidirectional_attention").is_some() {
-        return Err(Error::Unsupported("gemma4 bidirectional attention (use_bidirectional_attention)".into()));
+    // "vision": image tokens attend both ways, text stays causal (the published 31B and 26B-A4B
+    // configs); "all" makes every token bidirectional.
+    match c.opt_str("use_bidirectional_attention")? {
+        None | Some("vision") => {}
+        Some(other) => {
+            return Err(Error::Unsupported(format!(
+                "gemma4 bidirectional attention (use_bidirectional_attention {other:?})"
+            )))
+        }
+    }
+    if c.opt_bool("attention_bias")? == Some(true) {
+        return Err(Error::Unsupported("gemma4 attention biases (attention_bias)".into()));
     }
     let act = c.opt_str("hidden_activation")?.unwrap_or("gelu_pytorch_tanh");
     if act != "gelu_pytorch_tanh" {
@@ -1055,6 +1066,11 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
         // Gemma4TextConfig's default: every 6th layer full.
         None => (0..num_layers).map(|i| (i + 1) % 6 == 0).collect(),
     };
+    // Gemma4TextConfig forces the last layer to full attention (with a warning); so does this.
+    let mut full_attention = full_attention;
+    if let Some(last) = full_attention.last_mut() {
+        *last = true;
+    }
     // rope_parameters: {"sliding_attention": {...}, "full_attention": {...}}.
     let rope = |kind: &str, theta: f32, proportional: bool, partial: f32| -> Result<Gemma4Rope> {
         let key = format!("rope_parameters.{kind}");
@@ -1063,16 +1079,19 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
             Some(Value::Object(p)) => Cfg { obj: p, path: c.path },
             Some(_) => return Err(c.wrong("rope_parameters", "an object of objects per layer type")),
         };
-        let proportional = match p.opt_str("rope_type")?.unwrap_or("default") {
-            "default" => false,
-            "proportional" => true,
-            other => return Err(Error::Unsupported(format!("{key}.rope_type {}", shown(other)))),
+        let proportional = match (p.opt_str("rope_type")?.unwrap_or("default"), kind) {
+            ("default", _) => false,
+            ("proportional", "full_attention") => true,
+            (other, _) => return Err(Error::Unsupported(format!("{key}.rope_type {}", shown(other)))),
         };
         if p.opt_f32("factor")?.is_some_and(|f| f != 1.0) {
             return Err(Error::Unsupported(format!("{key}: RoPE scaling factor other than 1")));
         }
         let theta = p.opt_f32("rope_theta")?.unwrap_or(theta);
         let partial = p.opt_f32("partial_rotary_factor")?.unwrap_or(1.0);
+        if !proportional && partial != 1.0 {
+            return Err(Error::Unsupported(format!("{key}: partial rotary with rope_type default")));
+        }
         if theta <= 0.0 || partial <= 0.0 || partial > 1.0 {
             return Err(bad(format!("{key}: rope_theta {theta}, partial_rotary_factor {partial}")));
         }
@@ -1123,6 +1142,9 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
             let l = l.ok_or_else(|| c.wrong("per_layer_config", "keyed by layer index"))?;
             let o = o.as_object().ok_or_else(|| c.wrong("per_layer_config", "an object of objects"))?;
             let o = Cfg { obj: o, path: c.path };
+            if let Some(other) = o.obj.keys().find(|k| !matches!(k.as_str(), "head_dim" | "num_key_value_heads")) {
+                return Err(Error::Unsupported(format!("gemma4 per_layer_config: layer {l} sets {}", shown(other))));
+            }
             entries.push((
                 l,
                 o.opt_capped("head_dim", limits::HEAD_DIM)?,
@@ -1157,32 +1179,7 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
             }
         }
     }
-    if g.sliding_window == 0 {
-        return Err(bad("sliding_window is 0".into()));
-    }
-    if g.num_key_value_heads == 0 || heads % g.num_key_value_heads != 0 {
-        return Err(bad(format!("num_key_value_heads {} does not divide {heads} heads", g.num_key_value_heads)));
-    }
-    if let Some(n) = g.num_global_key_value_heads.filter(|_| g.attention_k_eq_v) {
-        if n == 0 || heads % n != 0 {
-            return Err(bad(format!("num_global_key_value_heads {n} does not divide {heads} heads")));
-        }
-    }
-    if g.final_logit_softcapping.is_some_and(|cap| cap <= 0.0) {
-        return Err(bad("final_logit_softcapping must be positive".into()));
-    }
-    if g.num_kv_shared_layers > num_layers {
-        return Err(bad(format!("num_kv_shared_layers {} of {num_layers} layers", g.num_kv_shared_layers)));
-    }
-    if let Some(l) = (num_layers - g.num_kv_shared_layers..num_layers).find(|&l| g.kv_source(l).is_none()) {
-        return Err(bad(format!("shared KV layer {l} has no earlier unshared layer of its kind to read")));
-    }
-    if g.hidden_size_per_layer_input > 0 && g.vocab_size_per_layer_input == 0 {
-        return Err(bad("vocab_size_per_layer_input is 0".into()));
-    }
-    if g.full_rotary_dim() < 2 {
-        return Err(bad(format!("full_attention RoPE turns {} dims of {}", g.full_rotary_dim(), g.global_head_dim)));
-    }
+    g.validate().map_err(bad)?;
     Ok(g.model_config())
 }
 

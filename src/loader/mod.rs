@@ -687,6 +687,23 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
     out
 }
 
+/// Drops the k and v projections (and k norms) of layers that read another layer's KV cache
+/// ([`crate::model::config::AttentionSpec::kv_from`]): Google's Gemma 4 E2B/E4B checkpoints ship
+/// them for every layer, and transformers ignores those of the shared layers
+/// (`_keys_to_ignore_on_load_unexpected`), as this does.
+pub(crate) fn drop_shared_kv_tensors(c: &ModelConfig, tensors: &mut HashMap<String, StoredTensor>) {
+    use crate::model::config::Mixer;
+    for l in 0..c.num_layers {
+        if let Mixer::Attention(a) = c.layer(l).mixer {
+            if a.kv_from.is_some() {
+                for t in ["attn_k.weight", "attn_v.weight", "attn_k_norm.weight", "attn_k.bias", "attn_v.bias"] {
+                    tensors.remove(&format!("blk.{l}.{t}"));
+                }
+            }
+        }
+    }
+}
+
 /// Checks the tensors against the config: every tensor the config implies is present with the
 /// shape it implies and a type that fits its role, and no other tensor is there (a tensor the
 /// engine would silently ignore means the file and the config disagree). Call after

@@ -87,19 +87,6 @@ impl RopeSpec {
     pub fn full(theta: f32, head_dim: usize) -> RopeSpec {
         RopeSpec { theta, scaling: 1.0, rotary_dim: head_dim, proportional: false }
     }
-
-    /// The dims the RoPE kernels pair over (pairs (i, i + span/2)) and each pair's inverse
-    /// frequency: `(rotary_dim, inv_freq)`, or for proportional RoPE `(D, inv_freq with zeros
-    /// past the turning pairs)`.
-    pub fn table(&self, head_dim: usize) -> (usize, Vec<f32>) {
-        if self.proportional {
-            let mut f = crate::ops::rope::inv_freq(head_dim, self.theta, self.scaling);
-            f[self.rotary_dim / 2..].iter_mut().for_each(|v| *v = 0.0);
-            (head_dim, f)
-        } else {
-            (self.rotary_dim, crate::ops::rope::inv_freq(self.rotary_dim, self.theta, self.scaling))
-        }
-    }
 }
 
 /// Softmax attention over a KV cache.

@@ -133,6 +133,57 @@ impl Gemma4Config {
         (0..first_shared).rev().find(|&s| self.full_attention[s] == self.full_attention[l])
     }
 
+    /// What every loader checks before building specs from this config: a message naming the
+    /// first problem (the loaders add the file).
+    pub fn validate(&self) -> Result<(), String> {
+        let layers = self.full_attention.len();
+        let heads = self.num_attention_heads;
+        let full_kv = match (self.attention_k_eq_v, self.num_global_key_value_heads) {
+            (true, Some(n)) => n,
+            _ => self.num_key_value_heads,
+        };
+        if layers == 0 {
+            return Err("no layers".into());
+        }
+        if self.sliding_window == 0 {
+            return Err("sliding_window is 0".into());
+        }
+        for (what, kv) in [("num_key_value_heads", self.num_key_value_heads), ("full layers' KV heads", full_kv)] {
+            if kv == 0 || heads % kv != 0 {
+                return Err(format!("{what} {kv} does not divide {heads} heads"));
+            }
+        }
+        for (what, d) in [("head_dim", self.head_dim), ("global_head_dim", self.global_head_dim)] {
+            if d == 0 || d % 2 != 0 {
+                return Err(format!("{what} {d} (RoPE needs pairs)"));
+            }
+        }
+        let rot = self.full_rotary_dim();
+        if rot < 2 || rot > self.global_head_dim {
+            return Err(format!("full attention RoPE turns {rot} dims of {}", self.global_head_dim));
+        }
+        if self.num_kv_shared_layers > layers {
+            return Err(format!("num_kv_shared_layers {} of {layers} layers", self.num_kv_shared_layers));
+        }
+        if let Some(l) = (layers - self.num_kv_shared_layers..layers).find(|&l| self.kv_source(l).is_none()) {
+            return Err(format!("shared KV layer {l} has no earlier unshared layer of its kind to read"));
+        }
+        if self.hidden_size_per_layer_input % 2 != 0 {
+            return Err(format!("hidden_size_per_layer_input {} is odd", self.hidden_size_per_layer_input));
+        }
+        if self.hidden_size_per_layer_input > 0 && self.vocab_size_per_layer_input < self.vocab_size {
+            // Token ids past the per-layer table would meet no row.
+            return Err(format!(
+                "the per-layer embedding has {} rows for a vocabulary of {}",
+                self.vocab_size_per_layer_input, self.vocab_size
+            ));
+        }
+        match self.final_logit_softcapping {
+            Some(cap) if cap <= 0.0 => Err("final_logit_softcapping must be positive".into()),
+            _ => Ok(()),
+        }
+    }
+
     /// Turning dims of a full layer's head: `2 * int(partial_rotary_factor * D // 2)`
     /// (transformers' `_compute_proportional_rope_parameters`), or D for `default` RoPE.
     pub fn full_rotary_dim(&self) -> usize {

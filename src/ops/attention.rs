@@ -330,7 +330,12 @@ pub fn attention_with(
         .set("NSPLIT", nsplit)
         .flag_if("Q_F16", q_f16(d));
     // A batch of sequences: one row block per token (its G heads), so bq must hold them.
-    assert!(seqs.is_none() || bq >= g, "attention: a batch needs a row block of at least G rows");
+    if seqs.is_some() && bq < g {
+        return Err(Error::Unsupported(format!(
+            "decoding several sequences at once with {g} query heads per KV head at head dimension {d} \
+             (a row block holds {bq})"
+        )));
+    }
     let blocks = if seqs.is_some() { p.n_tokens as u32 } else { (p.n_tokens * g).div_ceil(bq) as u32 };
     let wgs = [blocks, p.kv_heads as u32, nsplit as u32];
     let mut bindings =

@@ -447,7 +447,7 @@ impl QMatvecConfig {
         let wide_rows = tok == 1 && dp4_ok && (4096..=8192).contains(&s.k) && s.n >= 4096;
         if wide_rows {
             tpr = min_tpr.max(32);
-        } else if dtype == DType::Q6_K && s.k >= 16384 {
+        } else if tok == 1 && dtype == DType::Q6_K && s.k >= 16384 {
             tpr = tpr.min(64).max(min_tpr);
         }
         // Few rows (a v or o projection): smaller workgroups, so that more of them spread over
