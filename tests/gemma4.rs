@@ -284,3 +284,18 @@ fn shared_layers_with_their_own_kv_tensors_load() {
     check_path(&with_kv, "gemma4_tiny_ple", Check { max_abs: MAX_ABS, steps: 2, prefill_chunk: None });
     std::fs::remove_dir_all(with_kv).ok();
 }
+
+/// Head shapes the kernels do not take are an error at load, before any upload, not a kernel's
+/// assert at the first step: here full layers of head dimension 40.
+#[test]
+fn unsupported_head_dims_are_an_error_at_load() {
+    let mut g = wgpu_llm::model::gemma4::Gemma4Config::gemma_4_31b();
+    (g.vocab_size, g.hidden_size, g.intermediate_size) = (256, 64, 96);
+    (g.num_attention_heads, g.num_key_value_heads, g.num_global_key_value_heads) = (4, 2, Some(1));
+    (g.head_dim, g.global_head_dim) = (16, 40);
+    g.full_attention = vec![false, true];
+    g.max_position_embeddings = 64;
+    let ck = wgpu_llm::loader::synthetic::build(&g.model_config(), "f16", "synthetic:g4-odd", 1).unwrap();
+    let err = wgpu_llm::model::Model::load(&common::gpu(), &ck, None, &mut |_, _| {}).err().expect("refused");
+    assert!(err.to_string().contains("layer 1: attention of head dimension 40"), "{err}");
+}

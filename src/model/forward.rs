@@ -329,6 +329,20 @@ impl Model {
                 config.max_position_embeddings
             )));
         }
+        // What the attention and RoPE kernels take, before anything is uploaded: a file with other
+        // head shapes gets an error here rather than a kernel's assert at the first step.
+        for l in 0..config.num_layers {
+            if let Mixer::Attention(a) = config.layer(l).mixer {
+                let (d, rot) = (a.head_dim, a.rope.rotary_dim);
+                if d % 16 != 0 || d > 512 || rot < 2 || rot % 2 != 0 || rot > d || a.heads % a.kv_heads.max(1) != 0 {
+                    return Err(Error::Unsupported(format!(
+                        "layer {l}: attention of head dimension {d} ({rot} rotary dims, {} heads over {} KV heads); \
+                         the kernels take head dimensions that are multiples of 16 up to 512",
+                        a.heads, a.kv_heads
+                    )));
+                }
+            }
+        }
         // The KV cache is one f16 [Hkv, ctx, D] buffer per attention layer and K/V: check it
         // against the device's binding limit before the weights upload, in the user's terms.
         let max_bind = gpu.limits.max_storage_buffer_binding_size;
