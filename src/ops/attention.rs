@@ -419,6 +419,20 @@ pub mod cpu {
         n_tokens: usize,
         p: &AttnParams,
     ) -> Vec<f32> {
+        attention_q(qkv, k_cache, v_cache, pos, n_tokens, p, super::q_f16(p.head_dim))
+    }
+
+    /// [`attention`] with the queries rounded to f16 or not (`round_q`), whatever the head
+    /// dimension: the exact attention over the cache, to bound what the f16 staging costs.
+    pub fn attention_q(
+        qkv: &[f32],
+        k_cache: &[f16],
+        v_cache: &[f16],
+        pos: usize,
+        n_tokens: usize,
+        p: &AttnParams,
+        round_q: bool,
+    ) -> Vec<f32> {
         let d = p.head_dim;
         let g = p.heads / p.kv_heads;
         let row = p.row_stride();
@@ -430,7 +444,7 @@ pub mod cpu {
                 let kv = h / g;
                 let q: Vec<f32> = qkv[t * row + h * d..][..d]
                     .iter()
-                    .map(|&x| if super::q_f16(d) { f16::from_f32(x).to_f32() } else { x })
+                    .map(|&x| if round_q { f16::from_f32(x).to_f32() } else { x })
                     .collect();
                 let scores: Vec<f64> = (lo..=q_pos)
                     .map(|j| {
@@ -550,6 +564,61 @@ mod tests {
             scale: 1.0 / (head_dim as f32).sqrt(),
             n_tokens: 1,
             splits: 0,
+        }
+    }
+
+    /// Heads of 512 stage their queries as f16: against the exact attention (f32 queries), the
+    /// output moves by no more than that rounding allows. Each query element moves by at most
+    /// 2^-11 of itself, so score j by at most E_j = scale · 2^-11 · Σ_i |q_i k_ji|, each
+    /// probability by a factor within e^(±2E), E = max_j E_j, and the output by at most
+    /// (e^(2E) - 1) · max |v| (plus the kernel's own f32 error, 2e-5 of the output's scale).
+    #[test]
+    fn wide_heads_stay_within_the_query_rounding_bound() {
+        for gpu in gpu_variants() {
+            let (h, hkv, d, ctx, n) = (8usize, 1usize, 512usize, 64usize, 5usize);
+            let p = AttnParams { n_tokens: n, ..params(h, hkv, d, ctx, 0) };
+            let row = p.row_stride();
+            let mut data = random(n * row, 97, 1.0);
+            for t in 0..n {
+                data[t * row..][..h * d].iter_mut().for_each(|x| *x *= 3.0);
+            }
+            let step = gpu.uniform("step", &StepParams { pos: 40, n_tokens: n as u32, slot: 0, _pad: 0 });
+            let (kc, vc) = kv_cache(&gpu, "wide", &p, 1).unwrap();
+            // Earlier positions' keys and values: random, written as the cache holds them.
+            let (mut k_cpu, mut v_cpu) = (vec![f16::ZERO; hkv * ctx * d], vec![f16::ZERO; hkv * ctx * d]);
+            let old = random(40 * row, 98, 1.0);
+            cpu::kv_cache_write(&old, &mut k_cpu, &mut v_cpu, 0, 40, &AttnParams { n_tokens: 40, ..p });
+            gpu.queue.write_buffer(&kc.buffer, kc.offset, bytemuck::cast_slice(&k_cpu));
+            gpu.queue.write_buffer(&vc.buffer, vc.offset, bytemuck::cast_slice(&v_cpu));
+            let qkv = gpu.upload_f32("qkv", &[n, row], &data).unwrap();
+            let out = gpu.empty("out", &[n, h * d], ElemType::F32).unwrap();
+            let write = kv_cache_write(&gpu, &qkv, &kc, &vc, &step, p).unwrap();
+            let attn = attention(&gpu, &qkv, &kc, &vc, &out, &step, p).unwrap();
+            let mut ks = vec![&write];
+            ks.extend(attn.iter());
+            gpu.run(&ks).unwrap();
+            let got = gpu.read_f32(&out).unwrap();
+            cpu::kv_cache_write(&data, &mut k_cpu, &mut v_cpu, 40, n, &p);
+            let exact = cpu::attention_q(&data, &k_cpu, &v_cpu, 40, n, &p, false);
+            let vmax = v_cpu.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
+            let mut moved = 0f32;
+            for t in 0..n {
+                for hh in 0..h {
+                    let q = &data[t * row + hh * d..][..d];
+                    let e = (0..=40 + t)
+                        .map(|j| {
+                            let k = &k_cpu[j * d..][..d];
+                            q.iter().zip(k).map(|(a, b)| (a * b.to_f32()).abs()).sum::<f32>() * p.scale / 2048.0
+                        })
+                        .fold(0f32, f32::max);
+                    let bound = ((2.0 * e).exp() - 1.0) * vmax + 2e-5;
+                    let at = (t * h + hh) * d;
+                    let (diff, i) = max_abs_diff(&got[at..][..d], &exact[at..][..d]);
+                    assert!(diff <= bound, "t={t} head {hh}: {diff} at {i} beyond the rounding bound {bound}");
+                    moved = moved.max(diff);
+                }
+            }
+            eprintln!("D=512 against exact attention: max |diff| {moved}");
         }
     }
 
