@@ -174,7 +174,11 @@ fn per_layer_config_table() {
 /// The tiny model written as llama.cpp's `gemma4` GGUF (its keys: per-layer KV heads, the sliding
 /// pattern, the `_swa` head dims; `rope_freqs` for the full layers' proportional RoPE; no `attn_v`
 /// on the keys-as-values layers), as `examples/gemma4_gguf` writes the 31B shape for llama.cpp.
-pub fn as_gguf(dir: &std::path::Path, path: &std::path::Path) {
+pub fn as_gguf(
+    dir: &std::path::Path,
+    path: &std::path::Path,
+    edit: impl FnOnce(&mut wgpu_llm::loader::gguf::GgufWriter),
+) {
     use wgpu_llm::loader::gguf::{GgufTokenizerData, GgufWriter};
     let ck = Checkpoint::open(dir).unwrap();
     let c = &ck.config;
@@ -188,6 +192,7 @@ pub fn as_gguf(dir: &std::path::Path, path: &std::path::Path) {
         let shape = ck.raw_shape(name).unwrap();
         w.add_f32(name, &shape, &ck.f32(name, &shape).unwrap()).unwrap();
     }
+    edit(&mut w);
     w.write(path).unwrap();
 }
 
@@ -195,7 +200,7 @@ pub fn as_gguf(dir: &std::path::Path, path: &std::path::Path) {
 #[test]
 fn tiny_gguf_matches_transformers() {
     let path = std::env::temp_dir().join(format!("gemma4_tiny_{}.gguf", std::process::id()));
-    as_gguf(&tiny(), &path);
+    as_gguf(&tiny(), &path, |_| {});
     let ck = Checkpoint::open(&path).unwrap();
     assert_eq!(ck.config.layer_specs(), Checkpoint::open(&tiny()).unwrap().config.layer_specs());
     assert_eq!(ck.config.final_logit_softcapping, Some(30.0));
@@ -211,7 +216,12 @@ fn tiny_gguf_matches_transformers() {
 fn per_layer_inputs_gguf_matches_transformers() {
     let dir = common::fixture_dir().join("models/gemma4_tiny_ple");
     let path = std::env::temp_dir().join(format!("gemma4_tiny_ple_{}.gguf", std::process::id()));
-    as_gguf(&dir, &path);
+    // One KV head count for every layer (both kinds have 2 here), as a scalar as converters write
+    // it when the kinds agree.
+    as_gguf(&dir, &path, |w| {
+        w.remove_metadata("gemma4.attention.head_count_kv");
+        w.add_metadata("gemma4.attention.head_count_kv", wgpu_llm::loader::gguf::GgufValue::U32(2));
+    });
     let ck = Checkpoint::open(&path).unwrap();
     assert_eq!(ck.config.layer_specs(), Checkpoint::open(&dir).unwrap().config.layer_specs());
     assert_eq!(ck.config.per_layer_input, Checkpoint::open(&dir).unwrap().config.per_layer_input);

@@ -978,14 +978,7 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
         .collect::<Result<_>>()?;
     let heads = req("attention.head_count", cfg_limits::HEADS)?;
     let kv_key = m.key("attention.head_count_kv");
-    let kv_per_layer: Vec<usize> = match m.opt_array(&kv_key)? {
-        Some(a) if a.len() == num_layers => a
-            .iter()
-            .map(|v| v.as_u64().map(|x| x as usize).ok_or_else(|| m.wrong(&kv_key, "integers", v)))
-            .collect::<Result<_>>()?,
-        Some(a) => return Err(mismatch(format!("{kv_key} has {} entries for {num_layers} layers", a.len()))),
-        None => vec![m.opt_usize(&kv_key)?.unwrap_or(heads); num_layers],
-    };
+    let kv_per_layer = m.per_layer(&kv_key, num_layers)?.unwrap_or_else(|| vec![heads; num_layers]);
     // One KV head count per layer kind.
     let kind_kv = |full: bool| -> Result<usize> {
         let mut v = kv_per_layer.iter().zip(&full_attention).filter(|(_, &f)| f == full).map(|(&k, _)| k);
@@ -1019,15 +1012,7 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
     let tok = tokenizer_data(&m, Arch::Gemma4)?;
     let vocab_size = vocab_rows(g, Some(&tok), path)?;
     let ffn_key = m.key("feed_forward_length");
-    let ffn_list = g.get(&ffn_key).and_then(GgufValue::as_array);
-    let ffn: Vec<usize> = match ffn_list {
-        Some(a) if a.len() == num_layers => a
-            .iter()
-            .map(|v| v.as_u64().map(|x| x as usize).ok_or_else(|| m.wrong(&ffn_key, "integers", v)))
-            .collect::<Result<_>>()?,
-        Some(a) => return Err(mismatch(format!("{ffn_key} has {} entries for {num_layers} layers", a.len()))),
-        None => vec![m.opt_usize(&ffn_key)?.ok_or_else(|| m.missing(&ffn_key))?; num_layers],
-    };
+    let ffn = m.per_layer(&ffn_key, num_layers)?.ok_or_else(|| m.missing(&ffn_key))?;
     let double_wide = ffn.iter().any(|&f| f != ffn[0]);
     let want_ffn = |l: usize| if double_wide && l >= num_layers - shared { 2 * ffn[0] } else { ffn[0] };
     if let Some(l) = (0..num_layers).find(|&l| ffn[l] != want_ffn(l)) {
@@ -1230,6 +1215,28 @@ impl Meta<'_> {
             Some(v) => v.as_array().map(Some).ok_or_else(|| self.wrong(key, "an array", v)),
         }
     }
+    /// A count llama.cpp takes per layer: an array of `layers` integers, or one for every layer;
+    /// `None` when absent.
+    fn per_layer(&self, key: &str, layers: usize) -> Result<Option<Vec<usize>>> {
+        let Some(v) = self.g.get(key) else {
+            return Ok(None);
+        };
+        match v.as_array() {
+            Some(a) if a.len() == layers => a
+                .iter()
+                .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()).ok_or_else(|| self.wrong(key, "integers", x)))
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(a) => Err(Error::Mismatch(format!(
+                "{}: {} has {} entries for {layers} layers",
+                self.path.display(),
+                shown(key),
+                a.len()
+            ))),
+            None => Ok(self.opt_usize(key)?.map(|n| vec![n; layers])),
+        }
+    }
+
     /// A count that llama.cpp allows to be per-layer (an array); this engine needs one value.
     fn uniform_usize(&self, key: &str) -> Result<Option<usize>> {
         let Some(v) = self.g.get(key) else {
