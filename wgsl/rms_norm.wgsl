@@ -1,15 +1,21 @@
 // rms_norm: for each of `rows` rows of n f32,
 //   out[r, i] = x[r, i] * inverseSqrt(mean_i(x[r, i]^2) + eps) * w[i]
 // (Gemma's (1 + w) is folded into w at load). With ACCUMULATE: out[r, i] = (out[r, i] + that) *
-// out_scale instead (Gemma's sandwich norms: x_resid += rms_norm(tmp) * w; Gemma 4 then scales
-// the layer's output by its layer_scalar; out_scale = 1 elsewhere, the same bits as a plain add). With IN_PLACE: x is normalized in
-// place (binding 0 is both input and output; there is no out binding; out_stride is ignored).
+// out_scale instead (Gemma's sandwich norms: x_resid += rms_norm(tmp) * w; Gemma 4 then scales the
+// layer's output by its layer_scalar; out_scale = 1 elsewhere, the same bits as a plain add). With
+// ACCUMULATE and NEXT, the same workgroup then normalizes the updated row for the next projection:
+// out2[r, i] = out[r, i] * inverseSqrt(mean_i(out[r, i]^2) + eps) * w2[i] (out2 in out's row
+// layout): a post-norm's residual add and the next pre-norm in one dispatch. With IN_PLACE: x is
+// normalized in place (binding 0 is both input and output; there is no out binding; out_stride is
+// ignored).
 //
 // Row r starts at element r * x_stride of x and r * out_stride of out, so x and out may be
 // strided (or views: Tensor.offset, 256-byte aligned).
-// Grid: one workgroup per row, 2-D folded (see gpu/kernel.rs); WG threads stride over the row.
-// Sum of squares: per-thread partial sums, then a workgroup reduction (subgroupAdd per subgroup
-// + shared memory under SUBGROUP, a shared-memory tree otherwise).
+// Grid: one workgroup per row, 2-D folded (see gpu/kernel.rs); WG threads stride over the row,
+// four elements a step where n is a multiple of 4 (a row alone is one workgroup: the loads'
+// latency, not bandwidth, sets its time). Sum of squares: per-thread partial sums, then a
+// workgroup reduction (subgroupAdd per subgroup + shared memory under SUBGROUP, a shared-memory
+// tree otherwise).
 #define WG 256
 
 struct Params {
@@ -32,10 +38,47 @@ struct Params {
 @group(0) @binding(1) var<storage, read> w: array<f32>;        // (n)
 @group(0) @binding(2) var<storage, read_write> out: array<f32>; // (rows, out_stride) first n of each row written
 @group(0) @binding(3) var<uniform> p: Params;
+#ifdef NEXT
+@group(0) @binding(4) var<storage, read> w2: array<f32>;          // (n) the next norm's weight
+@group(0) @binding(5) var<storage, read_write> out2: array<f32>;  // (rows, out_stride) the updated rows, normalized
+#endif
 #endif
 
 // One slot per thread: enough for any subgroup count (subgroup size >= 1).
 var<workgroup> partial: array<f32, {{WG}}>;
+
+// The workgroup's sum of every thread's `s` (each thread gets it). Starts with a barrier, so a
+// second call may reuse `partial` once every thread has read the first result.
+fn row_sum(s: f32, lid: u32
+#ifdef SUBGROUP
+        , sg_lane: u32, sg_id: u32, sg_count: u32
+#endif
+        ) -> f32 {
+    workgroupBarrier();
+#ifdef SUBGROUP
+    // Never assume a subgroup size: one partial per subgroup, summed by every thread.
+    let sg_sum = subgroupAdd(s);
+    if (sg_lane == 0u) {
+        partial[sg_id] = sg_sum;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var k = 0u; k < sg_count; k++) {
+        total += partial[k];
+    }
+    return total;
+#else
+    partial[lid] = s;
+    workgroupBarrier();
+    for (var stride = {{WG}}u / 2u; stride > 0u; stride >>= 1u) {
+        if (lid < stride) {
+            partial[lid] += partial[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    return partial[0];
+#endif
+}
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -53,8 +96,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let n = p.n;
     let xb = row * p.x_stride;
 
-    // Rows of a multiple of 4: four independent loads per thread per step (a row alone is one
-    // workgroup, so the loads' latency, not bandwidth, sets its time).
     var s = 0.0;
     let quad = n % 4u == 0u;
     if (quad) {
@@ -71,29 +112,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             s += v * v;
         }
     }
-
+    let total = row_sum(s, lid
 #ifdef SUBGROUP
-    // Never assume a subgroup size: one partial per subgroup, summed by every thread.
-    let sg_sum = subgroupAdd(s);
-    if (sg_lane == 0u) {
-        partial[sg_id] = sg_sum;
-    }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var k = 0u; k < sg_count; k++) {
-        total += partial[k];
-    }
-#else
-    partial[lid] = s;
-    workgroupBarrier();
-    for (var stride = {{WG}}u / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            partial[lid] += partial[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    let total = partial[0];
+        , sg_lane, sg_id, sg_count
 #endif
+        );
 
     let scale = inverseSqrt(total / f32(n) + p.eps);
 #ifdef IN_PLACE
@@ -102,6 +125,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 #else
     let ob = row * p.out_stride;
+    var s2 = 0.0;
     if (quad) {
         for (var i = 4u * lid; i < n; i += 4u * {{WG}}u) {
             let v = vec4<f32>(x[xb + i], x[xb + i + 1u], x[xb + i + 2u], x[xb + i + 3u]) * scale
@@ -115,16 +139,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             out[ob + i + 1u] = o.y;
             out[ob + i + 2u] = o.z;
             out[ob + i + 3u] = o.w;
+            s2 += (o.x * o.x + o.y * o.y) + (o.z * o.z + o.w * o.w);
         }
     } else {
         for (var i = lid; i < n; i += {{WG}}u) {
             let v = x[xb + i] * scale * w[i];
 #ifdef ACCUMULATE
-            out[ob + i] = (out[ob + i] + v) * p.out_scale;
+            let o = (out[ob + i] + v) * p.out_scale;
 #else
-            out[ob + i] = v;
+            let o = v;
 #endif
+            out[ob + i] = o;
+            s2 += o * o;
         }
     }
+#ifdef NEXT
+    // The updated row, normalized: each thread rereads the elements it wrote.
+    let total2 = row_sum(s2, lid
+#ifdef SUBGROUP
+        , sg_lane, sg_id, sg_count
+#endif
+        );
+    let scale2 = inverseSqrt(total2 / f32(n) + p.eps);
+    let step = select(1u, 4u, quad);
+    for (var i0 = step * lid; i0 < n; i0 += step * {{WG}}u) {
+        for (var j = 0u; j < step; j++) {
+            out2[ob + i0 + j] = out[ob + i0 + j] * scale2 * w2[i0 + j];
+        }
+    }
+#endif
 #endif
 }

@@ -788,7 +788,19 @@ impl Model {
             }));
         }
         let eps = c.rms_norm_eps;
-        let lp = LayerPass { g, s, t, eps, x: &x, xn: &xn, tmp: &tmp, step: &self.step, max_ctx: self.max_ctx, seqs };
+        let lp = LayerPass {
+            g,
+            s,
+            t,
+            eps,
+            x: &x,
+            xn: &xn,
+            tmp: &tmp,
+            step: &self.step,
+            max_ctx: self.max_ctx,
+            seqs,
+            xn_for: Default::default(),
+        };
         // Per-layer inputs from the token embedding x0, before any layer changes x.
         if let (Some(ple), Some(pw), Some((slots, _))) = (c.per_layer_input, &w.per_layer_input, &s.ple_slots) {
             let width = c.num_layers * ple.dim;
@@ -824,7 +836,9 @@ impl Model {
                 }
                 _ => unreachable!("layer {l}: weights and state are made from its spec"),
             };
-            lp.residual(&mut k, mixed, lw.post_attn_norm.as_ref())?;
+            lp.residual_scaled(&mut k, mixed, lw.post_attn_norm.as_ref(), 1.0, Some(&lw.ffn_norm))?;
+            // The next layer's input norm, for the last residual add of this one to write.
+            let next_norm = w.layers.get(l + 1).map(|n| &n.attn_norm);
             let ffn = match (spec.mlp, &lw.mlp) {
                 (MlpSpec::Dense { intermediate, activation }, MlpWeights::Dense { gate_up, down }) => {
                     let (xin, input) = lp.normed(&mut k, &lw.ffn_norm)?;
@@ -837,9 +851,9 @@ impl Model {
                 (Some(ple_w), Some((slots, slot))) => {
                     lp.residual(&mut k, ffn, lw.post_ffw_norm.as_ref())?;
                     let out = lp.per_layer_input(&mut k, ple_w, slots.view(l * slot, &[t, 2 * ple_w.0.shape()[0]]))?;
-                    lp.residual_scaled(&mut k, out, Some(&ple_w.2), lw.output_scale)?;
+                    lp.residual_scaled(&mut k, out, Some(&ple_w.2), lw.output_scale, next_norm)?;
                 }
-                _ => lp.residual_scaled(&mut k, ffn, lw.post_ffw_norm.as_ref(), lw.output_scale)?,
+                _ => lp.residual_scaled(&mut k, ffn, lw.post_ffw_norm.as_ref(), lw.output_scale, next_norm)?,
             }
             items.extend(k.into_iter().map(Item::Kernel));
         }
@@ -903,6 +917,9 @@ struct LayerPass<'a> {
     /// A decode step of many sequences: token t is sequence t, at the (position, slot) of row t
     /// (u32 `[t, 2]`).
     seqs: Option<Tensor>,
+    /// The norm weight xn already holds x under (a post-norm's residual add wrote it in the same
+    /// dispatch: [`LayerPass::residual_scaled`]'s `next`), for the next [`LayerPass::normed`].
+    xn_for: std::cell::RefCell<Option<Tensor>>,
 }
 
 impl<'a> LayerPass<'a> {
@@ -920,8 +937,12 @@ impl<'a> LayerPass<'a> {
     /// The input of a projection that starts from the residual stream under the norm `w`: the
     /// norm fused into the matvec up to MATVEC_MAX_T tokens, else run into xn first.
     fn normed(&self, k: &mut Vec<Kernel>, w: &'a Tensor) -> Result<(Tensor, Input<'a>)> {
+        let ready = self.xn_for.borrow_mut().take();
         if fuses_norm(self.t, self.x.shape[1]) {
             Ok((self.x.clone(), Input::Norm { weight: w, eps: self.eps }))
+        } else if ready.is_some_and(|r| std::sync::Arc::ptr_eq(&r.buffer, &w.buffer) && r.offset == w.offset) {
+            // The residual add before wrote xn under this weight.
+            Ok((self.xn.clone(), Input::Plain))
         } else {
             k.push(rms_norm(self.g, self.x, w, self.xn, self.eps, false)?);
             Ok((self.xn.clone(), Input::Plain))
@@ -939,17 +960,20 @@ impl<'a> LayerPass<'a> {
     /// Adds a block's output to x: the residual add fused into its last projection, or through
     /// the post-norm (`x += norm(y)`).
     fn residual(&self, k: &mut Vec<Kernel>, out: Output<'a>, post_norm: Option<&Tensor>) -> Result<()> {
-        self.residual_scaled(k, out, post_norm, 1.0)
+        self.residual_scaled(k, out, post_norm, 1.0, None)
     }
 
     /// [`Self::residual`], then x scaled by the layer's output scale (fused into the post-norm;
-    /// the loader refuses a scale without one).
+    /// the loader refuses a scale without one). With a post-norm and `next` (the weight of the
+    /// norm the next projection starts with), where that norm runs as a dispatch of its own (long
+    /// rows: [`fuses_norm`]), the same dispatch also writes xn = norm(x) · next for it.
     fn residual_scaled(
         &self,
         k: &mut Vec<Kernel>,
         out: Output<'a>,
         post_norm: Option<&Tensor>,
         scale: f32,
+        next: Option<&Tensor>,
     ) -> Result<()> {
         let Output::Linear { from, input, w } = out else {
             assert_eq!(scale, 1.0, "an output scale needs the block's post-norm");
@@ -958,7 +982,9 @@ impl<'a> LayerPass<'a> {
         match post_norm {
             Some(pn) => {
                 k.push(linear(self.g, &from, input, w, None, self.tmp, self.opts())?);
-                k.push(rms_norm_residual(self.g, self.tmp, pn, self.x, self.eps, scale)?);
+                let next = next.filter(|_| !fuses_norm(self.t, self.x.shape[1]));
+                k.push(rms_norm_residual(self.g, self.tmp, pn, self.x, self.eps, scale, next.map(|w| (w, self.xn)))?);
+                *self.xn_for.borrow_mut() = next.cloned();
             }
             None => {
                 assert_eq!(scale, 1.0, "an output scale needs the block's post-norm");

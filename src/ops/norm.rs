@@ -119,9 +119,31 @@ pub fn rms_norm_rows(
 
 /// The residual add through a post-norm, then the layer's output scale:
 /// `out = (out + norm(x) * w) * scale` over contiguous rows of `n = w.numel()` (Gemma 4's last
-/// sandwich norm and `layer_scalar`).
-pub fn rms_norm_residual(gpu: &Gpu, x: &Tensor, w: &Tensor, out: &Tensor, eps: f32, scale: f32) -> Result<Kernel> {
-    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale)
+/// sandwich norm and `layer_scalar`). With `next = Some((w2, out2))` the same dispatch then writes
+/// `out2 = norm(out) * w2` (the next projection's pre-norm, same epsilon; `out2` shaped as `out`).
+pub fn rms_norm_residual(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    eps: f32,
+    scale: f32,
+    next: Option<(&Tensor, &Tensor)>,
+) -> Result<Kernel> {
+    let layout = whole_rows(x, w)?;
+    let Some((w2, out2)) = next else {
+        return rms_norm_with(gpu, x, w, out, layout, eps, true, scale);
+    };
+    checks(gpu, x, w, Some(out), &layout)?;
+    checks(gpu, out, w2, Some(out2), &layout)?;
+    let p = params(gpu, &layout, eps, scale);
+    gpu.kernel(
+        "rms_norm",
+        "main",
+        &gpu.macros().flag("ACCUMULATE").flag("NEXT"),
+        &[x.binding(), w.binding(), out.binding(), p.as_entire_binding(), w2.binding(), out2.binding()],
+        grid(layout.rows),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -181,10 +203,21 @@ pub mod cpu {
         }
     }
 
-    /// Reference of [`super::rms_norm_residual`]: `out = (out + norm(x) * w) * scale`.
-    pub fn rms_norm_residual(x: &[f32], w: &[f32], out: &mut [f32], eps: f32, scale: f32) {
+    /// Reference of [`super::rms_norm_residual`]: `out = (out + norm(x) * w) * scale`, then with
+    /// `next = Some((w2, out2))` `out2 = norm(out) * w2`.
+    pub fn rms_norm_residual(
+        x: &[f32],
+        w: &[f32],
+        out: &mut [f32],
+        eps: f32,
+        scale: f32,
+        next: Option<(&[f32], &mut [f32])>,
+    ) {
         rms_norm(x, w, out, eps, true);
         out.iter_mut().for_each(|o| *o *= scale);
+        if let Some((w2, out2)) = next {
+            rms_norm(out, w2, out2, eps, false);
+        }
     }
 
     /// Contiguous rows of `w.len()`.
@@ -265,17 +298,40 @@ mod tests {
             let x = gpu.upload_f32("x", &[rows, n], &xs).unwrap();
             let w = gpu.upload_f32("w", &[n], &ws).unwrap();
             let out = gpu.upload_f32("out", &[rows, n], &init).unwrap();
-            let k = rms_norm_residual(&gpu, &x, &w, &out, 1e-6, 0.37).unwrap();
+            let k = rms_norm_residual(&gpu, &x, &w, &out, 1e-6, 0.37, None).unwrap();
             gpu.run(&[&k]).unwrap();
             let got = gpu.read_f32(&out).unwrap();
             let mut want = init.clone();
-            cpu::rms_norm_residual(&xs, &ws, &mut want, 1e-6, 0.37);
+            cpu::rms_norm_residual(&xs, &ws, &mut want, 1e-6, 0.37, None);
             let e = rel_err(&got, &want);
             assert!(e < TOL, "subgroups={} rel err {e}", gpu.caps.subgroups);
+            // With the next pre-norm in the same dispatch (rows of 640 and of 5376 = 4 x 1344, and
+            // of 70, not a multiple of 4): the residual as before, and its norm.
+            for n in [640usize, 5376, 70] {
+                let xs = random(rows * n, 64, 4.0);
+                let (ws, w2s) = (random(n, 65, 1.5), random(n, 66, 1.5));
+                let init = random(rows * n, 67, 2.0);
+                let (x, w, w2) = (
+                    gpu.upload_f32("x", &[rows, n], &xs).unwrap(),
+                    gpu.upload_f32("w", &[n], &ws).unwrap(),
+                    gpu.upload_f32("w2", &[n], &w2s).unwrap(),
+                );
+                let out = gpu.upload_f32("out", &[rows, n], &init).unwrap();
+                let out2 = gpu.upload_f32("out2", &[rows, n], &vec![7.0; rows * n]).unwrap();
+                let k = rms_norm_residual(&gpu, &x, &w, &out, 1e-6, 0.37, Some((&w2, &out2))).unwrap();
+                gpu.run(&[&k]).unwrap();
+                let (got, got2) = (gpu.read_f32(&out).unwrap(), gpu.read_f32(&out2).unwrap());
+                let (mut want, mut want2) = (init.clone(), vec![0.0; rows * n]);
+                cpu::rms_norm_residual(&xs, &ws, &mut want, 1e-6, 0.37, Some((&w2s, &mut want2)));
+                assert!(rel_err(&got, &want) < TOL, "n={n}: the residual");
+                // The second norm meets the first's f32 rounding: twice the bound.
+                let e = rel_err(&got2, &want2);
+                assert!(e < 2.0 * TOL, "n={n} subgroups={}: the next norm, rel err {e}", gpu.caps.subgroups);
+            }
             // Scale 1 is the plain residual add, bit for bit.
             let a = gpu.upload_f32("a", &[rows, n], &init).unwrap();
             let b = gpu.upload_f32("b", &[rows, n], &init).unwrap();
-            let ka = rms_norm_residual(&gpu, &x, &w, &a, 1e-6, 1.0).unwrap();
+            let ka = rms_norm_residual(&gpu, &x, &w, &a, 1e-6, 1.0, None).unwrap();
             let kb = rms_norm(&gpu, &x, &w, &b, 1e-6, true).unwrap();
             gpu.run(&[&ka, &kb]).unwrap();
             assert_eq!(gpu.read_f32(&a).unwrap(), gpu.read_f32(&b).unwrap());
