@@ -60,6 +60,7 @@ import numpy as np
 import torch
 import transformers
 from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+from fixture_common import tokenizer_json, top5
 
 SEED = 1234
 PROMPT_LEN = 24
@@ -156,25 +157,6 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
                 # Persistent buffer [1] (saved as model.layers.L.layer_scalar): scales the whole
                 # residual stream after the layer. f16-representable as well.
                 b.copy_((0.5 + torch.rand(b.shape, generator=gen)).half().float())
-
-
-def tokenizer_json(vocab: int) -> dict:
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": None,
-        "decoder": None,
-        "model": {"type": "WordLevel", "vocab": {f"t{i}": i for i in range(vocab)}, "unk_token": "t0"},
-    }
-
-
-def top5(v: np.ndarray):
-    idx = sorted(range(len(v)), key=lambda i: (-float(v[i]), i))[:5]
-    return idx, [float(v[i]) for i in idx]
 
 
 def generate(model, ids):

@@ -28,6 +28,8 @@ import shutil
 
 from safetensors.numpy import load_file, save_file
 
+from fixture_common import mlx_convert
+
 
 def multimodal(hf_dir: str, out_dir: str) -> None:
     w = load_file(os.path.join(hf_dir, "model.safetensors"))
@@ -74,27 +76,14 @@ def main() -> None:
         multimodal(a.hf_dir, a.out_dir)
         print(a.out_dir)
         return
-    from mlx_lm import convert
-
     if a.text:
         src = a.hf_dir
     else:
         src = a.out_dir.rstrip("/") + ".multimodal"
         multimodal(a.hf_dir, src)
-    tmp = a.out_dir.rstrip("/") + ".partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    if a.float:
-        convert(hf_path=src, mlx_path=tmp, dtype=a.dtype)
-    else:
-        convert(hf_path=src, mlx_path=tmp, quantize=True, q_bits=a.bits, q_group_size=a.group, dtype=a.dtype)
+    mlx_convert(src, a.hf_dir, a.out_dir, a.float, a.bits, a.group, a.dtype)
     if not a.text:
         shutil.rmtree(src, ignore_errors=True)
-    # The word-level tokenizer as it was (transformers' round trip through AutoTokenizer may add
-    # tokens past the vocabulary).
-    shutil.copy(os.path.join(a.hf_dir, "tokenizer.json"), tmp)
-    json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, open(os.path.join(tmp, "tokenizer_config.json"), "w"))
-    shutil.rmtree(a.out_dir, ignore_errors=True)
-    os.rename(tmp, a.out_dir)
     print(a.out_dir)
 
 

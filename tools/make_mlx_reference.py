@@ -22,11 +22,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
-
-
-def top5(v: np.ndarray):
-    idx = sorted(range(len(v)), key=lambda i: (-float(v[i]), i))[:5]
-    return idx, [float(v[i]) for i in idx]
+from fixture_common import top5
 
 
 def main() -> None:

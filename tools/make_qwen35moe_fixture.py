@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import transformers
 from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+from fixture_common import tokenizer_json, top5
 
 SEED = 1234
 PROMPT_LEN = 24
@@ -89,25 +90,6 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
                 # both sides compute with the same weights and the comparison measures the
                 # arithmetic, not f16 rounding (which moves these random logits by up to 0.16).
                 p.copy_(p.half().float())
-
-
-def tokenizer_json(vocab: int) -> dict:
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": None,
-        "decoder": None,
-        "model": {"type": "WordLevel", "vocab": {f"t{i}": i for i in range(vocab)}, "unk_token": "t0"},
-    }
-
-
-def top5(v: np.ndarray):
-    idx = sorted(range(len(v)), key=lambda i: (-float(v[i]), i))[:5]
-    return idx, [float(v[i]) for i in idx]
 
 
 class RouterMargins:

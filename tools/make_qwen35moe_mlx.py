@@ -25,6 +25,8 @@ import shutil
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from fixture_common import mlx_convert
+
 
 def fuse(hf_dir: str, out_dir: str) -> None:
     w = load_file(os.path.join(hf_dir, "model.safetensors"))
@@ -73,23 +75,10 @@ def main() -> None:
         fuse(a.hf_dir, a.out_dir)
         print(a.out_dir)
         return
-    from mlx_lm import convert
-
     fused = a.out_dir.rstrip("/") + ".fused"
     fuse(a.hf_dir, fused)
-    tmp = a.out_dir.rstrip("/") + ".partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    if a.float:
-        convert(hf_path=fused, mlx_path=tmp, dtype=a.dtype)
-    else:
-        convert(hf_path=fused, mlx_path=tmp, quantize=True, q_bits=a.bits, q_group_size=a.group, dtype=a.dtype)
+    mlx_convert(fused, a.hf_dir, a.out_dir, a.float, a.bits, a.group, a.dtype)
     shutil.rmtree(fused, ignore_errors=True)
-    # The word-level tokenizer as it was (transformers' round trip through AutoTokenizer adds an
-    # <|endoftext|> token past the vocabulary).
-    shutil.copy(os.path.join(a.hf_dir, "tokenizer.json"), tmp)
-    json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, open(os.path.join(tmp, "tokenizer_config.json"), "w"))
-    shutil.rmtree(a.out_dir, ignore_errors=True)
-    os.rename(tmp, a.out_dir)
     print(a.out_dir)
 
 
