@@ -114,7 +114,7 @@ pub fn rms_norm_rows(
     eps: f32,
     accumulate: bool,
 ) -> Result<Kernel> {
-    rms_norm_with(gpu, x, w, out, layout, eps, accumulate, 1.0)
+    rms_norm_with(gpu, x, w, out, layout, eps, accumulate, 1.0, None)
 }
 
 /// The residual add through a post-norm, then the layer's output scale:
@@ -130,20 +130,7 @@ pub fn rms_norm_residual(
     scale: f32,
     next: Option<(&Tensor, &Tensor)>,
 ) -> Result<Kernel> {
-    let layout = whole_rows(x, w)?;
-    let Some((w2, out2)) = next else {
-        return rms_norm_with(gpu, x, w, out, layout, eps, true, scale);
-    };
-    checks(gpu, x, w, Some(out), &layout)?;
-    checks(gpu, out, w2, Some(out2), &layout)?;
-    let p = params(gpu, &layout, eps, scale);
-    gpu.kernel(
-        "rms_norm",
-        "main",
-        &gpu.macros().flag("ACCUMULATE").flag("NEXT"),
-        &[x.binding(), w.binding(), out.binding(), p.as_entire_binding(), w2.binding(), out2.binding()],
-        grid(layout.rows),
-    )
+    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale, next)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -156,14 +143,21 @@ fn rms_norm_with(
     eps: f32,
     accumulate: bool,
     out_scale: f32,
+    next: Option<(&Tensor, &Tensor)>,
 ) -> Result<Kernel> {
     checks(gpu, x, w, Some(out), &layout)?;
     let p = params(gpu, &layout, eps, out_scale);
+    let mut bindings = vec![x.binding(), w.binding(), out.binding(), p.as_entire_binding()];
+    if let Some((w2, out2)) = next {
+        assert!(accumulate, "rms_norm: the next norm follows a residual add");
+        checks(gpu, out, w2, Some(out2), &layout)?;
+        bindings.extend([w2.binding(), out2.binding()]);
+    }
     gpu.kernel(
         "rms_norm",
         "main",
-        &gpu.macros().flag_if("ACCUMULATE", accumulate),
-        &[x.binding(), w.binding(), out.binding(), p.as_entire_binding()],
+        &gpu.macros().flag_if("ACCUMULATE", accumulate).flag_if("NEXT", next.is_some()),
+        &bindings,
         grid(layout.rows),
     )
 }

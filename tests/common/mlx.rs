@@ -144,40 +144,7 @@ pub fn write_hf_folder(gguf: &Path, dir: &Path) {
 /// fused as Qwen3.5's published checkpoints store them; numpy + safetensors only), `"mlx"`
 /// (mlx-lm's converter, bf16) or `"mlx4"` (mlx-lm's converter, 4-bit group 64; the routers 8-bit).
 pub fn qwen35moe_tiny(layout: &str) -> PathBuf {
-    use std::hash::{Hash, Hasher};
-    let root = env!("CARGO_MANIFEST_DIR");
-    let src = format!("{root}/tests/fixtures/models/qwen35moe_tiny");
-    // Keyed by the source's content, so a changed fixture model is never met by a stale conversion.
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
-        std::fs::read(format!("{src}/{f}")).unwrap_or_else(|e| panic!("{src}/{f}: {e}")).hash(&mut h);
-    }
-    let out = cache_dir().join(format!("qwen35moe-tiny-{layout}-{:016x}", h.finish()));
-    if out.join("config.json").is_file() && out.join("model.safetensors").is_file() {
-        return out;
-    }
-    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let mut cmd = Command::new(&py);
-    cmd.arg(format!("{root}/tools/make_qwen35moe_mlx.py")).arg(&src).arg(&out);
-    match layout {
-        "fused" => {}
-        "mlx" => {
-            cmd.args(["--mlx", "--float"]);
-        }
-        "mlx4" => {
-            cmd.args(["--mlx", "--bits", "4", "--group", "64"]);
-        }
-        other => panic!("no layout {other}"),
-    }
-    std::fs::create_dir_all(cache_dir()).unwrap();
-    let status = cmd.output().unwrap_or_else(|e| panic!("running {py} tools/make_qwen35moe_mlx.py: {e}"));
-    assert!(
-        status.status.success(),
-        "tools/make_qwen35moe_mlx.py failed (it needs numpy, safetensors and for MLX layouts mlx-lm: \
-         pip install \"mlx[cpu]==0.32.4\" \"mlx-lm==0.32.2\"):\n{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
-    out
+    tiny_converted("qwen35moe_tiny", "make_qwen35moe_mlx.py", "fused", layout)
 }
 
 /// The tiny Gemma 4 fixture (tests/fixtures/models/gemma4_tiny) in another layout, built on first
@@ -185,23 +152,29 @@ pub fn qwen35moe_tiny(layout: &str) -> PathBuf {
 /// `model.language_model.*`, the text config under `text_config`; numpy + safetensors only),
 /// `"mlx"` (mlx-lm's converter, bf16) or `"mlx4"` (mlx-lm's converter, 4-bit group 64).
 pub fn gemma4_tiny(layout: &str) -> PathBuf {
+    tiny_converted("gemma4_tiny", "make_gemma4_mlx.py", "google", layout)
+}
+
+/// tests/fixtures/models/`model` converted by tools/`script` into `layout`: `plain` (the script's
+/// layout without mlx-lm), `"mlx"` or `"mlx4"`; cached under a key of the source's content, so a
+/// changed fixture model is never met by a stale conversion.
+fn tiny_converted(model: &str, script: &str, plain: &str, layout: &str) -> PathBuf {
     use std::hash::{Hash, Hasher};
     let root = env!("CARGO_MANIFEST_DIR");
-    let src = format!("{root}/tests/fixtures/models/gemma4_tiny");
-    // Keyed by the source's content, so a changed fixture model is never met by a stale conversion.
+    let src = format!("{root}/tests/fixtures/models/{model}");
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for f in ["config.json", "model.safetensors", "tokenizer.json"] {
         std::fs::read(format!("{src}/{f}")).unwrap_or_else(|e| panic!("{src}/{f}: {e}")).hash(&mut h);
     }
-    let out = cache_dir().join(format!("gemma4-tiny-{layout}-{:016x}", h.finish()));
+    let out = cache_dir().join(format!("{}-{layout}-{:016x}", model.replace('_', "-"), h.finish()));
     if out.join("config.json").is_file() && out.join("model.safetensors").is_file() {
         return out;
     }
     let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let mut cmd = Command::new(&py);
-    cmd.arg(format!("{root}/tools/make_gemma4_mlx.py")).arg(&src).arg(&out);
+    cmd.arg(format!("{root}/tools/{script}")).arg(&src).arg(&out);
     match layout {
-        "google" => {}
+        l if l == plain => {}
         "mlx" => {
             cmd.args(["--mlx", "--float"]);
         }
@@ -211,10 +184,10 @@ pub fn gemma4_tiny(layout: &str) -> PathBuf {
         other => panic!("no layout {other}"),
     }
     std::fs::create_dir_all(cache_dir()).unwrap();
-    let status = cmd.output().unwrap_or_else(|e| panic!("running {py} tools/make_gemma4_mlx.py: {e}"));
+    let status = cmd.output().unwrap_or_else(|e| panic!("running {py} tools/{script}: {e}"));
     assert!(
         status.status.success(),
-        "tools/make_gemma4_mlx.py failed (it needs numpy, safetensors and for MLX layouts mlx-lm: \
+        "tools/{script} failed (it needs numpy, safetensors and for MLX layouts mlx-lm: \
          pip install \"mlx[cpu]==0.32.4\" \"mlx-lm==0.32.2\"):\n{}",
         String::from_utf8_lossy(&status.stderr)
     );
