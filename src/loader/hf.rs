@@ -1048,7 +1048,7 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
     if act != "gelu_pytorch_tanh" {
         return Err(Error::Unsupported(format!("activation {} in a gemma4 model", shown(act))));
     }
-    let full_attention: Vec<bool> = match c.get("layer_types") {
+    let mut full_attention: Vec<bool> = match c.get("layer_types") {
         Some(types) => {
             let types = types.as_array().ok_or_else(|| c.wrong("layer_types", "a list"))?;
             if types.len() != num_layers {
@@ -1067,7 +1067,6 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
         None => (0..num_layers).map(|i| (i + 1) % 6 == 0).collect(),
     };
     // Gemma4TextConfig forces the last layer to full attention (with a warning); so does this.
-    let mut full_attention = full_attention;
     if let Some(last) = full_attention.last_mut() {
         *last = true;
     }
@@ -1104,7 +1103,7 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
     }
     let heads = c.req_capped("num_attention_heads", limits::HEADS)?;
     let head_dim = c.opt_capped("head_dim", limits::HEAD_DIM)?.unwrap_or(256);
-    let g = Gemma4Config {
+    let mut g = Gemma4Config {
         vocab_size: c.req_capped("vocab_size", limits::VOCAB)?,
         hidden_size: c.req_capped("hidden_size", limits::HIDDEN)?,
         intermediate_size: c.req_capped("intermediate_size", limits::INTERMEDIATE)?,
@@ -1133,7 +1132,6 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
     // transformers writes the full layers' head dim and KV heads as a per-layer table
     // (`per_layer_config`, keyed by layer index), Google's and mlx-lm's configs as the top-level
     // keys read above: the table, where present, says it for each layer.
-    let mut g = g;
     if let Some(table) = c.get("per_layer_config") {
         let table = table.as_object().ok_or_else(|| c.wrong("per_layer_config", "an object"))?;
         let mut entries = Vec::new();
