@@ -54,13 +54,11 @@ Needs torch and a transformers with gemma4 (checked with 5.24).
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 import torch
-import transformers
 from transformers import Gemma4ForCausalLM, Gemma4TextConfig
-from fixture_common import tokenizer_json, top5
+from fixture_common import greedy_steps, tokenizer_json, write_reference
 
 SEED = 1234
 PROMPT_LEN = 24
@@ -159,26 +157,6 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
                 b.copy_((0.5 + torch.rand(b.shape, generator=gen)).half().float())
 
 
-def generate(model, ids):
-    """Prompt logits, then STEPS greedy tokens with the cache; each step's top-5."""
-    out = model(torch.tensor([ids]), use_cache=True)
-    first = out.logits[0, -1].float().numpy()
-    cache = out.cache
-    cur = first
-    greedy, step_top5, step_vals, rows = [], [], [], []
-    for _ in range(STEPS):
-        rows.append(cur)
-        t5, v5 = top5(cur)
-        step_top5.append(t5)
-        step_vals.append(v5)
-        tok = int(np.argmax(cur))
-        greedy.append(tok)
-        out = model(torch.tensor([[tok]]), cache=cache, use_cache=True)
-        cache = out.cache
-        cur = out.logits[0, -1].float().numpy()
-    return first, greedy, step_top5, step_vals, np.stack(rows)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="folder to write the checkpoint to")
@@ -223,7 +201,7 @@ def main() -> None:
         rng = np.random.default_rng(SEED + cand)
         ids = [int(i) for i in rng.integers(0, a.vocab, a.prompt_len)]
         with torch.no_grad():
-            res = generate(model, ids)
+            res = greedy_steps(model, ids, STEPS, "cache")
         cands.append((min(v[0] - v[1] for v in res[3]), len(set(res[1])) >= 10, ids, res))
     pool = [c for c in cands if c[1]] or cands
     gap, _, ids, (first, greedy, step_top5, step_vals, rows) = max(pool, key=lambda c: c[0])
@@ -238,42 +216,16 @@ def main() -> None:
     with torch.no_grad():
         wide = wide(torch.tensor([ids + greedy[:-1]]), use_cache=False).logits[0, len(ids) - 1 :].numpy()
     window = float(np.abs(wide - rows).max())
-    first.astype("<f4").tofile(a.out + ".logits.f32")
-    if a.step_logits:
-        rows.astype("<f4").tofile(a.out + ".steps.f32")
-    t5, v5 = top5(first)
-    meta = {
-        "model": f"tiny random Gemma4ForCausalLM, variant {a.variant} (tools/make_gemma4_fixture.py)",
-        "config": {k: v for k, v in model.config.to_dict().items() if not k.startswith("_")},
-        "prompt_ids": ids,
-        "n_prompt": len(ids),
-        "top5": t5,
-        "top5_logits": v5,
-        "greedy_tokens": greedy,
-        "step_logits_top5": step_top5,
-        "step_logits_top5_values": step_vals,
+    extra = {
         "min_top2_gap": gap,
         "distinct_greedy_tokens": len(set(greedy)),
         "cache_vs_recompute_max_abs": recompute,
         "wide_window_max_abs": window,
         "layer_scalars": [float(l.layer_scalar) for l in model.model.layers],
-        "logits_file": os.path.basename(a.out) + ".logits.f32",
-        "logits_format": "little-endian f32, vocab entries, last prompt position",
-        **(
-            {
-                "step_logits_file": os.path.basename(a.out) + ".steps.f32",
-                "step_logits_format": "little-endian f32, [16, vocab]: row i is the logits greedy_tokens[i] "
-                "is the argmax of (row 0 the prompt's, row i after feeding greedy_tokens[:i] with the cache)",
-            }
-            if a.step_logits
-            else {}
-        ),
-        "precision": "transformers forward in float32 on the CPU, eager attention; decode with the cache",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]},
-        "command": " ".join(["tools/make_gemma4_fixture.py"] + sys.argv[1:]),
     }
-    with open(a.out + ".json", "w") as f:
-        json.dump(meta, f, indent=1)
+    description = f"tiny random Gemma4ForCausalLM, variant {a.variant} (tools/make_gemma4_fixture.py)"
+    result = (first, greedy, step_top5, step_vals, rows)
+    t5 = write_reference(a.out, description, model, ids, result, extra, a.step_logits, "tools/make_gemma4_fixture.py")
     print(
         f"logits std {first.std():.3f} (max |logit| {np.abs(rows).max():.2f}), top5 {t5}, greedy {greedy}, "
         f"min top-2 gap {gap:.4f}, cache vs recompute {recompute:.2e}, window 4096 instead: {window:.3f}"

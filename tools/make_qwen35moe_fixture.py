@@ -22,13 +22,11 @@ greedy_tokens[:i] through the cache). Needs torch and transformers >= 5 (qwen3_5
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 import torch
-import transformers
 from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
-from fixture_common import tokenizer_json, top5
+from fixture_common import greedy_steps, tokenizer_json, write_reference
 
 SEED = 1234
 PROMPT_LEN = 24
@@ -111,26 +109,6 @@ class RouterMargins:
         return min(self.gaps)
 
 
-def generate(model, ids):
-    """Prompt logits, then STEPS greedy tokens with the cache; each step's top-5."""
-    out = model(torch.tensor([ids]), use_cache=True)
-    first = out.logits[0, -1].float().numpy()
-    cache = out.past_key_values
-    cur = first
-    greedy, step_top5, step_vals, rows = [], [], [], []
-    for _ in range(STEPS):
-        rows.append(cur)
-        t5, v5 = top5(cur)
-        step_top5.append(t5)
-        step_vals.append(v5)
-        tok = int(np.argmax(cur))
-        greedy.append(tok)
-        out = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
-        cur = out.logits[0, -1].float().numpy()
-    return first, greedy, step_top5, step_vals, np.stack(rows)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="folder to write the checkpoint to")
@@ -163,43 +141,15 @@ def main() -> None:
         ids = [int(i) for i in rng.integers(0, a.vocab, a.prompt_len)]
         margins = RouterMargins(model)
         with torch.no_grad():
-            res = generate(model, ids)
+            res = greedy_steps(model, ids, STEPS, "past_key_values")
         margin = margins.close()
         if best is None or margin > best[0]:
             best = (margin, ids, res)
     margin, ids, (first, greedy, step_top5, step_vals, rows) = best
-    first.astype("<f4").tofile(a.out + ".logits.f32")
-    if a.step_logits:
-        rows.astype("<f4").tofile(a.out + ".steps.f32")
-    t5, v5 = top5(first)
-    meta = {
-        "model": "tiny random Qwen3_5MoeForCausalLM (tools/make_qwen35moe_fixture.py)",
-        "config": {k: v for k, v in model.config.to_dict().items() if not k.startswith("_")},
-        "prompt_ids": ids,
-        "n_prompt": len(ids),
-        "top5": t5,
-        "top5_logits": v5,
-        "greedy_tokens": greedy,
-        "step_logits_top5": step_top5,
-        "step_logits_top5_values": step_vals,
-        "min_router_logit_margin": margin,
-        "logits_file": os.path.basename(a.out) + ".logits.f32",
-        "logits_format": "little-endian f32, vocab entries, last prompt position",
-        **(
-            {
-                "step_logits_file": os.path.basename(a.out) + ".steps.f32",
-                "step_logits_format": "little-endian f32, [16, vocab]: row i is the logits greedy_tokens[i] "
-                "is the argmax of (row 0 the prompt's, row i after feeding greedy_tokens[:i] with the cache)",
-            }
-            if a.step_logits
-            else {}
-        ),
-        "precision": "transformers forward in float32 on the CPU, eager attention; decode with the cache",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]},
-        "command": " ".join(["tools/make_qwen35moe_fixture.py"] + sys.argv[1:]),
-    }
-    with open(a.out + ".json", "w") as f:
-        json.dump(meta, f, indent=1)
+    description = "tiny random Qwen3_5MoeForCausalLM (tools/make_qwen35moe_fixture.py)"
+    result = (first, greedy, step_top5, step_vals, rows)
+    extra = {"min_router_logit_margin": margin}
+    t5 = write_reference(a.out, description, model, ids, result, extra, a.step_logits, "tools/make_qwen35moe_fixture.py")
     print(f"logits std {first.std():.3f}, top5 {t5}, greedy {greedy}, min router margin {margin:.4f}")
 
 
