@@ -1065,9 +1065,8 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
         num_kv_shared_layers: shared,
         use_double_wide_mlp: double_wide,
     };
-    gc.validate().map_err(mismatch)?;
-    let mut tensors: HashMap<String, StoredTensor> = g.tensors.iter().map(|t| (t.name.clone(), t.stored())).collect();
-    let freqs = tensors.remove("rope_freqs.weight");
+    let tensors: HashMap<String, StoredTensor> = g.tensors.iter().map(|t| (t.name.clone(), t.stored())).collect();
+    // The config is set below, once rope_freqs (read through the checkpoint) has said the RoPE.
     let mut ck = Checkpoint {
         path: path.to_path_buf(),
         config: gc.model_config(),
@@ -1079,10 +1078,9 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
         files: vec![data],
         fixups: HashMap::new(),
     };
-    if let Some(f) = freqs {
+    if ck.has("rope_freqs.weight") {
         // Proportional RoPE: a run of factor 1 (the pairs that turn), then factors that stop the
         // rest (llama.cpp: angle / factor; 1e30 makes it 0 to f32 precision).
-        ck.tensors.insert("rope_freqs.weight".into(), f);
         let factors = ck.raw("rope_freqs.weight")?.to_f32()?;
         ck.tensors.remove("rope_freqs.weight");
         let turning = factors.iter().take_while(|&&x| x == 1.0).count();
