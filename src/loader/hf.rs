@@ -677,6 +677,29 @@ impl Cfg<'_> {
             Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, "a bool")),
         }
     }
+    /// Which layers are `full_attention` by `layer_types` (one per layer, each that or `other`),
+    /// or when it is absent every `every`-th layer; `arch` names the model in errors.
+    fn full_attention_layers(&self, num_layers: usize, other: &str, arch: &str, every: usize) -> Result<Vec<bool>> {
+        let Some(types) = self.get("layer_types") else {
+            return Ok((0..num_layers).map(|i| (i + 1) % every == 0).collect());
+        };
+        let types = types.as_array().ok_or_else(|| self.wrong("layer_types", "a list"))?;
+        if types.len() != num_layers {
+            return Err(Error::Mismatch(format!(
+                "{}: layer_types has {} entries for {num_layers} layers",
+                self.path.display(),
+                types.len()
+            )));
+        }
+        types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("full_attention") => Ok(true),
+                Some(o) if o == other => Ok(false),
+                _ => Err(Error::Unsupported(format!("layer type {} in a {arch} model", json_shown(t)))),
+            })
+            .collect()
+    }
     fn opt_str(&self, key: &str) -> Result<Option<&str>> {
         match self.get(key) {
             None => Ok(None),
@@ -945,30 +968,12 @@ fn build_qwen35_moe(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<
         Some(f) => f,
         None => from_rope("partial_rotary_factor")?.unwrap_or(0.25),
     };
-    let full_attention: Vec<bool> = match c.get("layer_types") {
-        Some(types) => {
-            let types = types.as_array().ok_or_else(|| c.wrong("layer_types", "a list"))?;
-            if types.len() != num_layers {
-                return Err(Error::Mismatch(format!(
-                    "{}: layer_types has {} entries for {num_layers} layers",
-                    c.path.display(),
-                    types.len()
-                )));
-            }
-            types
-                .iter()
-                .map(|t| match t.as_str() {
-                    Some("full_attention") => Ok(true),
-                    Some("linear_attention") => Ok(false),
-                    _ => Err(Error::Unsupported(format!("layer type {} in a qwen3_5_moe model", json_shown(t)))),
-                })
-                .collect::<Result<_>>()?
-        }
-        None => {
-            let interval = c.opt_usize("full_attention_interval")?.unwrap_or(4).max(1);
-            (0..num_layers).map(|i| (i + 1) % interval == 0).collect()
-        }
+    // full_attention_interval is read only where layer_types does not say.
+    let interval = match c.get("layer_types") {
+        Some(_) => 1,
+        None => c.opt_usize("full_attention_interval")?.unwrap_or(4).max(1),
     };
+    let full_attention = c.full_attention_layers(num_layers, "linear_attention", "qwen3_5_moe", interval)?;
     let q = Qwen35MoeConfig {
         vocab_size: c.req_capped("vocab_size", limits::VOCAB)?,
         hidden_size: hidden,
@@ -1048,24 +1053,8 @@ fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> Result<Mode
     if act != "gelu_pytorch_tanh" {
         return Err(Error::Unsupported(format!("activation {} in a gemma4 model", shown(act))));
     }
-    let mut full_attention: Vec<bool> = match c.get("layer_types") {
-        Some(types) => {
-            let types = types.as_array().ok_or_else(|| c.wrong("layer_types", "a list"))?;
-            if types.len() != num_layers {
-                return Err(bad(format!("layer_types has {} entries for {num_layers} layers", types.len())));
-            }
-            types
-                .iter()
-                .map(|t| match t.as_str() {
-                    Some("full_attention") => Ok(true),
-                    Some("sliding_attention") => Ok(false),
-                    _ => Err(Error::Unsupported(format!("layer type {} in a gemma4 model", json_shown(t)))),
-                })
-                .collect::<Result<_>>()?
-        }
-        // Gemma4TextConfig's default: every 6th layer full.
-        None => (0..num_layers).map(|i| (i + 1) % 6 == 0).collect(),
-    };
+    // Gemma4TextConfig's default: every 6th layer full.
+    let mut full_attention = c.full_attention_layers(num_layers, "sliding_attention", "gemma4", 6)?;
     // Gemma4TextConfig forces the last layer to full attention (with a warning); so does this.
     if let Some(last) = full_attention.last_mut() {
         *last = true;
