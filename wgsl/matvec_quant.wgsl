@@ -15,13 +15,15 @@
 // token j.
 // More than TOK tokens: the workgroup repeats this over the same rows for each TOK tokens, so
 // only the first pass streams W from memory.
-// DP4 (one token a pass; Q4_0, Q4_1, Q4_K, Q6_K): the workgroup first stages the token's x (the
-// fused input included) in workgroup memory as 16-bit fixed point per 32-element block (a
-// power-of-two scale under its largest |x|, so |q| < 2^14 + 1, round to nearest even; split into
-// low and high bytes, with the scaled sums of each 16 elements; eight threads a block with
-// subgroup shuffles under STAGE8, else a thread a block), while the first unit of every row is
-// already loading; then each unit is q_dot_i: 4-wide integer dot products of the
-// quants against those bytes (include/quant.wgsl), exact, scaled once. The CPU twin is
+// DP4 (Q4_0, Q4_1, Q4_K, Q6_K): the workgroup first stages each token's x (the fused input
+// included) in workgroup memory as 16-bit fixed point per 32-element block (a power-of-two scale
+// under its largest |x|, so |q| < 2^14 + 1, round to nearest even; split into low and high bytes,
+// with the scaled sums of each 16 elements; eight threads a block with subgroup shuffles under
+// STAGE8, else a thread a block), while the first unit of every row is already loading; then each
+// unit is q_dot_i: 4-wide integer dot products of the quants against those bytes
+// (include/quant.wgsl), exact, scaled once. A row longer than the staging arrays (KC blocks a
+// token) is staged a chunk at a time; a lane still meets its units in order, so a token's sums are
+// the same whatever KC, TOK and the other tokens of the pass. The CPU twin is
 // src/ops/matmul/gguf.rs `cpu::stage_x16` followed by the plain reference.
 // Grid: ceil(N / (4 · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N and
 // tokens past T read a clamped row or token and store nothing, so every thread reaches the
@@ -126,15 +128,17 @@ fn abs_bits(v: vec4<f32>) -> u32 {
 }
 
 #ifdef STAGE8
-// Stages the token row starting at vec4 `xr` (q_row = xr): eight threads a block, a vec4 each,
-// the block's largest |x| and the 16-element sums by subgroup shuffles (the host sets STAGE8 where
-// subgroups are at least 8 wide: a block's eight threads are one aligned run of a subgroup). Every
-// thread runs every round (the shuffles need them), storing only in range.
-fn stage_x(xr: u32, lid: u32) {
-    let n4 = {{KB}}u * 8u;
+// Stages blocks cb .. cb + nb of the token row starting at vec4 q_row into the token's arrays
+// from group dst: eight threads a block, a vec4 each, the block's largest |x| and the 16-element
+// sums by subgroup shuffles (the host sets STAGE8 where subgroups are at least 8 wide: a block's
+// eight threads are one aligned run of a subgroup). Every thread runs every round (the shuffles
+// need them; nb is uniform), storing only in range.
+fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
+    let n4 = nb * 8u;
+    let x0 = q_row + 8u * cb;
     for (var r = 0u; r < (n4 + {{WG}}u - 1u) / {{WG}}u; r++) {
         let ci = r * {{WG}}u + lid;
-        let v = qx4(xr + min(ci, n4 - 1u));
+        let v = qx4(x0 + min(ci, n4 - 1u));
         var m = abs_bits(v);
         m = max(m, subgroupShuffleXor(m, 1u));
         m = max(m, subgroupShuffleXor(m, 2u));
@@ -146,22 +150,24 @@ fn stage_x(xr: u32, lid: u32) {
         sum += subgroupShuffleXor(sum, 1u);
         sum += subgroupShuffleXor(sum, 2u);
         if (ci < n4) {
-            xs_lo[ci >> 2u][ci & 3u] = bytes.x;
-            xs_hi[ci >> 2u][ci & 3u] = bytes.y;
+            let gi = dst + (ci >> 2u);
+            xs_lo[gi][ci & 3u] = bytes.x;
+            xs_hi[gi][ci & 3u] = bytes.y;
             if ((ci & 3u) == 0u) {
-                xs_s[ci >> 2u] = sc.y * f32(sum);
+                xs_s[gi] = sc.y * f32(sum);
             }
             if ((ci & 7u) == 0u) {
-                xs_d[ci >> 3u] = sc.y;
+                xs_d[(dst >> 1u) + (ci >> 3u)] = sc.y;
             }
         }
     }
 }
 #else
-// Stages the token row starting at vec4 `xr` (q_row = xr): a thread a block, its 8 vec4 at once.
-fn stage_x(xr: u32, lid: u32) {
-    for (var b = lid; b < {{KB}}u; b += {{WG}}u) {
-        let i = xr + 8u * b;
+// Stages blocks cb .. cb + nb of the token row starting at vec4 q_row into the token's arrays
+// from group dst: a thread a block, its 8 vec4 at once.
+fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
+    for (var b = lid; b < nb; b += {{WG}}u) {
+        let i = q_row + 8u * (cb + b);
         let v0 = qx4(i);
         let v1 = qx4(i + 1u);
         let v2 = qx4(i + 2u);
@@ -191,17 +197,33 @@ fn stage_x(xr: u32, lid: u32) {
         let b5 = x16_bytes(q5);
         let b6 = x16_bytes(q6);
         let b7 = x16_bytes(q7);
-        xs_lo[2u * b] = vec4<u32>(b0.x, b1.x, b2.x, b3.x);
-        xs_hi[2u * b] = vec4<u32>(b0.y, b1.y, b2.y, b3.y);
-        xs_lo[2u * b + 1u] = vec4<u32>(b4.x, b5.x, b6.x, b7.x);
-        xs_hi[2u * b + 1u] = vec4<u32>(b4.y, b5.y, b6.y, b7.y);
+        let g = dst + 2u * b;
+        xs_lo[g] = vec4<u32>(b0.x, b1.x, b2.x, b3.x);
+        xs_hi[g] = vec4<u32>(b0.y, b1.y, b2.y, b3.y);
+        xs_lo[g + 1u] = vec4<u32>(b4.x, b5.x, b6.x, b7.x);
+        xs_hi[g + 1u] = vec4<u32>(b4.y, b5.y, b6.y, b7.y);
         let one = vec4<i32>(1);
-        xs_s[2u * b] = d * f32(dot(q0 + q1, one) + dot(q2 + q3, one));
-        xs_s[2u * b + 1u] = d * f32(dot(q4 + q5, one) + dot(q6 + q7, one));
-        xs_d[b] = d;
+        xs_s[g] = d * f32(dot(q0 + q1, one) + dot(q2 + q3, one));
+        xs_s[g + 1u] = d * f32(dot(q4 + q5, one) + dot(q6 + q7, one));
+        xs_d[(dst >> 1u) + b] = d;
     }
 }
 #endif
+
+// Stages chunk blocks cb .. cb + nb of each of the pass's tokens (those before nt; the others'
+// arrays keep stale values, never read).
+fn stage_tokens(xr: vec4<u32>, t0: u32, nt: u32, cb: u32, nb: u32, lid: u32) {
+    q_row = xr.x;
+    stage_x(cb, nb, 0u, lid);
+#ifdef TOK4
+    for (var j = 1u; j < 4u; j++) {
+        if (t0 + j < nt) {
+            q_row = xr[j];
+            stage_x(cb, nb, 2u * {{KC}}u * j, lid);
+        }
+    }
+#endif
+}
 #endif
 
 #ifdef PROBE_NOMATH
@@ -327,23 +349,50 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var acc2 = vec4<f32>(0.0);
         var acc3 = vec4<f32>(0.0);
 #ifdef DP4
-        // The first unit of each row loads while x is staged.
+        // The first unit of each row loads while x is staged. The row is staged KC blocks at a
+        // time (one chunk when it fits); each lane meets its units u = lane + i · TPR in order,
+        // chunk after chunk, as in one pass over the row.
         let uf = min(lane, units - 1u);
         var r0 = q_raw(base.x + uf);
         var r1 = q_raw(base.y + uf);
         var r2 = q_raw(base.z + uf);
         var r3 = q_raw(base.w + uf);
-        q_row = xr.x;
-        stage_x(xr.x, lid);
-        workgroupBarrier();
-        for (var u = lane; u < units; u += {{TPR}}u) {
-            if (u != lane) {
-                r0 = q_raw(base.x + u);
-                r1 = q_raw(base.y + u);
-                r2 = q_raw(base.z + u);
-                r3 = q_raw(base.w + u);
+        let kb = p.xk / 8u;
+        for (var cb = 0u; cb < kb; cb += {{KC}}u) {
+            if (cb > 0u) {
+                // Every lane is done with the previous chunk.
+                workgroupBarrier();
             }
-            acc0 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
+            let nb = min({{KC}}u, kb - cb);
+            stage_tokens(xr, t0, nt, cb, nb, lid);
+            workgroupBarrier();
+            qi_g0 = 2u * cb;
+            let ub = cb * 32u / QU;
+            let ue = (cb + nb) * 32u / QU;
+            for (var u = ub + (lane + {{TPR}}u - ub % {{TPR}}u) % {{TPR}}u; u < ue; u += {{TPR}}u) {
+                if (u != lane) {
+                    r0 = q_raw(base.x + u);
+                    r1 = q_raw(base.y + u);
+                    r2 = q_raw(base.z + u);
+                    r3 = q_raw(base.w + u);
+                }
+                qi_t = 0u;
+                acc0 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
+#ifdef TOK4
+                if (t0 + 1u < nt) {
+                    qi_t = 2u * {{KC}}u;
+                    acc1 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
+                }
+                if (t0 + 2u < nt) {
+                    qi_t = 4u * {{KC}}u;
+                    acc2 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
+                }
+                if (t0 + 3u < nt) {
+                    qi_t = 6u * {{KC}}u;
+                    acc3 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
+                }
+#endif
+            }
         }
 #else
         for (var u = lane; u < units; u += {{TPR}}u) {

@@ -175,30 +175,35 @@ fn q_x_k(u: u32, xr: u32) -> QXK {
 // DP4: x staged by the kernel as 16-bit fixed point (per 32-element block b a power-of-two scale
 // qi_d(b), |q| < 2^14 + 1), split into an unsigned low byte and a signed high byte, so that the
 // types with quants of at most 7 bits (Q4_0, Q4_1, Q4_K, Q6_K) sum q_w · q_x with 4-wide integer
-// dot products (4 multiply-adds an instruction, exact). The kernel fills these arrays for the
-// current token (KB = K / 32 blocks), per 16-element group v (elements 16v .. 16v + 15):
-//   xs_lo[v]   the low bytes of q_x (byte j of word i: element 16v + 4i + j)
-//   xs_hi[v]   the high bytes (signed)
-//   xs_s[v]    qi_d · Σ q_x over the group (exact)
-//   xs_d[b]    the scale of block b (= v / 2)
-// and each such type file provides q_dot_i(r, u): q_dot of unit u against the staged x.
+// dot products (4 multiply-adds an instruction, exact). The kernel stages a chunk of KC blocks
+// (of a row of K / 32) for each of TOK tokens (the including kernel defines TOK), per token j and
+// 16-element group v of the chunk (elements 16v .. 16v + 15 of the chunk):
+//   xs_lo[2·KC·j + v]   the low bytes of q_x (byte i of word w: element 16v + 4w + i)
+//   xs_hi[2·KC·j + v]   the high bytes (signed)
+//   xs_s[2·KC·j + v]    qi_d · Σ q_x over the group (exact)
+//   xs_d[KC·j + v / 2]  the scale of the block
+// and sets qi_g0 (the chunk's first group in the row) and qi_t (2·KC·j, the current token's
+// groups) before the dot products; the qi_ accessors take v, b in the whole row. Each such type
+// file provides q_dot_i(r, u): q_dot of unit u against the staged x.
 #ifdef DP4
-#define KB 8
-var<workgroup> xs_lo: array<vec4<u32>, {{KB}} * 2>;   // (K / 16)
-var<workgroup> xs_hi: array<vec4<u32>, {{KB}} * 2>;   // (K / 16)
-var<workgroup> xs_s: array<f32, {{KB}} * 2>;          // (K / 16)
-var<workgroup> xs_d: array<f32, {{KB}}>;              // (K / 32)
+#define KC 8
+var<workgroup> xs_lo: array<vec4<u32>, {{KC}} * 2 * {{TOK}}>;   // (TOK, 2·KC)
+var<workgroup> xs_hi: array<vec4<u32>, {{KC}} * 2 * {{TOK}}>;   // (TOK, 2·KC)
+var<workgroup> xs_s: array<f32, {{KC}} * 2 * {{TOK}}>;          // (TOK, 2·KC)
+var<workgroup> xs_d: array<f32, {{KC}} * {{TOK}}>;              // (TOK, KC)
+var<private> qi_g0: u32;
+var<private> qi_t: u32;
 fn qi_lo(v: u32) -> vec4<u32> {
-    return xs_lo[v];
+    return xs_lo[qi_t + v - qi_g0];
 }
 fn qi_hi(v: u32) -> vec4<u32> {
-    return xs_hi[v];
+    return xs_hi[qi_t + v - qi_g0];
 }
 fn qi_d(b: u32) -> f32 {
-    return xs_d[b];
+    return xs_d[(qi_t + 2u * b - qi_g0) >> 1u];
 }
 fn qi_s(v: u32) -> f32 {
-    return xs_s[v];
+    return xs_s[qi_t + v - qi_g0];
 }
 
 // Σ n · q_x over group v, for 16 unsigned quants n < 128 (byte j of word i: element 4i + j):

@@ -416,6 +416,9 @@ struct QMatvecConfig {
     /// Measurement probes (tests only): PROBE_NOX, PROBE_NOMATH.
     #[cfg(test)]
     probe: &'static str,
+    /// At most this many blocks staged a chunk (tests only; 0: as many as fit).
+    #[cfg(test)]
+    max_kc: u32,
 }
 
 impl QMatvecConfig {
@@ -442,7 +445,7 @@ impl QMatvecConfig {
         // products (N = 5376, K = 8192: Q4_K 17.5 us against 20.7 at 256 lanes, Q6_K 23.4 against
         // 30.0; N = 16384, K = 5376: 29.9 / 43.6 against 34.7 / 56.5 at 64 lanes); Q6_K rows of
         // 16384 or more want 64 lanes (N = 5376, K = 21504: 71.5 us against 88.4 at 256).
-        let dp4_ok = dp4_fits(gpu, dtype, s.k, MATVEC_WG) && gpu.info.backend == wgpu::Backend::Vulkan;
+        let dp4_ok = dp4_fits(gpu, dtype, s.k, MATVEC_WG, 1) && gpu.info.backend == wgpu::Backend::Vulkan;
         // (measured with 256-thread workgroups: 32 rows each, which the staging pays off on).
         let wide_rows = tok == 1 && dp4_ok && (4096..=8192).contains(&s.k) && s.n >= 4096;
         if wide_rows {
@@ -462,10 +465,24 @@ impl QMatvecConfig {
         // not Metal or GL, where naga always writes the polyfill (slower than the float path).
         // The staging (K elements a workgroup) pays off from 16 rows a workgroup on (measured on
         // the H100: 1.2-1.8x at 32 rows, 1.15-1.3x at 16, slower at 4).
-        let dp4 = tok == 1
-            && 4 * wg / tpr >= 16
-            && dp4_fits(gpu, dtype, s.k, wg)
+        // Passes of 4 tokens (a batch step, a short prompt) stage 4 rows of x a pass: worth it
+        // for Q6_K only (H100, `bench_quant_batch`, N = 17920, K = 1536 at 32 tokens: Q6_K 279
+        // us against 457 float, Q4_K 380 against 324).
+        let dp4 = 4 * wg / tpr >= 16
+            && (tok == 1 || dtype == DType::Q6_K)
+            && dp4_fits(gpu, dtype, s.k, wg, tok)
             && gpu.info.backend == wgpu::Backend::Vulkan;
+        // Many rows (a vocabulary, a wide MLP) with DP4: 128-thread workgroups of 32-lane row
+        // groups. With 256 threads the H100 ran some of these several times under the read
+        // bandwidth (`bench_quant`, W cold): Q6_K N = 262144, K = 5376 (Gemma 4's lm_head) 2744 us
+        // against 504, N = 43008: 364 against 93, N = 151936, K = 1536 (Qwen2.5's) 311 against
+        // 96 (129 in another call); Q4_K N = 262144: 2043 against 503. Q4_K with fewer rows runs
+        // as well or better with 256 threads (N = 43008: 78 us against 90).
+        let (wg, tpr) = if dp4 && tok == 1 && ((dtype == DType::Q6_K && s.n >= 16384) || s.n >= 131072) {
+            (128, min_tpr.max(32))
+        } else {
+            (wg, tpr)
+        };
         QMatvecConfig {
             wg,
             tpr,
@@ -474,17 +491,39 @@ impl QMatvecConfig {
             dp4,
             #[cfg(test)]
             probe: "",
+            #[cfg(test)]
+            max_kc: 0,
         }
     }
 }
 
-/// Whether the DP4 matvec takes `dtype` and stages a K-element row within the device's workgroup
-/// memory: 2 bytes an element plus a scale a block and a sum per 16 elements (2.375 K bytes),
-/// beside the reductions' WG × 16 bytes (twice, with a fused norm).
-fn dp4_fits(gpu: &Gpu, dtype: DType, k: usize, wg: u32) -> bool {
-    let staged = 2 * k + k / 16 * 4 + k / 32 * 4;
-    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q6_K | DType::Affine { bits: 4, .. })
-        && staged + 2 * 16 * wg as usize <= gpu.limits.max_compute_workgroup_storage_size as usize
+/// Blocks of 32 elements staged per token at a time for DP4 (`KC` in wgsl/matvec_quant.wgsl):
+/// the whole row (K / 32 blocks) where `tok` tokens of it fit the workgroup memory the reductions
+/// leave (`red`, WG · TOK vec4, and the fused norm's, WG vec4), else balanced chunks of whole
+/// 256-element super-blocks. None for types without the DP4 form, or where not even one
+/// super-block a token fits.
+fn dp4_chunk(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> Option<u32> {
+    if !matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q6_K | DType::Affine { bits: 4, .. }) {
+        return None;
+    }
+    // A block a token: 32 low and 32 high bytes, two 16-element sums and the scale.
+    let per_block = (2 * 32 + 2 * 4 + 4) * tok as usize;
+    let reductions = 16 * wg as usize * (tok as usize + 1);
+    let fit = (gpu.limits.max_compute_workgroup_storage_size as usize).checked_sub(reductions)? / per_block;
+    let kb = k / 32;
+    if kb <= fit {
+        return Some(kb as u32);
+    }
+    let fit = fit / 8 * 8;
+    if fit == 0 {
+        return None;
+    }
+    Some(kb.div_ceil(kb.div_ceil(fit)).next_multiple_of(8) as u32)
+}
+
+/// Whether the DP4 matvec takes `dtype` at all for rows of `k` ([`dp4_chunk`]).
+fn dp4_fits(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> bool {
+    dp4_chunk(gpu, dtype, k, wg, tok).is_some()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -565,9 +604,11 @@ fn matvec_quant_routed(
             .set("TOK", cfg.tok)
             .flag_if("TOK4", cfg.tok == 4);
     if cfg.dp4 {
-        assert!(cfg.tok == 1 && dp4_fits(gpu, w.dtype, s.k, cfg.wg), "DP4 for {} K = {}", w.dtype, s.k);
-        macros =
-            macros.flag("DP4").set("KB", s.k / 32).flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8);
+        let kc = dp4_chunk(gpu, w.dtype, s.k, cfg.wg, cfg.tok);
+        let kc = kc.unwrap_or_else(|| panic!("DP4 for {} K = {} ({cfg:?})", w.dtype, s.k));
+        #[cfg(test)]
+        let kc = if cfg.max_kc > 0 { kc.min(cfg.max_kc) } else { kc };
+        macros = macros.flag("DP4").set("KC", kc).flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8);
     }
     if !cfg.subgroups {
         macros.0.remove("SUBGROUP");
@@ -894,7 +935,7 @@ pub(crate) mod tests {
             }
             Path::MatvecDp4 => {
                 let auto = QMatvecConfig::new(gpu, ty, &s);
-                let c = QMatvecConfig { dp4: t == 1 && dp4_fits(gpu, ty, k, auto.wg), ..auto };
+                let c = QMatvecConfig { dp4: dp4_fits(gpu, ty, k, auto.wg, auto.tok), ..auto };
                 matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, c)
             }
             Path::NarrowMatvec => {
@@ -913,7 +954,10 @@ pub(crate) mod tests {
             Path::Auto | Path::Matvec | Path::NarrowMatvec => {
                 (t <= MATVEC_MAX_T || !matches!(path, Path::Auto)) && QMatvecConfig::new(gpu, ty, &s).dp4
             }
-            Path::MatvecDp4 => t == 1 && dp4_fits(gpu, ty, k, QMatvecConfig::new(gpu, ty, &s).wg),
+            Path::MatvecDp4 => {
+                let auto = QMatvecConfig::new(gpu, ty, &s);
+                dp4_fits(gpu, ty, k, auto.wg, auto.tok)
+            }
             Path::MatvecFloat | Path::Matmul(_) => false,
         };
         let xs = if dp4 { cpu::stage_x16(&xv, k) } else { xv.clone() };
@@ -971,7 +1015,8 @@ pub(crate) mod tests {
                     // T = 1: the DP4 kernel where the type allows it (kind 0, 1), else as picked.
                     let s = LinearShape { t, n, k, ld_out: n, cols: n };
                     let auto = QMatvecConfig::new(&gpu, ty, &s);
-                    let dp4 = t == 1 && dp4_fits(&gpu, ty, k, auto.wg) && (kind < 2 || auto.dp4);
+                    let dp4 =
+                        if t == 1 { dp4_fits(&gpu, ty, k, auto.wg, 1) && (kind < 2 || auto.dp4) } else { auto.dp4 };
                     let kern = if t == 1 {
                         matvec_quant(&gpu, &x, input, &w, Some(&b), &y, &s, opts, QMatvecConfig { dp4, ..auto })
                     } else {
@@ -1012,9 +1057,11 @@ pub(crate) mod tests {
                                 std::iter::repeat_n(f32::from_bits(e.saturating_sub(13).max(1) << 23), 32)
                             })
                             .collect();
-                        for (r, tl) in tol.iter_mut().enumerate() {
+                        for (i, tl) in tol.iter_mut().enumerate() {
+                            let (tok, r) = (i / n, i % n);
                             let row = &wf[r * k..(r + 1) * k];
-                            *tl += 4.0 * row.iter().zip(&d).fold(0f32, |m, (w, d)| m.max(w.abs() * d));
+                            let dt = &d[tok * k..(tok + 1) * k];
+                            *tl += 4.0 * row.iter().zip(dt).fold(0f32, |m, (w, d)| m.max(w.abs() * d));
                         }
                     }
                     let what = format!("{ty} {input:?} T={t} K={k} f16={} sg={}", gpu.caps.f16, gpu.caps.subgroups);
@@ -1099,6 +1146,7 @@ pub(crate) mod tests {
                     (1, Activation::SiluGated, true, true),
                     (1, Activation::GeluTanhGated, true, false),
                     (3, Activation::SiluGated, true, false),
+                    (5, Activation::SiluGated, true, true),
                 ] {
                     seed += 10;
                     let n = 2 * 36;
@@ -1113,7 +1161,7 @@ pub(crate) mod tests {
                     let opts = LinearOpts { glu: Some(act), ..Default::default() };
                     let s = LinearShape { t, n, k, ld_out: n / 2, cols: n / 2 };
                     let auto = QMatvecConfig::new(&gpu, ty, &s);
-                    let dp4 = dp4 && t == 1 && dp4_fits(&gpu, ty, k, auto.wg);
+                    let dp4 = dp4 && dp4_fits(&gpu, ty, k, auto.wg, auto.tok);
                     let kern = matvec_quant(&gpu, &x, input, &w, None, &y, &s, opts, QMatvecConfig { dp4, ..auto });
                     gpu.run(&[&kern.unwrap()]).unwrap();
                     let got = gpu.read_f32(&y).unwrap();
@@ -1173,6 +1221,7 @@ pub(crate) mod tests {
                             worst.max(run_case(&gpu, ty, 1, 70, k, with_bias, acc, Path::MatvecDp4, seed + i as u64));
                     }
                     worst = worst.max(run_case(&gpu, ty, 5, 70, k, false, true, Path::NarrowMatvec, seed + 5));
+                    worst = worst.max(run_case(&gpu, ty, 5, 70, k, true, false, Path::MatvecFloat, seed + 9));
                 }
             }
         }
@@ -1332,6 +1381,79 @@ pub(crate) mod tests {
         }
     }
 
+    /// DP4 with the row staged a chunk at a time and with passes of 4 tokens: each token's row of
+    /// y is bit for bit the same as with the whole row staged and with one token a pass (a lane
+    /// meets its units in the same order), and matches the CPU on x as staged. Chunks of one
+    /// super-block, the last one short (K = 896: 28 blocks in chunks of 8), with the fused norm.
+    #[test]
+    fn dp4_chunks_and_token_passes_keep_each_tokens_sums() {
+        let gpu = gpu();
+        if gpu.info.backend != wgpu::Backend::Vulkan {
+            panic!("DP4 runs on Vulkan only: this test needs lavapipe or a Vulkan GPU");
+        }
+        for (i, ty) in [DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q6_K].into_iter().enumerate() {
+            let (n, t) = (72, 5);
+            let k = if ty.block_size() < 256 { 896 } else { 1536 };
+            let seed = 8000 + 10 * i as u64;
+            let raw = random_blocks(ty, n, k, seed);
+            let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+            let xv = random(t * k, seed + 1, 1.0);
+            let gv: Vec<f32> = random(k, seed + 2, 0.5).into_iter().map(|v| 1.0 + v).collect();
+            let g = gpu.upload_f32("g", &[k], &gv).unwrap();
+            for norm in [false, true] {
+                let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
+                let s5 = LinearShape { t, n, k, ld_out: n, cols: n };
+                let tok4 = QMatvecConfig { dp4: true, ..QMatvecConfig::new(&gpu, ty, &s5) };
+                assert_eq!(tok4.tok, 4);
+                let one = QMatvecConfig { tok: 1, tpr: tok4.tpr, wg: tok4.wg, ..tok4 };
+                let run = |t: usize, cfg: QMatvecConfig| {
+                    let x = gpu.upload_f32("x", &[t, k], &xv[..t * k]).unwrap();
+                    let y = gpu.empty("y", &[t, n], ElemType::F32).unwrap();
+                    let s = LinearShape { t, n, k, ld_out: n, cols: n };
+                    let kern = matvec_quant(&gpu, &x, input, &w, None, &y, &s, LinearOpts::default(), cfg).unwrap();
+                    gpu.run(&[&kern]).unwrap();
+                    gpu.read_f32(&y).unwrap()
+                };
+                let whole = run(t, tok4);
+                let chunked = run(t, QMatvecConfig { max_kc: 8, ..tok4 });
+                assert!(dp4_chunk(&gpu, ty, k, tok4.wg, 4).unwrap() > 8, "{ty}: the whole row was chunked anyway");
+                let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(bits(&whole, &chunked), "{ty} norm={norm}: chunks of 8 blocks change the sums");
+                for (j, row) in whole.chunks(n).enumerate() {
+                    let x1 = gpu.upload_f32("x", &[1, k], &xv[j * k..(j + 1) * k]).unwrap();
+                    let y1 = gpu.empty("y", &[1, n], ElemType::F32).unwrap();
+                    let s1 = LinearShape { t: 1, n, k, ld_out: n, cols: n };
+                    for cfg in [one, QMatvecConfig { max_kc: 8, ..one }] {
+                        let kern = matvec_quant(&gpu, &x1, input, &w, None, &y1, &s1, LinearOpts::default(), cfg);
+                        gpu.run(&[&kern.unwrap()]).unwrap();
+                        let alone = gpu.read_f32(&y1).unwrap();
+                        assert!(bits(row, &alone), "{ty} norm={norm}: token {j} of 5 differs from one token a pass");
+                    }
+                }
+                // Against the CPU on x as staged (with the norm: x ⊙ g staged, the sums scaled by r).
+                let mut xin = Vec::with_capacity(t * k);
+                for row in xv.chunks(k) {
+                    if norm {
+                        let xg: Vec<f32> = row.iter().zip(&gv).map(|(a, b)| a * b).collect();
+                        let r = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-6).sqrt();
+                        xin.extend(cpu::stage_x16(&xg, k).into_iter().map(|v| v * r));
+                    } else {
+                        xin.extend(cpu::stage_x16(row, k));
+                    }
+                }
+                let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; t * n], false);
+                if norm {
+                    let wf = to_f32(ty, &raw, n * k).unwrap();
+                    let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+                    let mut s_terms = vec![0f32; t * n];
+                    super::super::cpu::linear(&abs(&xin), &abs(&wf), k, None, &mut s_terms, false);
+                    tol.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += 8.0 * f32::EPSILON / 2.0 * s);
+                }
+                check(&chunked, &want, &tol, &format!("{ty} norm={norm} DP4 chunks of 8, 4 tokens a pass"));
+            }
+        }
+    }
+
     #[test]
     fn quant_matvec_folded_grid() {
         // One row group (4 rows) per (small) workgroup: 65537 workgroups fold into a 2-D grid of
@@ -1452,7 +1574,7 @@ pub(crate) mod tests {
                 let float = QMatvecConfig { dp4: false, ..auto };
                 for (name, c) in [
                     ("auto", auto),
-                    ("dp4", QMatvecConfig { dp4: dp4_fits(&gpu, ty, k, auto.wg), ..auto }),
+                    ("dp4", QMatvecConfig { dp4: dp4_fits(&gpu, ty, k, auto.wg, auto.tok), ..auto }),
                     ("float", float),
                     ("nox", QMatvecConfig { probe: "PROBE_NOX", ..float }),
                     ("nomath", QMatvecConfig { probe: "PROBE_NOMATH", ..float }),
@@ -1497,7 +1619,7 @@ pub(crate) mod tests {
         });
         let shapes: &[(usize, usize)] = match (&custom, big) {
             (Some(c), _) => c,
-            (None, true) => &[(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960), (151936, 1536)],
+            (None, true) => &[(2048, 1536), (256, 1536), (1536, 1536), (17920, 1536), (1536, 8960), (151936, 1536)],
             (None, false) => &[(2048, 1536)],
         };
         let types: Vec<DType> = match std::env::var("QTYPES") {
@@ -1512,18 +1634,36 @@ pub(crate) mod tests {
         for &ty in &types {
             for &(n, k) in shapes {
                 let raw = random_blocks(ty, n, k, 2);
-                let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+                // W cold, as in a decode step: copies rotated over > 100 MB (the H100's L2 holds
+                // 50), each dispatch behind a barrier (they all write y).
+                let bytes = ty.byte_size(n * k).unwrap();
+                let copies = if big { 100_000_000usize.div_ceil(bytes).clamp(1, 320) } else { 1 };
+                let ws: Vec<QuantWeight> =
+                    (0..copies).map(|_| QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap()).collect();
+                let w = &ws[0];
                 let x = gpu.upload_f32("x", &[1, k], &random(k, 1, 1.0)).unwrap();
                 let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
                 let s = check_operands("bench", &x, n, k, None, &y, opts);
                 let auto = QMatvecConfig::new(&gpu, ty, &s);
-                let mut line = format!("matvec {ty} N={n} K={k} ({:.1} MB):", w.gpu_bytes() as f64 / 1e6);
+                let mut line =
+                    format!("matvec {ty} N={n} K={k} ({:.1} MB x{copies} cold):", w.gpu_bytes() as f64 / 1e6);
                 let mut cfgs = vec![auto];
-                for tpr in [16u32, 32, 64, 128, 256] {
-                    if tpr >= gpu.caps.subgroup_max_size || !auto.subgroups {
+                // Every workgroup size from 32 threads, every row group width it holds, with and
+                // without DP4 (WG_ALL=0: the auto workgroup size only).
+                let wgs: Vec<u32> = if std::env::var("WG_ALL").is_ok_and(|v| v == "0") {
+                    vec![auto.wg]
+                } else {
+                    vec![32, 64, 128, 256]
+                };
+                for wg in wgs {
+                    for tpr in [16u32, 32, 64, 128, 256] {
+                        let sg_ok = tpr >= gpu.caps.subgroup_max_size || !auto.subgroups;
+                        if !sg_ok || tpr > wg {
+                            continue;
+                        }
                         for dp4 in [false, true] {
-                            let c = QMatvecConfig { tpr, dp4, ..auto };
-                            if (dp4 && !dp4_fits(&gpu, ty, k, auto.wg)) || (tpr == auto.tpr && dp4 == auto.dp4) {
+                            let c = QMatvecConfig { tpr, dp4, wg, ..auto };
+                            if (dp4 && !dp4_fits(&gpu, ty, k, wg, auto.tok)) || c == auto {
                                 continue;
                             }
                             cfgs.push(c);
@@ -1532,14 +1672,17 @@ pub(crate) mod tests {
                 }
                 let mut first = None;
                 for (i, c) in cfgs.iter().enumerate() {
-                    let kern = matvec_quant(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, *c).unwrap();
-                    let t = time_per_call(&gpu, &|pass| kern.encode(pass));
+                    let ks: Vec<Kernel> = ws
+                        .iter()
+                        .map(|w| matvec_quant(&gpu, &x, Input::Plain, w, None, &y, &s, opts, *c).unwrap())
+                        .collect();
+                    let t = time_per_call(&gpu, &|pass| ks.iter().for_each(|k| k.encode(pass))) / copies as f64;
                     let out = gpu.read_f32(&y).unwrap();
                     let first = first.get_or_insert(out.clone());
                     let (d, at) = max_abs_diff(first, &out);
                     assert!(d < 1e-3 * (1.0 + first[at].abs()), "{ty} N={n} K={k} {c:?}: differs by {d} at {at}");
                     let dp = if c.dp4 { "+dp4" } else { "" };
-                    let name = if i == 0 { format!("auto(tpr {}{dp})", c.tpr) } else { format!("tpr {}{dp}", c.tpr) };
+                    let name = format!("{}wg {} tpr {}{dp}", if i == 0 { "auto " } else { "" }, c.wg, c.tpr);
                     line += &format!(" {name} {:.1}us {:.0}GB/s;", t * 1e6, w.gpu_bytes() as f64 / t / 1e9);
                 }
                 eprintln!("{line}");
@@ -1585,5 +1728,57 @@ pub(crate) mod tests {
             line += &format!(" T={t} {:.1}us {:.2}TFLOP/s;", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
         }
         eprintln!("{line}");
+    }
+
+    /// The batch step's matvec (`LinearOpts::batch`: passes of 4 tokens at every batch size)
+    /// with DP4 against the float sums, and the tiled matmul beside them, at batch sizes 1 to 32
+    /// on Qwen2.5-1.5B's shapes (QSHAPES, QTYPES as bench_quant).
+    #[test]
+    #[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::bench_quant_batch -- --ignored --nocapture"]
+    fn bench_quant_batch() {
+        let gpu = gpu();
+        let shapes: Vec<(usize, usize)> = match std::env::var("QSHAPES") {
+            Ok(v) => v
+                .split(',')
+                .map(|nk| {
+                    let (n, k) = nk.split_once(':').expect("QSHAPES entries are N:K");
+                    (n.parse().unwrap(), k.parse().unwrap())
+                })
+                .collect(),
+            Err(_) => vec![(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)],
+        };
+        let types: Vec<DType> = match std::env::var("QTYPES") {
+            Ok(v) => TYPES.into_iter().filter(|t| v.split(',').any(|n| n == t.name())).collect(),
+            Err(_) => vec![DType::Q4_K, DType::Q6_K],
+        };
+        eprintln!("{} sg={} (max {})", gpu.info.name, gpu.caps.subgroups, gpu.caps.subgroup_max_size);
+        for &ty in &types {
+            for &(n, k) in &shapes {
+                let raw = random_blocks(ty, n, k, 2);
+                let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+                let mut line = format!("batch {ty} N={n} K={k} ({:.1} MB):", w.gpu_bytes() as f64 / 1e6);
+                for t in [1usize, 4, 8, 16, 32] {
+                    let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
+                    let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
+                    let opts = LinearOpts { batch: true, ..Default::default() };
+                    let s = check_operands("bench", &x, n, k, None, &y, opts);
+                    let auto = QMatvecConfig::new(&gpu, ty, &super::super::tuned_shape(&s, &opts));
+                    line += &format!(" T={t}");
+                    for dp4 in [true, false] {
+                        if dp4 && !dp4_fits(&gpu, ty, k, auto.wg, auto.tok) {
+                            continue;
+                        }
+                        let c = QMatvecConfig { dp4, ..auto };
+                        let kern = matvec_quant(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, c).unwrap();
+                        let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                        line += &format!(" {}{:.1}us", if dp4 { "dp4 " } else { "float " }, tm * 1e6);
+                    }
+                    let kern = matmul_quant(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
+                    let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                    line += &format!(" matmul {:.1}us;", tm * 1e6);
+                }
+                eprintln!("{line}");
+            }
+        }
     }
 }
