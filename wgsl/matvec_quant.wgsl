@@ -358,6 +358,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var r2 = q_raw(base.z + uf);
         var r3 = q_raw(base.w + uf);
         let kb = p.xk / 8u;
+#ifndef DP4X
+        // One token, the whole row staged at once.
+        q_row = xr.x;
+        stage_x(0u, kb, 0u, lid);
+        workgroupBarrier();
+        for (var u = lane; u < units; u += {{TPR}}u) {
+            if (u != lane) {
+                r0 = q_raw(base.x + u);
+                r1 = q_raw(base.y + u);
+                r2 = q_raw(base.z + u);
+                r3 = q_raw(base.w + u);
+            }
+            acc0 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
+        }
+#else
         for (var cb = 0u; cb < kb; cb += {{KC}}u) {
             if (cb > 0u) {
                 // Every lane is done with the previous chunk.
@@ -394,6 +409,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
             }
         }
+#endif
 #else
         for (var u = lane; u < units; u += {{TPR}}u) {
             let r0 = q_raw(base.x + u);

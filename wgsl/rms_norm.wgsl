@@ -13,10 +13,12 @@
 // strided (or views: Tensor.offset, 256-byte aligned).
 // Grid: one workgroup per row, 2-D folded (see gpu/kernel.rs); WG threads stride over the row,
 // four elements a step where n is a multiple of 4 (a row alone is one workgroup: the loads'
-// latency, not bandwidth, sets its time). Sum of squares: per-thread partial sums, then a
+// latency, not bandwidth, sets its time); REG (not with IN_PLACE): rows of up to 4 · WG · RV
+// elements held in registers, RV vec4 a thread. Sum of squares: per-thread partial sums, then a
 // workgroup reduction (subgroupAdd per subgroup + shared memory under SUBGROUP, a shared-memory
 // tree otherwise).
 #define WG 256
+#define RV 1
 
 struct Params {
     rows: u32,
@@ -96,6 +98,75 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let n = p.n;
     let xb = row * p.x_stride;
 
+#ifdef REG
+    // The row in registers (n % 4 == 0, n <= 4 · WG · RV): every thread issues all its loads (x,
+    // and the residual with ACCUMULATE) before any use, so the row costs one memory round trip
+    // instead of one per loop step and phase. Same sums, same order, as the loops below.
+    let ob = row * p.out_stride;
+    var xv: array<vec4<f32>, {{RV}}>;
+#ifdef ACCUMULATE
+    var res: array<vec4<f32>, {{RV}}>;
+#endif
+    for (var j = 0u; j < {{RV}}u; j++) {
+        let i = 4u * (lid + j * {{WG}}u);
+        if (i < n) {
+            xv[j] = vec4<f32>(x[xb + i], x[xb + i + 1u], x[xb + i + 2u], x[xb + i + 3u]);
+#ifdef ACCUMULATE
+            res[j] = vec4<f32>(out[ob + i], out[ob + i + 1u], out[ob + i + 2u], out[ob + i + 3u]);
+#endif
+        }
+    }
+    var s = 0.0;
+    for (var j = 0u; j < {{RV}}u; j++) {
+        if (4u * (lid + j * {{WG}}u) < n) {
+            let a = xv[j];
+            s += (a.x * a.x + a.y * a.y) + (a.z * a.z + a.w * a.w);
+        }
+    }
+    let total = row_sum(s, lid
+#ifdef SUBGROUP
+        , sg_lane, sg_id, sg_count
+#endif
+        );
+    let scale = inverseSqrt(total / f32(n) + p.eps);
+    var s2 = 0.0;
+    for (var j = 0u; j < {{RV}}u; j++) {
+        let i = 4u * (lid + j * {{WG}}u);
+        if (i < n) {
+            let v = xv[j] * scale * vec4<f32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);
+#ifdef ACCUMULATE
+            let o = (res[j] + v) * p.out_scale;
+#else
+            let o = v;
+#endif
+            out[ob + i] = o.x;
+            out[ob + i + 1u] = o.y;
+            out[ob + i + 2u] = o.z;
+            out[ob + i + 3u] = o.w;
+            s2 += (o.x * o.x + o.y * o.y) + (o.z * o.z + o.w * o.w);
+            xv[j] = o;
+        }
+    }
+#ifdef NEXT
+    let total2 = row_sum(s2, lid
+#ifdef SUBGROUP
+        , sg_lane, sg_id, sg_count
+#endif
+        );
+    let scale2 = inverseSqrt(total2 / f32(n) + p.eps);
+    for (var j = 0u; j < {{RV}}u; j++) {
+        let i = 4u * (lid + j * {{WG}}u);
+        if (i < n) {
+            let o = xv[j];
+            out2[ob + i] = o.x * scale2 * w2[i];
+            out2[ob + i + 1u] = o.y * scale2 * w2[i + 1u];
+            out2[ob + i + 2u] = o.z * scale2 * w2[i + 2u];
+            out2[ob + i + 3u] = o.w * scale2 * w2[i + 3u];
+        }
+    }
+#endif
+    return;
+#else
     var s = 0.0;
     let quad = n % 4u == 0u;
     if (quad) {
@@ -167,6 +238,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             out2[ob + i0 + j] = out[ob + i0 + j] * scale2 * w2[i0 + j];
         }
     }
+#endif
 #endif
 #endif
 }

@@ -153,14 +153,24 @@ fn rms_norm_with(
         checks(gpu, out, w2, Some(out2), &layout)?;
         bindings.extend([w2.binding(), out2.binding()]);
     }
+    // Rows of up to 8192 elements (a multiple of 4) in registers: 8 vec4 a thread at most.
+    let rv = layout.n.div_ceil(4 * NORM_WG);
+    let reg = layout.n % 4 == 0 && rv <= 8;
     gpu.kernel(
         "rms_norm",
         "main",
-        &gpu.macros().flag_if("ACCUMULATE", accumulate).flag_if("NEXT", next.is_some()),
+        &gpu.macros()
+            .flag_if("ACCUMULATE", accumulate)
+            .flag_if("NEXT", next.is_some())
+            .flag_if("REG", reg)
+            .set("RV", if reg { rv } else { 1 }),
         &bindings,
         grid(layout.rows),
     )
 }
+
+/// Threads of an `rms_norm` workgroup (`WG` in wgsl/rms_norm.wgsl).
+const NORM_WG: u32 = 256;
 
 /// `x[r * stride ..][..n] = norm(x[r * stride ..][..n]) * w` in place (`layout.out_stride` is
 /// ignored), e.g. the per-head q/k norm with rows = tokens × heads and n = head_dim.
@@ -259,7 +269,7 @@ mod tests {
     #[test]
     fn rms_norm_matches_cpu() {
         for gpu in gpu_variants() {
-            for (case, &n) in [64usize, 576, 640, 1000, 8192].iter().enumerate() {
+            for (case, &n) in [64usize, 576, 640, 1000, 8192, 8200].iter().enumerate() {
                 let rows = if n == 8192 { 2 } else { 5 };
                 let xs = random(rows * n, 10 + case as u64, 4.0);
                 let ws = random(n, 20 + case as u64, 1.5);
@@ -299,9 +309,10 @@ mod tests {
             cpu::rms_norm_residual(&xs, &ws, &mut want, 1e-6, 0.37, None);
             let e = rel_err(&got, &want);
             assert!(e < TOL, "subgroups={} rel err {e}", gpu.caps.subgroups);
-            // With the next pre-norm in the same dispatch (rows of 640 and of 5376 = 4 x 1344, and
-            // of 70, not a multiple of 4): the residual as before, and its norm.
-            for n in [640usize, 5376, 70] {
+            // With the next pre-norm in the same dispatch (rows of 640 and of 5376 = 4 x 1344 held
+            // in registers, of 8200 too long for them, and of 70, not a multiple of 4): the
+            // residual as before, and its norm.
+            for n in [640usize, 5376, 8200, 70] {
                 let xs = random(rows * n, 64, 4.0);
                 let (ws, w2s) = (random(n, 65, 1.5), random(n, 66, 1.5));
                 let init = random(rows * n, 67, 2.0);

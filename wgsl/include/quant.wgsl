@@ -183,8 +183,10 @@ fn q_x_k(u: u32, xr: u32) -> QXK {
 //   xs_s[2·KC·j + v]    qi_d · Σ q_x over the group (exact)
 //   xs_d[KC·j + v / 2]  the scale of the block
 // and sets qi_g0 (the chunk's first group in the row) and qi_t (2·KC·j, the current token's
-// groups) before the dot products; the qi_ accessors take v, b in the whole row. Each such type
-// file provides q_dot_i(r, u): q_dot of unit u against the staged x.
+// groups) before the dot products; the qi_ accessors take v, b in the whole row (DP4X: the kernel
+// stages chunks or several tokens; without it the offsets are 0 and the accessors index directly,
+// which the one-token whole-row kernel runs measurably faster with). Each such type file provides
+// q_dot_i(r, u): q_dot of unit u against the staged x.
 #ifdef DP4
 #define KC 8
 var<workgroup> xs_lo: array<vec4<u32>, {{KC}} * 2 * {{TOK}}>;   // (TOK, 2·KC)
@@ -193,6 +195,7 @@ var<workgroup> xs_s: array<f32, {{KC}} * 2 * {{TOK}}>;          // (TOK, 2·KC)
 var<workgroup> xs_d: array<f32, {{KC}} * {{TOK}}>;              // (TOK, KC)
 var<private> qi_g0: u32;
 var<private> qi_t: u32;
+#ifdef DP4X
 fn qi_lo(v: u32) -> vec4<u32> {
     return xs_lo[qi_t + v - qi_g0];
 }
@@ -205,6 +208,21 @@ fn qi_d(b: u32) -> f32 {
 fn qi_s(v: u32) -> f32 {
     return xs_s[qi_t + v - qi_g0];
 }
+#else
+// One token, the whole row staged (DP4X unset: qi_g0 = qi_t = 0): the plain indices.
+fn qi_lo(v: u32) -> vec4<u32> {
+    return xs_lo[v];
+}
+fn qi_hi(v: u32) -> vec4<u32> {
+    return xs_hi[v];
+}
+fn qi_d(b: u32) -> f32 {
+    return xs_d[b];
+}
+fn qi_s(v: u32) -> f32 {
+    return xs_s[v];
+}
+#endif
 
 // Σ n · q_x over group v, for 16 unsigned quants n < 128 (byte j of word i: element 4i + j):
 // exact in i32 (|Σ| < 16 · 127 · 2^14 < 2^25), and in f32 below 2^24 (quants < 64).

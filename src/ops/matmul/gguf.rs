@@ -472,17 +472,6 @@ impl QMatvecConfig {
             && (tok == 1 || dtype == DType::Q6_K)
             && dp4_fits(gpu, dtype, s.k, wg, tok)
             && gpu.info.backend == wgpu::Backend::Vulkan;
-        // Many rows (a vocabulary, a wide MLP) with DP4: 128-thread workgroups of 32-lane row
-        // groups. With 256 threads the H100 ran some of these several times under the read
-        // bandwidth (`bench_quant`, W cold): Q6_K N = 262144, K = 5376 (Gemma 4's lm_head) 2744 us
-        // against 504, N = 43008: 364 against 93, N = 151936, K = 1536 (Qwen2.5's) 311 against
-        // 96 (129 in another call); Q4_K N = 262144: 2043 against 503. Q4_K with fewer rows runs
-        // as well or better with 256 threads (N = 43008: 78 us against 90).
-        let (wg, tpr) = if dp4 && tok == 1 && ((dtype == DType::Q6_K && s.n >= 16384) || s.n >= 131072) {
-            (128, min_tpr.max(32))
-        } else {
-            (wg, tpr)
-        };
         QMatvecConfig {
             wg,
             tpr,
@@ -608,7 +597,12 @@ fn matvec_quant_routed(
         let kc = kc.unwrap_or_else(|| panic!("DP4 for {} K = {} ({cfg:?})", w.dtype, s.k));
         #[cfg(test)]
         let kc = if cfg.max_kc > 0 { kc.min(cfg.max_kc) } else { kc };
-        macros = macros.flag("DP4").set("KC", kc).flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8);
+        let chunked = (kc as usize) < s.k / 32 || cfg.tok > 1;
+        macros = macros
+            .flag("DP4")
+            .set("KC", kc)
+            .flag_if("DP4X", chunked)
+            .flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8);
     }
     if !cfg.subgroups {
         macros.0.remove("SUBGROUP");
