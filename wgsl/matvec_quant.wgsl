@@ -134,7 +134,12 @@ fn abs_bits(v: vec4<f32>) -> u32 {
 // eight threads are one aligned run of a subgroup). Every thread runs every round (the shuffles
 // need them; nb is uniform), storing only in range.
 fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
+#ifdef DP4X
     let n4 = nb * 8u;
+#else
+    // The whole row (nb = KC): a constant trip count, unrolled (the loads issued together).
+    let n4 = {{KC}}u * 8u;
+#endif
     let x0 = q_row + 8u * cb;
     for (var r = 0u; r < (n4 + {{WG}}u - 1u) / {{WG}}u; r++) {
         let ci = r * {{WG}}u + lid;
@@ -166,7 +171,12 @@ fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
 // Stages blocks cb .. cb + nb of the token row starting at vec4 q_row into the token's arrays
 // from group dst: a thread a block, its 8 vec4 at once.
 fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
-    for (var b = lid; b < nb; b += {{WG}}u) {
+#ifdef DP4X
+    let n = nb;
+#else
+    let n = {{KC}}u;
+#endif
+    for (var b = lid; b < n; b += {{WG}}u) {
         let i = q_row + 8u * (cb + b);
         let v0 = qx4(i);
         let v1 = qx4(i + 1u);
@@ -361,7 +371,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #ifndef DP4X
         // One token, the whole row staged at once.
         q_row = xr.x;
-        stage_x(0u, kb, 0u, lid);
+        stage_x(0u, {{KC}}u, 0u, lid);
         workgroupBarrier();
         for (var u = lane; u < units; u += {{TPR}}u) {
             if (u != lane) {

@@ -472,6 +472,11 @@ impl QMatvecConfig {
             && (tok == 1 || dtype == DType::Q6_K)
             && dp4_fits(gpu, dtype, s.k, wg, tok)
             && gpu.info.backend == wgpu::Backend::Vulkan;
+        // A vocabulary's rows (lm_head) with DP4: 128-thread workgroups of 32-lane row groups
+        // (H100, in a Gemma-4-31B step: the Q6_K lm_head, N = 262144, K = 5376, 593 us with 256
+        // threads against 519; `bench_quant`, W cold: Qwen2.5's, N = 151936, K = 1536, 96 us
+        // against 129).
+        let (wg, tpr) = if dp4 && tok == 1 && s.n >= 131072 { (128, min_tpr.max(32)) } else { (wg, tpr) };
         QMatvecConfig {
             wg,
             tpr,
