@@ -189,6 +189,7 @@ fn q_x_k(u: u32, xr: u32) -> QXK {
 // q_dot_i(r, u): q_dot of unit u against the staged x.
 #ifdef DP4
 #define KC 8
+#define TOK 1
 var<workgroup> xs_lo: array<vec4<u32>, {{KC}} * 2 * {{TOK}}>;   // (TOK, 2·KC)
 var<workgroup> xs_hi: array<vec4<u32>, {{KC}} * 2 * {{TOK}}>;   // (TOK, 2·KC)
 var<workgroup> xs_s: array<f32, {{KC}} * 2 * {{TOK}}>;          // (TOK, 2·KC)
