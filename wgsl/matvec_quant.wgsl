@@ -26,8 +26,8 @@
 // the same whatever KC, TOK and the other tokens of the pass. The CPU twin is
 // src/ops/matmul/gguf.rs `cpu::stage_x16` followed by the plain reference.
 // Grid: ceil(N / (4 · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N and
-// tokens past T read a clamped row or token and store nothing, so every thread reaches the
-// barriers.
+// tokens past T read a clamped row or token and store nothing (DP4 neither stages nor meets
+// tokens past T), so every thread reaches the barriers.
 //
 // EXPERTS (the mixture-of-experts projections, src/ops/moe.rs), as in matvec.wgsl: W is a stack of
 // p.experts weights of N rows each ((E·N, K), expert e's rows e·N .. e·N + N: its units follow
@@ -367,7 +367,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var r1 = q_raw(base.y + uf);
         var r2 = q_raw(base.z + uf);
         var r3 = q_raw(base.w + uf);
-        let kb = p.xk / 8u;
 #ifndef DP4X
         // One token, the whole row staged at once.
         q_row = xr.x;
@@ -383,6 +382,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             acc0 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
         }
 #else
+        let kb = p.xk / 8u;
         for (var cb = 0u; cb < kb; cb += {{KC}}u) {
             if (cb > 0u) {
                 // Every lane is done with the previous chunk.

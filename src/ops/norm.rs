@@ -163,6 +163,7 @@ fn rms_norm_with(
             .flag_if("ACCUMULATE", accumulate)
             .flag_if("NEXT", next.is_some())
             .flag_if("REG", reg)
+            .set("WG", NORM_WG)
             .set("RV", if reg { rv } else { 1 }),
         &bindings,
         grid(layout.rows),

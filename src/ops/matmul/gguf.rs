@@ -410,8 +410,9 @@ struct QMatvecConfig {
     /// Reduce with subgroup operations.
     subgroups: bool,
     /// Stage x as 16-bit fixed point and sum with integer dot products (`DP4` in
-    /// wgsl/matvec_quant.wgsl): one token a pass, Q4_0 / Q4_1 / Q4_K / Q6_K, where the staged row
-    /// fits workgroup memory and the backend has the instructions.
+    /// wgsl/matvec_quant.wgsl): Q4_0 / Q4_1 / Q4_K / Q6_K where the backend has the instructions;
+    /// one token a pass with the whole row staged, or (Q6_K) passes of 4 tokens, staged in chunks
+    /// where they do not fit workgroup memory ([`dp4_chunk`]).
     dp4: bool,
     /// Measurement probes (tests only): PROBE_NOX, PROBE_NOMATH.
     #[cfg(test)]
@@ -468,15 +469,28 @@ impl QMatvecConfig {
         // Passes of 4 tokens (a batch step, a short prompt) stage 4 rows of x a pass: worth it
         // for Q6_K only (H100, `bench_quant_batch`, N = 17920, K = 1536 at 32 tokens: Q6_K 279
         // us against 457 float, Q4_K 380 against 324).
+        // One token a pass: only rows that stage whole (chunked one-token DP4 ran at half the
+        // float kernel's speed on Gemma 4's K = 21504 rows: `bench_quant`, W cold).
+        let whole = |wg: u32| dp4_chunk(gpu, dtype, s.k, wg, 1) == Some((s.k / 32) as u32);
         let dp4 = 4 * wg / tpr >= 16
-            && (tok == 1 || dtype == DType::Q6_K)
-            && dp4_fits(gpu, dtype, s.k, wg, tok)
+            && (if tok == 1 { whole(wg) } else { dtype == DType::Q6_K && dp4_fits(gpu, dtype, s.k, wg, tok) })
             && gpu.info.backend == wgpu::Backend::Vulkan;
-        // A vocabulary's rows (lm_head) with DP4: 128-thread workgroups of 32-lane row groups
-        // (H100, in a Gemma-4-31B step: the Q6_K lm_head, N = 262144, K = 5376, 593 us with 256
-        // threads against 519; `bench_quant`, W cold: Qwen2.5's, N = 151936, K = 1536, 96 us
-        // against 129).
-        let (wg, tpr) = if dp4 && tok == 1 && s.n >= 131072 { (128, min_tpr.max(32)) } else { (wg, tpr) };
+        // One-token Q6_K rows that stage whole: DP4 in 128-thread workgroups of 32-lane row groups
+        // whatever N (the float Q6_K path costs 2-3x its isolated time inside a step; H100, a
+        // Qwen2.5-1.5B Q4_K_M step: v (N = 256) 20.7 -> 14.7 us, down (K = 8960) 28.1 -> 23.1,
+        // the step 2177 -> 1969 us). Rows that would stage in chunks stay float (Gemma 4's
+        // K = 21504 down projections: chunked DP4 ran at half the float kernel's speed).
+        // (Both rules: 128 threads of 32-lane row groups, 16 rows a workgroup, where a row group
+        // of 32 lanes covers whole subgroups.)
+        let narrow = min_tpr <= 32;
+        let q6_whole =
+            tok == 1 && narrow && dtype == DType::Q6_K && gpu.info.backend == wgpu::Backend::Vulkan && whole(128);
+        let dp4 = dp4 || q6_whole;
+        // A vocabulary's rows (lm_head) with DP4 likewise (Gemma-4-31B's Q6_K lm_head, N = 262144,
+        // K = 5376: 593 us with 256 threads against 519 in the step; Qwen2.5's, N = 151936,
+        // K = 1536: 159 -> 100 us).
+        let vocab = dp4 && tok == 1 && narrow && s.n >= 131072 && whole(128);
+        let (wg, tpr) = if q6_whole || vocab { (128, 32) } else { (wg, tpr) };
         QMatvecConfig {
             wg,
             tpr,
@@ -602,6 +616,8 @@ fn matvec_quant_routed(
         let kc = kc.unwrap_or_else(|| panic!("DP4 for {} K = {} ({cfg:?})", w.dtype, s.k));
         #[cfg(test)]
         let kc = if cfg.max_kc > 0 { kc.min(cfg.max_kc) } else { kc };
+        // Chunks of whole 256-element super-blocks (the k-quants' units never straddle one).
+        assert!(kc as usize == s.k / 32 || kc % 8 == 0, "DP4 chunks of {kc} blocks");
         let chunked = (kc as usize) < s.k / 32 || cfg.tok > 1;
         macros = macros
             .flag("DP4")
@@ -1386,7 +1402,14 @@ pub(crate) mod tests {
     /// super-block, the last one short (K = 896: 28 blocks in chunks of 8), with the fused norm.
     #[test]
     fn dp4_chunks_and_token_passes_keep_each_tokens_sums() {
-        let gpu = gpu();
+        // With and without subgroups: the shuffle staging (STAGE8) and the thread-a-block one.
+        for gpu in gpu_variants() {
+            dp4_chunks_on(&gpu);
+        }
+    }
+
+    fn dp4_chunks_on(gpu: &Gpu) {
+        let gpu = gpu.clone();
         if gpu.info.backend != wgpu::Backend::Vulkan {
             panic!("DP4 runs on Vulkan only: this test needs lavapipe or a Vulkan GPU");
         }
