@@ -7,7 +7,8 @@
 //!
 //! Variants: every combination of the standard flags `F16` and `SUBGROUP`, each alone and combined
 //! with each of the kernel's own `#ifdef` / `#ifndef` flags alone (so a kernel must be valid with
-//! none of its own flags and with any one of them). No GPU needed.
+//! none of its own flags and with any one of them), and with the sets in `TOGETHER` (flags nested
+//! in another's `#ifdef`). No GPU needed.
 
 use naga::back::{msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
@@ -15,6 +16,16 @@ use std::collections::BTreeSet;
 use wgpu_llm::gpu::{shader, Macros};
 
 const STANDARD: [&str; 2] = ["F16", "SUBGROUP"];
+
+/// Flags that only act together (one nested in another's `#ifdef`), checked as sets besides
+/// each flag alone: kernel, flags.
+const TOGETHER: &[(&str, &[&str])] = &[
+    ("matvec_quant", &["DP4", "DP4X"]),
+    ("matvec_quant", &["DP4", "DP4X", "STAGE8", "TOK4", "NORM"]),
+    ("matvec_quant", &["DP4", "STAGE8", "Q6_K", "NORM"]),
+    ("matvec_quant", &["DP4", "DP4X", "TOK4", "Q4_K", "GATED"]),
+    ("rms_norm", &["REG", "ACCUMULATE", "NEXT"]),
+];
 
 /// The file and everything it includes (recursively), as (name, source).
 fn sources(name: &str) -> Result<Vec<(String, &'static str)>, String> {
@@ -170,7 +181,13 @@ fn every_kernel_variant_validates_and_translates() {
         for f16 in [false, true] {
             for subgroup in [false, true] {
                 let base = Macros::new().flag_if("F16", f16).flag_if("SUBGROUP", subgroup);
-                let variants = std::iter::once(base.clone()).chain(own.iter().map(|f| base.clone().flag(f)));
+                let together = TOGETHER
+                    .iter()
+                    // (STAGE8 uses subgroup shuffles: the host sets it only with SUBGROUP.)
+                    .filter(|(k, fs)| k == name && (subgroup || !fs.contains(&"STAGE8")))
+                    .map(|(_, fs)| fs.iter().fold(base.clone(), |m, f| m.flag(f)));
+                let variants =
+                    std::iter::once(base.clone()).chain(own.iter().map(|f| base.clone().flag(f))).chain(together);
                 for m in variants {
                     checked += 1;
                     if let Err(e) = check_variant(name, &m, f16, subgroup) {
