@@ -82,6 +82,46 @@ fn row_sum(s: f32, lid: u32
 #endif
 }
 
+// Four consecutive elements (the row length a multiple of 4), and the sum of their squares.
+fn x4(at: u32) -> vec4<f32> {
+    return vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
+}
+
+fn w4(i: u32) -> vec4<f32> {
+    return vec4<f32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);
+}
+
+fn sq4(a: vec4<f32>) -> f32 {
+    return (a.x * a.x + a.y * a.y) + (a.z * a.z + a.w * a.w);
+}
+
+#ifndef IN_PLACE
+// What out[at ..] holds before the update: the residual with ACCUMULATE (else unused: 0).
+fn prev4(at: u32) -> vec4<f32> {
+#ifdef ACCUMULATE
+    return vec4<f32>(out[at], out[at + 1u], out[at + 2u], out[at + 3u]);
+#else
+    return vec4<f32>(0.0);
+#endif
+}
+
+// Writes out[at ..] for x elements xs (i: their column): xs · scale · w, or with ACCUMULATE
+// (prev + that) · out_scale; returns what it wrote.
+fn update4(at: u32, i: u32, xs: vec4<f32>, scale: f32, prev: vec4<f32>) -> vec4<f32> {
+    let v = xs * scale * w4(i);
+#ifdef ACCUMULATE
+    let o = (prev + v) * p.out_scale;
+#else
+    let o = v;
+#endif
+    out[at] = o.x;
+    out[at + 1u] = o.y;
+    out[at + 2u] = o.z;
+    out[at + 3u] = o.w;
+    return o;
+}
+#endif
+
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32
@@ -104,23 +144,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // instead of one per loop step and phase. Same sums, same order, as the loops below.
     let ob = row * p.out_stride;
     var xv: array<vec4<f32>, {{RV}}>;
-#ifdef ACCUMULATE
     var res: array<vec4<f32>, {{RV}}>;
-#endif
     for (var j = 0u; j < {{RV}}u; j++) {
         let i = 4u * (lid + j * {{WG}}u);
         if (i < n) {
-            xv[j] = vec4<f32>(x[xb + i], x[xb + i + 1u], x[xb + i + 2u], x[xb + i + 3u]);
-#ifdef ACCUMULATE
-            res[j] = vec4<f32>(out[ob + i], out[ob + i + 1u], out[ob + i + 2u], out[ob + i + 3u]);
-#endif
+            xv[j] = x4(xb + i);
+            res[j] = prev4(ob + i);
         }
     }
     var s = 0.0;
     for (var j = 0u; j < {{RV}}u; j++) {
         if (4u * (lid + j * {{WG}}u) < n) {
-            let a = xv[j];
-            s += (a.x * a.x + a.y * a.y) + (a.z * a.z + a.w * a.w);
+            s += sq4(xv[j]);
         }
     }
     let total = row_sum(s, lid
@@ -133,18 +168,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var j = 0u; j < {{RV}}u; j++) {
         let i = 4u * (lid + j * {{WG}}u);
         if (i < n) {
-            let v = xv[j] * scale * vec4<f32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);
-#ifdef ACCUMULATE
-            let o = (res[j] + v) * p.out_scale;
-#else
-            let o = v;
-#endif
-            out[ob + i] = o.x;
-            out[ob + i + 1u] = o.y;
-            out[ob + i + 2u] = o.z;
-            out[ob + i + 3u] = o.w;
-            s2 += (o.x * o.x + o.y * o.y) + (o.z * o.z + o.w * o.w);
-            xv[j] = o;
+            xv[j] = update4(ob + i, i, xv[j], scale, res[j]);
+            s2 += sq4(xv[j]);
         }
     }
 #ifdef NEXT
@@ -171,11 +196,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let quad = n % 4u == 0u;
     if (quad) {
         for (var i = 4u * lid; i < n; i += 4u * {{WG}}u) {
-            let a = x[xb + i];
-            let b = x[xb + i + 1u];
-            let c = x[xb + i + 2u];
-            let d = x[xb + i + 3u];
-            s += (a * a + b * b) + (c * c + d * d);
+            s += sq4(x4(xb + i));
         }
     } else {
         for (var i = lid; i < n; i += {{WG}}u) {
@@ -199,18 +220,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var s2 = 0.0;
     if (quad) {
         for (var i = 4u * lid; i < n; i += 4u * {{WG}}u) {
-            let v = vec4<f32>(x[xb + i], x[xb + i + 1u], x[xb + i + 2u], x[xb + i + 3u]) * scale
-                * vec4<f32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);
-#ifdef ACCUMULATE
-            let o = (vec4<f32>(out[ob + i], out[ob + i + 1u], out[ob + i + 2u], out[ob + i + 3u]) + v) * p.out_scale;
-#else
-            let o = v;
-#endif
-            out[ob + i] = o.x;
-            out[ob + i + 1u] = o.y;
-            out[ob + i + 2u] = o.z;
-            out[ob + i + 3u] = o.w;
-            s2 += (o.x * o.x + o.y * o.y) + (o.z * o.z + o.w * o.w);
+            s2 += sq4(update4(ob + i, i, x4(xb + i), scale, prev4(ob + i)));
         }
     } else {
         for (var i = lid; i < n; i += {{WG}}u) {
