@@ -984,6 +984,16 @@ pub(crate) mod tests {
         check(&got, &want, &tol, &what)
     }
 
+    /// Adds `per_term · S` to each output's tolerance, S = Σ_k |x_in · w| over its token row of
+    /// `xin` and weight row of `wf`: a fused input's own relative rounding per term (8·eps for
+    /// NORM, 16·eps for GATED; derived in `super::super::tests::fused_inputs_match_cpu_ops`).
+    fn add_input_rounding(tol: &mut [f32], xin: &[f32], wf: &[f32], k: usize, per_term: f32) {
+        let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+        let mut s_terms = vec![0f32; tol.len()];
+        super::super::cpu::linear(&abs(xin), &abs(wf), k, None, &mut s_terms, false);
+        tol.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += per_term * s);
+    }
+
     /// K values per type: not powers of two (Qwen2.5-0.5B's hidden size for the 32-element types;
     /// 1.5B's hidden and 0.5B's MLP sizes for the k-quants), and the MLP width 4864 for all.
     fn ks(t: DType) -> &'static [usize] {
@@ -1057,11 +1067,7 @@ pub(crate) mod tests {
                     }
                     let (want, mut tol) = reference(&xin, ty, &raw, k, Some(&bv[..]), &y0, kind != 0);
                     let wf = to_f32(ty, &raw, n * k).unwrap();
-                    let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
-                    let mut s_terms = vec![0f32; t * n];
-                    super::super::cpu::linear(&abs(&xin), &abs(&wf), k, None, &mut s_terms, false);
-                    let extra = if gated { 16.0 } else { 8.0 } * eps_f;
-                    tol.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += extra * s);
+                    add_input_rounding(&mut tol, &xin, &wf, k, if gated { 16.0 } else { 8.0 } * eps_f);
                     if dp4 && gated {
                         // The kernel's activation may differ from the CPU's by an ulp, and move an
                         // element to the next staged step d (a flip costs d · |w|): allow 4.
@@ -1198,10 +1204,7 @@ pub(crate) mod tests {
                     if norm {
                         // The norm's own rounding (8 eps S, as in quant_fused_inputs_match_cpu_ops).
                         let wf = to_f32(ty, &raw, n * k).unwrap();
-                        let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
-                        let mut s_terms = vec![0f32; t * n];
-                        super::super::cpu::linear(&abs(&xin), &abs(&wf), k, None, &mut s_terms, false);
-                        tol.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += 8.0 * f32::EPSILON / 2.0 * s);
+                        add_input_rounding(&mut tol, &xin, &wf, k, 8.0 * f32::EPSILON / 2.0);
                     }
                     let (want, tol) = glu_expected(&want, &tol, act);
                     let what = format!("{ty} GLU {act:?} norm={norm} dp4={dp4} T={t} K={k} sg={}", gpu.caps.subgroups);
@@ -1466,10 +1469,7 @@ pub(crate) mod tests {
                 let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; t * n], false);
                 if norm {
                     let wf = to_f32(ty, &raw, n * k).unwrap();
-                    let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
-                    let mut s_terms = vec![0f32; t * n];
-                    super::super::cpu::linear(&abs(&xin), &abs(&wf), k, None, &mut s_terms, false);
-                    tol.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += 8.0 * f32::EPSILON / 2.0 * s);
+                    add_input_rounding(&mut tol, &xin, &wf, k, 8.0 * f32::EPSILON / 2.0);
                 }
                 check(&chunked, &want, &tol, &format!("{ty} norm={norm} DP4 chunks of 8, 4 tokens a pass"));
             }
@@ -1624,30 +1624,39 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    #[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::bench_quant -- --ignored --nocapture"]
-    fn bench_quant() {
-        // Qwen2.5-1.5B's linear layers (N, K): qkv, o, gate_up, down, lm_head.
-        let gpu = gpu();
-        let big = gpu.info.device_type != wgpu::DeviceType::Cpu;
-        // QSHAPES="N:K,N:K" and QTYPES="Q4_K,Q6_K" narrow the run to other shapes and types.
-        let custom: Option<Vec<(usize, usize)>> = std::env::var("QSHAPES").ok().map(|v| {
+    /// The benches' shapes from QSHAPES="N:K,N:K", if set.
+    fn bench_shapes() -> Option<Vec<(usize, usize)>> {
+        std::env::var("QSHAPES").ok().map(|v| {
             v.split(',')
                 .map(|nk| {
                     let (n, k) = nk.split_once(':').expect("QSHAPES entries are N:K");
                     (n.parse().unwrap(), k.parse().unwrap())
                 })
                 .collect()
-        });
+        })
+    }
+
+    /// The benches' types: those of QTYPES="Q4_K,Q6_K" if set, else `default`.
+    fn bench_types(default: &[DType]) -> Vec<DType> {
+        match std::env::var("QTYPES") {
+            Ok(v) => TYPES.into_iter().filter(|t| v.split(',').any(|n| n == t.name())).collect(),
+            Err(_) => default.to_vec(),
+        }
+    }
+
+    #[test]
+    #[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::bench_quant -- --ignored --nocapture"]
+    fn bench_quant() {
+        // Qwen2.5-1.5B's linear layers (N, K): qkv, o, gate_up, down, lm_head.
+        let gpu = gpu();
+        let big = gpu.info.device_type != wgpu::DeviceType::Cpu;
+        let custom = bench_shapes();
         let shapes: &[(usize, usize)] = match (&custom, big) {
             (Some(c), _) => c,
             (None, true) => &[(2048, 1536), (256, 1536), (1536, 1536), (17920, 1536), (1536, 8960), (151936, 1536)],
             (None, false) => &[(2048, 1536)],
         };
-        let types: Vec<DType> = match std::env::var("QTYPES") {
-            Ok(v) => TYPES.into_iter().filter(|t| v.split(',').any(|n| n == t.name())).collect(),
-            Err(_) => TYPES.to_vec(),
-        };
+        let types = bench_types(&TYPES);
         eprintln!(
             "{} f16={} sg={} (max {})",
             gpu.info.name, gpu.caps.f16, gpu.caps.subgroups, gpu.caps.subgroup_max_size
@@ -1759,20 +1768,8 @@ pub(crate) mod tests {
     #[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::bench_quant_batch -- --ignored --nocapture"]
     fn bench_quant_batch() {
         let gpu = gpu();
-        let shapes: Vec<(usize, usize)> = match std::env::var("QSHAPES") {
-            Ok(v) => v
-                .split(',')
-                .map(|nk| {
-                    let (n, k) = nk.split_once(':').expect("QSHAPES entries are N:K");
-                    (n.parse().unwrap(), k.parse().unwrap())
-                })
-                .collect(),
-            Err(_) => vec![(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)],
-        };
-        let types: Vec<DType> = match std::env::var("QTYPES") {
-            Ok(v) => TYPES.into_iter().filter(|t| v.split(',').any(|n| n == t.name())).collect(),
-            Err(_) => vec![DType::Q4_K, DType::Q6_K],
-        };
+        let shapes = bench_shapes().unwrap_or_else(|| vec![(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]);
+        let types = bench_types(&[DType::Q4_K, DType::Q6_K]);
         eprintln!("{} sg={} (max {})", gpu.info.name, gpu.caps.subgroups, gpu.caps.subgroup_max_size);
         for &ty in &types {
             for &(n, k) in &shapes {
