@@ -185,8 +185,9 @@ fn q_x_k(u: u32, xr: u32) -> QXK {
 // and sets qi_g0 (the chunk's first group in the row) and qi_t (2·KC·j, the current token's
 // groups) before the dot products; the qi_ accessors take v, b in the whole row (DP4X: the kernel
 // stages chunks or several tokens; without it the offsets are 0 and the accessors index directly,
-// which the one-token whole-row kernel runs measurably faster with). Each such type file provides
-// q_dot_i(r, u): q_dot of unit u against the staged x.
+// as the one-token whole-row kernel did before chunks existed: kept so that kernel's code stays
+// what was measured, not because the offsets were shown to cost anything). Each such type file
+// provides q_dot_i(r, u): q_dot of unit u against the staged x.
 #ifdef DP4
 #define KC 8
 #define TOK 1
