@@ -34,15 +34,18 @@
 //                             of row gu / (K / QU)
 //   QRaw, q_raw(gu)           a unit's quantized data (loads only, plus its scales)
 //   QX, q_x(u, xr)            the x values that unit u of a row meets (xr: x's row start, in vec4)
-//   q_dot(r, v) -> f32        sum over the unit of w · x, in f32
+//   QV, q_vals(r)             the unit's quants as floats (dequantized without its scales)
+//   q_dot_v(r, w, v) -> f32   sum over the unit of w · x, in f32, with w = q_vals(r)
+//   q_dot(r, v) -> f32        q_dot_v(r, q_vals(r), v)
 //   q_run(b, j) -> vec4<f32>  elements j .. j + 3 (j % 4 == 0) of block b, dequantized with the
 //                             float operations of src/loader/dtype.rs (bit-identical to to_f32)
 //
 // Dequantization in registers: quants become floats without int-to-float conversions (a quarter
 // rate or less on NVIDIA): a value v < 2^23 OR'ed into the mantissa of 2^23 is the float 2^23 + v,
 // and subtracting 2^23 (+ the type's offset) is exact. High nibbles are taken in place (16 · v) and
-// their sums scaled by 1/16 once. q_dot sums q · x per scale and applies the scale (and the min:
-// min · sum x) once per unit, so a weight costs about 4 ALU operations (mask, float, offset, FMA).
+// their sums scaled by 1/16 once. q_dot_v sums q · x per scale and applies the scale (and the min:
+// min · sum x) once per unit, so a weight costs about 4 ALU operations (mask, float, offset in
+// q_vals, FMA in q_dot_v), and a kernel that meets a unit with several tokens' x pays q_vals once.
 
 const Q_MAGIC: u32 = 0x4B000000u;   // bits of 2^23
 const Q_2P23: f32 = 8388608.0;
@@ -170,6 +173,28 @@ fn q_x_k(u: u32, xr: u32) -> QXK {
     let l = q_x16(i);
     let h = q_x16(i + 8u);
     return QXK(l, h, q_msum(l), q_msum(h));
+}
+
+// A 32-value unit's quants as floats (q_vals: the dequantization without the unit's scales), in
+// the two halves of 16 its x comes in (QXB32 / QXK's l and h; Q8_0 / A8's a and b): l[w] = values
+// 4w .. 4w + 3 of the first half, h[w] of the second.
+struct QV32 {
+    l: mat4x4<f32>,
+    h: mat4x4<f32>,
+}
+
+// The halves' partial sums (4 lanes each) of w against x halves xl, xh: columns 0 (first half)
+// and 1.
+fn q_fma32(w: QV32, xl: mat4x4<f32>, xh: mat4x4<f32>) -> mat2x4<f32> {
+    var sl = w.l[0] * xl[0];
+    var sh = w.h[0] * xh[0];
+    sl = fma(w.l[1], xl[1], sl);
+    sh = fma(w.h[1], xh[1], sh);
+    sl = fma(w.l[2], xl[2], sl);
+    sh = fma(w.h[2], xh[2], sh);
+    sl = fma(w.l[3], xl[3], sl);
+    sh = fma(w.h[3], xh[3], sh);
+    return mat2x4<f32>(sl, sh);
 }
 
 // DP4: x staged by the kernel as 16-bit fixed point (per 32-element block b a power-of-two scale

@@ -35,17 +35,21 @@ fn q_u8(w: u32) -> vec4<f32> {
     return q_f(q_bytes(w) & vec4<u32>(0xFFu));
 }
 
-fn q_dot(r: QRaw, v: QX) -> f32 {
+alias QV = QV32;
+
+fn q_vals(r: QRaw) -> QV {
     let c = vec4<f32>(Q_2P23);
-    var s = (q_u8(r.a.x) - c) * v.a[0];
-    var t = (q_u8(r.b.x) - c) * v.b[0];
-    s = fma(q_u8(r.a.y) - c, v.a[1], s);
-    t = fma(q_u8(r.b.y) - c, v.b[1], t);
-    s = fma(q_u8(r.a.z) - c, v.a[2], s);
-    t = fma(q_u8(r.b.z) - c, v.b[2], t);
-    s = fma(q_u8(r.a.w) - c, v.a[3], s);
-    t = fma(q_u8(r.b.w) - c, v.b[3], t);
-    return fma(r.dm.x, q_hsum(s + t), r.dm.y * v.s);
+    return QV(mat4x4<f32>(q_u8(r.a.x) - c, q_u8(r.a.y) - c, q_u8(r.a.z) - c, q_u8(r.a.w) - c),
+              mat4x4<f32>(q_u8(r.b.x) - c, q_u8(r.b.y) - c, q_u8(r.b.z) - c, q_u8(r.b.w) - c));
+}
+
+fn q_dot_v(r: QRaw, w: QV, v: QX) -> f32 {
+    let s = q_fma32(w, v.a, v.b);
+    return fma(r.dm.x, q_hsum(s[0] + s[1]), r.dm.y * v.s);
+}
+
+fn q_dot(r: QRaw, v: QX) -> f32 {
+    return q_dot_v(r, q_vals(r), v);
 }
 
 fn q_run(b: u32, j: u32) -> vec4<f32> {

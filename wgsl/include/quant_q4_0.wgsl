@@ -19,18 +19,24 @@ fn q_x(u: u32, xr: u32) -> QX {
     return q_x_b32(u, xr);
 }
 
-fn q_dot(r: QRaw, v: QX) -> f32 {
+alias QV = QV32;
+
+fn q_vals(r: QRaw) -> QV {
     let cl = vec4<f32>(Q_2P23 + 8.0);
     let ch = vec4<f32>(Q_2P23 + 128.0);
-    var sl = (q_lo(r.qs.x) - cl) * v.l[0];
-    var sh = (q_hi(r.qs.x) - ch) * v.h[0];
-    sl = fma(q_lo(r.qs.y) - cl, v.l[1], sl);
-    sh = fma(q_hi(r.qs.y) - ch, v.h[1], sh);
-    sl = fma(q_lo(r.qs.z) - cl, v.l[2], sl);
-    sh = fma(q_hi(r.qs.z) - ch, v.h[2], sh);
-    sl = fma(q_lo(r.qs.w) - cl, v.l[3], sl);
-    sh = fma(q_hi(r.qs.w) - ch, v.h[3], sh);
-    return r.d * q_hsum(fma(sh, vec4<f32>(0.0625), sl));
+    return QV(mat4x4<f32>(q_lo(r.qs.x) - cl, q_lo(r.qs.y) - cl,
+                          q_lo(r.qs.z) - cl, q_lo(r.qs.w) - cl),
+              mat4x4<f32>(q_hi(r.qs.x) - ch, q_hi(r.qs.y) - ch,
+                          q_hi(r.qs.z) - ch, q_hi(r.qs.w) - ch));
+}
+
+fn q_dot_v(r: QRaw, w: QV, v: QX) -> f32 {
+    let s = q_fma32(w, v.l, v.h);
+    return r.d * q_hsum(fma(s[1], vec4<f32>(0.0625), s[0]));
+}
+
+fn q_dot(r: QRaw, v: QX) -> f32 {
+    return q_dot_v(r, q_vals(r), v);
 }
 
 fn q_run(b: u32, j: u32) -> vec4<f32> {

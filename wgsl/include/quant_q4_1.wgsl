@@ -23,17 +23,21 @@ fn q_x(u: u32, xr: u32) -> QX {
     return q_x_b32(u, xr);
 }
 
-fn q_dot(r: QRaw, v: QX) -> f32 {
+alias QV = QV32;
+
+fn q_vals(r: QRaw) -> QV {
     let c = vec4<f32>(Q_2P23);
-    var sl = (q_lo(r.qs.x) - c) * v.l[0];
-    var sh = (q_hi(r.qs.x) - c) * v.h[0];
-    sl = fma(q_lo(r.qs.y) - c, v.l[1], sl);
-    sh = fma(q_hi(r.qs.y) - c, v.h[1], sh);
-    sl = fma(q_lo(r.qs.z) - c, v.l[2], sl);
-    sh = fma(q_hi(r.qs.z) - c, v.h[2], sh);
-    sl = fma(q_lo(r.qs.w) - c, v.l[3], sl);
-    sh = fma(q_hi(r.qs.w) - c, v.h[3], sh);
-    return fma(r.dm.x, q_hsum(fma(sh, vec4<f32>(0.0625), sl)), r.dm.y * v.s);
+    return QV(mat4x4<f32>(q_lo(r.qs.x) - c, q_lo(r.qs.y) - c, q_lo(r.qs.z) - c, q_lo(r.qs.w) - c),
+              mat4x4<f32>(q_hi(r.qs.x) - c, q_hi(r.qs.y) - c, q_hi(r.qs.z) - c, q_hi(r.qs.w) - c));
+}
+
+fn q_dot_v(r: QRaw, w: QV, v: QX) -> f32 {
+    let s = q_fma32(w, v.l, v.h);
+    return fma(r.dm.x, q_hsum(fma(s[1], vec4<f32>(0.0625), s[0])), r.dm.y * v.s);
+}
+
+fn q_dot(r: QRaw, v: QX) -> f32 {
+    return q_dot_v(r, q_vals(r), v);
 }
 
 fn q_run(b: u32, j: u32) -> vec4<f32> {

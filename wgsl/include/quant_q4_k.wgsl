@@ -31,17 +31,21 @@ fn q_x(u: u32, xr: u32) -> QX {
     return q_x_k(u, xr);
 }
 
-fn q_dot(r: QRaw, v: QX) -> f32 {
+alias QV = QV32;
+
+fn q_vals(r: QRaw) -> QV {
     let c = vec4<f32>(Q_2P23);
-    var sl = (q_lo(r.qs.x) - c) * v.l[0];
-    var sh = (q_hi(r.qs.x) - c) * v.h[0];
-    sl = fma(q_lo(r.qs.y) - c, v.l[1], sl);
-    sh = fma(q_hi(r.qs.y) - c, v.h[1], sh);
-    sl = fma(q_lo(r.qs.z) - c, v.l[2], sl);
-    sh = fma(q_hi(r.qs.z) - c, v.h[2], sh);
-    sl = fma(q_lo(r.qs.w) - c, v.l[3], sl);
-    sh = fma(q_hi(r.qs.w) - c, v.h[3], sh);
-    return fma(r.dl, q_hsum(sl), r.dh * q_hsum(sh)) - fma(r.ml, v.sl, r.mh * v.sh);
+    return QV(mat4x4<f32>(q_lo(r.qs.x) - c, q_lo(r.qs.y) - c, q_lo(r.qs.z) - c, q_lo(r.qs.w) - c),
+              mat4x4<f32>(q_hi(r.qs.x) - c, q_hi(r.qs.y) - c, q_hi(r.qs.z) - c, q_hi(r.qs.w) - c));
+}
+
+fn q_dot_v(r: QRaw, w: QV, v: QX) -> f32 {
+    let s = q_fma32(w, v.l, v.h);
+    return fma(r.dl, q_hsum(s[0]), r.dh * q_hsum(s[1])) - fma(r.ml, v.sl, r.mh * v.sh);
+}
+
+fn q_dot(r: QRaw, v: QX) -> f32 {
+    return q_dot_v(r, q_vals(r), v);
 }
 
 fn q_run(b: u32, j: u32) -> vec4<f32> {

@@ -22,18 +22,24 @@ fn q_x(u: u32, xr: u32) -> QX {
     return q_x_b32(u, xr);
 }
 
-fn q_dot(r: QRaw, v: QX) -> f32 {
+alias QV = QV32;
+
+fn q_vals(r: QRaw) -> QV {
     let c = vec4<f32>(Q_2P23);
     let qh4 = r.qh << 4u;
-    var sl = (q5_lo(r.qs.x, qh4, 0u) - c) * v.l[0];
-    var sh = (q5_hi(r.qs.x, r.qh, 0u) - c) * v.h[0];
-    sl = fma(q5_lo(r.qs.y, qh4, 1u) - c, v.l[1], sl);
-    sh = fma(q5_hi(r.qs.y, r.qh, 1u) - c, v.h[1], sh);
-    sl = fma(q5_lo(r.qs.z, qh4, 2u) - c, v.l[2], sl);
-    sh = fma(q5_hi(r.qs.z, r.qh, 2u) - c, v.h[2], sh);
-    sl = fma(q5_lo(r.qs.w, qh4, 3u) - c, v.l[3], sl);
-    sh = fma(q5_hi(r.qs.w, r.qh, 3u) - c, v.h[3], sh);
-    return fma(r.dm.x, q_hsum(fma(sh, vec4<f32>(0.0625), sl)), r.dm.y * v.s);
+    return QV(mat4x4<f32>(q5_lo(r.qs.x, qh4, 0u) - c, q5_lo(r.qs.y, qh4, 1u) - c,
+                          q5_lo(r.qs.z, qh4, 2u) - c, q5_lo(r.qs.w, qh4, 3u) - c),
+              mat4x4<f32>(q5_hi(r.qs.x, r.qh, 0u) - c, q5_hi(r.qs.y, r.qh, 1u) - c,
+                          q5_hi(r.qs.z, r.qh, 2u) - c, q5_hi(r.qs.w, r.qh, 3u) - c));
+}
+
+fn q_dot_v(r: QRaw, w: QV, v: QX) -> f32 {
+    let s = q_fma32(w, v.l, v.h);
+    return fma(r.dm.x, q_hsum(fma(s[1], vec4<f32>(0.0625), s[0])), r.dm.y * v.s);
+}
+
+fn q_dot(r: QRaw, v: QX) -> f32 {
+    return q_dot_v(r, q_vals(r), v);
 }
 
 fn q_run(b: u32, j: u32) -> vec4<f32> {

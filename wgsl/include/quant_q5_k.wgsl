@@ -43,17 +43,23 @@ fn q5k_hi(w: u32, h: u32) -> vec4<f32> {
     return q_f((q_bytes(w) & vec4<u32>(0xF0u)) | ((q_bytes(h) << vec4<u32>(7u)) & vec4<u32>(0x100u)));
 }
 
-fn q_dot(r: QRaw, v: QX) -> f32 {
+alias QV = QV32;
+
+fn q_vals(r: QRaw) -> QV {
     let c = vec4<f32>(Q_2P23);
-    var sl = (q5k_lo(r.qs.x, r.qh.x) - c) * v.l[0];
-    var sh = (q5k_hi(r.qs.x, r.qh.x) - c) * v.h[0];
-    sl = fma(q5k_lo(r.qs.y, r.qh.y) - c, v.l[1], sl);
-    sh = fma(q5k_hi(r.qs.y, r.qh.y) - c, v.h[1], sh);
-    sl = fma(q5k_lo(r.qs.z, r.qh.z) - c, v.l[2], sl);
-    sh = fma(q5k_hi(r.qs.z, r.qh.z) - c, v.h[2], sh);
-    sl = fma(q5k_lo(r.qs.w, r.qh.w) - c, v.l[3], sl);
-    sh = fma(q5k_hi(r.qs.w, r.qh.w) - c, v.h[3], sh);
-    return fma(r.dl, q_hsum(sl), r.dh * q_hsum(sh)) - fma(r.ml, v.sl, r.mh * v.sh);
+    return QV(mat4x4<f32>(q5k_lo(r.qs.x, r.qh.x) - c, q5k_lo(r.qs.y, r.qh.y) - c,
+                          q5k_lo(r.qs.z, r.qh.z) - c, q5k_lo(r.qs.w, r.qh.w) - c),
+              mat4x4<f32>(q5k_hi(r.qs.x, r.qh.x) - c, q5k_hi(r.qs.y, r.qh.y) - c,
+                          q5k_hi(r.qs.z, r.qh.z) - c, q5k_hi(r.qs.w, r.qh.w) - c));
+}
+
+fn q_dot_v(r: QRaw, w: QV, v: QX) -> f32 {
+    let s = q_fma32(w, v.l, v.h);
+    return fma(r.dl, q_hsum(s[0]), r.dh * q_hsum(s[1])) - fma(r.ml, v.sl, r.mh * v.sh);
+}
+
+fn q_dot(r: QRaw, v: QX) -> f32 {
+    return q_dot_v(r, q_vals(r), v);
 }
 
 fn q_run(b: u32, j: u32) -> vec4<f32> {

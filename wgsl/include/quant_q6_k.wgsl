@@ -67,28 +67,48 @@ fn q6w(a: u32, c: u32, h: u32) -> Q6W {
                q_f((bc & vec4<u32>(0xF0u)) | ((bh & vec4<u32>(0xC0u)) << vec4<u32>(2u))) - ch);
 }
 
-fn q_dot(r: QRaw, v: QX) -> f32 {
+// The unit's quants by class, as in QX: c0[w] = q6w(a[w], c[w], h[w]).f0 (meets QX.c0[w]),
+// c1 .. c3 its f1 .. f3.
+struct Q6V {
+    c0: mat4x4<f32>,
+    c1: mat4x4<f32>,
+    c2: mat4x4<f32>,
+    c3: mat4x4<f32>,
+}
+
+alias QV = Q6V;
+
+fn q_vals(r: QRaw) -> QV {
     let q0 = q6w(r.a.x, r.c.x, r.h.x);
-    var s0 = q0.f0 * v.c0[0];
-    var s1 = q0.f1 * v.c1[0];
-    var s2 = q0.f2 * v.c2[0];
-    var s3 = q0.f3 * v.c3[0];
     let q1 = q6w(r.a.y, r.c.y, r.h.y);
-    s0 = fma(q1.f0, v.c0[1], s0);
-    s1 = fma(q1.f1, v.c1[1], s1);
-    s2 = fma(q1.f2, v.c2[1], s2);
-    s3 = fma(q1.f3, v.c3[1], s3);
     let q2 = q6w(r.a.z, r.c.z, r.h.z);
-    s0 = fma(q2.f0, v.c0[2], s0);
-    s1 = fma(q2.f1, v.c1[2], s1);
-    s2 = fma(q2.f2, v.c2[2], s2);
-    s3 = fma(q2.f3, v.c3[2], s3);
     let q3 = q6w(r.a.w, r.c.w, r.h.w);
-    s0 = fma(q3.f0, v.c0[3], s0);
-    s1 = fma(q3.f1, v.c1[3], s1);
-    s2 = fma(q3.f2, v.c2[3], s2);
-    s3 = fma(q3.f3, v.c3[3], s3);
+    return QV(mat4x4<f32>(q0.f0, q1.f0, q2.f0, q3.f0), mat4x4<f32>(q0.f1, q1.f1, q2.f1, q3.f1),
+              mat4x4<f32>(q0.f2, q1.f2, q2.f2, q3.f2), mat4x4<f32>(q0.f3, q1.f3, q2.f3, q3.f3));
+}
+
+fn q_dot_v(r: QRaw, w: QV, v: QX) -> f32 {
+    var s0 = w.c0[0] * v.c0[0];
+    var s1 = w.c1[0] * v.c1[0];
+    var s2 = w.c2[0] * v.c2[0];
+    var s3 = w.c3[0] * v.c3[0];
+    s0 = fma(w.c0[1], v.c0[1], s0);
+    s1 = fma(w.c1[1], v.c1[1], s1);
+    s2 = fma(w.c2[1], v.c2[1], s2);
+    s3 = fma(w.c3[1], v.c3[1], s3);
+    s0 = fma(w.c0[2], v.c0[2], s0);
+    s1 = fma(w.c1[2], v.c1[2], s1);
+    s2 = fma(w.c2[2], v.c2[2], s2);
+    s3 = fma(w.c3[2], v.c3[2], s3);
+    s0 = fma(w.c0[3], v.c0[3], s0);
+    s1 = fma(w.c1[3], v.c1[3], s1);
+    s2 = fma(w.c2[3], v.c2[3], s2);
+    s3 = fma(w.c3[3], v.c3[3], s3);
     return dot(r.s, vec4<f32>(q_hsum(s0), q_hsum(s1), q_hsum(s2), q_hsum(s3)));
+}
+
+fn q_dot(r: QRaw, v: QX) -> f32 {
+    return q_dot_v(r, q_vals(r), v);
 }
 
 fn q_run(b: u32, j: u32) -> vec4<f32> {

@@ -30,16 +30,20 @@ fn q8(w: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>((q_bytes(w) & vec4<u32>(0xFFu)) ^ vec4<u32>(Q_MAGIC | 0x80u)) - vec4<f32>(Q_2P23 + 128.0);
 }
 
+alias QV = QV32;
+
+fn q_vals(r: QRaw) -> QV {
+    return QV(mat4x4<f32>(q8(r.a.x), q8(r.a.y), q8(r.a.z), q8(r.a.w)),
+              mat4x4<f32>(q8(r.b.x), q8(r.b.y), q8(r.b.z), q8(r.b.w)));
+}
+
+fn q_dot_v(r: QRaw, w: QV, v: QX) -> f32 {
+    let s = q_fma32(w, v.a, v.b);
+    return r.d * q_hsum(s[0] + s[1]);
+}
+
 fn q_dot(r: QRaw, v: QX) -> f32 {
-    var s = q8(r.a.x) * v.a[0];
-    var t = q8(r.b.x) * v.b[0];
-    s = fma(q8(r.a.y), v.a[1], s);
-    t = fma(q8(r.b.y), v.b[1], t);
-    s = fma(q8(r.a.z), v.a[2], s);
-    t = fma(q8(r.b.z), v.b[2], t);
-    s = fma(q8(r.a.w), v.a[3], s);
-    t = fma(q8(r.b.w), v.b[3], t);
-    return r.d * q_hsum(s + t);
+    return q_dot_v(r, q_vals(r), v);
 }
 
 fn q_run(b: u32, j: u32) -> vec4<f32> {

@@ -11,6 +11,9 @@
 //!   Q6_K on Vulkan, with 16 rows or more a workgroup, x is first staged in workgroup memory as
 //!   16-bit fixed point per block (`DP4`) and the quants meet it in 4-wide integer dot products
 //!   (exact sums; x rounded to 2^-14 of its block's largest |x|, [`cpu::stage_x16`]);
+//! - a batch decode step ([`LinearOpts::batch`], up to [`MATVEC_MAX_T`] sequences, a token each),
+//!   `wgsl/matvec_quant_batch.wgsl`: each unit of W dequantized once (`q_vals`) and met with the x
+//!   of 8 tokens staged in workgroup memory, so that a token's sums do not depend on the batch;
 //! - more tokens, `wgsl/matmul_quant.wgsl`: the f16 matmul's tiling, with W's tiles dequantized
 //!   into workgroup memory as f32 (bit-identical to [`crate::dtype::to_f32`]).
 //!
@@ -54,7 +57,8 @@
 //! (one wave of lanes), as fast as f16 or, for the 1536 × 8960 down projection, slower.
 //! Prefill (T = 512, 17920 × 1536): 22-24.5 TFLOP/s for every type, 26 for f16. At T = 32
 //! matvec (4 tokens per pass, dequantizing per token) takes 250-360 us (Q6_K 530) against
-//! 410-460 us for the tiled matmul at T = 33.
+//! 410-460 us for the tiled matmul at T = 33, and matvec_quant_batch 137-157 us (17920 × 1536,
+//! Q4_K / Q6_K, `bench_quant_batch`: W dequantized once per 8 tokens).
 
 use super::{
     check_operands, common_macros, glu_macros, out_binding, Input, LinearOpts, LinearShape, MatmulConfig, MATVEC_MAX_T,
@@ -380,6 +384,9 @@ pub fn linear_quant_in(
             matches!(input, Input::Plain) || super::fuses_input(s.t, s.k),
             "linear_quant: {input:?} cannot be fused at {s:?}"
         );
+        if opts.batch {
+            return matvec_quant_batch(gpu, x, input, w, bias, y, &s, opts);
+        }
         matvec_quant(
             gpu,
             x,
@@ -466,9 +473,9 @@ impl QMatvecConfig {
         // not Metal or GL, where naga always writes the polyfill (slower than the float path).
         // The staging (K elements a workgroup) pays off from 16 rows a workgroup on (measured on
         // the H100: 1.2-1.8x at 32 rows, 1.15-1.3x at 16, slower at 4).
-        // Passes of 4 tokens (a batch step, a short prompt) stage 4 rows of x a pass: worth it
-        // for Q6_K only (H100, `bench_quant_batch`, N = 17920, K = 1536 at 32 tokens: Q6_K 279
-        // us against 457 float, Q4_K 380 against 324).
+        // Passes of 4 tokens (a short prompt; batch steps run matvec_quant_batch) stage 4 rows
+        // of x a pass: worth it for Q6_K only (H100, `bench_quant_batch`, N = 17920, K = 1536 at
+        // 32 tokens: Q6_K 279 us against 457 float, Q4_K 380 against 324).
         // One token a pass: only rows that stage whole (chunked one-token DP4 ran at half the
         // float kernel's speed on Gemma 4's K = 21504 rows: `bench_quant`, W cold).
         let whole = |wg: u32| dp4_chunk(gpu, dtype, s.k, wg, 1) == Some((s.k / 32) as u32);
@@ -664,6 +671,64 @@ fn matvec_quant_routed(
     let (macros, z) = super::Route::apply(route, macros, &mut bindings, s.t);
     let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
     gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
+}
+
+/// Rows of W a workgroup of `wgsl/matvec_quant_batch.wgsl` takes (a subgroup's width, so that a
+/// subgroup's rows share their x loads), and tokens (RW · TB = 256 threads).
+const BATCH_RW: u32 = 32;
+const BATCH_TB: u32 = 8;
+
+/// Records a batch step's projection (`LinearOpts::batch`, up to [`MATVEC_MAX_T`] tokens) with
+/// `wgsl/matvec_quant_batch.wgsl`: each unit of W dequantized once for 8 tokens, the tokens' x in
+/// workgroup memory; a token's sums do not depend on the batch (its size, the token's row, the
+/// others).
+#[allow(clippy::too_many_arguments)]
+fn matvec_quant_batch(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    let units = s.k / unit_elems(w.dtype);
+    let macros = type_macros(glu_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), opts.glu), w.dtype)
+        .set("GB", if bias.is_some() { 6 } else { 5 })
+        .set("WG", BATCH_RW * BATCH_TB)
+        .set("RW", BATCH_RW)
+        .set("TB", BATCH_TB);
+    let params = gpu.uniform(
+        "matvec_quant_batch.params",
+        &[
+            s.n as u32,
+            units as u32,
+            s.t as u32,
+            s.ld_out as u32,
+            (s.k / 4) as u32,
+            w.planes[0],
+            w.planes[1],
+            (input.x_cols(s.k) / 4) as u32,
+            (s.k / 4) as u32,
+            input.eps().to_bits(),
+            0,
+            0,
+        ],
+    );
+    let mut bindings = vec![
+        w.buffer.as_entire_binding(),
+        w.buffer.as_entire_binding(),
+        x.binding(),
+        out_binding(gpu, y, s),
+        params.as_entire_binding(),
+    ];
+    if let Some(b) = bias {
+        bindings.push(b.binding());
+    }
+    bindings.extend(input.binding(s.k));
+    let [gx, gy, _] = grid((s.n as u32).div_ceil(BATCH_RW));
+    gpu.kernel("matvec_quant_batch", "main", &macros, &bindings, [gx, gy, (s.t as u32).div_ceil(BATCH_TB)])
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1092,8 +1157,86 @@ pub(crate) mod tests {
         }
     }
 
-    /// `LinearOpts::batch`: a token's row of y is bit for bit the same whether the pass has 1, 3,
-    /// 5 or 32 tokens (every type, plain and with the fused norm), and matches the CPU.
+    /// The batch step's kernel (`wgsl/matvec_quant_batch.wgsl`) against the CPU, every type: 1-32
+    /// tokens (token groups of 8 with a short last one), N not a multiple of the workgroup's rows,
+    /// K with a short last chunk (Q6_K and the 32-element types at the second K), each fused input
+    /// (plain, RMSNorm, gated activation), the GLU epilogue and bias / accumulation. Tolerances as
+    /// `quant_fused_inputs_match_cpu_ops` and `quant_glu_epilogue_matches_cpu`.
+    #[test]
+    fn batch_kernel_matches_cpu() {
+        use crate::model::config::Activation;
+        use crate::ops::elementwise;
+        let eps_f = f32::EPSILON / 2.0;
+        for gpu in gpu_variants() {
+            let mut seed = 11000;
+            for ty in TYPES {
+                // (tokens, input: 0 plain, 1 norm, 2 gated, GLU, bias, accumulate, which K)
+                for (t, kind, glu, with_bias, acc, ki) in [
+                    (1, 0, false, true, true, 0),
+                    (5, 1, true, false, false, 0),
+                    (13, 2, false, false, true, 1),
+                    (32, 1, false, true, false, 1),
+                    (9, 0, true, false, false, 1),
+                ] {
+                    seed += 10;
+                    let (n, k) = (2 * 37, ks(ty)[ki]);
+                    let act = Activation::SiluGated;
+                    let raw = random_blocks(ty, n, k, seed);
+                    let xv = random(t * k * if kind == 2 { 2 } else { 1 }, seed + 1, 1.0);
+                    let gv: Vec<f32> = random(k, seed + 4, 0.5).into_iter().map(|v| 1.0 + v).collect();
+                    let bv = random(n, seed + 2, 1.0);
+                    let cols = if glu { n / 2 } else { n };
+                    let y0 = random(t * cols, seed + 3, 1.0);
+                    let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+                    let x = gpu.upload_f32("x", &[t, xv.len() / t], &xv).unwrap();
+                    let g = gpu.upload_f32("g", &[k], &gv).unwrap();
+                    let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
+                    let y = gpu.upload_f32("y", &[t, cols], &y0).unwrap();
+                    let input = match kind {
+                        0 => Input::Plain,
+                        1 => Input::Norm { weight: &g, eps: 1e-6 },
+                        _ => Input::Gated(act),
+                    };
+                    let opts =
+                        LinearOpts { accumulate: acc, glu: glu.then_some(act), batch: true, ..Default::default() };
+                    let kern = linear_quant_in(&gpu, &x, input, &w, with_bias.then_some(&b), &y, opts).unwrap();
+                    gpu.run(&[&kern]).unwrap();
+                    let got = gpu.read_f32(&y).unwrap();
+                    // The projection's input, as the CPU ops make it.
+                    let mut xin = vec![0f32; t * k];
+                    match kind {
+                        0 => xin.copy_from_slice(&xv),
+                        1 => crate::ops::norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false),
+                        _ => elementwise::cpu::gated_act(&xv, &mut xin, k, act),
+                    }
+                    let bias = with_bias.then_some(&bv[..]);
+                    let what = format!("{ty} batch T={t} K={k} input={kind} glu={glu} bias={with_bias} acc={acc}");
+                    if glu {
+                        // The pair's sums (no bias / accumulation under GLU here), then act(g) · u.
+                        assert!(!with_bias && !acc);
+                        let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; t * n], false);
+                        if kind > 0 {
+                            let wf = to_f32(ty, &raw, n * k).unwrap();
+                            add_input_rounding(&mut tol, &xin, &wf, k, if kind == 2 { 16.0 } else { 8.0 } * eps_f);
+                        }
+                        let (want, tol) = glu_expected(&want, &tol, act);
+                        check(&got, &want, &tol, &what);
+                    } else {
+                        let (want, mut tol) = reference(&xin, ty, &raw, k, bias, &y0, acc);
+                        if kind > 0 {
+                            let wf = to_f32(ty, &raw, n * k).unwrap();
+                            add_input_rounding(&mut tol, &xin, &wf, k, if kind == 2 { 16.0 } else { 8.0 } * eps_f);
+                        }
+                        check(&got, &want, &tol, &what);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `LinearOpts::batch`: a token's row of y is bit for bit the same alone and in a batch of 3,
+    /// 5 or 32 tokens, in whatever row of it (every type, plain and with the fused norm), and
+    /// matches the CPU.
     #[test]
     fn batch_rows_do_not_depend_on_the_batch_size() {
         let gpu = gpu();
@@ -1107,23 +1250,29 @@ pub(crate) mod tests {
             let g = gpu.upload_f32("g", &[k], &gv).unwrap();
             for norm in [false, true] {
                 let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
-                let rows = |t: usize| {
-                    let x = gpu.upload_f32("x", &[t, k], &xv[..t * k]).unwrap();
+                let rows = |xs: &[f32], t: usize| {
+                    let x = gpu.upload_f32("x", &[t, k], xs).unwrap();
                     let y = gpu.empty("y", &[t, n], ElemType::F32).unwrap();
                     let opts = LinearOpts { batch: true, ..Default::default() };
                     let kern = linear_quant_in(&gpu, &x, input, &w, None, &y, opts).unwrap();
                     gpu.run(&[&kern]).unwrap();
                     gpu.read_f32(&y).unwrap()
                 };
-                let one = rows(1);
-                for t in [3, 5, 32] {
-                    let many = rows(t);
-                    let same = one.iter().zip(&many[..n]).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{ty} norm={norm}: token 0's row differs between a batch of 1 and of {t}");
+                // Every token alone, then in batches of 3, 5 and 32, and the 32 in reverse order
+                // (each token in another row, beside other tokens).
+                let alone: Vec<Vec<f32>> = (0..32).map(|j| rows(&xv[j * k..(j + 1) * k], 1)).collect();
+                let reversed: Vec<f32> = xv.chunks(k).rev().flatten().copied().collect();
+                for (t, rev) in [(3, false), (5, false), (32, false), (32, true)] {
+                    let many = rows(if rev { &reversed[..] } else { &xv[..t * k] }, t);
+                    for (j, row) in many.chunks(n).enumerate() {
+                        let tok = if rev { t - 1 - j } else { j };
+                        let same = alone[tok].iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{ty} norm={norm}: token {tok} in row {j} of a batch of {t} differs from alone");
+                    }
                 }
                 if !norm {
                     let (want, tol) = reference(&xv[..k], ty, &raw, k, None, &vec![0.0; n], false);
-                    check(&one, &want, &tol, &format!("{ty} batch of 1"));
+                    check(&alone[0], &want, &tol, &format!("{ty} batch of 1"));
                 }
             }
         }
@@ -1794,7 +1943,10 @@ pub(crate) mod tests {
                     }
                     let kern = matmul_quant(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
                     let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
-                    line += &format!(" matmul {:.1}us;", tm * 1e6);
+                    line += &format!(" matmul {:.1}us", tm * 1e6);
+                    let kern = matvec_quant_batch(&gpu, &x, Input::Plain, &w, None, &y, &s, opts).unwrap();
+                    let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                    line += &format!(" batch {:.1}us;", tm * 1e6);
                 }
                 eprintln!("{line}");
             }

@@ -1,0 +1,218 @@
+// matvec_quant_batch: y = x · Wᵀ (+ bias) (+ y) for a batch decode step (T <= 32 tokens, one per
+// sequence), with W in a GGUF / MLX quantized type (include/quant.wgsl). The one-token matvec
+// (matvec_quant.wgsl) dequantizes a unit of W for every token it meets; at 8-32 tokens that
+// arithmetic, not W's bytes, bounds it. Here a thread dequantizes its unit once (q_vals) and meets
+// it with the x of TB tokens (q_dot_v), x coming from workgroup memory as one broadcast load for
+// the 32 rows of a subgroup.
+//
+// Work split: a workgroup takes RW consecutive rows and TB consecutive tokens (grid z: token
+// groups of TB). Its WG threads are S = WG / RW k-slices of RW rows: thread (slice s, row r) =
+// local index s · RW + r, so a subgroup holds consecutive rows of one slice, which all read the
+// same x. The row is walked in chunks of S units (S · QU elements: whole super-blocks of the
+// k-quants); per chunk the workgroup stages each token's x for the chunk (the fused input applied:
+// include/linear_input.wgsl), then slice s meets unit s of the chunk of its row with every token.
+// At the end the S partial sums of an output are added in slice order through workgroup memory
+// and thread (token j = lid / RW, row r = lid % RW) stores it (RW · TB = WG).
+// Batch invariance: a token's sums are the same operations in the same order whatever T, its
+// place in the batch or the other tokens (tokens past T are skipped by uniform branches).
+// NORM: each token's r_t from its own square sum, WG / TB threads a token, added as a fixed tree.
+// Grid: (ceil(N / RW) row blocks, 2-D folded (gpu/kernel.rs), ceil(T / TB) token groups as z).
+#define WG 256
+#define RW 32
+#define TB 8
+#define GB 5
+
+#include "quant"
+
+struct Params {
+    n: u32,       // N, output rows
+    units: u32,   // units per row: K / QU
+    t: u32,       // T, tokens
+    ld_out: u32,  // row stride of y, in elements
+    xk: u32,      // K / 4
+    o1: u32,      // first word of plane 1
+    o2: u32,      // first word of plane 2
+    xs: u32,      // row stride of x, in vec4: K / 4 (GATED: K / 2)
+    half: u32,    // GATED: the up half's offset in x's row, in vec4 (K / 4)
+    eps: f32,     // NORM: the RMSNorm epsilon
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<storage, read> wv: array<vec4<u32>>;   // the planes (16-byte view)
+@group(0) @binding(1) var<storage, read> ww: array<u32>;         // the same buffer (word view)
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;    // (T, K) (GATED: (T, 2K))
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
+@group(0) @binding(4) var<uniform> p: Params;
+#ifdef BIAS
+@group(0) @binding(5) var<storage, read> bias: array<f32>;       // (N)
+#endif
+#ifdef NORM
+@group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
+#endif
+
+const S: u32 = {{WG}}u / {{RW}}u;   // k-slices
+const C4: u32 = S * QU / 4u;         // a token's chunk of x, in vec4
+
+// (TB, C4) the chunk of x as the weights meet it; reused for the slices' partial sums.
+var<workgroup> xs: array<vec4<f32>, {{TB}} * C4>;
+
+fn li_x(i: u32) -> vec4<f32> {
+    return x[i];
+}
+#ifdef NORM
+fn li_g(i: u32) -> vec4<f32> {
+    return g[i];
+}
+#endif
+#include "linear_input"
+
+fn qw4(i: u32) -> vec4<u32> {
+    return wv[i];
+}
+fn qw1(i: u32) -> u32 {
+    return ww[i];
+}
+// x of the staged chunk: q_x(u, j · C4) reads token j's values of chunk unit u.
+fn qx4(i: u32) -> vec4<f32> {
+    return xs[i];
+}
+fn q_planes() -> vec2<u32> {
+    return vec2<u32>(p.o1, p.o2);
+}
+
+#include "softcap"
+
+// Writes output `row` of token `t`.
+fn store(t: u32, row: u32, v: f32) {
+    var o = v;
+#ifdef BIAS
+    o += bias[row];
+#endif
+#ifdef SOFTCAP
+    o = softcap(o);
+#endif
+    let at = t * p.ld_out + row;
+#ifdef ACCUMULATE
+    o += y[at];
+#endif
+    y[at] = o;
+}
+
+#ifdef NORM
+const NL: u32 = {{RW}}u;   // threads per token for the square sums (RW · TB = WG)
+var<workgroup> nred: array<f32, {{WG}}>;
+
+// r_t of token lid / NL of the group (its row starting at vec4 `row`): the thread's own output
+// token; every thread calls it.
+fn norm_scale(row: u32, lid: u32) -> f32 {
+    let lane = lid % NL;
+    var s = 0.0;
+    for (var i = lane; i < p.xk; i += NL) {
+        let v = li_x(row + i);
+        s += dot(v, v);
+    }
+    nred[lid] = s;
+    workgroupBarrier();
+    for (var h = NL / 2u; h > 0u; h >>= 1u) {
+        if (lane < h) {
+            nred[lid] += nred[lid + h];
+        }
+        workgroupBarrier();
+    }
+    return inverseSqrt(nred[lid - lane] / f32(4u * p.xk) + p.eps);
+}
+#endif
+
+#ifdef GLU
+var<workgroup> pair: array<f32, {{WG}}>;
+#endif
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    // Q4_K and Q5_K read only the 16-byte view: a (never taken) use keeps the word view in the
+    // bind group layout for every type (p.n > 0).
+    if (p.n == 0u) {
+        y[0] = bitcast<f32>(ww[0]);
+    }
+    let r = lid % {{RW}}u;
+    let ks = lid / {{RW}}u;
+    let row0 = (wid.x + wid.y * nwg.x) * {{RW}}u;
+    let base = min(row0 + r, p.n - 1u) * p.units;
+    let t0 = wid.z * {{TB}}u;
+    let nt = min(p.t - t0, {{TB}}u);
+    let chunks = (p.units + S - 1u) / S;
+
+    var acc0 = vec4<f32>(0.0);   // tokens 0..3 of the group
+    var acc1 = vec4<f32>(0.0);   // tokens 4..7
+    for (var c = 0u; c < chunks; c++) {
+        if (c > 0u) {
+            // Every slice is done with the previous chunk.
+            workgroupBarrier();
+        }
+        // Stage the chunk: vec4 e = token j · C4 + i (tokens past T take the last token's row).
+        for (var e = lid; e < {{TB}}u * C4; e += {{WG}}u) {
+            let j = e / C4;
+            let k4 = c * C4 + e % C4;
+            if (k4 < p.xk) {
+                xs[e] = li_load((t0 + min(j, nt - 1u)) * p.xs, k4, p.half);
+            }
+        }
+        workgroupBarrier();
+        let u = c * S + ks;
+        if (u < p.units) {
+            let q = q_raw(base + u);
+            let w = q_vals(q);
+            acc0.x += q_dot_v(q, w, q_x(ks, 0u));
+            if (nt > 1u) {
+                acc0.y += q_dot_v(q, w, q_x(ks, C4));
+            }
+            if (nt > 2u) {
+                acc0.z += q_dot_v(q, w, q_x(ks, 2u * C4));
+            }
+            if (nt > 3u) {
+                acc0.w += q_dot_v(q, w, q_x(ks, 3u * C4));
+            }
+            if (nt > 4u) {
+                acc1.x += q_dot_v(q, w, q_x(ks, 4u * C4));
+            }
+            if (nt > 5u) {
+                acc1.y += q_dot_v(q, w, q_x(ks, 5u * C4));
+            }
+            if (nt > 6u) {
+                acc1.z += q_dot_v(q, w, q_x(ks, 6u * C4));
+            }
+            if (nt > 7u) {
+                acc1.w += q_dot_v(q, w, q_x(ks, 7u * C4));
+            }
+        }
+    }
+    workgroupBarrier();
+    xs[2u * lid] = acc0;
+    xs[2u * lid + 1u] = acc1;
+    workgroupBarrier();
+    // Output (token j, row r): the slices' sums in slice order.
+    let j = lid / {{RW}}u;
+    var sum = 0.0;
+    for (var s = 0u; s < S; s++) {
+        sum += xs[2u * (s * {{RW}}u + r) + j / 4u][j % 4u];
+    }
+#ifdef NORM
+    // The norm's scale last: the weights did not wait for its reduction.
+    sum *= norm_scale((t0 + min(lid / NL, nt - 1u)) * p.xs, lid);
+#endif
+    let row = row0 + r;
+#ifdef GLU
+    // Rows are (gate, up) pairs: the even row's thread stores act(gate) · up to column row / 2.
+    pair[lid] = sum;
+    workgroupBarrier();
+    if (j < nt && r % 2u == 0u && row < p.n) {
+        store(t0 + j, row / 2u, act(sum) * pair[lid + 1u]);
+    }
+#else
+    if (j < nt && row < p.n) {
+        store(t0 + j, row, sum);
+    }
+#endif
+}
