@@ -482,16 +482,21 @@ impl QMatvecConfig {
         let dp4 = 4 * wg / tpr >= 16
             && (if tok == 1 { whole(wg) } else { dtype == DType::Q6_K && dp4_fits(gpu, dtype, s.k, wg, tok) })
             && gpu.info.backend == wgpu::Backend::Vulkan;
-        // One-token Q6_K rows that stage whole: DP4 in 128-thread workgroups of 32-lane row groups
-        // whatever N (the float Q6_K path costs 2-3x its isolated time inside a step; H100, a
-        // Qwen2.5-1.5B Q4_K_M step: v (N = 256) 20.7 -> 14.7 us, down (K = 8960) 28.1 -> 23.1,
-        // the step 2177 -> 1969 us). Rows that would stage in chunks stay float (Gemma 4's
-        // K = 21504 down projections: chunked DP4 ran at half the float kernel's speed).
+        // One-token Q6_K and Q4_1 rows that stage whole: DP4 in 128-thread workgroups of 32-lane
+        // row groups whatever N (the float Q6_K path costs 2-3x its isolated time inside a step;
+        // H100, a Qwen2.5-1.5B Q4_K_M step: v (N = 256) 20.7 -> 14.7 us, down (K = 8960) 28.1 ->
+        // 23.1, the step 2177 -> 1969 us; SmolLM2-135M Q4_1: the step 1100 -> 945 us). Not Q4_K
+        // (the 1.5B step 1960 -> 2013 us, the 0.5B 1373 -> 1418: BENCHMARKS run 22). Rows that
+        // would stage in chunks stay float (Gemma 4's K = 21504 down projections: chunked DP4 ran
+        // at half the float kernel's speed).
         // (Both rules: 128 threads of 32-lane row groups, 16 rows a workgroup, where a row group
         // of 32 lanes covers whole subgroups.)
         let narrow = min_tpr <= 32;
-        let q6_whole =
-            tok == 1 && narrow && dtype == DType::Q6_K && gpu.info.backend == wgpu::Backend::Vulkan && whole(128);
+        let q6_whole = tok == 1
+            && narrow
+            && matches!(dtype, DType::Q6_K | DType::Q4_1)
+            && gpu.info.backend == wgpu::Backend::Vulkan
+            && whole(128);
         let dp4 = dp4 || q6_whole;
         // A vocabulary's rows (lm_head) with DP4 likewise (Gemma-4-31B's Q6_K lm_head, N = 262144,
         // K = 5376: 593 us with 256 threads against 519 in the step; Qwen2.5's, N = 151936,
