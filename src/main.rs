@@ -51,6 +51,9 @@ struct GpuArgs {
     /// Do not use subgroup operations even if available.
     #[arg(long)]
     no_subgroups: bool,
+    /// Do not use cooperative matrices (tensor cores) even if available.
+    #[arg(long)]
+    no_coop: bool,
     /// Dequantize every linear weight to f16 at load instead of keeping the checkpoint's
     /// quantized blocks on the GPU (more memory; for comparisons).
     #[arg(long, conflicts_with = "quantize")]
@@ -86,6 +89,7 @@ impl GpuArgs {
             adapter: self.adapter,
             disable_f16: self.no_f16,
             disable_subgroups: self.no_subgroups,
+            disable_coop: self.no_coop,
         })?)
     }
 }

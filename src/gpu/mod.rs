@@ -46,6 +46,8 @@ pub struct GpuOptions {
     pub disable_f16: bool,
     /// Do not use subgroup operations even where present (tests the fallback).
     pub disable_subgroups: bool,
+    /// Do not use cooperative matrices (tensor cores) even where present.
+    pub disable_coop: bool,
 }
 
 /// Optional capabilities in use on this device.
@@ -56,6 +58,9 @@ pub struct Caps {
     pub timestamps: bool,
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
+    /// Cooperative matrices (wgpu's experimental `wgpu_cooperative_matrix`) in the configuration
+    /// the tensor-core kernels use: 16 × 16 × 16, f16 inputs, f32 sums, subgroups of exactly 32.
+    pub coop: bool,
 }
 
 /// What `wgpu-llm devices` prints for one adapter.
@@ -186,7 +191,18 @@ impl Gpu {
         let f16 = have.contains(wgpu::Features::SHADER_F16) && !opts.disable_f16;
         let subgroups = have.contains(wgpu::Features::SUBGROUP) && !opts.disable_subgroups;
         let timestamps = have.contains(wgpu::Features::TIMESTAMP_QUERY);
+        let coop = f16
+            && subgroups
+            && !opts.disable_coop
+            && info.subgroup_min_size == 32
+            && info.subgroup_max_size == 32
+            && have.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            && adapter.cooperative_matrix_properties().iter().any(|c| {
+                use wgpu::CooperativeScalarType as S;
+                (c.m_size, c.n_size, c.k_size) == (16, 16, 16) && c.ab_type == S::F16 && c.cr_type == S::F32
+            });
         for (on, f) in [
+            (coop, wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
             (f16, wgpu::Features::SHADER_F16),
             (subgroups, wgpu::Features::SUBGROUP),
             (timestamps, wgpu::Features::TIMESTAMP_QUERY),
@@ -204,7 +220,13 @@ impl Gpu {
             label: Some("wgpu-llm"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            // SAFETY: the experimental feature is requested only with `coop` (cooperative matrices,
+            // used by the `*_coop` kernels alone); wgpu warns its implementation may have bugs.
+            experimental_features: if coop {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -223,6 +245,7 @@ impl Gpu {
             timestamps,
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
+            coop,
         };
         Ok(Gpu { device, queue, info, limits, caps, pipelines: Arc::new(PipelineCache::default()), failure })
     }
@@ -238,6 +261,7 @@ impl Gpu {
         let mut g = self.clone();
         g.caps.f16 &= f16;
         g.caps.subgroups &= subgroups;
+        g.caps.coop &= f16 && subgroups;
         g
     }
 

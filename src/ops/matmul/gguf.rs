@@ -15,7 +15,10 @@
 //!   `wgsl/matvec_quant_batch.wgsl`: each unit of W dequantized once (`q_vals`) and met with the x
 //!   of 8 tokens staged in workgroup memory, so that a token's sums do not depend on the batch;
 //! - more tokens, `wgsl/matmul_quant.wgsl`: the f16 matmul's tiling, with W's tiles dequantized
-//!   into workgroup memory as f32 (bit-identical to [`crate::dtype::to_f32`]).
+//!   into workgroup memory as f32 (bit-identical to [`crate::dtype::to_f32`]); where the device
+//!   has 16 × 16 cooperative matrices (`Caps::coop`: the H100 on Vulkan), `wgsl/matmul_quant_coop.wgsl`
+//!   on the tensor cores instead (x and W's values met as f16, f32 sums; 2.3x the f32 matmul's
+//!   prefill on Qwen2.5-1.5B, BENCHMARKS.md run 27).
 //!
 //! The dequantization lives in `wgsl/include/quant*.wgsl` (one file per type, shared by any kernel
 //! that reads quantized rows). Its CPU twin is [`cpu::linear_quant`] (dequantizes with `to_f32`).
@@ -401,6 +404,9 @@ pub fn linear_quant_in(
     } else {
         assert!(matches!(input, Input::Plain), "linear_quant: {input:?} cannot be fused into the matmul ({s:?})");
         assert!(opts.glu.is_none(), "linear_quant: GLU is a matvec epilogue, not the matmul's ({s:?})");
+        if gpu.caps.coop {
+            return matmul_quant_coop(gpu, x, w, bias, y, &s, opts);
+        }
         matmul_quant(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
     }
 }
@@ -736,6 +742,53 @@ fn matvec_quant_batch(
     gpu.kernel("matvec_quant_batch", "main", &macros, &bindings, [gx, gy, (s.t as u32).div_ceil(BATCH_TB)])
 }
 
+/// Records the matmul on cooperative matrices (`wgsl/matmul_quant_coop.wgsl`: tensor cores,
+/// x and W's values met as f16, f32 sums) where the device has them (`Caps::coop`).
+fn matmul_quant_coop(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    matmul_quant_coop_flags(gpu, x, w, bias, y, s, opts, &[])
+}
+
+/// [`matmul_quant_coop`] with extra flags (the measurement probes of the tests).
+#[allow(clippy::too_many_arguments)]
+fn matmul_quant_coop_flags(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+    flags: &[&str],
+) -> Result<Kernel> {
+    assert!(gpu.caps.coop, "matmul_quant_coop on a device without cooperative matrices");
+    let macros = flags.iter().fold(type_macros(common_macros(gpu, bias.is_some(), &opts), w.dtype), |m, f| m.flag(f));
+    let bpr = s.k / kernel_block(w.dtype);
+    let params = gpu.uniform(
+        "matmul_quant_coop.params",
+        &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32, w.planes[0], w.planes[1], bpr as u32, 0],
+    );
+    let mut bindings = vec![
+        w.buffer.as_entire_binding(),
+        w.buffer.as_entire_binding(),
+        x.binding(),
+        out_binding(gpu, y, s),
+        params.as_entire_binding(),
+    ];
+    if let Some(b) = bias {
+        bindings.push(b.binding());
+    }
+    let groups = [(s.n as u32).div_ceil(64), (s.t as u32).div_ceil(128), 1];
+    gpu.kernel("matmul_quant_coop", "main", &macros, &bindings, groups)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn matmul_quant(
     gpu: &Gpu,
@@ -791,6 +844,28 @@ pub mod cpu {
             .ok_or_else(|| crate::error::Error::Mismatch(format!("K = {k} is not a whole number of {dtype} blocks")))?;
         let w = to_f32(dtype, raw, raw.len() / row * k)?;
         super::super::cpu::linear(x, &w, k, bias, y, accumulate);
+        Ok(())
+    }
+
+    /// [`linear_quant`] as the tensor-core matmul computes it (wgsl/matmul_quant_coop.wgsl): x
+    /// and W's dequantized values rounded to f16 (nearest even) before they meet; sums in f64.
+    pub fn linear_quant_f16(
+        x: &[f32],
+        dtype: DType,
+        raw: &[u8],
+        k: usize,
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        accumulate: bool,
+    ) -> Result<()> {
+        let row = dtype
+            .byte_size(k)
+            .filter(|&r| r > 0)
+            .ok_or_else(|| crate::error::Error::Mismatch(format!("K = {k} is not a whole number of {dtype} blocks")))?;
+        let h = |v: f32| half::f16::from_f32(v).to_f32();
+        let w: Vec<f32> = to_f32(dtype, raw, raw.len() / row * k)?.into_iter().map(h).collect();
+        let xh: Vec<f32> = x.iter().map(|&v| h(v)).collect();
+        super::super::cpu::linear(&xh, &w, k, bias, y, accumulate);
         Ok(())
     }
 
@@ -1158,6 +1233,52 @@ pub(crate) mod tests {
                     let what = format!("{ty} {input:?} T={t} K={k} f16={} sg={}", gpu.caps.f16, gpu.caps.subgroups);
                     check(&got, &want, &tol, &what);
                 }
+            }
+        }
+    }
+
+    /// The tensor-core matmul (`wgsl/matmul_quant_coop.wgsl`) against its CPU twin
+    /// (`cpu::linear_quant_f16`: x and W's values rounded to f16), every type, tails in T and N,
+    /// bias and accumulation. Tolerance: the products of f16 values are exact in f32; each of the
+    /// tensor cores' f32 additions errs by at most an ulp of a partial sum (rounding or
+    /// truncation), so K · 2^-23 · S with S = Σ_k |x_k w_k| + |bias| + |y_old| bounds the error
+    /// (K = 1536: 1.8e-4 · S, against a term's typical 0.25: a dropped, doubled or misplaced term
+    /// fails). Needs cooperative matrices: lavapipe has none, so this runs on such a GPU (the H100:
+    /// BENCHMARKS.md) and fails anywhere else rather than pass having checked nothing.
+    #[test]
+    #[ignore = "needs cooperative matrices (tensor cores): cargo test --release --lib coop_matmul_matches_cpu -- --ignored"]
+    fn coop_matmul_matches_cpu() {
+        let gpu = gpu();
+        assert!(gpu.caps.coop, "{} has no cooperative matrices of 16 x 16 x 16 f16 -> f32", gpu.info.name);
+        let mut seed = 13000;
+        for ty in TYPES {
+            for (t, n, with_bias, acc) in [(33, 70, true, false), (130, 150, false, true), (64, 64, false, false)] {
+                seed += 10;
+                let k = ks(ty)[0];
+                let raw = random_blocks(ty, n, k, seed);
+                let xv = random(t * k, seed + 1, 1.0);
+                let bv = random(n, seed + 2, 1.0);
+                let y0 = random(t * n, seed + 3, 1.0);
+                let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+                let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
+                let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
+                let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
+                let bias = with_bias.then_some(&b);
+                let opts = LinearOpts { accumulate: acc, ..Default::default() };
+                let s = check_operands("test", &x, n, k, bias, &y, opts);
+                let kern = matmul_quant_coop(&gpu, &x, &w, bias, &y, &s, opts).unwrap();
+                gpu.run(&[&kern]).unwrap();
+                let got = gpu.read_f32(&y).unwrap();
+                let mut want = y0.clone();
+                let bias_v = with_bias.then_some(&bv[..]);
+                cpu::linear_quant_f16(&xv, ty, &raw, k, bias_v, &mut want, acc).unwrap();
+                let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+                let mut mag = abs(&y0);
+                let ab = bias_v.map(abs);
+                let m = magnitudes(ty, &raw, n * k);
+                super::super::cpu::linear(&abs(&xv), &m, k, ab.as_deref(), &mut mag, acc);
+                let tol: Vec<f32> = mag.iter().map(|s| k as f32 * f32::EPSILON * s).collect();
+                check(&got, &want, &tol, &format!("{ty} coop T={t} N={n} K={k} bias={with_bias} acc={acc}"));
             }
         }
     }
@@ -1816,7 +1937,9 @@ pub(crate) mod tests {
             gpu.info.name, gpu.caps.f16, gpu.caps.subgroups, gpu.caps.subgroup_max_size
         );
         let opts = LinearOpts::default();
-        for &ty in &types {
+        // QBENCH=prefill: only the few/many-token part below.
+        let matvecs = !std::env::var("QBENCH").is_ok_and(|v| v == "prefill");
+        for &ty in types.iter().filter(|_| matvecs) {
             for &(n, k) in shapes {
                 let raw = random_blocks(ty, n, k, 2);
                 // W cold, as in a decode step: copies rotated over > 100 MB (the H100's L2 holds
@@ -1874,7 +1997,7 @@ pub(crate) mod tests {
             }
         }
         // The same shapes in f16 (the path this replaces).
-        for &(n, k) in shapes {
+        for &(n, k) in shapes.iter().filter(|_| matvecs) {
             let wh: Vec<half::f16> = random(n * k, 2, 1.0).into_iter().map(f16::from_f32).collect();
             let w = gpu.upload_f16("w", &[n, k], &wh).unwrap();
             let x = gpu.upload_f32("x", &[1, k], &random(k, 1, 1.0)).unwrap();
@@ -1898,7 +2021,15 @@ pub(crate) mod tests {
                 let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
                 let kern = linear_quant(&gpu, &x, &w, None, &y, opts).unwrap();
                 let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
-                line += &format!(" T={t} {:.1}us {:.2}TFLOP/s;", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
+                line += &format!(" T={t} {:.1}us {:.2}TFLOP/s", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
+                if gpu.caps.coop && t > MATVEC_MAX_T {
+                    // (the auto pick above is the tensor-core matmul: the f32 one beside it)
+                    let s = check_operands("bench", &x, n, k, None, &y, opts);
+                    let kern = matmul_quant(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
+                    let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                    line += &format!(" (f32 matmul {:.1}us)", tm * 1e6);
+                }
+                line += ";";
             }
             eprintln!("{line}");
         }
@@ -1913,6 +2044,38 @@ pub(crate) mod tests {
             line += &format!(" T={t} {:.1}us {:.2}TFLOP/s;", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
         }
         eprintln!("{line}");
+    }
+
+    /// The tensor-core matmul's time and where it goes: with the W loads, the x loads or the
+    /// tensor-core ops left out (PROBE_NOW / NOX / NOMMA), against the f32 matmul, Q4_K 17920 × 1536
+    /// at 33, 128 and 512 tokens.
+    #[test]
+    #[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::bench_coop -- --exact --ignored --nocapture"]
+    fn bench_coop() {
+        let gpu = gpu();
+        assert!(gpu.caps.coop, "{} has no cooperative matrices", gpu.info.name);
+        let (n, k) = (17920usize, 1536usize);
+        for ty in bench_types(&[DType::Q4_K]) {
+            let w = QuantWeight::new(&gpu, "w", ty, [n, k], &random_blocks(ty, n, k, 2)).unwrap();
+            for t in [33usize, 128, 512] {
+                let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
+                let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
+                let opts = LinearOpts::default();
+                let s = check_operands("bench", &x, n, k, None, &y, opts);
+                let mut line = format!("coop {ty} N={n} K={k} T={t}:");
+                let kern = matmul_quant(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
+                let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                line += &format!(" f32 {:.1}us", tm * 1e6);
+                for probe in ["", "PROBE_NOW", "PROBE_NOX", "PROBE_NOMMA"] {
+                    let flags: Vec<&str> = if probe.is_empty() { vec![] } else { vec![probe] };
+                    let kern = matmul_quant_coop_flags(&gpu, &x, &w, None, &y, &s, opts, &flags).unwrap();
+                    let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                    let what = if probe.is_empty() { "coop" } else { probe };
+                    line += &format!(" {what} {:.1}us {:.1}TFLOP/s", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
+                }
+                eprintln!("{line}");
+            }
+        }
     }
 
     /// The batch step's matvec (`LinearOpts::batch`: passes of 4 tokens at every batch size)
