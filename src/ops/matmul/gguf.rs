@@ -2047,15 +2047,17 @@ pub(crate) mod tests {
     }
 
     /// The tensor-core matmul's time and where it goes: with the W loads, the x loads or the
-    /// tensor-core ops left out (PROBE_NOW / NOX / NOMMA), against the f32 matmul, Q4_K 17920 × 1536
-    /// at 33, 128 and 512 tokens.
+    /// tensor-core ops left out (PROBE_NOW / NOX / NOMMA), against the f32 matmul, at 33, 128 and
+    /// 512 tokens (QSHAPES, QTYPES; default Q4_K 17920 × 1536).
     #[test]
     #[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::bench_coop -- --exact --ignored --nocapture"]
     fn bench_coop() {
         let gpu = gpu();
         assert!(gpu.caps.coop, "{} has no cooperative matrices", gpu.info.name);
-        let (n, k) = (17920usize, 1536usize);
-        for ty in bench_types(&[DType::Q4_K]) {
+        for (ty, (n, k)) in bench_types(&[DType::Q4_K])
+            .into_iter()
+            .flat_map(|ty| bench_shapes().unwrap_or(vec![(17920, 1536)]).into_iter().map(move |nk| (ty, nk)))
+        {
             let w = QuantWeight::new(&gpu, "w", ty, [n, k], &random_blocks(ty, n, k, 2)).unwrap();
             for t in [33usize, 128, 512] {
                 let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
