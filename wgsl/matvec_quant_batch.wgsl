@@ -7,15 +7,17 @@
 //
 // Work split: a workgroup takes RW consecutive rows and TB consecutive tokens (grid z: token
 // groups of TB). Its WG threads are S = WG / RW k-slices of RW rows: thread (slice s, row r) =
-// local index s · RW + r, so a subgroup holds consecutive rows of one slice, which all read the
-// same x. The row is walked in chunks of S units (S · QU elements: whole super-blocks of the
+// local index s · RW + r, so a subgroup holds consecutive rows of one slice (or of 2 where RW =
+// 16), which all read the same x. The row is walked in chunks of S units (S · QU elements: whole super-blocks of the
 // k-quants); per chunk the workgroup stages each token's x for the chunk (the fused input applied:
 // include/linear_input.wgsl), then slice s meets unit s of the chunk of its row with every token.
 // At the end the S partial sums of an output are added in slice order through workgroup memory
 // and thread (token j = lid / RW, row r = lid % RW) stores it (RW · TB = WG).
 // Batch invariance: a token's sums are the same operations in the same order whatever T, its
 // place in the batch or the other tokens (tokens past T are skipped by uniform branches).
-// NORM: each token's r_t from its own square sum, WG / TB threads a token, added as a fixed tree.
+// NORM: each token's r_t from its own square sum, 32 threads a token, added as a fixed tree.
+// RW (32 or 16: the host takes fewer rows a workgroup where the grid would be small) changes
+// no sum: the k-slices are TB = WG / RW whatever RW, and the norm's lanes are fixed.
 // Grid: (ceil(N / RW) row blocks, 2-D folded (gpu/kernel.rs), ceil(T / TB) token groups as z).
 #define WG 256
 #define RW 32
@@ -100,27 +102,36 @@ fn store(t: u32, row: u32, v: f32) {
 }
 
 #ifdef NORM
-const NL: u32 = {{RW}}u;   // threads per token for the square sums (RW · TB = WG)
+const NL: u32 = 32u;   // threads per token for the square sums, whatever RW
 var<workgroup> nred: array<f32, {{WG}}>;
+var<workgroup> nsc: array<f32, {{TB}}>;   // (TB) each token's r_t
 
-// r_t of token lid / NL of the group (its row starting at vec4 `row`): the thread's own output
-// token; every thread calls it.
-fn norm_scale(row: u32, lid: u32) -> f32 {
+// r_t of the group's tokens (from t0; nt of them, the others repeat the last) into nsc: WG / NL
+// tokens a round, NL lanes a token in a fixed tree, so r_t is the same whatever RW. Every thread
+// calls it.
+fn norm_scales(t0: u32, nt: u32, lid: u32) {
     let lane = lid % NL;
-    var s = 0.0;
-    for (var i = lane; i < p.xk; i += NL) {
-        let v = li_x(row + i);
-        s += dot(v, v);
-    }
-    nred[lid] = s;
-    workgroupBarrier();
-    for (var h = NL / 2u; h > 0u; h >>= 1u) {
-        if (lane < h) {
-            nred[lid] += nred[lid + h];
+    for (var j0 = 0u; j0 < {{TB}}u; j0 += {{WG}}u / NL) {
+        let j = j0 + lid / NL;
+        let row = (t0 + min(j, nt - 1u)) * p.xs;
+        var s = 0.0;
+        for (var i = lane; i < p.xk; i += NL) {
+            let v = li_x(row + i);
+            s += dot(v, v);
+        }
+        nred[lid] = s;
+        workgroupBarrier();
+        for (var h = NL / 2u; h > 0u; h >>= 1u) {
+            if (lane < h) {
+                nred[lid] += nred[lid + h];
+            }
+            workgroupBarrier();
+        }
+        if (lane == 0u) {
+            nsc[j] = inverseSqrt(nred[lid] / f32(4u * p.xk) + p.eps);
         }
         workgroupBarrier();
     }
-    return inverseSqrt(nred[lid - lane] / f32(4u * p.xk) + p.eps);
 }
 #endif
 
@@ -200,7 +211,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 #ifdef NORM
     // The norm's scale last: the weights did not wait for its reduction.
-    sum *= norm_scale((t0 + min(lid / NL, nt - 1u)) * p.xs, lid);
+    norm_scales(t0, nt, lid);
+    sum *= nsc[j];
 #endif
     let row = row0 + r;
 #ifdef GLU

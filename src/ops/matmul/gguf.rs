@@ -388,7 +388,7 @@ pub fn linear_quant_in(
             "linear_quant: {input:?} cannot be fused at {s:?}"
         );
         if opts.batch {
-            return matvec_quant_batch(gpu, x, input, w, bias, y, &s, opts);
+            return matvec_quant_batch(gpu, x, input, w, bias, y, &s, opts, batch_rows(s.n, s.t));
         }
         matvec_quant(
             gpu,
@@ -684,10 +684,22 @@ fn matvec_quant_routed(
     gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
 }
 
-/// Rows of W a workgroup of `wgsl/matvec_quant_batch.wgsl` takes (a subgroup's width, so that a
-/// subgroup's rows share their x loads), and tokens (RW · TB = 256 threads).
-const BATCH_RW: u32 = 32;
+/// Tokens a workgroup of `wgsl/matvec_quant_batch.wgsl` takes (the grid's z: groups of them).
 const BATCH_TB: u32 = 8;
+
+/// Rows of W a workgroup of `wgsl/matvec_quant_batch.wgsl` takes (its threads: RW · TB): 32 (a
+/// subgroup's width on NVIDIA: a subgroup's rows share their x loads), or 16 where the grid would
+/// have fewer than 264 workgroups (two an SM on the H100; `bench_quant_batch`, N = 1536 and 2048 at
+/// 1-32 tokens: 16 rows 5-30 % faster than 32, and than 8 for Q6_K). The sums are the same
+/// whatever RW, so the choice may depend on T.
+fn batch_rows(n: usize, t: usize) -> u32 {
+    let groups = (t as u32).div_ceil(BATCH_TB);
+    if (n as u32).div_ceil(32) * groups >= 264 {
+        32
+    } else {
+        16
+    }
+}
 
 /// Records a batch step's projection (`LinearOpts::batch`, up to [`MATVEC_MAX_T`] tokens) with
 /// `wgsl/matvec_quant_batch.wgsl`: each unit of W dequantized once for 8 tokens, the tokens' x in
@@ -703,12 +715,14 @@ fn matvec_quant_batch(
     y: &Tensor,
     s: &LinearShape,
     opts: LinearOpts,
+    rw: u32,
 ) -> Result<Kernel> {
+    assert!(matches!(rw, 16 | 32), "matvec_quant_batch: {rw} rows a workgroup");
     let units = s.k / unit_elems(w.dtype);
     let macros = type_macros(glu_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), opts.glu), w.dtype)
         .set("GB", if bias.is_some() { 6 } else { 5 })
-        .set("WG", BATCH_RW * BATCH_TB)
-        .set("RW", BATCH_RW)
+        .set("WG", rw * BATCH_TB)
+        .set("RW", rw)
         .set("TB", BATCH_TB);
     let params = gpu.uniform(
         "matvec_quant_batch.params",
@@ -738,7 +752,7 @@ fn matvec_quant_batch(
         bindings.push(b.binding());
     }
     bindings.extend(input.binding(s.k));
-    let [gx, gy, _] = grid((s.n as u32).div_ceil(BATCH_RW));
+    let [gx, gy, _] = grid((s.n as u32).div_ceil(rw));
     gpu.kernel("matvec_quant_batch", "main", &macros, &bindings, [gx, gy, (s.t as u32).div_ceil(BATCH_TB)])
 }
 
@@ -1361,8 +1375,8 @@ pub(crate) mod tests {
     }
 
     /// `LinearOpts::batch`: a token's row of y is bit for bit the same alone and in a batch of 3,
-    /// 5 or 32 tokens, in whatever row of it (every type, plain and with the fused norm), and
-    /// matches the CPU.
+    /// 5, 13 or 32 tokens, in whatever row of it, with 16 or 32 rows a workgroup (every type,
+    /// plain and with the fused norm), and matches the CPU.
     #[test]
     fn batch_rows_do_not_depend_on_the_batch_size() {
         let gpu = gpu();
@@ -1376,24 +1390,41 @@ pub(crate) mod tests {
             let g = gpu.upload_f32("g", &[k], &gv).unwrap();
             for norm in [false, true] {
                 let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
-                let rows = |xs: &[f32], t: usize| {
+                // (rw: the batch kernel's rows a workgroup, forced; None: as linear_quant picks)
+                let rows = |xs: &[f32], t: usize, rw: Option<u32>| {
                     let x = gpu.upload_f32("x", &[t, k], xs).unwrap();
                     let y = gpu.empty("y", &[t, n], ElemType::F32).unwrap();
                     let opts = LinearOpts { batch: true, ..Default::default() };
-                    let kern = linear_quant_in(&gpu, &x, input, &w, None, &y, opts).unwrap();
-                    gpu.run(&[&kern]).unwrap();
+                    let kern = match rw {
+                        None => linear_quant_in(&gpu, &x, input, &w, None, &y, opts),
+                        Some(rw) => {
+                            let s = check_operands("test", &x, n, k, None, &y, opts);
+                            matvec_quant_batch(&gpu, &x, input, &w, None, &y, &s, opts, rw)
+                        }
+                    };
+                    gpu.run(&[&kern.unwrap()]).unwrap();
                     gpu.read_f32(&y).unwrap()
                 };
-                // Every token alone, then in batches of 3, 5 and 32, and the 32 in reverse order
-                // (each token in another row, beside other tokens).
-                let alone: Vec<Vec<f32>> = (0..32).map(|j| rows(&xv[j * k..(j + 1) * k], 1)).collect();
+                // Every token alone, then in batches of 3, 5, 13 and 32, the 32 also in reverse
+                // order (each token in another row, beside other tokens), with each workgroup
+                // height.
+                let alone: Vec<Vec<f32>> = (0..32).map(|j| rows(&xv[j * k..(j + 1) * k], 1, None)).collect();
                 let reversed: Vec<f32> = xv.chunks(k).rev().flatten().copied().collect();
-                for (t, rev) in [(3, false), (5, false), (32, false), (32, true)] {
-                    let many = rows(if rev { &reversed[..] } else { &xv[..t * k] }, t);
+                for (t, rev, rw) in [
+                    (3, false, None),
+                    (5, false, Some(32)),
+                    (13, false, Some(16)),
+                    (32, false, None),
+                    (32, true, Some(32)),
+                ] {
+                    let many = rows(if rev { &reversed[..] } else { &xv[..t * k] }, t, rw);
                     for (j, row) in many.chunks(n).enumerate() {
                         let tok = if rev { t - 1 - j } else { j };
                         let same = alone[tok].iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(same, "{ty} norm={norm}: token {tok} in row {j} of a batch of {t} differs from alone");
+                        assert!(
+                            same,
+                            "{ty} norm={norm} rw={rw:?}: token {tok} in row {j} of a batch of {t} differs from alone"
+                        );
                     }
                 }
                 if !norm {
@@ -2114,9 +2145,13 @@ pub(crate) mod tests {
                     let kern = matmul_quant(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
                     let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
                     line += &format!(" matmul {:.1}us", tm * 1e6);
-                    let kern = matvec_quant_batch(&gpu, &x, Input::Plain, &w, None, &y, &s, opts).unwrap();
-                    let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
-                    line += &format!(" batch {:.1}us;", tm * 1e6);
+                    for rw in [32, 16] {
+                        let kern = matvec_quant_batch(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, rw).unwrap();
+                        let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                        let auto = if rw == batch_rows(n, t) { "*" } else { "" };
+                        line += &format!(" batch rw {rw}{auto} {:.1}us", tm * 1e6);
+                    }
+                    line += ";";
                 }
                 eprintln!("{line}");
             }
