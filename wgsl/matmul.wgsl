@@ -47,27 +47,15 @@ const WS4: u32 = BN / 4u + 1u;          // padded k-row of ws, in vec4
 var<workgroup> xs: array<vec4<f32>, {{BK}} * (4 * {{TILE}} + 1)>;  // [k][m / 4], k-major
 var<workgroup> ws: array<vec4<f32>, {{BK}} * (4 * {{TILE}} + 1)>;  // [k][n / 4], k-major
 
-// Stores the 4 outputs of row m from column c.
+// Stores the 4 outputs of row m from column c (those inside T and N).
 
 fn store4(m: u32, c: u32, v: vec4<f32>) {
     if (m >= p.t) {
         return;
     }
     for (var j = 0u; j < 4u; j++) {
-        let n = c + j;
-        if (n < p.n) {
-            var o = v[j];
-#ifdef BIAS
-            o += bias[n];
-#endif
-#ifdef SOFTCAP
-            o = softcap(o);
-#endif
-            let at = m * p.ld_out + n;
-#ifdef ACCUMULATE
-            o += y[at];
-#endif
-            y[at] = o;
+        if (c + j < p.n) {
+            store(m, c + j, v[j]);
         }
     }
 }
@@ -113,7 +101,7 @@ fn store_w(lid: u32, s: u32, v: vec2<f32>) {
     ws[at + WS4][rq.x % 4u] = v.y;
 }
 
-#include "softcap"
+#include "linear_store"
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,

@@ -68,26 +68,7 @@ var<workgroup> xa: array<f16, BM * LDA>;    // (BM, BK) x's slice, row-major (A)
 var<workgroup> wb: array<f16, BN * LDA>;    // (BN, BK) W's slice: B (BK × BN) column-major
 var<workgroup> ep: array<f32, 8u * 256u>;   // (8, 16, 16) each subgroup's tile on its way out
 
-#include "softcap"
-
-// Stores output (token m, column n).
-fn store(m: u32, n: u32, v: f32) {
-    if (m >= p.t || n >= p.n) {
-        return;
-    }
-    var o = v;
-#ifdef BIAS
-    o += bias[n];
-#endif
-#ifdef SOFTCAP
-    o = softcap(o);
-#endif
-    let at = m * p.ld_out + n;
-#ifdef ACCUMULATE
-    o += y[at];
-#endif
-    y[at] = o;
-}
+#include "linear_store"
 
 // Run e of a slice (4 consecutive k of one row; BK / 4 runs a row): (row, k-run).
 fn run_pos(e: u32) -> vec2<u32> {
@@ -144,12 +125,14 @@ fn put_w(e: u32, v: vec4<f32>) {
     wb[at + 3u] = h.w;
 }
 
-// One accumulator tile of subgroup s out: rows from m, columns from n of y.
+// One accumulator tile of subgroup s out: rows from m, columns from n of y (those inside T, N).
 fn emit(c: coop_mat16x16<f32, C>, s: u32, lane: u32, m: u32, n: u32) {
     coopStoreT(c, &ep[s * 256u], 16u);
     workgroupBarrier();
     for (var i = lane; i < 256u; i += 32u) {
-        store(m + i / 16u, n + i % 16u, ep[s * 256u + i]);
+        if (m + i / 16u < p.t && n + i % 16u < p.n) {
+            store(m + i / 16u, n + i % 16u, ep[s * 256u + i]);
+        }
     }
     workgroupBarrier();
 }

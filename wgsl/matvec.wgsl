@@ -137,23 +137,7 @@ fn dot4(u0: WF, u1: WF, u2: WF, u3: WF, row: u32, o: u32) -> vec4<f32> {
     return vec4<f32>(dot_x(u0, row, o), dot_x(u1, row, o), dot_x(u2, row, o), dot_x(u3, row, o));
 }
 
-#include "softcap"
-
-// Writes output `row` of token `t`.
-fn store(t: u32, row: u32, v: f32) {
-    var o = v;
-#ifdef BIAS
-    o += bias[row];
-#endif
-#ifdef SOFTCAP
-    o = softcap(o);
-#endif
-    let at = t * p.ld_out + row;
-#ifdef ACCUMULATE
-    o += y[at];
-#endif
-    y[at] = o;
-}
+#include "linear_store"
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -295,23 +295,7 @@ fn dot4(r0: QRaw, r1: QRaw, r2: QRaw, r3: QRaw, u: u32, xr: u32) -> vec4<f32> {
 #endif
 }
 
-#include "softcap"
-
-// Writes output `row` of token `t`.
-fn store(t: u32, row: u32, v: f32) {
-    var o = v;
-#ifdef BIAS
-    o += bias[row];
-#endif
-#ifdef SOFTCAP
-    o = softcap(o);
-#endif
-    let at = t * p.ld_out + row;
-#ifdef ACCUMULATE
-    o += y[at];
-#endif
-    y[at] = o;
-}
+#include "linear_store"
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -34,11 +34,11 @@ struct Params {
     xk: u32,      // K / 4
     o1: u32,      // first word of plane 1
     o2: u32,      // first word of plane 2
+    _experts: u32, // (matvec_quant.wgsl's routing: unused here, the uniform is the same)
     xs: u32,      // row stride of x, in vec4: K / 4 (GATED: K / 2)
     half: u32,    // GATED: the up half's offset in x's row, in vec4 (K / 4)
     eps: f32,     // NORM: the RMSNorm epsilon
-    _p0: u32,
-    _p1: u32,
+    _spr: u32,
 }
 
 @group(0) @binding(0) var<storage, read> wv: array<vec4<u32>>;   // the planes (16-byte view)
@@ -83,23 +83,7 @@ fn q_planes() -> vec2<u32> {
     return vec2<u32>(p.o1, p.o2);
 }
 
-#include "softcap"
-
-// Writes output `row` of token `t`.
-fn store(t: u32, row: u32, v: f32) {
-    var o = v;
-#ifdef BIAS
-    o += bias[row];
-#endif
-#ifdef SOFTCAP
-    o = softcap(o);
-#endif
-    let at = t * p.ld_out + row;
-#ifdef ACCUMULATE
-    o += y[at];
-#endif
-    y[at] = o;
-}
+#include "linear_store"
 
 #ifdef NORM
 const NL: u32 = 32u;   // threads per token for the square sums, whatever RW

@@ -366,7 +366,7 @@ pub fn moe_combine(
 }
 
 pub mod cpu {
-    use crate::dtype::{to_f32, DType};
+    use crate::dtype::DType;
     use crate::error::Result;
     use crate::model::config::Activation;
     use crate::ops::elementwise::cpu::{gelu_tanh, silu};
@@ -466,7 +466,7 @@ pub mod cpu {
     }
 
     /// [`linear_experts`] over a quantized stack: `raw` the file's bytes of `[E·N, K]` in `dtype`,
-    /// dequantized with [`to_f32`].
+    /// dequantized with `to_f32` (`gguf::cpu::dequantize_rows`).
     #[allow(clippy::too_many_arguments)]
     pub fn linear_experts_quant(
         x: &[f32],
@@ -480,11 +480,7 @@ pub mod cpu {
         y: &mut [f32],
         accumulate: bool,
     ) -> Result<()> {
-        let row = dtype
-            .byte_size(k)
-            .filter(|&r| r > 0)
-            .ok_or_else(|| crate::error::Error::Mismatch(format!("K = {k} is not a whole number of {dtype} blocks")))?;
-        let w = to_f32(dtype, raw, raw.len() / row * k)?;
+        let w = crate::ops::matmul::gguf::cpu::dequantize_rows(dtype, raw, k)?;
         linear_experts(x, &w, experts, k, ids, slots_per_row, glu, y, accumulate);
         Ok(())
     }

@@ -621,7 +621,6 @@ fn matvec_quant_routed(
     assert!(matches!(cfg.tok, 1 | 4));
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
     assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
-    let units = s.k / unit_elems(w.dtype);
     let mut macros =
         type_macros(glu_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), opts.glu), w.dtype)
             .set("GB", if bias.is_some() { 6 } else { 5 })
@@ -651,8 +650,27 @@ fn matvec_quant_routed(
         macros = macros.flag(cfg.probe);
     }
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
-    let params = gpu.uniform(
-        "matvec_quant.params",
+    let params = matvec_quant_params(gpu, "matvec_quant.params", &input, w, s, route);
+    let mut bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
+    bindings.extend(input.binding(s.k));
+    let (macros, z) = super::Route::apply(route, macros, &mut bindings, s.t);
+    let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
+    gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
+}
+
+/// The uniform of both quantized matvecs (`Params` of wgsl/matvec_quant.wgsl and
+/// wgsl/matvec_quant_batch.wgsl): the shape, W's planes, the fused input and the routing.
+fn matvec_quant_params(
+    gpu: &Gpu,
+    label: &str,
+    input: &Input<'_>,
+    w: &QuantWeight,
+    s: &LinearShape,
+    route: Option<&super::Route<'_>>,
+) -> wgpu::Buffer {
+    let units = s.k / unit_elems(w.dtype);
+    gpu.uniform(
+        label,
         &[
             s.n as u32,
             units as u32,
@@ -667,7 +685,20 @@ fn matvec_quant_routed(
             input.eps().to_bits(),
             route.map_or(0, |r| r.slots_per_row),
         ],
-    );
+    )
+}
+
+/// The bindings the quantized kernels that read both views of W share, in order: W's 16-byte
+/// and word views, x, y, the uniform, then the bias where there is one.
+fn quant_bindings<'a>(
+    gpu: &Gpu,
+    w: &'a QuantWeight,
+    x: &'a Tensor,
+    y: &'a Tensor,
+    s: &LinearShape,
+    params: &'a wgpu::Buffer,
+    bias: Option<&'a Tensor>,
+) -> Vec<wgpu::BindingResource<'a>> {
     let mut bindings = vec![
         w.buffer.as_entire_binding(),
         w.buffer.as_entire_binding(),
@@ -675,13 +706,15 @@ fn matvec_quant_routed(
         out_binding(gpu, y, s),
         params.as_entire_binding(),
     ];
-    if let Some(b) = bias {
-        bindings.push(b.binding());
-    }
-    bindings.extend(input.binding(s.k));
-    let (macros, z) = super::Route::apply(route, macros, &mut bindings, s.t);
-    let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
-    gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
+    bindings.extend(bias.map(Tensor::binding));
+    bindings
+}
+
+/// The uniform of both quantized matmuls (`Params` of wgsl/matmul_quant.wgsl and
+/// wgsl/matmul_quant_coop.wgsl).
+fn matmul_quant_params(gpu: &Gpu, label: &str, w: &QuantWeight, s: &LinearShape) -> wgpu::Buffer {
+    let bpr = s.k / kernel_block(w.dtype);
+    gpu.uniform(label, &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32, w.planes[0], w.planes[1], bpr as u32, 0])
 }
 
 /// Tokens a workgroup of `wgsl/matvec_quant_batch.wgsl` takes (the grid's z: groups of them).
@@ -718,39 +751,13 @@ fn matvec_quant_batch(
     rw: u32,
 ) -> Result<Kernel> {
     assert!(matches!(rw, 16 | 32), "matvec_quant_batch: {rw} rows a workgroup");
-    let units = s.k / unit_elems(w.dtype);
     let macros = type_macros(glu_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), opts.glu), w.dtype)
         .set("GB", if bias.is_some() { 6 } else { 5 })
         .set("WG", rw * BATCH_TB)
         .set("RW", rw)
         .set("TB", BATCH_TB);
-    let params = gpu.uniform(
-        "matvec_quant_batch.params",
-        &[
-            s.n as u32,
-            units as u32,
-            s.t as u32,
-            s.ld_out as u32,
-            (s.k / 4) as u32,
-            w.planes[0],
-            w.planes[1],
-            (input.x_cols(s.k) / 4) as u32,
-            (s.k / 4) as u32,
-            input.eps().to_bits(),
-            0,
-            0,
-        ],
-    );
-    let mut bindings = vec![
-        w.buffer.as_entire_binding(),
-        w.buffer.as_entire_binding(),
-        x.binding(),
-        out_binding(gpu, y, s),
-        params.as_entire_binding(),
-    ];
-    if let Some(b) = bias {
-        bindings.push(b.binding());
-    }
+    let params = matvec_quant_params(gpu, "matvec_quant_batch.params", &input, w, s, None);
+    let mut bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
     bindings.extend(input.binding(s.k));
     let [gx, gy, _] = grid((s.n as u32).div_ceil(rw));
     gpu.kernel("matvec_quant_batch", "main", &macros, &bindings, [gx, gy, (s.t as u32).div_ceil(BATCH_TB)])
@@ -784,21 +791,8 @@ fn matmul_quant_coop_flags(
 ) -> Result<Kernel> {
     assert!(gpu.caps.coop, "matmul_quant_coop on a device without cooperative matrices");
     let macros = flags.iter().fold(type_macros(common_macros(gpu, bias.is_some(), &opts), w.dtype), |m, f| m.flag(f));
-    let bpr = s.k / kernel_block(w.dtype);
-    let params = gpu.uniform(
-        "matmul_quant_coop.params",
-        &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32, w.planes[0], w.planes[1], bpr as u32, 0],
-    );
-    let mut bindings = vec![
-        w.buffer.as_entire_binding(),
-        w.buffer.as_entire_binding(),
-        x.binding(),
-        out_binding(gpu, y, s),
-        params.as_entire_binding(),
-    ];
-    if let Some(b) = bias {
-        bindings.push(b.binding());
-    }
+    let params = matmul_quant_params(gpu, "matmul_quant_coop.params", w, s);
+    let bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
     let groups = [(s.n as u32).div_ceil(64), (s.t as u32).div_ceil(128), 1];
     gpu.kernel("matmul_quant_coop", "main", &macros, &bindings, groups)
 }
@@ -822,11 +816,7 @@ fn matmul_quant(
         .set("TILE", tile)
         .flag_if("TILE8", tile == 8)
         .set("BK", bk);
-    let bpr = s.k / kernel_block(w.dtype);
-    let params = gpu.uniform(
-        "matmul_quant.params",
-        &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32, w.planes[0], w.planes[1], bpr as u32, 0],
-    );
+    let params = matmul_quant_params(gpu, "matmul_quant.params", w, s);
     let mut bindings =
         vec![w.buffer.as_entire_binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
     if let Some(b) = bias {
@@ -852,13 +842,19 @@ pub mod cpu {
         y: &mut [f32],
         accumulate: bool,
     ) -> Result<()> {
+        let w = dequantize_rows(dtype, raw, k)?;
+        super::super::cpu::linear(x, &w, k, bias, y, accumulate);
+        Ok(())
+    }
+
+    /// `raw` (the file's bytes of whole rows of `k` elements in `dtype`) as f32, with [`to_f32`];
+    /// an error where K is not a whole number of blocks.
+    pub fn dequantize_rows(dtype: DType, raw: &[u8], k: usize) -> Result<Vec<f32>> {
         let row = dtype
             .byte_size(k)
             .filter(|&r| r > 0)
             .ok_or_else(|| crate::error::Error::Mismatch(format!("K = {k} is not a whole number of {dtype} blocks")))?;
-        let w = to_f32(dtype, raw, raw.len() / row * k)?;
-        super::super::cpu::linear(x, &w, k, bias, y, accumulate);
-        Ok(())
+        to_f32(dtype, raw, raw.len() / row * k)
     }
 
     /// [`linear_quant`] as the tensor-core matmul computes it (wgsl/matmul_quant_coop.wgsl): x
@@ -872,12 +868,8 @@ pub mod cpu {
         y: &mut [f32],
         accumulate: bool,
     ) -> Result<()> {
-        let row = dtype
-            .byte_size(k)
-            .filter(|&r| r > 0)
-            .ok_or_else(|| crate::error::Error::Mismatch(format!("K = {k} is not a whole number of {dtype} blocks")))?;
         let h = |v: f32| half::f16::from_f32(v).to_f32();
-        let w: Vec<f32> = to_f32(dtype, raw, raw.len() / row * k)?.into_iter().map(h).collect();
+        let w: Vec<f32> = dequantize_rows(dtype, raw, k)?.into_iter().map(h).collect();
         let xh: Vec<f32> = x.iter().map(|&v| h(v)).collect();
         super::super::cpu::linear(&xh, &w, k, bias, y, accumulate);
         Ok(())
