@@ -399,7 +399,7 @@ pub fn linear_quant_in(
             y,
             &s,
             opts,
-            QMatvecConfig::new(gpu, w.dtype, &super::tuned_shape(&s, &opts)),
+            QMatvecConfig::new(gpu, w.dtype, &super::tuned_shape(&s, &opts)).for_input(gpu, w.dtype, &s, input),
         )
     } else {
         assert!(matches!(input, Input::Plain), "linear_quant: {input:?} cannot be fused into the matmul ({s:?})");
@@ -508,7 +508,38 @@ impl QMatvecConfig {
         // K = 5376: 593 us with 256 threads against 519 in the step; Qwen2.5's, N = 151936,
         // K = 1536: 159 -> 100 us).
         let vocab = dp4 && tok == 1 && narrow && s.n >= 131072 && whole(128);
-        let (wg, tpr) = if q6_whole || vocab { (128, 32) } else { (wg, tpr) };
+        let (mut wg, mut tpr) = if q6_whole || vocab { (128, 32) } else { (wg, tpr) };
+        // Of those, rows of 48 units or more, longer than they are many (the down projections; not a
+        // v projection's 24-unit rows) take 256 threads, with
+        // 128-lane row groups where that keeps to 128 workgroups, else 64-lane (H100, inside the
+        // step, `WGPU_LLM_QMV`: Qwen2.5-1.5B's Q6_K down, N = 1536, K = 8960, 64 lanes: the step
+        // 1946 -> 1905 us, 128 lanes 1936; the 0.5B's, N = 896, K = 4864, 128 lanes: 1369 ->
+        // 1329, 64 lanes 1347; SmolLM2's Q4_1 down, N = 576, K = 1536, 64 lanes: 945 -> 928).
+        if q6_whole && !vocab && s.k > s.n && units >= 48 && whole(256) {
+            wg = 256;
+            tpr = if s.n.div_ceil(8) <= 128 { 128 } else { 64 }.min(widest).max(min_tpr);
+        }
+        // Q4_K rows of at most 1536 elements (48 units) over many rows, integer dot products (the
+        // gate_up projections): 128 threads of 32-lane row groups (Qwen2.5-1.5B's 17920 x 1536:
+        // the step 1946 -> 1931 us against 256 threads of 64 lanes; the 0.5B's 9728 x 896 the same).
+        if dp4 && tok == 1 && dtype == DType::Q4_K && s.k <= 1536 && s.n >= 8192 && narrow && whole(128) {
+            (wg, tpr) = (128, 32);
+        }
+        let mut dp4 = dp4;
+        // A benchmark knob: WGPU_LLM_QMV="TYPE:N:K:wg:tpr:dp4,..." (TYPE as `Q4_K`, or `any`) sets
+        // one-token configurations by type and shape, for measuring them inside a step.
+        if let (1, Ok(v)) = (tok, std::env::var("WGPU_LLM_QMV")) {
+            for e in v.split(',') {
+                let ty = e.split(':').next().unwrap_or_default();
+                let f: Vec<usize> = e.split(':').skip(1).filter_map(|x| x.parse().ok()).collect();
+                let ty_ok = ty == "any" || ty == format!("{dtype:?}");
+                if let [n, k, w, t, d] = f[..] {
+                    if ty_ok && n == s.n && k == s.k && (d == 0 || whole(w as u32)) {
+                        (wg, tpr, dp4) = (w as u32, t as u32, d == 1 && gpu.info.backend == wgpu::Backend::Vulkan);
+                    }
+                }
+            }
+        }
         QMatvecConfig {
             wg,
             tpr,
@@ -520,6 +551,34 @@ impl QMatvecConfig {
             #[cfg(test)]
             max_kc: 0,
         }
+    }
+}
+
+impl QMatvecConfig {
+    /// The configuration for x read as `input`: one-token Q4_K rows of at most 1536 elements
+    /// read plain (an o projection; not a fused norm's or gated activation's input, whose staging
+    /// costs more) over at most 4096 rows take DP4 in 128-thread workgroups of 32-lane row groups
+    /// where the row stages whole (H100, `WGPU_LLM_QMV` inside the step: Qwen2.5-1.5B's 1536 x
+    /// 1536 o projection, the step 1886 -> 1875 us and 1949 -> 1938 in two calls; the 0.5B's
+    /// 896 x 896 the same).
+    fn for_input(self, gpu: &Gpu, dtype: DType, s: &LinearShape, input: Input) -> Self {
+        let plain = matches!(input, Input::Plain);
+        let vulkan = gpu.info.backend == wgpu::Backend::Vulkan;
+        let narrow = !self.subgroups || gpu.caps.subgroup_max_size <= 32;
+        if plain
+            && vulkan
+            && narrow
+            && self.tok == 1
+            && !self.dp4
+            && dtype == DType::Q4_K
+            && s.k <= 1536
+            && s.n <= 4096
+            && dp4_chunk(gpu, dtype, s.k, 128, 1) == Some((s.k / 32) as u32)
+            && std::env::var("WGPU_LLM_QMV").is_err()
+        {
+            return QMatvecConfig { wg: 128, tpr: 32, dp4: true, ..self };
+        }
+        self
     }
 }
 
