@@ -105,10 +105,10 @@ fn prev4(at: u32) -> vec4<f32> {
 #endif
 }
 
-// Writes out[at ..] for x elements xs (i: their column): xs · scale · w, or with ACCUMULATE
+// Writes out[at ..] for x elements xs (weights wv): xs · scale · wv, or with ACCUMULATE
 // (prev + that) · out_scale; returns what it wrote.
-fn update4(at: u32, i: u32, xs: vec4<f32>, scale: f32, prev: vec4<f32>) -> vec4<f32> {
-    let v = xs * scale * w4(i);
+fn update4(at: u32, wv: vec4<f32>, xs: vec4<f32>, scale: f32, prev: vec4<f32>) -> vec4<f32> {
+    let v = xs * scale * wv;
 #ifdef ACCUMULATE
     let o = (prev + v) * p.out_scale;
 #else
@@ -140,16 +140,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 #ifdef REG
     // The row in registers (n % 4 == 0, n <= 4 · WG · RV): every thread issues all its loads (x,
-    // and the residual with ACCUMULATE) before any use, so the row costs one memory round trip
-    // instead of one per loop step and phase. Same sums, same order, as the loops below.
+    // the residual with ACCUMULATE, the weights) before any use, so the row costs one memory round
+    // trip instead of one per loop step and phase. Same sums, same order, as the loops below.
     let ob = row * p.out_stride;
     var xv: array<vec4<f32>, {{RV}}>;
     var res: array<vec4<f32>, {{RV}}>;
+    var wv: array<vec4<f32>, {{RV}}>;
+#ifdef NEXT
+    var w2v: array<vec4<f32>, {{RV}}>;
+#endif
     for (var j = 0u; j < {{RV}}u; j++) {
         let i = 4u * (lid + j * {{WG}}u);
         if (i < n) {
             xv[j] = x4(xb + i);
             res[j] = prev4(ob + i);
+            wv[j] = w4(i);
+#ifdef NEXT
+            w2v[j] = vec4<f32>(w2[i], w2[i + 1u], w2[i + 2u], w2[i + 3u]);
+#endif
         }
     }
     var s = 0.0;
@@ -168,7 +176,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var j = 0u; j < {{RV}}u; j++) {
         let i = 4u * (lid + j * {{WG}}u);
         if (i < n) {
-            xv[j] = update4(ob + i, i, xv[j], scale, res[j]);
+            xv[j] = update4(ob + i, wv[j], xv[j], scale, res[j]);
             s2 += sq4(xv[j]);
         }
     }
@@ -183,10 +191,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let i = 4u * (lid + j * {{WG}}u);
         if (i < n) {
             let o = xv[j];
-            out2[ob + i] = o.x * scale2 * w2[i];
-            out2[ob + i + 1u] = o.y * scale2 * w2[i + 1u];
-            out2[ob + i + 2u] = o.z * scale2 * w2[i + 2u];
-            out2[ob + i + 3u] = o.w * scale2 * w2[i + 3u];
+            let ww = w2v[j];
+            out2[ob + i] = o.x * scale2 * ww.x;
+            out2[ob + i + 1u] = o.y * scale2 * ww.y;
+            out2[ob + i + 2u] = o.z * scale2 * ww.z;
+            out2[ob + i + 3u] = o.w * scale2 * ww.w;
         }
     }
 #endif
@@ -220,7 +229,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var s2 = 0.0;
     if (quad) {
         for (var i = 4u * lid; i < n; i += 4u * {{WG}}u) {
-            s2 += sq4(update4(ob + i, i, x4(xb + i), scale, prev4(ob + i)));
+            s2 += sq4(update4(ob + i, w4(i), x4(xb + i), scale, prev4(ob + i)));
         }
     } else {
         for (var i = lid; i < n; i += {{WG}}u) {
