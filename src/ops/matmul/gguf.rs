@@ -519,6 +519,14 @@ impl QMatvecConfig {
             wg = 256;
             tpr = if s.n.div_ceil(8) <= 128 { 128 } else { 64 }.min(widest).max(min_tpr);
         }
+        // And a v projection's few short rows (N <= 256, under 48 units) in 256-thread workgroups of
+        // 32-lane row groups:
+        // fewer, wider workgroups (Qwen2.5-1.5B's Q6_K v, 256 x 1536, 8 workgroups: the step 1889 ->
+        // 1846 us against 16 workgroups of 128 threads, 1877 with 64-lane row groups; the 0.5B's
+        // 128 x 896 the same).
+        if q6_whole && !vocab && s.n <= 256 && units < 48 && whole(256) {
+            (wg, tpr) = (256, 32);
+        }
         // Q4_K rows of at most 1536 elements (48 units) over many rows, integer dot products (the
         // gate_up projections): 128 threads of 32-lane row groups (Qwen2.5-1.5B's 17920 x 1536:
         // the step 1946 -> 1931 us against 256 threads of 64 lanes; the 0.5B's 9728 x 896 the same).
