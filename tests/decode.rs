@@ -289,8 +289,10 @@ fn plan_cache_is_bounded_across_prompt_lengths() {
     model.prefill_chunk = 1024;
     let prompt_long: Vec<u32> = (0..100u32).collect();
     model.reset();
-    let _ = model.forward(&prompt_long).unwrap();
+    let l = model.forward(&prompt_long).unwrap();
     assert_eq!(model.plan_cache().1, bytes, "100 tokens fit the 512-row buffers");
+    // (Read back: the pass has finished before the test does, and its logits are finite.)
+    assert!(gpu.read_f32(&l).unwrap().iter().all(|x| x.is_finite()), "100-token chunk: non-finite logits");
 }
 
 /// A context whose KV cache one layer cannot bind is refused before anything is uploaded, with

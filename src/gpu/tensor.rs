@@ -188,16 +188,31 @@ pub mod test_util {
     use super::super::{Gpu, GpuOptions};
     use std::sync::OnceLock;
 
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+
+    /// At process exit, before the shared libraries' destructors: the shared device (a static,
+    /// never dropped) finishes what was submitted to it. Lavapipe compiles kernels on its queue
+    /// thread as it runs them, and a test binary whose last submissions were still running when
+    /// exit tore LLVM down died there (SIGSEGV or "free(): invalid pointer" after every test
+    /// had passed, ~1 run in 20).
+    extern "C" fn idle_at_exit() {
+        if let Some(g) = GPU.get() {
+            let _ = g.device.poll(wgpu::PollType::wait_indefinitely());
+        }
+    }
+
     /// The device every GPU unit test shares (lavapipe in CI). Panics with instructions when there
     /// is no adapter: GPU tests are not optional.
     pub fn gpu() -> Gpu {
-        static GPU: OnceLock<Gpu> = OnceLock::new();
         GPU.get_or_init(|| {
-            Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| {
+            let g = Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| {
                 panic!(
                     "GPU tests need an adapter ({e}); install lavapipe: apt-get install mesa-vulkan-drivers libvulkan1"
                 )
-            })
+            });
+            // SAFETY: registers a plain function with no captured state; it runs once, at exit.
+            unsafe { libc::atexit(idle_at_exit) };
+            g
         })
         .clone()
     }
