@@ -1841,6 +1841,38 @@ pub(crate) mod tests {
         }
     }
 
+    /// The one-token shapes measured inside a decode step (BENCHMARKS.md run 31) are the ones
+    /// picked, on a Vulkan device with subgroups of at most 32 (lavapipe, the H100): (wg, tpr, dp4)
+    /// for Qwen2.5's Q6_K down and v projections, SmolLM2's Q4_1 down, the Q4_K gate_up, and the
+    /// Q4_K o projection (plain input only). Elsewhere no integer dot products.
+    #[test]
+    fn one_token_shapes_follow_the_step_measurements() {
+        let gpu = gpu();
+        let vulkan = gpu.info.backend == wgpu::Backend::Vulkan && gpu.caps.subgroup_max_size <= 32;
+        let shape = |n: usize, k: usize| LinearShape { t: 1, n, k, ld_out: n, cols: n };
+        let pick = |ty: DType, n: usize, k: usize| {
+            let c = QMatvecConfig::new(&gpu, ty, &shape(n, k)).for_input(&gpu, ty, &shape(n, k), Input::Plain);
+            (c.wg, c.tpr, c.dp4)
+        };
+        if !vulkan {
+            for (ty, n, k) in [(DType::Q6_K, 1536, 8960), (DType::Q4_K, 1536, 1536)] {
+                assert!(!pick(ty, n, k).2, "{ty} {n} x {k}: DP4 off Vulkan");
+            }
+            return;
+        }
+        assert_eq!(pick(DType::Q6_K, 1536, 8960), (256, 64, true), "Qwen2.5-1.5B's Q6_K down");
+        assert_eq!(pick(DType::Q6_K, 896, 4864), (256, 128, true), "Qwen2.5-0.5B's Q6_K down");
+        assert_eq!(pick(DType::Q4_1, 576, 1536), (256, 64, true), "SmolLM2's Q4_1 down");
+        assert_eq!(pick(DType::Q6_K, 256, 1536), (256, 32, true), "Qwen2.5-1.5B's Q6_K v");
+        assert_eq!(pick(DType::Q4_K, 17920, 1536), (128, 32, true), "Qwen2.5-1.5B's gate_up");
+        assert_eq!(pick(DType::Q4_K, 1536, 1536), (128, 32, true), "Qwen2.5-1.5B's o projection");
+        // The o rule is for a plain input: a fused norm's projection keeps its float sums.
+        let normed = QMatvecConfig::new(&gpu, DType::Q4_K, &shape(2048, 1536));
+        let g = gpu.upload_f32("g", &[1536], &[1.0; 1536]).unwrap();
+        let norm = Input::Norm { weight: &g, eps: 1e-6 };
+        assert!(!normed.for_input(&gpu, DType::Q4_K, &shape(2048, 1536), norm).dp4, "qkv with its norm fused");
+    }
+
     #[test]
     fn quant_matvec_folded_grid() {
         // One row group (4 rows) per (small) workgroup: 65537 workgroups fold into a 2-D grid of
