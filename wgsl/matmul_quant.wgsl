@@ -22,16 +22,7 @@
 
 #include "quant"
 
-struct Params {
-    t: u32,       // T, token rows of x and y
-    n: u32,       // N, output columns
-    k: u32,       // K
-    ld_out: u32,  // row stride of y, in elements (>= N)
-    o1: u32,      // first word of plane 1
-    o2: u32,      // first word of plane 2
-    bpr: u32,     // blocks per row: K / QK
-    _pad: u32,
-}
+#include "matmul_quant_params"
 
 @group(0) @binding(0) var<storage, read> ww: array<u32>;         // the planes
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;    // (T, K)

@@ -25,19 +25,10 @@ enable wgpu_cooperative_matrix;
 
 #include "quant"
 
-struct Params {
-    t: u32,       // T, token rows of x and y
-    n: u32,       // N, output columns
-    k: u32,       // K
-    ld_out: u32,  // row stride of y, in elements (>= N)
-    o1: u32,      // first word of plane 1
-    o2: u32,      // first word of plane 2
-    bpr: u32,     // blocks per row: K / QK
-    _pad: u32,
-}
+#include "matmul_quant_params"
 
-@group(0) @binding(0) var<storage, read> wv: array<vec4<u32>>;   // the planes (16-byte view)
-@group(0) @binding(1) var<storage, read> ww: array<u32>;         // the same buffer (word view)
+#include "quant_views"
+
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;    // (T, K)
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
 @group(0) @binding(4) var<uniform> p: Params;
@@ -45,17 +36,8 @@ struct Params {
 @group(0) @binding(5) var<storage, read> bias: array<f32>;       // (N)
 #endif
 
-fn qw4(i: u32) -> vec4<u32> {
-    return wv[i];
-}
-fn qw1(i: u32) -> u32 {
-    return ww[i];
-}
 fn qx4(i: u32) -> vec4<f32> {
     return x[i];
-}
-fn q_planes() -> vec2<u32> {
-    return vec2<u32>(p.o1, p.o2);
 }
 
 const WG: u32 = 256u;

@@ -26,23 +26,10 @@
 
 #include "quant"
 
-struct Params {
-    n: u32,       // N, output rows
-    units: u32,   // units per row: K / QU
-    t: u32,       // T, tokens
-    ld_out: u32,  // row stride of y, in elements
-    xk: u32,      // K / 4
-    o1: u32,      // first word of plane 1
-    o2: u32,      // first word of plane 2
-    _experts: u32, // (matvec_quant.wgsl's routing: unused here, the uniform is the same)
-    xs: u32,      // row stride of x, in vec4: K / 4 (GATED: K / 2)
-    half: u32,    // GATED: the up half's offset in x's row, in vec4 (K / 4)
-    eps: f32,     // NORM: the RMSNorm epsilon
-    _spr: u32,
-}
+#include "matvec_quant_params"
 
-@group(0) @binding(0) var<storage, read> wv: array<vec4<u32>>;   // the planes (16-byte view)
-@group(0) @binding(1) var<storage, read> ww: array<u32>;         // the same buffer (word view)
+#include "quant_views"
+
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;    // (T, K) (GATED: (T, 2K))
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
 @group(0) @binding(4) var<uniform> p: Params;
@@ -69,18 +56,9 @@ fn li_g(i: u32) -> vec4<f32> {
 #endif
 #include "linear_input"
 
-fn qw4(i: u32) -> vec4<u32> {
-    return wv[i];
-}
-fn qw1(i: u32) -> u32 {
-    return ww[i];
-}
 // x of the staged chunk: q_x(u, j · C4) reads token j's values of chunk unit u.
 fn qx4(i: u32) -> vec4<f32> {
     return xs[i];
-}
-fn q_planes() -> vec2<u32> {
-    return vec2<u32>(p.o1, p.o2);
 }
 
 #include "linear_store"

@@ -725,8 +725,8 @@ fn matvec_quant_routed(
     gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
 }
 
-/// The uniform of both quantized matvecs (`Params` of wgsl/matvec_quant.wgsl and
-/// wgsl/matvec_quant_batch.wgsl): the shape, W's planes, the fused input and the routing.
+/// The uniform of both quantized matvecs (`Params`, wgsl/include/matvec_quant_params.wgsl): the
+/// shape, W's planes, the fused input and the routing.
 fn matvec_quant_params(
     gpu: &Gpu,
     label: &str,
@@ -756,7 +756,8 @@ fn matvec_quant_params(
 }
 
 /// The bindings the quantized kernels that read both views of W share, in order: W's 16-byte
-/// and word views, x, y, the uniform, then the bias where there is one.
+/// and word views (wgsl/include/quant_views.wgsl), x, y, the uniform, then the bias where there
+/// is one.
 fn quant_bindings<'a>(
     gpu: &Gpu,
     w: &'a QuantWeight,
@@ -777,8 +778,7 @@ fn quant_bindings<'a>(
     bindings
 }
 
-/// The uniform of both quantized matmuls (`Params` of wgsl/matmul_quant.wgsl and
-/// wgsl/matmul_quant_coop.wgsl).
+/// The uniform of both quantized matmuls (`Params`, wgsl/include/matmul_quant_params.wgsl).
 fn matmul_quant_params(gpu: &Gpu, label: &str, w: &QuantWeight, s: &LinearShape) -> wgpu::Buffer {
     let bpr = s.k / kernel_block(w.dtype);
     gpu.uniform(label, &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32, w.planes[0], w.planes[1], bpr as u32, 0])
