@@ -19,24 +19,15 @@ struct Params {
     _pad: u32,
 }
 
-@group(0) @binding(0) var<storage, read> wv: array<vec4<u32>>;          // the planes (16-byte view)
-@group(0) @binding(1) var<storage, read> ww: array<u32>;                // the same buffer (word view)
+#include "quant_views"
+
 @group(0) @binding(2) var<storage, read> ids: array<u32>;               // (n_tokens)
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;   // (n_tokens, cols / 4)
 @group(0) @binding(4) var<uniform> p: Params;
 
-fn qw4(i: u32) -> vec4<u32> {
-    return wv[i];
-}
-fn qw1(i: u32) -> u32 {
-    return ww[i];
-}
 // The gather meets no x (quant.wgsl's x helpers are unused here).
 fn qx4(i: u32) -> vec4<f32> {
     return vec4<f32>(0.0);
-}
-fn q_planes() -> vec2<u32> {
-    return vec2<u32>(p.o1, p.o2);
 }
 
 @compute @workgroup_size({{WG}})
