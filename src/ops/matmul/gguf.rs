@@ -484,7 +484,7 @@ impl QMatvecConfig {
         // 32 tokens: Q6_K 279 us against 457 float, Q4_K 380 against 324).
         // One token a pass: only rows that stage whole (chunked one-token DP4 ran at half the
         // float kernel's speed on Gemma 4's K = 21504 rows: `bench_quant`, W cold).
-        let whole = |wg: u32| dp4_chunk(gpu, dtype, s.k, wg, 1) == Some((s.k / 32) as u32);
+        let whole = |wg: u32| stages_whole(gpu, dtype, s.k, wg);
         let dp4 = 4 * wg / tpr >= 16
             && (if tok == 1 { whole(wg) } else { dtype == DType::Q6_K && dp4_fits(gpu, dtype, s.k, wg, tok) })
             && gpu.info.backend == wgpu::Backend::Vulkan;
@@ -581,7 +581,7 @@ impl QMatvecConfig {
             && dtype == DType::Q4_K
             && s.k <= 1536
             && s.n <= 4096
-            && dp4_chunk(gpu, dtype, s.k, 128, 1) == Some((s.k / 32) as u32)
+            && stages_whole(gpu, dtype, s.k, 128)
             && std::env::var("WGPU_LLM_QMV").is_err()
         {
             return QMatvecConfig { wg: 128, tpr: 32, dp4: true, ..self };
@@ -612,6 +612,12 @@ fn dp4_chunk(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> Option<u32
         return None;
     }
     Some(kb.div_ceil(kb.div_ceil(fit)).next_multiple_of(8) as u32)
+}
+
+/// Whether one token's row of `k` elements stages whole for DP4 in workgroups of `wg` threads
+/// ([`dp4_chunk`]: one chunk, the whole row).
+fn stages_whole(gpu: &Gpu, dtype: DType, k: usize, wg: u32) -> bool {
+    dp4_chunk(gpu, dtype, k, wg, 1) == Some((k / 32) as u32)
 }
 
 /// Whether the DP4 matvec takes `dtype` at all for rows of `k` ([`dp4_chunk`]).
