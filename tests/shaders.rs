@@ -25,6 +25,8 @@ const TOGETHER: &[(&str, &[&str])] = &[
     ("matvec_quant", &["DP4", "DP4X", "STAGE8", "TOK4", "NORM"]),
     ("matvec_quant", &["DP4", "STAGE8", "Q6_K", "NORM"]),
     ("matvec_quant", &["DP4", "DP4X", "TOK4", "Q4_K", "GATED"]),
+    ("matvec_quant_batch", &["GROUPED", "NORM", "GLU"]),
+    ("matvec_quant_batch", &["GROUPED", "GATED", "ACCUMULATE", "Q6_K"]),
     ("rms_norm", &["REG", "ACCUMULATE", "NEXT"]),
 ];
 

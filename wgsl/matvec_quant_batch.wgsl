@@ -19,10 +19,16 @@
 // RW (32 or 16: the host takes fewer rows a workgroup where the grid would be small) changes
 // no sum: the k-slices are TB = WG / RW whatever RW, and the norm's lanes are fixed.
 // Grid: (ceil(N / RW) row blocks, 2-D folded (gpu/kernel.rs), ceil(T / TB) token groups as z).
+// GROUPED (a mixture-of-experts prefill, src/ops/moe.rs): W is a stack of p.experts weights of N
+// rows each (expert e's units follow expert e - 1's), the "tokens" are slots grouped by expert
+// (moe_group.wgsl's table), and z is a tile of at most TB slots of one expert: its expert's rows,
+// x row slot / p.spr per slot, y row slot; the tiles past the pass's count return at once. A
+// slot's sums are the batch kernel's for its x row, whatever its tile (batch invariance).
 #define WG 256
 #define RW 32
 #define TB 8
 #define GB 5
+#define EB 6
 
 #include "quant"
 
@@ -39,6 +45,34 @@
 #ifdef NORM
 @group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
 #endif
+#ifdef GROUPED
+@group(0) @binding({{EB}}) var<storage, read> groups: array<u32>;  // (S + 3 tiles): the slots by expert, then the tiles (expert, first, count)
+var<workgroup> tile: vec3<u32>;                 // this workgroup's (expert, first, count)
+var<workgroup> tile_slots: array<u32, {{TB}}>;  // (TB) its slots
+#endif
+
+// The group's first token (0 with GROUPED: its tokens are tile_slots) and count.
+var<private> g_t0: u32;
+var<private> g_nt: u32;
+
+// x row of the group's token j (past the count: the last token's).
+fn x_row(j: u32) -> u32 {
+    let i = min(j, g_nt - 1u);
+#ifdef GROUPED
+    return tile_slots[i] / p.spr;
+#else
+    return g_t0 + i;
+#endif
+}
+
+// y row of the group's token j (< the count).
+fn y_row(j: u32) -> u32 {
+#ifdef GROUPED
+    return tile_slots[j];
+#else
+    return g_t0 + j;
+#endif
+}
 
 const S: u32 = {{WG}}u / {{RW}}u;   // k-slices
 const C4: u32 = S * QU / 4u;         // a token's chunk of x, in vec4
@@ -68,14 +102,14 @@ const NL: u32 = 32u;   // threads per token for the square sums, whatever RW
 var<workgroup> nred: array<f32, {{WG}}>;
 var<workgroup> nsc: array<f32, {{TB}}>;   // (TB) each token's r_t
 
-// r_t of the group's tokens (from t0; nt of them, the others repeat the last) into nsc: WG / NL
+// r_t of the group's tokens (x_row; past the count they repeat the last) into nsc: WG / NL
 // tokens a round, NL lanes a token in a fixed tree, so r_t is the same whatever RW. Every thread
 // calls it.
-fn norm_scales(t0: u32, nt: u32, lid: u32) {
+fn norm_scales(lid: u32) {
     let lane = lid % NL;
     for (var j0 = 0u; j0 < {{TB}}u; j0 += {{WG}}u / NL) {
         let j = j0 + lid / NL;
-        let row = (t0 + min(j, nt - 1u)) * p.xs;
+        let row = x_row(j) * p.xs;
         var s = 0.0;
         for (var i = lane; i < p.xk; i += NL) {
             let v = li_x(row + i);
@@ -112,9 +146,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let r = lid % {{RW}}u;
     let ks = lid / {{RW}}u;
     let row0 = (wid.x + wid.y * nwg.x) * {{RW}}u;
-    let base = min(row0 + r, p.n - 1u) * p.units;
-    let t0 = wid.z * {{TB}}u;
-    let nt = min(p.t - t0, {{TB}}u);
+#ifdef GROUPED
+    // The tile (p.t = S slots: the table follows the order).
+    if (lid == 0u) {
+        let at = p.t + 3u * wid.z;
+        tile = vec3<u32>(groups[at], groups[at + 1u], groups[at + 2u]);
+    }
+    let tl = workgroupUniformLoad(&tile);
+    let nt = tl.z;
+    if (nt == 0u) {
+        return;  // a tile past the pass's count (uniform)
+    }
+    if (lid < nt) {
+        tile_slots[lid] = groups[tl.y + lid];
+    }
+    workgroupBarrier();
+    let w0 = min(tl.x, p.experts - 1u) * p.n;
+    g_t0 = 0u;
+#else
+    let w0 = 0u;
+    g_t0 = wid.z * {{TB}}u;
+    let nt = min(p.t - g_t0, {{TB}}u);
+#endif
+    g_nt = nt;
+    let base = (w0 + min(row0 + r, p.n - 1u)) * p.units;
     let chunks = (p.units + S - 1u) / S;
 
     var acc0 = vec4<f32>(0.0);   // tokens 0..3 of the group
@@ -129,7 +184,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let j = e / C4;
             let k4 = c * C4 + e % C4;
             if (k4 < p.xk) {
-                xs[e] = li_load((t0 + min(j, nt - 1u)) * p.xs, k4, p.half);
+                xs[e] = li_load(x_row(j) * p.xs, k4, p.half);
             }
         }
         workgroupBarrier();
@@ -173,7 +228,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 #ifdef NORM
     // The norm's scale last: the weights did not wait for its reduction.
-    norm_scales(t0, nt, lid);
+    norm_scales(lid);
     sum *= nsc[j];
 #endif
     let row = row0 + r;
@@ -182,11 +237,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     pair[lid] = sum;
     workgroupBarrier();
     if (j < nt && r % 2u == 0u && row < p.n) {
-        store(t0 + j, row / 2u, act(sum) * pair[lid + 1u]);
+        store(y_row(j), row / 2u, act(sum) * pair[lid + 1u]);
     }
 #else
     if (j < nt && row < p.n) {
-        store(t0 + j, row, sum);
+        store(y_row(j), row, sum);
     }
 #endif
 }

@@ -16,7 +16,8 @@
 //!   interleaved at load, `LinearOpts::glu`; else in the down matvec's input) → down: 2;
 //! - MoE: router linear (+ the shared expert's gate logit) → moe_router (top-k on the GPU) →
 //!   experts' gate_up (GLU) → experts' down → moe_combine (+= residual): 5 (+2 for a shared expert
-//!   of another size than the experts', run as its own MLP).
+//!   of another size than the experts', run as its own MLP; +1 in prefill: moe_group, the slots
+//!   grouped by expert for the quantized experts' projections).
 //!
 //! Then the last row: output rms_norm → lm_head (one dispatch per row chunk) → logits (vocab).
 
@@ -33,7 +34,8 @@ use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant, per_layer_inputs, per_layer_slot};
 use crate::ops::matmul::{fuses_input, fuses_norm, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::moe::{
-    linear_experts, moe_combine, moe_router, moe_router_shared, ExpertWeight, SharedExpert as MoeShared,
+    groups_len, groups_slots, linear_experts, moe_combine, moe_group, moe_router, moe_router_shared, ExpertWeight,
+    SharedExpert as MoeShared,
 };
 use crate::ops::norm::{rms_norm, rms_norm_in_place, rms_norm_residual, RowLayout};
 use crate::ops::rope::{inv_freq, rope, rope_batch, rope_kv_write, rope_kv_write_batch, RopeParams};
@@ -62,6 +64,8 @@ struct Scratch {
     ids: Tensor,
     /// The experts each token's MoE block picked, u32 [rows, top_k].
     moe_ids: Tensor,
+    /// Those slots grouped by expert for prefill (`ops::moe::moe_group`'s table), u32.
+    moe_groups: Tensor,
     /// `[rows, cols]` f32 buffers by name ([`ACTS`] and x, xn, tmp).
     acts: Vec<(&'static str, Tensor)>,
     last: Tensor,
@@ -129,19 +133,20 @@ impl Scratch {
             .into_iter()
             .map(|(name, n)| Ok((name, g.empty(name, &[rows, n], ElemType::F32)?)))
             .collect::<Result<Vec<_>>>()?;
-        let top_k = (0..c.num_layers)
-            .filter_map(|l| match c.layer(l).mlp {
-                MlpSpec::Moe { top_k, intermediate, shared_intermediate, .. } => {
-                    Some(top_k + usize::from(shared_intermediate == intermediate))
-                }
-                _ => None,
-            })
-            .max()
-            .unwrap_or(1);
+        // (slots a token, experts in the stack): a shared expert of the experts' size is both.
+        let moe = (0..c.num_layers).filter_map(|l| match c.layer(l).mlp {
+            MlpSpec::Moe { experts, top_k, intermediate, shared_intermediate, .. } => {
+                let stacked = usize::from(shared_intermediate == intermediate);
+                Some((top_k + stacked, experts + stacked))
+            }
+            _ => None,
+        });
+        let (top_k, stack) = moe.fold((1, 1), |(k, e), (k2, e2)| (k.max(k2), e.max(e2)));
         Ok(Scratch {
             rows,
             ids: g.empty("ids", &[rows], ElemType::U32)?,
             moe_ids: g.empty("moe_ids", &[rows, top_k], ElemType::U32)?,
+            moe_groups: g.empty("moe_groups", &[groups_len(rows * top_k, stack)], ElemType::U32)?,
             acts,
             last: g.empty("last", &[1, h], ElemType::F32)?,
             last_norm: g.empty("last_norm", &[1, h], ElemType::F32)?,
@@ -173,7 +178,7 @@ impl Scratch {
 
     fn bytes(&self) -> u64 {
         self.acts.iter().map(|(_, a)| a.size_bytes()).sum::<u64>()
-            + [&self.ids, &self.moe_ids, &self.last, &self.last_norm, &self.logits, &self.seqs]
+            + [&self.ids, &self.moe_ids, &self.moe_groups, &self.last, &self.last_norm, &self.logits, &self.seqs]
                 .iter()
                 .map(|t| t.size_bytes())
                 .sum::<u64>()
@@ -1230,9 +1235,22 @@ impl<'a> LayerPass<'a> {
         };
         // The selected experts' gate_up (rows interleaved per expert: the GLU epilogue) for each
         // of a token's slots, then their down projections.
+        // Prefill groups the slots by expert for the quantized stacks (module docs of ops::moe):
+        // the grouping once, each quantized projection reads it (f16 stacks run per slot).
+        let quant = |w: &Linear| matches!(w, Linear::Quant(_));
+        let groups = if (quant(gate_up_exps) || quant(down_exps)) && groups_slots(t * slots, stack) {
+            let groups = self.s.moe_groups.view(0, &[groups_len(t * slots, stack)]);
+            k.push(moe_group(g, &ids, stack, &groups)?);
+            Some(groups)
+        } else {
+            None
+        };
+        let grouped = |w: &Linear| groups.as_ref().filter(|_| quant(w));
         let glu = LinearOpts { glu: Some(activation), ..self.opts() };
-        k.push(linear_experts(g, &xin, input, &as_stack(gate_up_exps), &ids, slots, &exp_act, glu)?);
-        k.push(linear_experts(g, &exp_act, Input::Plain, &as_stack(down_exps), &ids, 1, &exp_out, Default::default())?);
+        let (gate_up, down) = (as_stack(gate_up_exps), as_stack(down_exps));
+        k.push(linear_experts(g, &xin, input, &gate_up, &ids, grouped(gate_up_exps), slots, &exp_act, glu)?);
+        let plain = LinearOpts::default();
+        k.push(linear_experts(g, &exp_act, Input::Plain, &down, &ids, grouped(down_exps), 1, &exp_out, plain)?);
         let shared_out = match shared {
             SharedExpert::Separate(gate_up, down) => {
                 // The shared expert's output in tmp; the combine adds it under its gate.

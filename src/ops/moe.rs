@@ -46,11 +46,18 @@
 //! (11.0), MLX 4-bit 8.3 (8.0); router 7.3 us, combine 4.4 us; the whole f16 layer (7 dispatches)
 //! 63 us.
 //!
-//! Prefill runs the same per-slot matvec (each slot streams its expert's rows; T·k slots of up to
-//! [`MAX_SLOTS`]): correct at any T but reading an expert's rows once per slot that chose it, so
-//! its time grows with T (gate_up at T = 512: f16 5.5 ms, Q4_K 2.0 ms, 4-11 us a token); a
-//! grouped-by-expert matmul (the slots sorted by expert, one tiled matmul per expert's tokens) is
-//! the later step.
+//! # Prefill: the slots grouped by expert
+//!
+//! The per-slot matvec reads and dequantizes an expert's rows once per slot that chose it, so its
+//! time grows with T (gate_up at T = 512: f16 5.5 ms, Q4_K 2.0 ms, 4-11 us a token). For prefill
+//! [`moe_group`] (`wgsl/moe_group.wgsl`, one workgroup) sorts a pass's slots by expert on the GPU
+//! and cuts each expert's run into tiles of up to [`GROUP_TILE`] slots; [`linear_experts`] given
+//! that table (`groups`) runs the batch kernel (`wgsl/matvec_quant_batch.wgsl`, GROUPED) with a
+//! tile per workgroup column: each unit of an expert's rows dequantized once for the tile's slots,
+//! each slot's x row staged in workgroup memory, its output written to the slot's own row, so
+//! the combine is unchanged. A slot's sums do not depend on the tile it lands in (the batch
+//! kernel's invariance). Quantized stacks only (f16 stacks, the tiny test models', run per slot);
+//! [`groups_slots`] says when the model groups.
 //!
 //! # Alignment
 //!
@@ -67,6 +74,59 @@ use crate::ops::matmul::{self, Input, LinearOpts, LinearShape, QuantWeight};
 pub const ROUTER_MAX_EXPERTS: usize = 512;
 /// Most experts per token [`moe_router`] takes.
 pub const ROUTER_MAX_TOP_K: usize = 256;
+/// Slots a tile of [`moe_group`]'s table holds at most (the batch kernel's tokens a workgroup).
+pub const GROUP_TILE: usize = 8;
+
+/// Most experts (with a stacked shared expert) [`moe_group`] takes (its workgroup arrays).
+pub const GROUP_MAX_EXPERTS: usize = 1024;
+
+/// Tiles [`moe_group`]'s table holds for `slots` slots over `experts` experts: each expert's
+/// count rounded up to whole tiles adds at most one tile per expert that has a slot.
+pub fn group_tiles(slots: usize, experts: usize) -> usize {
+    slots.div_ceil(GROUP_TILE) + experts.min(slots)
+}
+
+/// Elements (u32) of [`moe_group`]'s table: the order, then 3 per tile.
+pub fn groups_len(slots: usize, experts: usize) -> usize {
+    slots + 3 * group_tiles(slots, experts)
+}
+
+/// Whether a pass of `slots` slots over `experts` experts runs its quantized expert projections
+/// grouped by expert ([`moe_group`]) rather than per slot: where an expert has on average at
+/// least 4 slots, i.e. a unit dequantized once serves 4 or more (prefill; a decode step's 8-9
+/// slots never).
+pub fn groups_slots(slots: usize, experts: usize) -> bool {
+    slots >= 4 * experts
+}
+
+/// Records the grouping of `ids` (u32, S slots, each an expert of `experts`; an id past the
+/// stack counts as its last expert, as [`linear_experts`] reads it) into `groups` (u32,
+/// [`groups_len`] elements): the slots ordered by expert, then the tiles (expert, first place,
+/// count ≤ [`GROUP_TILE`]) of each expert's run, the unused tiles with count 0. Within an
+/// expert the order of its slots may differ from run to run (GPU atomics); the grouped
+/// projections' outputs do not.
+pub fn moe_group(gpu: &Gpu, ids: &Tensor, experts: usize, groups: &Tensor) -> Result<Kernel> {
+    const OP: &str = "moe_group";
+    let slots = ids.numel();
+    if experts == 0 || experts > GROUP_MAX_EXPERTS || slots == 0 {
+        return Err(invalid(format!("{OP}: {slots} slots over {experts} experts (1..={GROUP_MAX_EXPERTS})")));
+    }
+    check_tensor(gpu, OP, "ids", ids, ElemType::U32, slots)?;
+    check_tensor(gpu, OP, "groups", groups, ElemType::U32, groups_len(slots, experts))?;
+    let tiles = group_tiles(slots, experts);
+    if tiles > gpu.limits.max_compute_workgroups_per_dimension as usize {
+        return Err(invalid(format!("{OP}: {tiles} tiles exceed the grid's z limit")));
+    }
+    let params = gpu.uniform("moe_group.params", &[slots as u32, experts as u32, tiles as u32, 0]);
+    gpu.kernel(
+        "moe_group",
+        "main",
+        &gpu.macros().set("TB", GROUP_TILE).set("ME", GROUP_MAX_EXPERTS),
+        &[ids.binding(), groups.binding(), params.as_entire_binding()],
+        [1, 1, 1],
+    )
+}
+
 /// Most slots (tokens × experts per token) [`linear_experts`] takes: the grid's z (the device
 /// limit, 65535 at least, may be lower).
 pub const MAX_SLOTS: usize = 65535;
@@ -238,9 +298,10 @@ impl ExpertWeight<'_> {
 ///
 /// `ids`: u32, S elements (`(T, k)` as [`moe_router`] writes them); an id past the stack reads its
 /// last expert. `y`: f32 `(S, N)` (`(S, N/2)` with GLU), rows of stride `opts.ld_out`. No bias.
-/// Each slot streams only its expert's rows (the matvec kernels, one token a pass, all slots in
-/// one dispatch: grid z = S ≤ [`MAX_SLOTS`]); prefill runs the same per-slot form (see the module
-/// docs). Shape mismatches panic, as in [`matmul::linear`].
+/// Without `groups` each slot streams only its expert's rows (the matvec kernels, one token a
+/// pass, all slots in one dispatch: grid z = S ≤ [`MAX_SLOTS`]); with `groups` ([`moe_group`]'s
+/// table of these ids; quantized stacks only) a workgroup column takes a tile of an expert's
+/// slots (see the module docs). Shape mismatches panic, as in [`matmul::linear`].
 #[allow(clippy::too_many_arguments)]
 pub fn linear_experts(
     gpu: &Gpu,
@@ -248,6 +309,7 @@ pub fn linear_experts(
     input: Input<'_>,
     w: &ExpertWeight<'_>,
     ids: &Tensor,
+    groups: Option<&Tensor>,
     slots_per_row: usize,
     y: &Tensor,
     opts: LinearOpts,
@@ -296,11 +358,15 @@ pub fn linear_experts(
     let route = matmul::Route { ids, experts: experts as u32, slots_per_row: slots_per_row as u32 };
     match *w {
         ExpertWeight::F16 { w, .. } => {
+            assert!(groups.is_none(), "{OP}: f16 stacks run per slot");
             assert!(k % 2 == 0, "{OP}: K = {k} must be even (f16 rows are whole u32 words)");
             assert!(rows * k / 2 < u32::MAX as usize, "{OP}: [{rows}, {k}] overflows 32-bit indexing");
             matmul::matvec_experts(gpu, x, input, w, route, y, &s, opts)
         }
-        ExpertWeight::Quant { w, .. } => matmul::gguf::matvec_experts_quant(gpu, x, input, w, route, y, &s, opts),
+        ExpertWeight::Quant { w, .. } => match groups {
+            None => matmul::gguf::matvec_experts_quant(gpu, x, input, w, route, y, &s, opts),
+            Some(gr) => matmul::gguf::matvec_experts_grouped(gpu, x, input, w, route, gr, y, &s, opts),
+        },
     }
 }
 
@@ -420,6 +486,27 @@ pub mod cpu {
             ids[row + top_k] = experts as u32;
             weights[row + top_k] = (1.0 / (1.0 + (-(logits[ti * ld + experts] as f64)).exp())) as f32;
         }
+    }
+
+    /// Reference of [`super::moe_group`]: the slots by expert (ids clamped to the stack; within an
+    /// expert in slot order, where the GPU's order may differ) and the tiles (expert, first place,
+    /// count) of each expert's run, [`super::group_tiles`] of them (unused ones all 0).
+    pub fn moe_group(ids: &[u32], experts: usize) -> (Vec<u32>, Vec<[u32; 3]>) {
+        let tb = super::GROUP_TILE;
+        let e_of = |id: u32| (id as usize).min(experts - 1);
+        let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+        order.sort_by_key(|&s| e_of(ids[s as usize]));
+        let mut tiles = Vec::new();
+        let mut first = 0usize;
+        for e in 0..experts {
+            let c = ids.iter().filter(|&&id| e_of(id) == e).count();
+            for i in (0..c).step_by(tb) {
+                tiles.push([e as u32, (first + i) as u32, (c - i).min(tb) as u32]);
+            }
+            first += c;
+        }
+        tiles.resize(super::group_tiles(ids.len(), experts), [0; 3]);
+        (order, tiles)
     }
 
     /// Reference of [`super::linear_experts`] over f32 weights `w` = `[E·N, K]` (the stack
@@ -698,6 +785,24 @@ mod tests {
         proj: Proj,
         seed: u64,
     ) -> f32 {
+        expert_case_in(gpu, wt, t, top_k, experts, n, k, proj, seed, false)
+    }
+
+    /// [`expert_case`], with `grouped` the slots grouped by expert first ([`moe_group`]; the
+    /// batch kernel, which meets x as it is: no DP4 staging).
+    #[allow(clippy::too_many_arguments)]
+    fn expert_case_in(
+        gpu: &Gpu,
+        wt: Wt,
+        t: usize,
+        top_k: usize,
+        experts: usize,
+        n: usize,
+        k: usize,
+        proj: Proj,
+        seed: u64,
+        grouped: bool,
+    ) -> f32 {
         let (spr, xrows, xcols, glu, acc) = match proj {
             Proj::GateUp { glu, .. } => (top_k, t, k, glu, false),
             Proj::Down { gated, accumulate } => (1, t * top_k, if gated { 2 * k } else { k }, None, accumulate),
@@ -734,19 +839,29 @@ mod tests {
                 let raw = qt::random_blocks(ty, rows, k, seed + 4);
                 let wf = to_f32(ty, &raw, rows * k).unwrap();
                 let q = QuantWeight::new(gpu, "w", ty, [rows, k], &raw).unwrap();
-                (wf, raw, Some(q), None, matmul::gguf::experts_use_dp4(gpu, ty, &shape))
+                (wf, raw, Some(q), None, !grouped && matmul::gguf::experts_use_dp4(gpu, ty, &shape))
             }
         };
         let w = match wt {
             Wt::F16 => ExpertWeight::F16 { w: fw.as_ref().unwrap(), experts },
             Wt::Q(_) => ExpertWeight::Quant { w: quant.as_ref().unwrap(), experts },
         };
-        let kern = linear_experts(gpu, &x, input, &w, &ids, spr, &y, opts).unwrap();
-        gpu.run(&[&kern]).unwrap();
-        let got = gpu.read_f32(&y).unwrap();
+        let got = if grouped {
+            // The table starts dirty: every entry must be written.
+            let len = groups_len(slots, experts);
+            let groups = gpu.upload_u32("groups", &[len], &vec![0xdead_beef; len]).unwrap();
+            let group = moe_group(gpu, &ids, experts, &groups).unwrap();
+            let kern = linear_experts(gpu, &x, input, &w, &ids, Some(&groups), spr, &y, opts).unwrap();
+            gpu.run(&[&group, &kern]).unwrap();
+            gpu.read_f32(&y).unwrap()
+        } else {
+            let kern = linear_experts(gpu, &x, input, &w, &ids, None, spr, &y, opts).unwrap();
+            gpu.run(&[&kern]).unwrap();
+            gpu.read_f32(&y).unwrap()
+        };
 
         let what = format!(
-            "{wt:?} {proj:?} T={t} k={top_k} E={experts} N={n} K={k} dp4={dp4} f16={} sg={}",
+            "{wt:?} {proj:?} T={t} k={top_k} E={experts} N={n} K={k} dp4={dp4} grouped={grouped} f16={} sg={}",
             gpu.caps.f16, gpu.caps.subgroups
         );
         // x as the kernel meets it, per x row.
@@ -881,6 +996,82 @@ mod tests {
         eprintln!("linear_experts_match_cpu: worst |error| / tolerance = {worst:.3}");
     }
 
+    /// The grouping against its twin: the tile table exactly, the order as each expert's set of
+    /// slots (its order within an expert is the GPU's); skewed routing (most slots on a few
+    /// experts: many full tiles and a partial one), unused experts, ids past the stack, one expert.
+    #[test]
+    fn moe_group_matches_cpu() {
+        let gpu = gpu();
+        for (slots, experts, seed) in [(37usize, 5usize, 1u64), (300, 12, 2), (4608, 257, 3), (9, 1, 4), (1, 3, 5)] {
+            let r = random(slots, seed, 1.0);
+            // Skewed: |r|^3 crowds the ids toward expert 0; every 7th id past the stack.
+            let ids: Vec<u32> = r
+                .iter()
+                .enumerate()
+                .map(|(i, v)| if i % 7 == 3 { experts as u32 + 2 } else { (v.abs().powi(3) * experts as f32) as u32 })
+                .collect();
+            let len = groups_len(slots, experts);
+            let idt = gpu.upload_u32("ids", &[slots], &ids).unwrap();
+            let groups = gpu.upload_u32("groups", &[len], &vec![0xdead_beef; len]).unwrap();
+            gpu.run(&[&moe_group(&gpu, &idt, experts, &groups).unwrap()]).unwrap();
+            let got = gpu.read_u32(&groups).unwrap();
+            let (order, tiles) = cpu::moe_group(&ids, experts);
+            let got_tiles: Vec<[u32; 3]> = got[slots..].chunks(3).map(|c| [c[0], c[1], c[2]]).collect();
+            assert_eq!(got_tiles, tiles, "tiles, S={slots} E={experts}");
+            // Each tile's slots (as sets) are its expert's, and the order is a permutation.
+            let mut seen = vec![false; slots];
+            for [e, first, count] in tiles.iter().copied().filter(|t| t[2] > 0) {
+                for &s in &got[first as usize..(first + count) as usize] {
+                    assert!(!seen[s as usize], "slot {s} twice (S={slots} E={experts})");
+                    seen[s as usize] = true;
+                    assert_eq!(
+                        (ids[s as usize] as usize).min(experts - 1),
+                        e as usize,
+                        "slot {s} in expert {e}'s tile"
+                    );
+                }
+            }
+            assert!(seen.iter().all(|&v| v), "every slot placed (S={slots} E={experts})");
+            let mut sorted = got[..slots].to_vec();
+            sorted.sort_unstable();
+            let mut want = order.clone();
+            want.sort_unstable();
+            assert_eq!(sorted, want);
+        }
+    }
+
+    /// The grouped expert projections (prefill's) against the CPU twin: enough tokens that experts
+    /// have several tiles (full and partial), every fused input and epilogue, the quantized types
+    /// of the real checkpoints.
+    #[test]
+    fn grouped_experts_match_cpu() {
+        let mut worst = 0f32;
+        for gpu in gpu_variants() {
+            let mut seed = 500;
+            let (h, inter, experts) = (256usize, 256usize, 12usize);
+            for wt in [
+                Wt::Q(DType::Q4_K),
+                Wt::Q(DType::Q6_K),
+                Wt::Q(DType::Q8_0),
+                Wt::Q(DType::Affine { bits: 4, group: 64, bf16: false }),
+            ] {
+                for (t, top_k) in [(40usize, 3usize), (13, 8)] {
+                    let projs = [
+                        (Proj::GateUp { norm: true, glu: Some(Activation::SiluGated) }, 2 * inter, h),
+                        (Proj::GateUp { norm: false, glu: None }, 2 * inter, h),
+                        (Proj::Down { gated: false, accumulate: false }, h, inter),
+                        (Proj::Down { gated: true, accumulate: true }, h, inter),
+                    ];
+                    for (proj, n, k) in projs {
+                        seed += 10;
+                        worst = worst.max(expert_case_in(&gpu, wt, t, top_k, experts, n, k, proj, seed, true));
+                    }
+                }
+            }
+        }
+        eprintln!("grouped_experts_match_cpu: worst |error| / tolerance = {worst:.3}");
+    }
+
     #[test]
     #[ignore = "timing: cargo test --release --lib ops::moe::tests::bench_moe -- --ignored --nocapture"]
     fn bench_moe() {
@@ -948,11 +1139,11 @@ mod tests {
             let (gu_b, dn_b) = (top_k as u64 * gbytes, top_k as u64 * dbytes);
             let gu: Vec<Kernel> = id_sets
                 .iter()
-                .map(|ids| linear_experts(&gpu, &x1, norm, &gw, ids, top_k, &act, glu).unwrap())
+                .map(|ids| linear_experts(&gpu, &x1, norm, &gw, ids, None, top_k, &act, glu).unwrap())
                 .collect();
             let dn: Vec<Kernel> = id_sets
                 .iter()
-                .map(|ids| linear_experts(&gpu, &act_in, Input::Plain, &dw, ids, 1, &ys, plain).unwrap())
+                .map(|ids| linear_experts(&gpu, &act_in, Input::Plain, &dw, ids, None, 1, &ys, plain).unwrap())
                 .collect();
             let (tg, td) = (time(&gu), time(&dn));
             // The same bytes as one dense matvec of k·N rows (the baseline), weights rotated too.
@@ -1003,7 +1194,7 @@ mod tests {
                 let v: Vec<u32> = (0..t * top_k).map(|s| ((s * 37 + s / top_k) % experts) as u32).collect();
                 let ids = gpu.upload_u32("ids", &[t, top_k], &v).unwrap();
                 let y = gpu.empty("y", &[t * top_k, inter], ElemType::F32).unwrap();
-                let k = linear_experts(&gpu, &x, norm, &gw, &ids, top_k, &y, glu).unwrap();
+                let k = linear_experts(&gpu, &x, norm, &gw, &ids, None, top_k, &y, glu).unwrap();
                 let tt = time(std::slice::from_ref(&k));
                 eprintln!("{wt:?} T={t}: experts gate_up {:.1} us ({:.2} us/token)", us(tt), us(tt) / t as f64);
             }
@@ -1077,8 +1268,8 @@ mod tests {
         for x in &xs {
             layer.push(matmul::linear_in(&gpu, x, norm, &router_w, None, &lg, plain).unwrap());
             layer.push(moe_router(&gpu, &lg, ld, experts, top_k, &ids, &wts, true).unwrap());
-            layer.push(linear_experts(&gpu, x, norm, &gu, &ids, top_k, &act, glu).unwrap());
-            layer.push(linear_experts(&gpu, &act, Input::Plain, &dn, &ids, 1, &ys, plain).unwrap());
+            layer.push(linear_experts(&gpu, x, norm, &gu, &ids, None, top_k, &act, glu).unwrap());
+            layer.push(linear_experts(&gpu, &act, Input::Plain, &dn, &ids, None, 1, &ys, plain).unwrap());
             layer.push(matmul::linear_in(&gpu, x, norm, &sg_w, None, &sact, glu).unwrap());
             layer.push(matmul::linear(&gpu, &sact, &sd_w, None, &sout, plain).unwrap());
             let sh = SharedExpert { out: &sout, gate: &lg, gate_ld: ld, gate_col: experts };
@@ -1169,8 +1360,8 @@ mod tests {
             let kernels = [
                 matmul::linear_in(&gpu, &x, norm, &router_w, None, &logits, plain).unwrap(),
                 moe_router(&gpu, &logits, experts + 1, experts, top_k, &ids, &weights, true).unwrap(),
-                linear_experts(&gpu, &x, norm, &gu, &ids, top_k, &act, glu).unwrap(),
-                linear_experts(&gpu, &act, Input::Plain, &dn, &ids, 1, &ys, plain).unwrap(),
+                linear_experts(&gpu, &x, norm, &gu, &ids, None, top_k, &act, glu).unwrap(),
+                linear_experts(&gpu, &act, Input::Plain, &dn, &ids, None, 1, &ys, plain).unwrap(),
                 matmul::linear_in(&gpu, &x, norm, &sg_w, None, &sact, glu).unwrap(),
                 matmul::linear(&gpu, &sact, &sd_w, None, &sout, plain).unwrap(),
                 moe_combine(

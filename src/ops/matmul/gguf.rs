@@ -69,7 +69,7 @@ use super::{
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::gpu::{kernel::grid, Gpu, Kernel, Macros, Tensor};
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Macros, Tensor};
 use crate::ops::embedding::plan_row_chunks;
 use std::sync::Arc;
 
@@ -388,7 +388,7 @@ pub fn linear_quant_in(
             "linear_quant: {input:?} cannot be fused at {s:?}"
         );
         if opts.batch {
-            return matvec_quant_batch(gpu, x, input, w, bias, y, &s, opts, batch_rows(s.n, s.t));
+            return matvec_quant_batch(gpu, x, input, w, bias, y, &s, opts, batch_rows(s.n, s.t), None);
         }
         matvec_quant(
             gpu,
@@ -678,6 +678,34 @@ pub(crate) fn matvec_experts_quant(
     matvec_quant_routed(gpu, x, input, w, None, y, s, opts, cfg, Some(&route))
 }
 
+/// Records the quantized expert projection of [`crate::ops::moe::linear_experts`] over slots
+/// grouped by expert (`groups`: [`crate::ops::moe::moe_group`]'s table for `s.t` slots): the
+/// batch kernel (`wgsl/matvec_quant_batch.wgsl`, GROUPED) dequantizes a unit of an expert's rows
+/// once for a tile of up to 8 of its slots. Prefill's form: at many tokens each expert has many
+/// slots.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matvec_experts_grouped(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    w: &QuantWeight,
+    route: super::Route<'_>,
+    groups: &Tensor,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    assert!(
+        is_supported(w.dtype) && s.k % w.dtype.block_size() == 0,
+        "linear_experts: K = {} is not whole {} blocks",
+        s.k,
+        w.dtype
+    );
+    assert!(matches!(input, Input::Plain) || s.k % 4 == 0, "linear_experts: {input:?} cannot be fused at K = {}", s.k);
+    let tiles = crate::ops::moe::group_tiles(s.t, route.experts as usize);
+    matvec_quant_batch(gpu, x, input, w, None, y, s, opts, 32, Some((&route, groups, tiles)))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn matvec_quant_routed(
     gpu: &Gpu,
@@ -810,7 +838,8 @@ fn batch_rows(n: usize, t: usize) -> u32 {
 /// Records a batch step's projection (`LinearOpts::batch`, up to [`MATVEC_MAX_T`] tokens) with
 /// `wgsl/matvec_quant_batch.wgsl`: each unit of W dequantized once for 8 tokens, the tokens' x in
 /// workgroup memory; a token's sums do not depend on the batch (its size, the token's row, the
-/// others).
+/// others). With `grouped` (the route, the groups table and its tiles) the tokens are the slots
+/// of an expert projection grouped by expert ([`matvec_experts_grouped`]), a tile a workgroup.
 #[allow(clippy::too_many_arguments)]
 fn matvec_quant_batch(
     gpu: &Gpu,
@@ -822,18 +851,33 @@ fn matvec_quant_batch(
     s: &LinearShape,
     opts: LinearOpts,
     rw: u32,
+    grouped: Option<(&super::Route<'_>, &Tensor, usize)>,
 ) -> Result<Kernel> {
     assert!(matches!(rw, 16 | 32), "matvec_quant_batch: {rw} rows a workgroup");
-    let macros = type_macros(glu_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), opts.glu), w.dtype)
-        .set("GB", if bias.is_some() { 6 } else { 5 })
-        .set("WG", rw * BATCH_TB)
-        .set("RW", rw)
-        .set("TB", BATCH_TB);
-    let params = matvec_quant_params(gpu, "matvec_quant_batch.params", &input, w, s, None);
+    let mut macros =
+        type_macros(glu_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), opts.glu), w.dtype)
+            .set("GB", if bias.is_some() { 6 } else { 5 })
+            .set("WG", rw * BATCH_TB)
+            .set("RW", rw)
+            .set("TB", BATCH_TB);
+    let params = matvec_quant_params(gpu, "matvec_quant_batch.params", &input, w, s, grouped.map(|g| g.0));
     let mut bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
     bindings.extend(input.binding(s.k));
+    let mut z = (s.t as u32).div_ceil(BATCH_TB);
+    if let Some((_, groups, tiles)) = grouped {
+        assert!(
+            groups.ty == ElemType::U32 && groups.numel() >= s.t + 3 * tiles,
+            "linear_experts: the groups table must be u32 of {} elements, got {:?} {:?}",
+            s.t + 3 * tiles,
+            groups.ty,
+            groups.shape
+        );
+        macros = macros.flag("GROUPED").set("EB", bindings.len());
+        bindings.push(groups.binding());
+        z = tiles as u32;
+    }
     let [gx, gy, _] = grid((s.n as u32).div_ceil(rw));
-    gpu.kernel("matvec_quant_batch", "main", &macros, &bindings, [gx, gy, (s.t as u32).div_ceil(BATCH_TB)])
+    gpu.kernel("matvec_quant_batch", "main", &macros, &bindings, [gx, gy, z])
 }
 
 /// Records the matmul on cooperative matrices (`wgsl/matmul_quant_coop.wgsl`: tensor cores,
@@ -979,7 +1023,6 @@ pub(crate) mod tests {
     use super::*;
     use crate::dtype::to_f32;
     use crate::gpu::tensor::test_util::*;
-    use crate::gpu::ElemType;
     use half::f16;
 
     /// Every GGUF type, and the MLX affine types in both scale formats and three group sizes.
@@ -1464,7 +1507,7 @@ pub(crate) mod tests {
                         None => linear_quant_in(&gpu, &x, input, &w, None, &y, opts),
                         Some(rw) => {
                             let s = check_operands("test", &x, n, k, None, &y, opts);
-                            matvec_quant_batch(&gpu, &x, input, &w, None, &y, &s, opts, rw)
+                            matvec_quant_batch(&gpu, &x, input, &w, None, &y, &s, opts, rw, None)
                         }
                     };
                     gpu.run(&[&kern.unwrap()]).unwrap();
@@ -2243,7 +2286,8 @@ pub(crate) mod tests {
                     let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
                     line += &format!(" matmul {:.1}us", tm * 1e6);
                     for rw in [32, 16] {
-                        let kern = matvec_quant_batch(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, rw).unwrap();
+                        let kern =
+                            matvec_quant_batch(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, rw, None).unwrap();
                         let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
                         let auto = if rw == batch_rows(n, t) { "*" } else { "" };
                         line += &format!(" batch rw {rw}{auto} {:.1}us", tm * 1e6);
