@@ -7,7 +7,9 @@
 // out2[r, i] = out[r, i] * inverseSqrt(mean_i(out[r, i]^2) + eps) * w2[i] (out2 in out's row
 // layout): a post-norm's residual add and the next pre-norm in one dispatch. With IN_PLACE: x is
 // normalized in place (binding 0 is both input and output; there is no out binding; out_stride is
-// ignored).
+// ignored). With PARTS (not with IN_PLACE): x is the sum of p.parts partial rows, part s of row r
+// at r * x_stride + s * part_stride, added in order (a split-K matvec's chunks: matvec_quant's
+// SPLITK).
 //
 // Row r starts at element r * x_stride of x and r * out_stride of out, so x and out may be
 // strided (or views: Tensor.offset, 256-byte aligned).
@@ -27,8 +29,8 @@ struct Params {
     out_stride: u32,
     eps: f32,
     out_scale: f32,   // ACCUMULATE: (out + norm(x)) * out_scale
-    _pad1: u32,
-    _pad2: u32,
+    parts: u32,       // PARTS: partial rows summed into x's row
+    part_stride: u32, // PARTS: elements from one part of a row to the next
 }
 
 #ifdef IN_PLACE
@@ -84,7 +86,25 @@ fn row_sum(s: f32, lid: u32
 
 // Four consecutive elements (the row length a multiple of 4), and the sum of their squares.
 fn x4(at: u32) -> vec4<f32> {
-    return vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
+    var v = vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
+#ifdef PARTS
+    for (var s = 1u; s < p.parts; s++) {
+        let a = at + s * p.part_stride;
+        v += vec4<f32>(x[a], x[a + 1u], x[a + 2u], x[a + 3u]);
+    }
+#endif
+    return v;
+}
+
+// One element.
+fn x1(at: u32) -> f32 {
+    var v = x[at];
+#ifdef PARTS
+    for (var s = 1u; s < p.parts; s++) {
+        v += x[at + s * p.part_stride];
+    }
+#endif
+    return v;
 }
 
 fn w4(i: u32) -> vec4<f32> {
@@ -209,7 +229,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     } else {
         for (var i = lid; i < n; i += {{WG}}u) {
-            let v = x[xb + i];
+            let v = x1(xb + i);
             s += v * v;
         }
     }
@@ -233,7 +253,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     } else {
         for (var i = lid; i < n; i += {{WG}}u) {
-            let v = x[xb + i] * scale * w[i];
+            let v = x1(xb + i) * scale * w[i];
 #ifdef ACCUMULATE
             let o = (out[ob + i] + v) * p.out_scale;
 #else
