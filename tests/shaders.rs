@@ -27,11 +27,7 @@ const TOGETHER: &[(&str, &[&str])] = &[
     ("matvec_quant", &["DP4", "DP4X", "TOK4", "Q4_K", "GATED"]),
     ("matvec_quant_batch", &["GROUPED", "NORM", "GLU"]),
     ("matvec_quant_batch", &["GROUPED", "GATED", "ACCUMULATE", "Q6_K"]),
-    ("matvec_quant", &["DP4", "DP4X", "SPLITK", "STAGE8", "Q6_K"]),
-    ("matvec_quant", &["DP4", "DP4X", "SPLITK", "Q4_K"]),
     ("rms_norm", &["REG", "ACCUMULATE", "NEXT"]),
-    ("rms_norm", &["REG", "ACCUMULATE", "NEXT", "PARTS"]),
-    ("rms_norm", &["ACCUMULATE", "PARTS"]),
 ];
 
 /// The file and everything it includes (recursively), as (name, source).

@@ -33,12 +33,6 @@
 // p.experts weights of N rows each ((E·N, K), expert e's rows e·N .. e·N + N: its units follow
 // those of expert e - 1), the grid's z is the slot s; slot s reads expert ids[s]'s rows (clamped
 // to the stack), meets them with x row s / p.spr and writes y row s. TOK = 1, p.t ignored.
-//
-// SPLITK (with DP4 and DP4X; one token): the row's K is cut into chunks of KC blocks and the
-// grid's z is the chunk: workgroup (rows, z) stages only chunk z of x and meets its rows' units
-// of that chunk, writing its partial sums to y row z (the consumer adds the chunks' rows, in
-// order: rms_norm's PARTS). Many more workgroups over a long row's few rows, each staging a slice
-// of x once for its rows (Gemma-4-31B's down projections, K = 21504, N = 5376).
 #define WG 256
 #define TPR 32
 #define TOK 1
@@ -308,18 +302,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let yt0 = slot;
     let nt = 1u;
 #else
-#ifdef SPLITK
-    // One token; this workgroup's chunk of K is z, its partial sums go to y row z.
-    let wrow = 0u;
-    let xt0 = 0u;
-    let yt0 = wid.z;
-    let nt = 1u;
-#else
     let wrow = 0u;
     let xt0 = 0u;
     let yt0 = 0u;
     let nt = p.t;
-#endif
 #endif
     // First unit of each of the row group's rows (clamped: rows past N compute garbage, unstored).
     let base = (min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.n - 1u)) + vec4<u32>(wrow)) * units;
@@ -338,17 +324,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         // The first unit of each row loads while x is staged. The row is staged KC blocks at a
         // time (one chunk when it fits); each lane meets its units u = lane + i · TPR in order,
         // chunk after chunk, as in one pass over the row.
-#ifdef SPLITK
-        let cb0 = wid.z * {{KC}}u;
-        let cb1 = min(cb0 + {{KC}}u, p.xk / 8u);
-        let ub0 = cb0 * 32u / QU;
-        // This lane's first unit of the chunk (lanes keep their units mod TPR, as in one pass).
-        let uf = min(ub0 + (lane + {{TPR}}u - ub0 % {{TPR}}u) % {{TPR}}u, units - 1u);
-#else
-        let cb0 = 0u;
-        let cb1 = p.xk / 8u;
         let uf = min(lane, units - 1u);
-#endif
         var r0 = q_raw(base.x + uf);
         var r1 = q_raw(base.y + uf);
         var r2 = q_raw(base.z + uf);
@@ -368,19 +344,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             acc0 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
         }
 #else
-        for (var cb = cb0; cb < cb1; cb += {{KC}}u) {
-            if (cb > cb0) {
+        let kb = p.xk / 8u;
+        for (var cb = 0u; cb < kb; cb += {{KC}}u) {
+            if (cb > 0u) {
                 // Every lane is done with the previous chunk.
                 workgroupBarrier();
             }
-            let nb = min({{KC}}u, cb1 - cb);
+            let nb = min({{KC}}u, kb - cb);
             stage_tokens(xr, t0, nt, cb, nb, lid);
             workgroupBarrier();
             qi_g0 = 2u * cb;
             let ub = cb * 32u / QU;
             let ue = (cb + nb) * 32u / QU;
             for (var u = ub + (lane + {{TPR}}u - ub % {{TPR}}u) % {{TPR}}u; u < ue; u += {{TPR}}u) {
-                if (u != uf) {
+                if (u != lane) {
                     r0 = q_raw(base.x + u);
                     r1 = q_raw(base.y + u);
                     r2 = q_raw(base.z + u);

@@ -7,9 +7,7 @@
 // out2[r, i] = out[r, i] * inverseSqrt(mean_i(out[r, i]^2) + eps) * w2[i] (out2 in out's row
 // layout): a post-norm's residual add and the next pre-norm in one dispatch. With IN_PLACE: x is
 // normalized in place (binding 0 is both input and output; there is no out binding; out_stride is
-// ignored). With PARTS (not with IN_PLACE): x is the sum of p.parts partial rows, part s of row r
-// at r * x_stride + s * part_stride, added in order (a split-K matvec's chunks: matvec_quant's
-// SPLITK).
+// ignored).
 //
 // Row r starts at element r * x_stride of x and r * out_stride of out, so x and out may be
 // strided (or views: Tensor.offset, 256-byte aligned).
@@ -29,8 +27,8 @@ struct Params {
     out_stride: u32,
     eps: f32,
     out_scale: f32,   // ACCUMULATE: (out + norm(x)) * out_scale
-    parts: u32,       // PARTS: partial rows summed into x's row
-    part_stride: u32, // PARTS: elements from one part of a row to the next
+    _pad1: u32,
+    _pad2: u32,
 }
 
 #ifdef IN_PLACE
@@ -86,25 +84,7 @@ fn row_sum(s: f32, lid: u32
 
 // Four consecutive elements (the row length a multiple of 4), and the sum of their squares.
 fn x4(at: u32) -> vec4<f32> {
-    var v = vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
-#ifdef PARTS
-    for (var s = 1u; s < p.parts; s++) {
-        let a = at + s * p.part_stride;
-        v += vec4<f32>(x[a], x[a + 1u], x[a + 2u], x[a + 3u]);
-    }
-#endif
-    return v;
-}
-
-// One element.
-fn x1(at: u32) -> f32 {
-    var v = x[at];
-#ifdef PARTS
-    for (var s = 1u; s < p.parts; s++) {
-        v += x[at + s * p.part_stride];
-    }
-#endif
-    return v;
+    return vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
 }
 
 fn w4(i: u32) -> vec4<f32> {
@@ -229,7 +209,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     } else {
         for (var i = lid; i < n; i += {{WG}}u) {
-            let v = x1(xb + i);
+            let v = x[xb + i];
             s += v * v;
         }
     }
@@ -253,7 +233,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     } else {
         for (var i = lid; i < n; i += {{WG}}u) {
-            let v = x1(xb + i) * scale * w[i];
+            let v = x[xb + i] * scale * w[i];
 #ifdef ACCUMULATE
             let o = (out[ob + i] + v) * p.out_scale;
 #else

@@ -32,13 +32,12 @@ use crate::ops::attention::{attention, attention_batch, attention_rope, AttnPara
 use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, rms_norm_gated, DeltaRuleArgs};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant, per_layer_inputs, per_layer_slot};
-use crate::ops::matmul::gguf::{linear_quant_split, split_k};
 use crate::ops::matmul::{fuses_input, fuses_norm, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::moe::{
     groups_len, groups_slots, linear_experts, moe_combine, moe_group, moe_router, moe_router_shared, ExpertWeight,
     SharedExpert as MoeShared,
 };
-use crate::ops::norm::{rms_norm, rms_norm_in_place, rms_norm_residual, rms_norm_residual_parts, RowLayout};
+use crate::ops::norm::{rms_norm, rms_norm_in_place, rms_norm_residual, RowLayout};
 use crate::ops::rope::{inv_freq, rope, rope_batch, rope_kv_write, rope_kv_write_batch, RopeParams};
 use crate::ops::StepParams;
 use std::collections::HashMap;
@@ -987,24 +986,9 @@ impl<'a> LayerPass<'a> {
         };
         match post_norm {
             Some(pn) => {
+                k.push(linear(self.g, &from, input, w, None, self.tmp, self.opts())?);
                 let next = next.filter(|_| !fuses_norm(self.t, self.x.shape[1]));
-                let then = next.map(|w| (w, self.xn));
-                // A decode step's long-K projection split over K (Gemma 4's down projections):
-                // the post-norm adds the chunks' partial rows as it reads them.
-                let parts = match w {
-                    Linear::Quant(q) if self.t == 1 && self.seqs.is_none() && matches!(input, Input::Plain) => {
-                        split_k(self.g, q, 1)
-                    }
-                    _ => 1,
-                };
-                if let (Linear::Quant(q), true) = (w, parts > 1) {
-                    let y = self.s.rows("tmp", parts);
-                    k.push(linear_quant_split(self.g, &from, q, &y)?);
-                    k.push(rms_norm_residual_parts(self.g, &y, parts, pn, self.x, self.eps, scale, then)?);
-                } else {
-                    k.push(linear(self.g, &from, input, w, None, self.tmp, self.opts())?);
-                    k.push(rms_norm_residual(self.g, self.tmp, pn, self.x, self.eps, scale, then)?);
-                }
+                k.push(rms_norm_residual(self.g, self.tmp, pn, self.x, self.eps, scale, next.map(|w| (w, self.xn)))?);
                 *self.xn_for.borrow_mut() = next.cloned();
             }
             None => {

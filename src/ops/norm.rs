@@ -41,8 +41,7 @@ struct Params {
     out_stride: u32,
     eps: f32,
     out_scale: f32,
-    parts: u32,
-    part_stride: u32,
+    _pad: [u32; 2],
 }
 
 fn check(gpu: &Gpu, what: &str, t: &Tensor, rows: u32, n: u32, stride: u32) -> Result<()> {
@@ -78,12 +77,10 @@ fn checks(gpu: &Gpu, x: &Tensor, w: &Tensor, out: Option<&Tensor>, l: &RowLayout
     Ok(())
 }
 
-/// The uniform; x's rows are sums of `parts` partial rows `part_stride` elements apart.
-fn params(gpu: &Gpu, l: &RowLayout, eps: f32, out_scale: f32, (parts, part_stride): (u32, u32)) -> wgpu::Buffer {
-    let (x_stride, out_stride) = (l.x_stride, l.out_stride);
+fn params(gpu: &Gpu, l: &RowLayout, eps: f32, out_scale: f32) -> wgpu::Buffer {
     gpu.uniform(
         "rms_norm.params",
-        &Params { rows: l.rows, n: l.n, x_stride, out_stride, eps, out_scale, parts, part_stride },
+        &Params { rows: l.rows, n: l.n, x_stride: l.x_stride, out_stride: l.out_stride, eps, out_scale, _pad: [0; 2] },
     )
 }
 
@@ -117,7 +114,7 @@ pub fn rms_norm_rows(
     eps: f32,
     accumulate: bool,
 ) -> Result<Kernel> {
-    rms_norm_with(gpu, x, w, out, layout, eps, accumulate, 1.0, None, 1)
+    rms_norm_with(gpu, x, w, out, layout, eps, accumulate, 1.0, None)
 }
 
 /// The residual add through a post-norm, then the layer's output scale:
@@ -133,33 +130,7 @@ pub fn rms_norm_residual(
     scale: f32,
     next: Option<(&Tensor, &Tensor)>,
 ) -> Result<Kernel> {
-    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale, next, 1)
-}
-
-/// [`rms_norm_residual`] of a projection split over K (`LinearOpts::splits`): x holds `parts`
-/// partial results of `out`'s shape one after another, and the norm's input is their sum (added
-/// in order). One dispatch reads the split matvec's chunks, adds them, normalizes and adds the
-/// result to the residual stream.
-#[allow(clippy::too_many_arguments)]
-pub fn rms_norm_residual_parts(
-    gpu: &Gpu,
-    x: &Tensor,
-    parts: usize,
-    w: &Tensor,
-    out: &Tensor,
-    eps: f32,
-    scale: f32,
-    next: Option<(&Tensor, &Tensor)>,
-) -> Result<Kernel> {
-    let layout = whole_rows(out, w)?;
-    let part = out.numel();
-    if parts == 0 || x.numel() < parts * part {
-        return Err(Error::InvalidArgument(format!(
-            "rms_norm: x has {} elements, not {parts} parts of {part}",
-            x.numel()
-        )));
-    }
-    rms_norm_with(gpu, x, w, out, layout, eps, true, scale, next, parts as u32)
+    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale, next)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -173,12 +144,9 @@ fn rms_norm_with(
     accumulate: bool,
     out_scale: f32,
     next: Option<(&Tensor, &Tensor)>,
-    parts: u32,
 ) -> Result<Kernel> {
     checks(gpu, x, w, Some(out), &layout)?;
-    // Parts follow each other: part s of row r at r · x_stride + s · (rows · x_stride).
-    let part_stride = layout.rows * layout.x_stride;
-    let p = params(gpu, &layout, eps, out_scale, (parts, part_stride));
+    let p = params(gpu, &layout, eps, out_scale);
     let mut bindings = vec![x.binding(), w.binding(), out.binding(), p.as_entire_binding()];
     if let Some((w2, out2)) = next {
         assert!(accumulate, "rms_norm: the next norm follows a residual add");
@@ -194,7 +162,6 @@ fn rms_norm_with(
         &gpu.macros()
             .flag_if("ACCUMULATE", accumulate)
             .flag_if("NEXT", next.is_some())
-            .flag_if("PARTS", parts > 1)
             .flag_if("REG", reg)
             .set("WG", NORM_WG)
             .set("RV", if reg { rv } else { 1 }),
@@ -210,7 +177,7 @@ const NORM_WG: u32 = 256;
 /// ignored), e.g. the per-head q/k norm with rows = tokens × heads and n = head_dim.
 pub fn rms_norm_in_place(gpu: &Gpu, x: &Tensor, w: &Tensor, layout: RowLayout, eps: f32) -> Result<Kernel> {
     checks(gpu, x, w, None, &layout)?;
-    let p = params(gpu, &layout, eps, 1.0, (1, 0));
+    let p = params(gpu, &layout, eps, 1.0);
     gpu.kernel(
         "rms_norm",
         "main",
@@ -256,22 +223,6 @@ pub mod cpu {
         if let Some((w2, out2)) = next {
             rms_norm(out, w2, out2, eps, false);
         }
-    }
-
-    /// Reference of [`super::rms_norm_residual_parts`]: x's `parts` blocks of `out.len()` added
-    /// in order (f32, as the kernel), then [`rms_norm_residual`].
-    pub fn rms_norm_residual_parts(
-        x: &[f32],
-        parts: usize,
-        w: &[f32],
-        out: &mut [f32],
-        eps: f32,
-        scale: f32,
-        next: Option<(&[f32], &mut [f32])>,
-    ) {
-        let m = out.len();
-        let sum: Vec<f32> = (0..m).map(|i| (1..parts).fold(x[i], |a, s| a + x[s * m + i])).collect();
-        rms_norm_residual(&sum, w, out, eps, scale, next);
     }
 
     /// Contiguous rows of `w.len()`.
@@ -382,34 +333,6 @@ mod tests {
                 // The second norm meets the first's f32 rounding: twice the bound.
                 let e = rel_err(&got2, &want2);
                 assert!(e < 2.0 * TOL, "n={n} subgroups={}: the next norm, rel err {e}", gpu.caps.subgroups);
-            }
-            // x as the sum of a split-K matvec's partial rows (4 parts; rows of 5376 in registers,
-            // of 70 in the loops), with and without the next norm.
-            for (n, parts) in [(5376usize, 4usize), (70, 3), (640, 1)] {
-                let xs = random(parts * rows * n, 68, 2.0);
-                let (ws, w2s) = (random(n, 69, 1.5), random(n, 70, 1.5));
-                let init = random(rows * n, 71, 2.0);
-                let (x, w, w2) = (
-                    gpu.upload_f32("x", &[parts * rows, n], &xs).unwrap(),
-                    gpu.upload_f32("w", &[n], &ws).unwrap(),
-                    gpu.upload_f32("w2", &[n], &w2s).unwrap(),
-                );
-                for with_next in [false, true] {
-                    let out = gpu.upload_f32("out", &[rows, n], &init).unwrap();
-                    let out2 = gpu.upload_f32("out2", &[rows, n], &vec![7.0; rows * n]).unwrap();
-                    let next = with_next.then_some((&w2, &out2));
-                    let k = rms_norm_residual_parts(&gpu, &x, parts, &w, &out, 1e-6, 0.37, next).unwrap();
-                    gpu.run(&[&k]).unwrap();
-                    let (mut want, mut want2) = (init.clone(), vec![0.0; rows * n]);
-                    let next = with_next.then_some((&w2s[..], &mut want2[..]));
-                    cpu::rms_norm_residual_parts(&xs, parts, &ws, &mut want, 1e-6, 0.37, next);
-                    let e = rel_err(&gpu.read_f32(&out).unwrap(), &want);
-                    assert!(e < TOL, "parts {parts} n={n} next={with_next}: rel err {e}");
-                    if with_next {
-                        let e = rel_err(&gpu.read_f32(&out2).unwrap(), &want2);
-                        assert!(e < 2.0 * TOL, "parts {parts} n={n}: the next norm, rel err {e}");
-                    }
-                }
             }
             // Scale 1 is the plain residual add, bit for bit.
             let a = gpu.upload_f32("a", &[rows, n], &init).unwrap();

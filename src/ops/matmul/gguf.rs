@@ -427,9 +427,6 @@ struct QMatvecConfig {
     /// one token a pass with the whole row staged, or (Q6_K) passes of 4 tokens, staged in chunks
     /// where they do not fit workgroup memory ([`dp4_chunk`]).
     dp4: bool,
-    /// Chunks of K the row is split into (`SPLITK`, with DP4, one token): each chunk's partial
-    /// sums go to a y row of their own ([`linear_quant_split`]); 1: none.
-    splits: u32,
     /// Measurement probes (tests only): PROBE_NOX, PROBE_NOMATH.
     #[cfg(test)]
     probe: &'static str,
@@ -557,7 +554,6 @@ impl QMatvecConfig {
             tok,
             subgroups,
             dp4,
-            splits: 1,
             #[cfg(test)]
             probe: "",
             #[cfg(test)]
@@ -594,95 +590,19 @@ impl QMatvecConfig {
     }
 }
 
-/// The split-K form of a one-token projection whose output goes to a consumer that adds partial
-/// rows (`ops::norm::rms_norm_residual_parts`): rows of 16384 elements or more, which do not
-/// stage whole for DP4 (Gemma-4-31B's down projections, K = 21504), over 4096 rows or more, in
-/// the types with the DP4 form, on Vulkan: as many chunks as the staging needs (3 at K = 21504),
-/// in 256-thread workgroups of 32-lane row groups. None otherwise (run [`linear_quant`]).
-/// The benchmark knob `WGPU_LLM_QMV="TYPE:N:K:wg:tpr:1:splits"` sets the chunks and the shape
-/// (`splits` 1: none).
-fn split_config(gpu: &Gpu, dtype: DType, s: &LinearShape) -> Option<QMatvecConfig> {
-    let base = QMatvecConfig::new(gpu, dtype, s);
-    let narrow = !base.subgroups || gpu.caps.subgroup_max_size <= 32;
-    let long = s.t == 1 && s.k >= 16384 && s.n >= 4096 && !stages_whole(gpu, dtype, s.k, 256);
-    let mut cfg = (long && narrow && gpu.info.backend == wgpu::Backend::Vulkan)
-        .then(|| dp4_chunk(gpu, dtype, s.k, 256, 1))
-        .flatten()
-        .map(|kc| QMatvecConfig {
-            wg: 256,
-            tpr: 32,
-            dp4: true,
-            splits: (s.k / 32).div_ceil(kc as usize) as u32,
-            ..base
-        });
-    if let Ok(v) = std::env::var("WGPU_LLM_QMV") {
-        for e in v.split(',') {
-            let ty = e.split(':').next().unwrap_or_default();
-            let f: Vec<usize> = e.split(':').skip(1).filter_map(|x| x.parse().ok()).collect();
-            if let [n, k, w, t, 1, p] = f[..] {
-                if (ty == "any" || ty == format!("{dtype:?}")) && n == s.n && k == s.k && s.t == 1 {
-                    cfg = (p > 1).then_some(QMatvecConfig {
-                        wg: w as u32,
-                        tpr: t as u32,
-                        dp4: true,
-                        splits: p as u32,
-                        ..base
-                    });
-                }
-            }
-        }
-    }
-    // Each chunk (whole super-blocks) must stage in one piece.
-    cfg.filter(|c| dp4_capacity(gpu, dtype, c.wg, 1).is_some_and(|fit| split_chunk(s.k, c.splits) as usize <= fit))
-}
-
-/// Blocks of 32 elements a chunk of [`split_config`]'s `splits` chunks stages: whole 256-element
-/// super-blocks.
-fn split_chunk(k: usize, splits: u32) -> u32 {
-    ((k / 32).div_ceil(splits as usize).next_multiple_of(8)) as u32
-}
-
-/// Chunks of K [`linear_quant_split`] cuts a one-token projection of `w` into (the rows of its
-/// output): 1 where the whole-row matvec runs (then call [`linear_quant`]).
-pub fn split_k(gpu: &Gpu, w: &QuantWeight, t: usize) -> usize {
-    let [n, k] = w.shape;
-    let s = LinearShape { t, n, k, ld_out: n, cols: n };
-    split_config(gpu, w.dtype, &s).map_or(1, |c| c.splits as usize)
-}
-
-/// Records one token's `x · Wᵀ` cut into [`split_k`] chunks of K: y `[splits, N]` gets chunk c's
-/// partial sums in row c (`wgsl/matvec_quant.wgsl`, SPLITK), for a consumer that adds them in
-/// order (`ops::norm::rms_norm_residual_parts`). x `[1, K]`, read as it is.
-pub fn linear_quant_split(gpu: &Gpu, x: &Tensor, w: &QuantWeight, y: &Tensor) -> Result<Kernel> {
-    let [n, k] = w.shape;
-    let cfg = split_config(gpu, w.dtype, &LinearShape { t: 1, n, k, ld_out: n, cols: n });
-    let Some(cfg) = cfg else {
-        panic!("linear_quant_split: {} [{n}, {k}] has no split form here (split_k says 1)", w.dtype)
-    };
-    record_split(gpu, x, w, y, cfg)
-}
-
-fn record_split(gpu: &Gpu, x: &Tensor, w: &QuantWeight, y: &Tensor, cfg: QMatvecConfig) -> Result<Kernel> {
-    let [n, k] = w.shape;
-    let input = Input::Plain;
-    let p = cfg.splits as usize;
-    assert!(
-        y.ty == ElemType::F32 && y.shape == [p, n],
-        "linear_quant_split: y must be f32 [{p}, {n}], got {:?}",
-        y.shape
-    );
-    let one = Tensor { shape: vec![1, n], ..y.clone() };
-    let s = check_operands("linear_quant_split", &input.checked_x(x, k), n, k, None, &one, LinearOpts::default());
-    matvec_quant_routed(gpu, x, input, w, None, y, &LinearShape { t: p, ..s }, LinearOpts::default(), cfg, None)
-}
-
 /// Blocks of 32 elements staged per token at a time for DP4 (`KC` in wgsl/matvec_quant.wgsl):
 /// the whole row (K / 32 blocks) where `tok` tokens of it fit the workgroup memory the reductions
 /// leave (`red`, WG · TOK vec4, and the fused norm's, WG vec4), else balanced chunks of whole
 /// 256-element super-blocks. None for types without the DP4 form, or where not even one
 /// super-block a token fits.
 fn dp4_chunk(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> Option<u32> {
-    let fit = dp4_capacity(gpu, dtype, wg, tok)?;
+    if !matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q6_K | DType::Affine { bits: 4, .. }) {
+        return None;
+    }
+    // A block a token: 32 low and 32 high bytes, two 16-element sums and the scale.
+    let per_block = (2 * 32 + 2 * 4 + 4) * tok as usize;
+    let reductions = 16 * wg as usize * (tok as usize + 1);
+    let fit = (gpu.limits.max_compute_workgroup_storage_size as usize).checked_sub(reductions)? / per_block;
     let kb = k / 32;
     if kb <= fit {
         return Some(kb as u32);
@@ -692,19 +612,6 @@ fn dp4_chunk(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> Option<u32
         return None;
     }
     Some(kb.div_ceil(kb.div_ceil(fit)).next_multiple_of(8) as u32)
-}
-
-/// Blocks of 32 elements of each of `tok` tokens the DP4 staging arrays hold in the workgroup
-/// memory the reductions leave (`red`, WG · TOK vec4, and the fused norm's, WG vec4); None for
-/// types without the DP4 form.
-fn dp4_capacity(gpu: &Gpu, dtype: DType, wg: u32, tok: u32) -> Option<usize> {
-    if !matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q6_K | DType::Affine { bits: 4, .. }) {
-        return None;
-    }
-    // A block a token: 32 low and 32 high bytes, two 16-element sums and the scale.
-    let per_block = (2 * 32 + 2 * 4 + 4) * tok as usize;
-    let reductions = 16 * wg as usize * (tok as usize + 1);
-    Some((gpu.limits.max_compute_workgroup_storage_size as usize).checked_sub(reductions)? / per_block)
 }
 
 /// Whether one token's row of `k` elements stages whole for DP4 in workgroups of `wg` threads
@@ -825,7 +732,6 @@ fn matvec_quant_routed(
     if cfg.dp4 {
         let kc = dp4_chunk(gpu, w.dtype, s.k, cfg.wg, cfg.tok);
         let kc = kc.unwrap_or_else(|| panic!("DP4 for {} K = {} ({cfg:?})", w.dtype, s.k));
-        let kc = if cfg.splits > 1 { split_chunk(s.k, cfg.splits) } else { kc };
         #[cfg(test)]
         let kc = if cfg.max_kc > 0 { kc.min(cfg.max_kc) } else { kc };
         // Chunks of whole 256-element super-blocks (the k-quants' units never straddle one).
@@ -835,8 +741,7 @@ fn matvec_quant_routed(
             .flag("DP4")
             .set("KC", kc)
             .flag_if("DP4X", chunked)
-            .flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8)
-            .flag_if("SPLITK", cfg.splits > 1);
+            .flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8);
     }
     if !cfg.subgroups {
         macros.0.remove("SUBGROUP");
@@ -850,7 +755,6 @@ fn matvec_quant_routed(
     let mut bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
     bindings.extend(input.binding(s.k));
     let (macros, z) = super::Route::apply(route, macros, &mut bindings, s.t);
-    let z = if cfg.splits > 1 { cfg.splits } else { z };
     let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
     gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
 }
@@ -1983,54 +1887,6 @@ pub(crate) mod tests {
                 }
                 check(&chunked, &want, &tol, &format!("{ty} norm={norm} DP4 chunks of 8, 4 tokens a pass"));
             }
-        }
-    }
-
-    /// The split-K matvec (SPLITK): y's rows are the K chunks' partial sums; their sum in order
-    /// matches the CPU on x as DP4 stages it, every DP4 type, 2 to 8 chunks (the last one short
-    /// where the blocks do not divide), N not a multiple of a workgroup's rows, 32- and 64-lane
-    /// row groups. And the rule: Gemma-4-31B's K = 21504 down projections split in 3, rows that
-    /// stage whole do not.
-    #[test]
-    fn split_k_partials_add_up_to_the_row() {
-        for gpu in gpu_variants() {
-            if gpu.info.backend != wgpu::Backend::Vulkan {
-                panic!("DP4 runs on Vulkan only: this test needs lavapipe or a Vulkan GPU");
-            }
-            let types =
-                [DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q6_K, DType::Affine { bits: 4, group: 64, bf16: false }];
-            for (i, ty) in types.into_iter().enumerate() {
-                let (n, k) = (70, 2048);
-                let seed = 9100 + 10 * i as u64;
-                let raw = random_blocks(ty, n, k, seed);
-                let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
-                let xv = random(k, seed + 1, 1.0);
-                let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
-                let s1 = LinearShape { t: 1, n, k, ld_out: n, cols: n };
-                let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, None, &vec![0.0; n], false);
-                for (splits, tpr) in [(2u32, 32u32), (3, 64), (8, 32)] {
-                    let cfg = QMatvecConfig { wg: 256, tpr, dp4: true, splits, ..QMatvecConfig::new(&gpu, ty, &s1) };
-                    let p = splits as usize;
-                    let y = gpu.upload_f32("y", &[p, n], &vec![f32::NAN; p * n]).unwrap();
-                    gpu.run(&[&record_split(&gpu, &x, &w, &y, cfg).unwrap()]).unwrap();
-                    let parts = gpu.read_f32(&y).unwrap();
-                    let got: Vec<f32> = (0..n).map(|r| (1..p).fold(parts[r], |a, c| a + parts[c * n + r])).collect();
-                    check(&got, &want, &tol, &format!("{ty} split in {splits}, {tpr} lanes"));
-                }
-            }
-            let vulkan = gpu.caps.subgroup_max_size <= 32 || !gpu.caps.subgroups;
-            let q = |ty: DType, n: usize, k: usize| {
-                let raw = random_blocks(ty, n.min(8), k, 1);
-                let mut w = QuantWeight::new(&gpu, "w", ty, [n.min(8), k], &raw).unwrap();
-                w.shape = [n, k];
-                split_k(&gpu, &w, 1)
-            };
-            if vulkan && gpu.limits.max_compute_workgroup_storage_size == 32768 {
-                assert_eq!(q(DType::Q6_K, 5376, 21504), 3, "Gemma-4-31B's Q6_K down");
-                assert_eq!(q(DType::Q4_K, 5376, 21504), 3, "Gemma-4-31B's Q4_K down");
-            }
-            assert_eq!(q(DType::Q6_K, 1536, 8960), 1, "Qwen2.5-1.5B's down stages whole");
-            assert_eq!(q(DType::Q4_K, 43008, 5376), 1, "Gemma-4-31B's gate_up stages whole");
         }
     }
 
