@@ -8,6 +8,9 @@
 // o goes to out; the gated RMSNorm after it is rms_norm_gated (a head's columns span workgroups).
 // The state is a ring of R slots (as in causal_conv1d): a pass at pos with n tokens reads slot
 // pos % R (zeros when pos == 0) and writes slot (pos + n) % R.
+// Decode steps run this kernel; prefill passes (recorded for more than one token) run
+// gated_delta_rule_chunked.wgsl, the same rule in the chunked form, where its chunk fits the
+// device's workgroup memory (src/ops/deltanet.rs: delta_form).
 //
 // Grid: (Hv * Dv / CB) workgroups, 2-D folded: workgroup (h, block) owns CB columns of head h's S; its
 // CB * RG threads split them by rows: thread (r, c) keeps rows r*ROWS .. (r+1)*ROWS of column

@@ -9,14 +9,25 @@
 //! rollback to any of the last passes' ends whose slot no later pass reused finds its state intact
 //! (the model keeps that bookkeeping: `model::forward::STATE_RING`).
 //!
-//! Prefill runs the recurrence token by token inside one dispatch (the recurrent form: the state
-//! is read and written once per pass, spread over the threads' registers). A head's state is
-//! split over Dv / CB workgroups of CB columns, each column's rows over RG threads: at
+//! The delta rule has two kernels over the same state ring, grid and work split. A head's state
+//! is split over Dv / CB workgroups of CB columns, each column's rows over RG threads that keep
+//! them in registers through the pass (the state is read and written once per pass): at
 //! Qwen3.5-35B-A3B's shapes (32 heads of 128 x 128) a decode step runs 128 workgroups of 256
 //! threads, not 32 (measured on the H100: 33 us a layer with a workgroup per head).
+//! - Decode (a pass recorded for one token) runs the recurrence (`wgsl/gated_delta_rule.wgsl`),
+//!   token by token.
+//! - Prefill (recorded for more) runs the chunked form (`wgsl/gated_delta_rule_chunked.wgsl`,
+//!   transformers' `torch_chunk_gated_delta_rule`): per chunk of C tokens (8 at Qwen3.5's heads)
+//!   the C x C products of the chunk's q and k, a forward substitution for the deltas and one
+//!   update of the state, instead of C updates each with its reductions; about 6 barriers per
+//!   chunk instead of 12 per token. `delta_form` says which runs where; the recurrent kernel
+//!   stays the fallback where no chunk fits the device's workgroup memory.
+//!
+//! The CPU twin [`cpu::gated_delta_rule`] is the recurrent definition; both kernels are tested
+//! against it.
 
 use crate::error::{Error, Result};
-use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Macros, Tensor};
 use crate::model::config::DeltaNetSpec;
 
 /// Most taps of the causal conv (the kernel keeps the window in registers).
@@ -107,15 +118,72 @@ pub struct DeltaRuleArgs<'a> {
 
 /// The (columns per workgroup, row groups) of the delta rule for head dims (Dk, Dv): CB the
 /// largest power of two up to 32 that divides Dv, RG filling 256 threads (at most Dk rounded up).
+/// Both kernels use it.
 fn delta_tiling(dk: usize, dv: usize) -> (usize, usize) {
     let cb = (0..=5).rev().map(|e| 1usize << e).find(|c| dv % c == 0).unwrap_or(1);
     let rg = (256 / cb).min(dk.next_power_of_two());
     (cb, rg)
 }
 
+/// Workgroup memory of the chunked kernel in bytes, chunk `c` (the sum in the header of
+/// `wgsl/gated_delta_rule_chunked.wgsl`).
+fn chunk_bytes(c: usize, dk: usize, (cb, rg): (usize, usize)) -> usize {
+    4 * (2 * c * (dk + 1) + 5 * c + 2 * c * c + 2 * c * cb * rg + 2 * c * cb)
+}
+
+/// Tokens per chunk of the chunked kernel for head dims (Dk, Dv) within `budget` bytes of
+/// workgroup memory: the largest of 16, 8, 4 that fits (8 at Qwen3.5's 128 x 128 heads, 26.7 KiB;
+/// 4 at 256 x 256, 17.2 KiB); `None` where none does (the recurrent kernel then runs prefill too).
+fn delta_chunk(dk: usize, dv: usize, budget: usize) -> Option<usize> {
+    let tiling = delta_tiling(dk, dv);
+    [16, 8, 4].into_iter().find(|&c| chunk_bytes(c, dk, tiling) <= budget)
+}
+
+/// Which kernel records a pass of the delta rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DeltaForm {
+    /// `wgsl/gated_delta_rule.wgsl`: the recurrence token by token.
+    Recurrent,
+    /// `wgsl/gated_delta_rule_chunked.wgsl` with chunks of this many tokens.
+    Chunked(usize),
+}
+
+/// The form for a pass recorded for `n_tokens`: chunked for prefill (more than one token),
+/// recurrent for a decode step. The recurrent kernel spends about 12 barriers on every token (its
+/// q / k norms are a tree reduction), the chunked one 6 on every chunk of up to C tokens plus a
+/// C x C Gram matrix of Dk-long dot products, so it is expected to win from 2 tokens on (not
+/// measured: no GPU where this was written). A decode step keeps the recurrent kernel, whose
+/// one-token cost was measured (33 us a layer on the H100 before the column split). Budget:
+/// min(32 KiB, the device's limit); where no chunk fits, recurrent.
+fn delta_form(gpu: &Gpu, dk: usize, dv: usize, n_tokens: usize) -> DeltaForm {
+    let budget = (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10);
+    match delta_chunk(dk, dv, budget) {
+        Some(c) if n_tokens > 1 => DeltaForm::Chunked(c),
+        _ => DeltaForm::Recurrent,
+    }
+}
+
 /// Records the gated delta rule over the rows `t < step.n_tokens`: o into `out` (the gated norm
-/// is [`rms_norm_gated`]).
+/// is [`rms_norm_gated`]). A pass recorded for one token (decode) runs the recurrent kernel, a
+/// longer one the chunked kernel (`delta_form`); both read and write the same state ring.
 pub fn gated_delta_rule(gpu: &Gpu, a: &DeltaRuleArgs<'_>) -> Result<Kernel> {
+    let d = &a.spec;
+    record_delta(gpu, a, delta_form(gpu, d.k_dim, d.v_dim, a.n_tokens))
+}
+
+/// The shader and macros of `form` for heads `d` (on top of the device's `base` macros).
+fn delta_shader(base: Macros, d: &DeltaNetSpec, form: DeltaForm) -> (&'static str, Macros) {
+    let (dk, dv) = (d.k_dim, d.v_dim);
+    let (cb, rg) = delta_tiling(dk, dv);
+    let macros = base.set("DK", dk).set("DV", dv).set("CB", cb).set("RG", rg).set("ROWS", dk.div_ceil(rg));
+    let macros = macros.flag_if("KV_TILED", d.kv_tiled);
+    match form {
+        DeltaForm::Recurrent => ("gated_delta_rule", macros),
+        DeltaForm::Chunked(c) => ("gated_delta_rule_chunked", macros.set("C", c)),
+    }
+}
+
+fn record_delta(gpu: &Gpu, a: &DeltaRuleArgs<'_>, form: DeltaForm) -> Result<Kernel> {
     let d = &a.spec;
     let (hk, hv, dk, dv, t) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim, a.n_tokens);
     if hk == 0 || hv % hk != 0 || dk == 0 || dv == 0 || dk > MAX_HEAD_DIM || dv > MAX_HEAD_DIM || t == 0 || a.ring < 2 {
@@ -137,13 +205,10 @@ pub fn gated_delta_rule(gpu: &Gpu, a: &DeltaRuleArgs<'_>) -> Result<Kernel> {
     let params: [u32; 8] =
         [hk as u32, hv as u32, ld_qkv as u32, a.ld_mix as u32, a.b_col as u32, a.a_col as u32, t as u32, a.ring as u32];
     let params = gpu.uniform("gated_delta_rule.params", &params);
-    let (cb, rg) = delta_tiling(dk, dv);
-    let mut macros = gpu.macros().set("DK", dk).set("DV", dv).set("CB", cb).set("RG", rg).set("ROWS", dk.div_ceil(rg));
-    if d.kv_tiled {
-        macros = macros.flag("KV_TILED");
-    }
+    let (shader, macros) = delta_shader(gpu.macros(), d, form);
+    let cb = delta_tiling(dk, dv).0;
     gpu.kernel(
-        "gated_delta_rule",
+        shader,
         "main",
         &macros,
         &[
@@ -379,7 +444,9 @@ mod tests {
     }
 
     impl Case {
-        fn new(d: DeltaNetSpec, rows: usize, seed: u64) -> Case {
+        /// `slow`: A = exp(A_log) in [0.01, 0.1] (a state that lasts hundreds of tokens) instead
+        /// of [1, 16] (one that mostly fades within a few).
+        fn new(d: DeltaNetSpec, rows: usize, seed: u64, slow: bool) -> Case {
             let (hv, vd) = (d.v_heads, d.value_dim());
             // mix = [pad 3 | z | b | a | pad 5]: z, b and a at odd columns, as views would not allow.
             let (z_col, b_col, a_col) = (3, 3 + vd, 3 + vd + hv);
@@ -395,34 +462,54 @@ mod tests {
                 qkv: random(rows * d.conv_dim(), seed + 2, 0.5),
                 mix,
                 cols: (ld_mix, z_col, b_col, a_col),
-                // A = exp(A_log) in [1, 16]; dt_bias near 1.
-                a_log: (0..hv).map(|_| (1.0 + 7.5 * (rng.next().unwrap() + 1.0)).ln()).collect(),
+                // A = exp(A_log) in [1, 16] (or [0.01, 0.1]); dt_bias near 1.
+                a_log: (0..hv)
+                    .map(|_| {
+                        let u = rng.next().unwrap() + 1.0;
+                        if slow { 0.01 + 0.045 * u } else { 1.0 + 7.5 * u }.ln()
+                    })
+                    .collect(),
                 dt_bias: (0..hv).map(|_| 1.0 + 0.1 * rng.next().unwrap()).collect(),
                 norm: random(d.v_dim, seed + 3, 0.2).iter().map(|w| 1.0 + w).collect(),
             }
         }
     }
 
-    /// Passes of `n` tokens over one sequence (each on its own input rows; kernels recorded for
-    /// `rows` tokens), the delta rule + gated norm against the CPU twins; the ring starts dirty, so
-    /// the first pass (pos 0) must ignore it. Then a rollback: the pass at `rollback` (an earlier
-    /// pass end whose slot no later pass reused) again, on other input, from the state kept there.
-    fn check_delta(gpu: &Gpu, d: DeltaNetSpec, rows: usize, passes: &[usize], rollback: usize) {
+    /// A pass of a test: `(n, rows)`, `n` tokens run by kernels recorded for `rows` (>= n).
+    type Pass = (usize, usize);
+
+    /// Passes over one sequence (each on its own input rows), the delta rule + gated norm against
+    /// the CPU twins (the recurrent definition), and the ring slot each pass writes against the
+    /// CPU's state; the ring starts dirty, so the first pass (pos 0) must ignore it. Then a
+    /// rollback `(pos, pass)`: a pass at `pos` (an earlier pass start whose slot no later pass
+    /// reused) again, on other input, from the state kept there. `form`: the kernel every pass
+    /// records, or `None` for the one `gated_delta_rule` picks. Returns the largest differences
+    /// seen (output, state).
+    fn check_delta(
+        gpu: &Gpu,
+        d: DeltaNetSpec,
+        slow: bool,
+        passes: &[Pass],
+        (rollback, rb_pass): (usize, Pass),
+        form: Option<DeltaForm>,
+    ) -> (f32, f32) {
         let (ring, eps) = (4, 1e-6);
         let np = passes.len() + 1;
-        let c = Case::new(d, np * rows, 11 + d.k_dim as u64);
+        let rmax = passes.iter().chain([&rb_pass]).map(|p| p.1).max().unwrap();
+        let c = Case::new(d, np * rmax, 11 + d.k_dim as u64, slow);
         let up = |n: &str, v: &[f32]| gpu.upload_f32(n, &[v.len()], v).unwrap();
         let (ld_mix, z_col, b_col, a_col) = c.cols;
-        // A tensor per pass of each input; the last one is the rollback's.
+        // A tensor per pass of each input (rmax rows); the last one is the rollback's.
         let qkv: Vec<Tensor> =
-            (0..np).map(|p| up("qkv", &c.qkv[p * rows * d.conv_dim()..][..rows * d.conv_dim()])).collect();
-        let mix: Vec<Tensor> = (0..np).map(|p| up("mix", &c.mix[p * rows * ld_mix..][..rows * ld_mix])).collect();
+            (0..np).map(|p| up("qkv", &c.qkv[p * rmax * d.conv_dim()..][..rmax * d.conv_dim()])).collect();
+        let mix: Vec<Tensor> = (0..np).map(|p| up("mix", &c.mix[p * rmax * ld_mix..][..rmax * ld_mix])).collect();
         let (a_log, dt_bias, norm) = (up("a_log", &c.a_log), up("dt_bias", &c.dt_bias), up("norm", &c.norm));
         let hsz = d.v_heads * d.k_dim * d.v_dim;
         let state = up("state", &random(ring * hsz, 3, 1.0));
-        let out = gpu.empty("out", &[rows, d.value_dim()], ElemType::F32).unwrap();
+        let out = gpu.empty("out", &[rmax, d.value_dim()], ElemType::F32).unwrap();
         let step = gpu.uniform("step", &StepParams::default());
-        let run = |pass: usize, pos: usize, n: usize, st: &mut Vec<f32>, what: &str| {
+        let worst = std::cell::Cell::new((0f32, 0f32));
+        let run = |pass: usize, pos: usize, (n, rows): Pass, st: &mut Vec<f32>, what: &str| {
             let args = DeltaRuleArgs {
                 spec: d,
                 qkv: &qkv[pass],
@@ -438,13 +525,14 @@ mod tests {
                 n_tokens: rows,
                 ring,
             };
-            let rule = gated_delta_rule(gpu, &args).unwrap();
+            let form = form.unwrap_or_else(|| delta_form(gpu, d.k_dim, d.v_dim, rows));
+            let rule = record_delta(gpu, &args, form).unwrap();
             let gate = rms_norm_gated(gpu, &out, &mix[pass], ld_mix, z_col, &norm, d.v_heads, &step, rows, eps);
             set_step(gpu, &step, pos, n);
             gpu.run(&[&rule, &gate.unwrap()]).unwrap();
             let got = gpu.read_f32(&out).unwrap();
-            let qkv = &c.qkv[pass * rows * d.conv_dim()..];
-            let mix = &c.mix[pass * rows * ld_mix..];
+            let qkv = &c.qkv[pass * rmax * d.conv_dim()..];
+            let mix = &c.mix[pass * rmax * ld_mix..];
             let o = cpu::gated_delta_rule(&d, qkv, mix, (ld_mix, b_col, a_col), &c.a_log, &c.dt_bias, n, st);
             let want: Vec<f32> = (0..n * d.v_heads)
                 .flat_map(|th| {
@@ -453,51 +541,113 @@ mod tests {
                     cpu::rms_norm_gated(&o[th * d.v_dim..][..d.v_dim], z, &c.norm, eps)
                 })
                 .collect();
+            let what =
+                format!("delta {d:?}{} {form:?} pos={pos} n={n} rows={rows}{what}", if slow { " slow" } else { "" });
             // The outputs are RMS-normalized (~1 per element, times w ~ 1 and silu(z) < 1): f32
             // rounding through the recurrence (Dk-long dot products of unit-norm k and q with a
-            // state that decays by exp(g) < 1 each token, so errors do not grow with T) measures
-            // <= 5e-7 on lavapipe (T up to 33); 2e-4 leaves room for other reduction orders, fast
-            // exp/rsqrt and the norm's 1/rms amplifying a small o.
-            assert_close(&got[..want.len()], &want, 2e-4, &format!("delta {d:?} pos={pos} n={n}{what}"));
+            // state that decays by exp(g) < 1 each token, and a delta rule step never grows it:
+            // |I - beta k k^T| <= 1, so errors do not grow with T) measures <= 1.5e-6 on lavapipe
+            // for both kernels (T up to 101; the chunked form only regroups the same sums: C x C
+            // products, exp of differences <= 0, a forward substitution with |A| <= 1); 2e-4
+            // leaves room for other reduction orders, fast exp/rsqrt and the norm's 1/rms
+            // amplifying a small o.
+            let (diff, _) = max_abs_diff(&got[..want.len()], &want);
+            assert_close(&got[..want.len()], &want, 2e-4, &what);
+            // The state slot the pass wrote, not normalized: |S| <= 0.3 here, a Dk-long dot
+            // product's rounding (128 * 6e-8 * 0.3 ~ 2e-6) per token at worst, not accumulating
+            // (as above); measured <= 1.5e-7.
+            let slots = gpu.read_f32(&state).unwrap();
+            let slot = &slots[((pos + n) % ring) * hsz..][..hsz];
+            let (sdiff, _) = max_abs_diff(slot, st);
+            assert_close(slot, st, 1e-5, &format!("{what} state"));
+            let w = worst.get();
+            worst.set((w.0.max(diff), w.1.max(sdiff)));
         };
         let mut cpu_state = vec![0f32; hsz];
         let mut kept = std::collections::HashMap::new();
         let mut pos = 0;
-        for (pass, &n) in passes.iter().enumerate() {
+        for (pass, &p) in passes.iter().enumerate() {
             kept.insert(pos, cpu_state.clone());
-            run(pass, pos, n, &mut cpu_state, "");
-            pos += n;
+            run(pass, pos, p, &mut cpu_state, "");
+            pos += p.0;
         }
         let mut at = kept.remove(&rollback).expect("rollback to a pass start");
-        run(np - 1, rollback, 1, &mut at, " (rollback)");
+        run(np - 1, rollback, rb_pass, &mut at, " (rollback)");
+        worst.get()
     }
 
-    /// Prefill, decode steps reading the ring, a dirty slot at pos 0, GQA-style 2:1 heads, odd
-    /// head dims, z/b/a at arbitrary columns; then a rollback: the pass at pos 8 re-run after
-    /// passes to 10 finds slot 8 intact (ring 4: ends 8, 9, 10 in slots 0, 1, 2).
+    /// The chunk sizes and forms picked.
+    #[test]
+    fn gated_delta_rule_forms() {
+        // Qwen3.5's 128 x 128 heads chunk by 8 (26.7 KiB), by 4 on a 16 KiB device; small heads by
+        // 16; 256 x 256 by 4 (17.2 KiB), recurrent on a 16 KiB device.
+        assert_eq!(chunk_bytes(8, 128, delta_tiling(128, 128)), 27360);
+        assert_eq!(delta_chunk(128, 128, 32 << 10), Some(8));
+        assert_eq!(delta_chunk(128, 128, 16 << 10), Some(4));
+        assert_eq!(delta_chunk(5, 7, 32 << 10), Some(16));
+        assert_eq!(delta_chunk(256, 256, 32 << 10), Some(4));
+        assert_eq!(delta_chunk(256, 256, 16 << 10), None);
+        // In 32 KiB every head shape up to MAX_HEAD_DIM has a chunk.
+        for dk in 1..=MAX_HEAD_DIM {
+            for dv in 1..=MAX_HEAD_DIM {
+                assert!(delta_chunk(dk, dv, 32 << 10).is_some(), "{dk} x {dv}");
+            }
+        }
+        // Decode is recurrent, anything longer chunked (where the device has the memory).
+        let g = gpu();
+        assert_eq!(delta_form(&g, 128, 128, 1), DeltaForm::Recurrent);
+        if g.limits.max_compute_workgroup_storage_size >= 32 << 10 {
+            assert_eq!(delta_form(&g, 128, 128, 2), DeltaForm::Chunked(8));
+            assert_eq!(delta_form(&g, 128, 128, 512), DeltaForm::Chunked(8));
+        }
+    }
+
+    /// Passes of 19 (2 or 3 chunks, the last partial), 16 (whole chunks of 8 or 16) and 5 tokens
+    /// recorded for 20 (fewer than recorded, state from the ring), a decode step recorded for 1
+    /// (the recurrent kernel), one recorded for 20 (a one-token chunk); ring 4: ends 19, 35, 40,
+    /// 41, 42 in slots 3, 3, 0, 1, 2, so the pass at 35 (7 tokens) is re-run from slot 3.
+    const PASSES: &[Pass] = &[(19, 20), (16, 20), (5, 20), (1, 1), (1, 20)];
+    const ROLLBACK: (usize, Pass) = (35, (7, 20));
+
+    /// Each shape with the kernels `gated_delta_rule` picks, with the recurrent kernel for every
+    /// pass (the fallback where no chunk fits) and with chunks of 4 (the chunk of a 16 KiB
+    /// device): GQA-style 2:1 heads, odd head dims, z/b/a at arbitrary columns.
     #[test]
     fn gated_delta_rule_matches_cpu() {
         for gpu in gpu_variants() {
             // Tilings: (CB, RG, ROWS) = (16, 16, 1), (4, 32, 1) with idle row groups, (32, 8, 16),
-            // (8, 32, 2) with a partial last row group, (1, 8, 1) with Dk = 5, Dv = 7 (odd).
-            for d in [spec(2, 4, 16, 16), spec(1, 2, 24, 12), spec(2, 2, 128, 128), spec(1, 1, 40, 8), spec(1, 3, 5, 7)]
-            {
-                check_delta(&gpu, d, 12, &[8, 1, 1], 8);
+            // (8, 32, 2) with a partial last row group, (1, 8, 1) with Dk = 5, Dv = 7 (odd), (32,
+            // 8, 32) at MAX_HEAD_DIM. Chunks picked: 8, 16, 8, 8, 16, 4.
+            let shapes =
+                [spec(2, 4, 16, 16), spec(1, 2, 24, 12), spec(2, 2, 128, 128), spec(1, 1, 40, 8), spec(1, 3, 5, 7)];
+            for d in shapes.into_iter().chain([spec(1, 1, 256, 256)]) {
+                for form in [None, Some(DeltaForm::Recurrent), Some(DeltaForm::Chunked(4))] {
+                    let (o, s) = check_delta(&gpu, d, false, PASSES, ROLLBACK, form);
+                    eprintln!("worst {d:?} {form:?}: out {o:e}, state {s:e}");
+                }
             }
             // llama.cpp's order of the value heads: head h reads key head h % Hk (3 key heads
             // of 6 value heads: 0 1 2 0 1 2, not 0 0 1 1 2 2).
             let tiled = DeltaNetSpec { kv_tiled: true, ..spec(3, 6, 16, 16) };
             assert_eq!((0..6).map(|h| tiled.k_head(h)).collect::<Vec<_>>(), [0, 1, 2, 0, 1, 2]);
-            check_delta(&gpu, tiled, 12, &[8, 1, 1], 8);
+            for form in [None, Some(DeltaForm::Recurrent)] {
+                check_delta(&gpu, tiled, false, PASSES, ROLLBACK, form);
+            }
         }
     }
 
-    /// Qwen3.5-35B-A3B's shapes (Hk 16, Hv 32, Dk = Dv = 128): a 33-token prefill, a 7-token
-    /// pass, two decode steps, then back to 40 (ring 4: ends 33, 40, 41, 42 in slots 1, 0, 1, 2).
+    /// Qwen3.5-35B-A3B's shapes (Hk 16, Hv 32, Dk = Dv = 128, chunks of 8): a 101-token prefill
+    /// recorded for 104 (12 whole chunks and 5 tokens), a 24-token pass, two decode steps, then
+    /// back to 125 for 3 tokens (ring 4: ends 101, 125, 126, 127 in slots 1, 1, 2, 3); with
+    /// A in [1, 16] and with slow decay (the state carried across all the chunks).
     #[test]
     fn gated_delta_rule_long_prefill() {
+        let passes = [(101, 104), (24, 24), (1, 1), (1, 1)];
         for gpu in gpu_variants() {
-            check_delta(&gpu, spec(16, 32, 128, 128), 33, &[33, 7, 1, 1], 40);
+            for slow in [false, true] {
+                let (o, s) = check_delta(&gpu, spec(16, 32, 128, 128), slow, &passes, (125, (3, 24)), None);
+                eprintln!("worst slow={slow}: out {o:e}, state {s:e}");
+            }
         }
     }
 }
