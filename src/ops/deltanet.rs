@@ -650,4 +650,34 @@ mod tests {
             }
         }
     }
+
+    /// The kernels as the tested shapes (and Qwen3.5's) record them, each form, with and without
+    /// KV_TILED, translate to MSL (the Metal check) and SPIR-V; tests/shaders.rs covers only the
+    /// files' default macros.
+    #[test]
+    fn gated_delta_rule_variants_translate() {
+        use naga::back::{msl, spv};
+        use naga::valid::{Capabilities, ValidationFlags, Validator};
+        let shapes = [(16, 16), (24, 12), (128, 128), (40, 8), (5, 7), (256, 256)];
+        for (dk, dv) in shapes {
+            let chunks = [16, 8, 4].into_iter().filter(|&c| chunk_bytes(c, dk, delta_tiling(dk, dv)) <= 32 << 10);
+            let forms = std::iter::once(DeltaForm::Recurrent).chain(chunks.map(DeltaForm::Chunked));
+            for (form, tiled) in forms.flat_map(|f| [(f, false), (f, true)]) {
+                let d = DeltaNetSpec { kv_tiled: tiled, ..spec(1, 2, dk, dv) };
+                let (name, macros) = delta_shader(Macros::new(), &d, form);
+                let what = format!("{name} {macros:?}");
+                let code = crate::gpu::shader::preprocess(name, &macros).unwrap();
+                let module = naga::front::wgsl::parse_str(&code).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let caps = Capabilities::all() - Capabilities::SHADER_FLOAT16 - Capabilities::SUBGROUP;
+                let info = Validator::new(ValidationFlags::all(), caps)
+                    .validate(&module)
+                    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&code)));
+                let options = msl::Options { lang_version: (2, 4), ..Default::default() };
+                msl::write_string(&module, &info, &options, &msl::PipelineOptions::default())
+                    .unwrap_or_else(|e| panic!("{what}: MSL {e}"));
+                let options = spv::Options { lang_version: (1, 3), ..Default::default() };
+                spv::write_vec(&module, &info, &options, None).unwrap_or_else(|e| panic!("{what}: SPIR-V {e}"));
+            }
+        }
+    }
 }
