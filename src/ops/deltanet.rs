@@ -152,9 +152,10 @@ enum DeltaForm {
 /// recurrent for a decode step. The recurrent kernel spends about 12 barriers on every token (its
 /// q / k norms are a tree reduction), the chunked one 6 on every chunk of up to C tokens plus a
 /// C x C Gram matrix of Dk-long dot products, so it is expected to win from 2 tokens on (not
-/// measured: no GPU where this was written). A decode step keeps the recurrent kernel, whose
-/// one-token cost was measured (33 us a layer on the H100 before the column split). Budget:
-/// min(32 KiB, the device's limit); where no chunk fits, recurrent.
+/// measured: no GPU where this was written). A decode step keeps the recurrent kernel: for one
+/// token the chunked one would stage and multiply a mostly empty chunk (its Gram dot products
+/// serial in a thread each, where the recurrent kernel reduces the norms over the workgroup).
+/// Budget: min(32 KiB, the device's limit); where no chunk fits, recurrent.
 fn delta_form(gpu: &Gpu, dk: usize, dv: usize, n_tokens: usize) -> DeltaForm {
     let budget = (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10);
     match delta_chunk(dk, dv, budget) {
