@@ -235,6 +235,9 @@ pub fn attention(
     step: &wgpu::Buffer,
     p: AttnParams,
 ) -> Result<Vec<Kernel>> {
+    if let Some(tl) = DecodeTiling::choose(gpu, &p, false) {
+        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, None, None);
+    }
     let tiling = Tiling::choose(gpu, &p)?;
     attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, None, None)
 }
@@ -256,6 +259,9 @@ pub fn attention_batch(
     inv_freq: Option<&Tensor>,
 ) -> Result<Vec<Kernel>> {
     assert!(seqs.ty == ElemType::U32 && seqs.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
+    if let Some(tl) = DecodeTiling::choose(gpu, &AttnParams { n_tokens: 1, ..p }, inv_freq.is_some()) {
+        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, inv_freq, Some(seqs));
+    }
     let tiling = Tiling::choose(gpu, &AttnParams { n_tokens: 1, ..p })?;
     attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, inv_freq, Some(seqs))
 }
@@ -277,6 +283,9 @@ pub fn attention_rope(
 ) -> Result<Vec<Kernel>> {
     assert_eq!(p.n_tokens, 1, "attention_rope: one token (decode)");
     assert_eq!(inv_freq.numel(), p.head_dim / 2, "attention_rope: inv_freq has D / 2 entries");
+    if let Some(tl) = DecodeTiling::choose(gpu, &p, true) {
+        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, Some(inv_freq), None);
+    }
     let tiling = Tiling::choose(gpu, &p)?;
     attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, Some(inv_freq), None)
 }
@@ -378,6 +387,167 @@ pub fn attention_with(
         grid((rows * d.div_ceil(32)) as u32),
     )?;
     Ok(vec![main, merge])
+}
+
+/// Subgroups exactly 32 wide (`SG32` in `wgsl/attention_decode.wgsl`).
+fn sg32(gpu: &Gpu) -> bool {
+    gpu.caps.subgroups && gpu.caps.subgroup_min_size == 32 && gpu.caps.subgroup_max_size == 32
+}
+
+/// Fewest KV heads [`attention_decode`] is chosen for. Measured on the H100 (BENCHMARKS runs 30 and
+/// 36): with 2 or 3 KV heads (Qwen2.5, SmolLM2) the in-kernel merge costs what the merge dispatch
+/// it replaces does (the Qwen2.5-1.5B step 1952 us against 1950); alone the kernel wins from 8
+/// KV heads on at 1-4k positions (Llama-3-8B's shape at 1024: 8.0 us against 18.1).
+pub const DECODE_MIN_KV_HEADS: usize = 8;
+
+/// How [`attention_decode`] cuts one decode token's keys (see `wgsl/attention_decode.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeTiling {
+    /// Keys per chunk (`CK`): a chunk is 8192 or 4096 elements of K (and as many of V).
+    pub ck: usize,
+    /// Workgroups per KV head (`NSPLIT`), each a run of whole chunks; the last to finish merges.
+    pub nsplit: usize,
+}
+
+impl DecodeTiling {
+    /// Workgroup memory of the kernel (its arrays; `rope`: the rotation table and this step's
+    /// key and value too; the lanes' reductions where subgroups do not take them).
+    pub fn workgroup_bytes(&self, d: usize, g: usize, rope: bool, sg32: bool) -> usize {
+        let (kp, kl) = (256 / self.ck, self.ck * d / 2048);
+        16 * g * kp * (2 * kl + 1)       // q_s
+            + 8 * self.ck * d / 4        // v_s
+            + 4 * g * self.ck * kp       // s_part
+            + 4 * g * self.ck            // p_s
+            + 2 * 32 + 4                 // alpha_s, l_s, last
+            + if sg32 { 0 } else { 2 * 4 * 256 } // red_m, red_l
+            + if rope { 8 * d / 2 + 4 * d } else { 0 }
+    }
+
+    /// Whether the kernel takes heads of `d` with `g` query heads per KV head at chunks of `ck`
+    /// keys: 8192 or 4096 elements a chunk, whole 16-byte words a thread, at most 8 query heads
+    /// (a softmax group of 32 lanes each), at most 512 (head, unit) pairs (two a thread).
+    fn valid(&self, d: usize, g: usize, budget: usize, rope: bool, sg32: bool) -> bool {
+        let ce = self.ck * d;
+        (ce == 8192 || ce == 4096)
+            && (4..=256).contains(&self.ck)
+            && d % 16 == 0
+            && (1..=8).contains(&g)
+            && g * d / 4 <= 512
+            && (1..=128).contains(&self.nsplit)
+            && self.workgroup_bytes(d, g, rope, sg32) <= budget
+    }
+
+    /// The tiling for one decode token of `p`, or None where the kernel does not apply (the
+    /// split attention kernel then runs; `WGPU_LLM_ATTN_DECODE=0` forces that, a benchmark knob):
+    /// chunks of 8192 elements where they fit the workgroup memory, else 4096; a run per chunk
+    /// of the context (or window), at most `(64 / Hkv).clamp(8, 32)` runs per KV head (longer
+    /// runs walk several chunks, and the merge reads fewer partial results), or `p.splits`.
+    /// Only for heads with at least [`DECODE_MIN_KV_HEADS`] KV heads.
+    pub fn choose(gpu: &Gpu, p: &AttnParams, rope: bool) -> Option<DecodeTiling> {
+        if std::env::var("WGPU_LLM_ATTN_DECODE").is_ok_and(|v| v == "0")
+            || p.n_tokens != 1
+            || p.kv_heads < DECODE_MIN_KV_HEADS
+        {
+            return None;
+        }
+        let (d, g) = (p.head_dim, p.heads / p.kv_heads);
+        let budget = (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10);
+        let span = if p.window > 0 { p.max_ctx.min(p.window + 1) } else { p.max_ctx };
+        [8192, 4096].into_iter().filter(|ce| ce % d == 0).find_map(|ce| {
+            let ck = ce / d;
+            let cap = (64 / p.kv_heads).clamp(8, 32);
+            let nsplit = if p.splits > 0 { p.splits } else { span.div_ceil(ck).clamp(1, cap) };
+            let tl = DecodeTiling { ck, nsplit };
+            tl.valid(d, g, budget, rope, sg32(gpu)).then_some(tl)
+        })
+    }
+}
+
+/// Records the attention of one decode token (`p.n_tokens == 1`), or with `seqs` of a decode step
+/// of `p.n_tokens` sequences as [`attention_batch`], in one dispatch
+/// (`wgsl/attention_decode.wgsl`): each token's keys split over `tl.nsplit` workgroups per KV
+/// head, the last of which merges. Without `rope`, the tokens' k and v are already in the caches
+/// (q and k roped); with `rope` (f32 `[D / 2]` inverse frequencies), q and k in `qkv` are
+/// unrotated and the kernel rotates them and writes the caches, as [`attention_rope`]. A token's
+/// output is the same whatever the other tokens of the step.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    out: &Tensor,
+    step: &wgpu::Buffer,
+    p: AttnParams,
+    tl: DecodeTiling,
+    rope: Option<&Tensor>,
+    seqs: Option<&Tensor>,
+) -> Result<Vec<Kernel>> {
+    p.check(qkv, k_cache, v_cache);
+    assert!(p.n_tokens == 1 || seqs.is_some(), "attention_decode: one token, or a token a sequence");
+    assert_eq!(out.ty, ElemType::F32, "attention: out must be f32");
+    assert!(out.numel() >= p.n_tokens * p.heads * p.head_dim, "attention: out holds fewer than T rows");
+    let (d, g) = (p.head_dim, p.heads / p.kv_heads);
+    let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
+    assert!(
+        tl.valid(d, g, limit, rope.is_some(), sg32(gpu)),
+        "attention_decode: invalid tiling {tl:?} for D = {d}, G = {g}"
+    );
+    let (ck, kp, kl) = (tl.ck, 256 / tl.ck, tl.ck * d / 2048);
+    let params: [u32; 8] = [
+        p.heads as u32,
+        p.kv_heads as u32,
+        p.max_ctx as u32,
+        p.window as u32,
+        p.scale.to_bits(),
+        p.n_tokens as u32,
+        0,
+        0,
+    ];
+    let params = gpu.uniform("attention_decode.params", &params);
+    let mut macros = gpu
+        .macros()
+        .set("D", d)
+        .set("G", g)
+        .set("CK", ck)
+        .set("KP", kp)
+        .set("KL", kl)
+        .set("VL", kl)
+        .set("NP", (g * d / 4).div_ceil(256))
+        .set("NSPLIT", tl.nsplit)
+        .flag_if("SG32", sg32(gpu));
+    let mut bindings = vec![
+        qkv.binding(),
+        k_cache.binding(),
+        v_cache.binding(),
+        step.as_entire_binding(),
+        params.as_entire_binding(),
+        out.binding(),
+    ];
+    // Per token, the runs' partial results and the KV heads' counters (zeroed at creation; the
+    // merging workgroup resets its counter).
+    let part;
+    if tl.nsplit > 1 {
+        part = gpu.empty(
+            "attention_decode.part",
+            &[p.n_tokens, tl.nsplit * p.heads * (d + 2) + p.kv_heads],
+            ElemType::U32,
+        )?;
+        macros = macros.flag("SPLIT").set("PB", bindings.len());
+        bindings.push(part.binding());
+    }
+    if let Some(t) = rope {
+        assert_eq!(t.numel(), d / 2, "attention_decode: inv_freq has D / 2 entries");
+        macros = macros.flag("ROPE").set("RB", bindings.len());
+        bindings.push(t.binding());
+    }
+    if let Some(sq) = seqs {
+        assert!(sq.ty == ElemType::U32 && sq.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
+        macros = macros.flag("BATCH").set("SEQS", bindings.len());
+        bindings.push(sq.binding());
+    }
+    let wgs = [tl.nsplit as u32, p.kv_heads as u32, p.n_tokens as u32];
+    Ok(vec![gpu.kernel("attention_decode", "main", &macros, &bindings, wgs)?])
 }
 
 pub mod cpu {
@@ -710,6 +880,94 @@ mod tests {
         assert_eq!(t(4096, 1), (16, 128));
         assert_eq!(t(32768, 1), (64, 128));
         assert_eq!(t(4096, 512).1, 1);
+    }
+
+    /// The one-dispatch decode kernel (attention_decode) against the CPU: runs of decode steps
+    /// through the same recorded kernel (the merge's counters reset between dispatches), from
+    /// the first position, inside one chunk and across several, with one run, a few, and more
+    /// runs than chunks (empty runs); 8192- and 4096-element chunks, full and sliding-window
+    /// attention, every head shape the kernel takes. The caches past the token hold random
+    /// values the kernel must not see.
+    #[test]
+    fn decode_kernel_matches_cpu() {
+        for gpu in gpu_variants() {
+            let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
+            for (h, hkv, d, ctx) in [
+                (12, 2, 128, 300),
+                (14, 2, 64, 400),
+                (9, 3, 64, 200),
+                (4, 1, 256, 100),
+                (8, 1, 128, 150),
+                (4, 2, 32, 600),
+                (8, 1, 16, 600),
+            ] {
+                for window in [0usize, 45] {
+                    let p = params(h, hkv, d, ctx, window);
+                    let g = h / hkv;
+                    let mut tilings: Vec<DecodeTiling> = DecodeTiling::choose(&gpu, &p, false).into_iter().collect();
+                    for (ce, nsplit) in [(8192, 1), (8192, 3), (4096, 2), (4096, 7), (8192, 40)] {
+                        let tl = DecodeTiling { ck: ce / d, nsplit };
+                        if ce % d == 0 && tl.valid(d, g, limit, false, sg32(&gpu)) && !tilings.contains(&tl) {
+                            tilings.push(tl);
+                        }
+                    }
+                    assert!(tilings.len() >= 2, "H {h} Hkv {hkv} D {d}: {tilings:?}");
+                    for tl in tilings {
+                        let row = p.row_stride();
+                        let (mut k_cpu, mut v_cpu): (Vec<f16>, Vec<f16>) = (
+                            random(hkv * ctx * d, 60, 1.0).iter().map(|x| f16::from_f32(*x)).collect(),
+                            random(hkv * ctx * d, 61, 1.0).iter().map(|x| f16::from_f32(*x)).collect(),
+                        );
+                        let kc = gpu.upload_f16("k", &[hkv, ctx, d], &k_cpu).unwrap();
+                        let vc = gpu.upload_f16("v", &[hkv, ctx, d], &v_cpu).unwrap();
+                        let qkv = gpu.upload_f32("qkv", &[1, row], &vec![0.0; row]).unwrap();
+                        let out = gpu.empty("out", &[1, h * d], ElemType::F32).unwrap();
+                        let step = gpu.uniform("step", &StepParams::default());
+                        let write = kv_cache_write(&gpu, &qkv, &kc, &vc, &step, p).unwrap();
+                        let attn = attention_decode(&gpu, &qkv, &kc, &vc, &out, &step, p, tl, None, None).unwrap();
+                        assert_eq!(attn.len(), 1, "one dispatch");
+                        let mut ks = vec![&write];
+                        ks.extend(attn.iter());
+                        for pos in [0usize, 1, 2, 3, ctx / 2, ctx / 2 + 1, ctx - 2, ctx - 1] {
+                            let mut data = random(row, 70 + pos as u64, 1.0);
+                            data[..h * d].iter_mut().for_each(|x| *x *= 3.0);
+                            gpu.queue.write_buffer(&qkv.buffer, qkv.offset, bytemuck::cast_slice(&data));
+                            let sp = StepParams { pos: pos as u32, n_tokens: 1, slot: 0, _pad: 0 };
+                            gpu.queue.write_buffer(&step, 0, bytemuck::bytes_of(&sp));
+                            gpu.run(&ks).unwrap();
+                            cpu::kv_cache_write(&data, &mut k_cpu, &mut v_cpu, pos, 1, &p);
+                            let got = gpu.read_f32(&out).unwrap();
+                            let want = cpu::attention(&data, &k_cpu, &v_cpu, pos, 1, &p);
+                            let (diff, at) = max_abs_diff(&got, &want);
+                            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+                            assert!(
+                                diff <= 2e-5 * scale.max(1.0),
+                                "{p:?} {tl:?} pos={pos} f16={}: max diff {diff} at {at} ({} vs {})",
+                                gpu.caps.f16,
+                                got[at],
+                                want[at]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The decode path picks the one-dispatch kernel for the shapes it takes (Qwen2.5-1.5B's 12 /
+    /// 2 heads of 128: 64-key chunks, 11 runs at 641 positions, 32 at 4096; Gemma 4's 512-dim
+    /// heads fall back to the split kernel), and never for more than one token.
+    #[test]
+    fn decode_tiling_follows_the_context() {
+        let gpu = gpu();
+        let t =
+            |h: usize, hkv: usize, d: usize, ctx: usize| DecodeTiling::choose(&gpu, &params(h, hkv, d, ctx, 0), true);
+        assert_eq!(t(12, 2, 128, 641), None, "2 KV heads: the split kernel and its merge");
+        assert_eq!(t(64, 8, 128, 641), Some(DecodeTiling { ck: 32, nsplit: 8 }));
+        assert_eq!(t(32, 16, 256, 640), Some(DecodeTiling { ck: 32, nsplit: 8 }));
+        assert_eq!(t(32, 16, 256, 4096), Some(DecodeTiling { ck: 32, nsplit: 8 }));
+        assert_eq!(t(32, 4, 512, 4096), None);
+        assert_eq!(DecodeTiling::choose(&gpu, &AttnParams { n_tokens: 2, ..params(64, 8, 128, 641, 0) }, false), None);
     }
 
     #[test]
@@ -1071,6 +1329,8 @@ mod tests {
         let only: Option<String> = std::env::var("BENCH_ONLY").ok();
         // name, H, Hkv, D, context after the pass, T, window
         let cases: &[(&str, usize, usize, usize, usize, usize, usize)] = &[
+            ("qwen2.5-1.5b decode", 12, 2, 128, 641, 1, 0),
+            ("qwen2.5-1.5b decode", 12, 2, 128, 4096, 1, 0),
             ("llama3-8b decode", 32, 8, 128, 1024, 1, 0),
             ("llama3-8b decode", 32, 8, 128, 4096, 1, 0),
             ("llama3-8b decode", 32, 8, 128, 16384, 1, 0),
@@ -1117,6 +1377,41 @@ mod tests {
             let flops = 4.0 * (h * d * keys) as f64;
             let span = if window > 0 { window.min(ctx) + t } else { ctx };
             let bytes = (2 * hkv * span.min(ctx) * d * 2) as f64;
+            // The one-dispatch decode kernel: its choice, then other run counts and chunk sizes.
+            if t == 1 {
+                let g = h / hkv;
+                let auto = DecodeTiling::choose(&gpu, &p, false);
+                let mut dts: Vec<DecodeTiling> = auto.into_iter().collect();
+                for ce in [8192, 4096] {
+                    for nsplit in [1, 4, 8, 16, 32, 64, 128] {
+                        let tl = DecodeTiling { ck: ce / d, nsplit };
+                        if ce % d == 0 && tl.valid(d, g, limit, false, sg32(&gpu)) && !dts.contains(&tl) {
+                            dts.push(tl);
+                        }
+                    }
+                }
+                let table = gpu.upload_f32("inv_freq", &[d / 2], &crate::ops::rope::inv_freq(d, 1e6, 1.0)).unwrap();
+                for tl in dts {
+                    for rope in [false, true] {
+                        if rope && Some(tl) != auto {
+                            continue;
+                        }
+                        let ks =
+                            attention_decode(&gpu, &qkv, &kc, &vc, &out, &step, p, tl, rope.then_some(&table), None)
+                                .unwrap();
+                        let refs: Vec<&Kernel> = ks.iter().collect();
+                        let s = time(&refs);
+                        eprintln!(
+                            "{name:28} H={h:2} Hkv={hkv} D={d} ctx={ctx:5} T={t:4} w={window:4} decode{} {:?}: {:8.1} us  {:6.0} GB/s{}",
+                            if rope { "+rope" } else { "" },
+                            tl,
+                            s * 1e6,
+                            bytes / s * 1e-9,
+                            if Some(tl) == auto { "  (auto)" } else { "" },
+                        );
+                    }
+                }
+            }
             for tl in tilings {
                 let ks = attention_with(&gpu, &qkv, &kc, &vc, &out, &step, p, tl, None, None).unwrap();
                 let refs: Vec<&Kernel> = ks.iter().collect();
