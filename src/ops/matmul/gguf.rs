@@ -533,21 +533,6 @@ impl QMatvecConfig {
         if dp4 && tok == 1 && dtype == DType::Q4_K && s.k <= 1536 && s.n >= 8192 && narrow && whole(128) {
             (wg, tpr) = (128, 32);
         }
-        let mut dp4 = dp4;
-        // A benchmark knob: WGPU_LLM_QMV="TYPE:N:K:wg:tpr:dp4,..." (TYPE as `Q4_K`, or `any`) sets
-        // one-token configurations by type and shape, for measuring them inside a step.
-        if let (1, Ok(v)) = (tok, std::env::var("WGPU_LLM_QMV")) {
-            for e in v.split(',') {
-                let ty = e.split(':').next().unwrap_or_default();
-                let f: Vec<usize> = e.split(':').skip(1).filter_map(|x| x.parse().ok()).collect();
-                let ty_ok = ty == "any" || ty == format!("{dtype:?}");
-                if let [n, k, w, t, d] = f[..] {
-                    if ty_ok && n == s.n && k == s.k && (d == 0 || whole(w as u32)) {
-                        (wg, tpr, dp4) = (w as u32, t as u32, d == 1 && gpu.info.backend == wgpu::Backend::Vulkan);
-                    }
-                }
-            }
-        }
         QMatvecConfig {
             wg,
             tpr,
@@ -559,6 +544,30 @@ impl QMatvecConfig {
             #[cfg(test)]
             max_kc: 0,
         }
+        .knob(gpu, dtype, s)
+    }
+
+    /// A benchmark knob: WGPU_LLM_QMV="TYPE:N:K:wg:tpr:dp4,..." (TYPE as `Q4_K`, or `any`) sets
+    /// one-token configurations by type and shape, for measuring them inside a step. Applied
+    /// last, over every rule (a shape it names takes its configuration, the others their rules).
+    fn knob(self, gpu: &Gpu, dtype: DType, s: &LinearShape) -> Self {
+        let Ok(v) = std::env::var("WGPU_LLM_QMV") else { return self };
+        if self.tok != 1 {
+            return self;
+        }
+        let mut cfg = self;
+        for e in v.split(',') {
+            let ty = e.split(':').next().unwrap_or_default();
+            let f: Vec<usize> = e.split(':').skip(1).filter_map(|x| x.parse().ok()).collect();
+            let ty_ok = ty == "any" || ty == format!("{dtype:?}");
+            if let [n, k, w, t, d] = f[..] {
+                if ty_ok && n == s.n && k == s.k && (d == 0 || stages_whole(gpu, dtype, s.k, w as u32)) {
+                    let dp4 = d == 1 && gpu.info.backend == wgpu::Backend::Vulkan;
+                    cfg = QMatvecConfig { wg: w as u32, tpr: t as u32, dp4, ..cfg };
+                }
+            }
+        }
+        cfg
     }
 }
 
@@ -582,9 +591,8 @@ impl QMatvecConfig {
             && s.k <= 1536
             && s.n <= 4096
             && stages_whole(gpu, dtype, s.k, 128)
-            && std::env::var("WGPU_LLM_QMV").is_err()
         {
-            return QMatvecConfig { wg: 128, tpr: 32, dp4: true, ..self };
+            return QMatvecConfig { wg: 128, tpr: 32, dp4: true, ..self }.knob(gpu, dtype, s);
         }
         self
     }
