@@ -151,8 +151,9 @@ enum DeltaForm {
 /// The form for a pass recorded for `n_tokens`: chunked for prefill (more than one token),
 /// recurrent for a decode step. The recurrent kernel spends about 12 barriers on every token (its
 /// q / k norms are a tree reduction), the chunked one 6 on every chunk of up to C tokens plus a
-/// C x C Gram matrix of Dk-long dot products, so it is expected to win from 2 tokens on (not
-/// measured: no GPU where this was written). A decode step keeps the recurrent kernel: for one
+/// C x C Gram matrix of Dk-long dot products, so it is expected to win from 2 tokens on (measured
+/// at 512-token passes only: Qwen3.5-35B-A3B's prefill 2,762 -> 3,005 tok/s on the H100,
+/// BENCHMARKS.md run 36). A decode step keeps the recurrent kernel: for one
 /// token the chunked one would stage and multiply a mostly empty chunk (its Gram dot products
 /// serial in a thread each, where the recurrent kernel reduces the norms over the workgroup).
 /// Budget: min(32 KiB, the device's limit); where no chunk fits, recurrent.
