@@ -108,6 +108,21 @@ fn mlx4_folder_matches_mlx_lm() {
     check_path(&dir, "qwen35moe_tiny_mlx4", Check { max_abs: 0.02, steps: 16, prefill_chunk: None });
 }
 
+/// mlx-lm's 4-bit conversion at group 32, so the experts' down projections (32 wide) are quantized
+/// too: the 24-token prefill runs both expert projections grouped by expert (`ops::moe::moe_group`,
+/// 72 slots over 9 experts), decode per slot; against mlx-lm's own 4-bit forward, the bound of
+/// the group-64 test.
+#[test]
+fn mlx4_g32_folder_matches_mlx_lm() {
+    let dir = common::mlx::qwen35moe_tiny("mlx4g32");
+    let ck = Checkpoint::open(&dir).unwrap();
+    for t in ["blk.0.ffn_gate_exps.weight", "blk.0.ffn_down_exps.weight"] {
+        assert_eq!(ck.raw(t).unwrap().dtype.name(), "mlx4_g32_bf16", "{t}");
+    }
+    let err = check_path(&dir, "qwen35moe_tiny_mlx4g32", Check { max_abs: 0.02, steps: 16, prefill_chunk: None });
+    eprintln!("max |logit error| {err}");
+}
+
 /// The tiny model written as llama.cpp's converter writes a `qwen35moe` GGUF (its names, the
 /// `(1 + w)` norms with the 1 added, `ssm_a = -exp(A_log)`, q and gate fused per head, conv taps
 /// [C, K], the linear layers' value heads reordered so that GGUF head `i·Hk + g` is

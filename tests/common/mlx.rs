@@ -142,7 +142,8 @@ pub fn write_hf_folder(gguf: &Path, dir: &Path) {
 /// The tiny Qwen3.5-MoE fixture (tests/fixtures/models/qwen35moe_tiny) in another layout, built
 /// on first use by tools/make_qwen35moe_mlx.py: `"fused"` (transformers' names with the experts
 /// fused as Qwen3.5's published checkpoints store them; numpy + safetensors only), `"mlx"`
-/// (mlx-lm's converter, bf16) or `"mlx4"` (mlx-lm's converter, 4-bit group 64; the routers 8-bit).
+/// (mlx-lm's converter, bf16), `"mlx4"` (mlx-lm's converter, 4-bit group 64; the routers 8-bit) or
+/// `"mlx4g32"` (4-bit group 32: the experts' down projections, 32 wide, quantized too).
 pub fn qwen35moe_tiny(layout: &str) -> PathBuf {
     tiny_converted("qwen35moe_tiny", "make_qwen35moe_mlx.py", "fused", layout)
 }
@@ -156,7 +157,7 @@ pub fn gemma4_tiny(layout: &str) -> PathBuf {
 }
 
 /// tests/fixtures/models/`model` converted by tools/`script` into `layout`: `plain` (the script's
-/// layout without mlx-lm), `"mlx"` or `"mlx4"`; cached under a key of the source's content, so a
+/// layout without mlx-lm), `"mlx"`, `"mlx4"` or `"mlx4g32"`; cached under a key of the source's content, so a
 /// changed fixture model is never met by a stale conversion.
 fn tiny_converted(model: &str, script: &str, plain: &str, layout: &str) -> PathBuf {
     use std::hash::{Hash, Hasher};
@@ -180,6 +181,9 @@ fn tiny_converted(model: &str, script: &str, plain: &str, layout: &str) -> PathB
         }
         "mlx4" => {
             cmd.args(["--mlx", "--bits", "4", "--group", "64"]);
+        }
+        "mlx4g32" => {
+            cmd.args(["--mlx", "--bits", "4", "--group", "32"]);
         }
         other => panic!("no layout {other}"),
     }
