@@ -505,7 +505,9 @@ pub mod cpu {
             }
             first += c;
         }
-        tiles.resize(super::group_tiles(ids.len(), experts), [0; 3]);
+        let room = super::group_tiles(ids.len(), experts);
+        assert!(tiles.len() <= room, "{} tiles for a table of {room}", tiles.len());
+        tiles.resize(room, [0; 3]);
         (order, tiles)
     }
 
