@@ -363,10 +363,9 @@ pub fn linear_experts(
             assert!(rows * k / 2 < u32::MAX as usize, "{OP}: [{rows}, {k}] overflows 32-bit indexing");
             matmul::matvec_experts(gpu, x, input, w, route, y, &s, opts)
         }
-        ExpertWeight::Quant { w, .. } => match groups {
-            None => matmul::gguf::matvec_experts_quant(gpu, x, input, w, route, y, &s, opts),
-            Some(gr) => matmul::gguf::matvec_experts_grouped(gpu, x, input, w, route, gr, y, &s, opts),
-        },
+        ExpertWeight::Quant { w, .. } => {
+            matmul::gguf::matvec_experts_quant(gpu, x, input, w, route, groups, y, &s, opts)
+        }
     }
 }
 

@@ -672,7 +672,11 @@ pub(crate) fn experts_use_dp4(gpu: &Gpu, dtype: DType, s: &LinearShape) -> bool 
 }
 
 /// Records the quantized expert projection of [`crate::ops::moe::linear_experts`] (its checks
-/// done): `s.t` slots of `s.n` rows (per expert) over K = `s.k`.
+/// done): `s.t` slots of `s.n` rows (per expert) over K = `s.k`. Without `groups`, a slot a
+/// workgroup column (the one-token matvec); with `groups` ([`crate::ops::moe::moe_group`]'s table
+/// for these slots), the batch kernel (`wgsl/matvec_quant_batch.wgsl`, GROUPED) over tiles of up
+/// to 8 slots of one expert, a unit of its rows dequantized once a tile (prefill's form: at many
+/// tokens each expert has many slots).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matvec_experts_quant(
     gpu: &Gpu,
@@ -680,6 +684,7 @@ pub(crate) fn matvec_experts_quant(
     input: Input<'_>,
     w: &QuantWeight,
     route: super::Route<'_>,
+    groups: Option<&Tensor>,
     y: &Tensor,
     s: &LinearShape,
     opts: LinearOpts,
@@ -691,36 +696,16 @@ pub(crate) fn matvec_experts_quant(
         w.dtype
     );
     assert!(matches!(input, Input::Plain) || s.k % 4 == 0, "linear_experts: {input:?} cannot be fused at K = {}", s.k);
-    let cfg = experts_config(gpu, w.dtype, s);
-    matvec_quant_routed(gpu, x, input, w, None, y, s, opts, cfg, Some(&route))
-}
-
-/// Records the quantized expert projection of [`crate::ops::moe::linear_experts`] over slots
-/// grouped by expert (`groups`: [`crate::ops::moe::moe_group`]'s table for `s.t` slots): the
-/// batch kernel (`wgsl/matvec_quant_batch.wgsl`, GROUPED) dequantizes a unit of an expert's rows
-/// once for a tile of up to 8 of its slots. Prefill's form: at many tokens each expert has many
-/// slots.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn matvec_experts_grouped(
-    gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    w: &QuantWeight,
-    route: super::Route<'_>,
-    groups: &Tensor,
-    y: &Tensor,
-    s: &LinearShape,
-    opts: LinearOpts,
-) -> Result<Kernel> {
-    assert!(
-        is_supported(w.dtype) && s.k % w.dtype.block_size() == 0,
-        "linear_experts: K = {} is not whole {} blocks",
-        s.k,
-        w.dtype
-    );
-    assert!(matches!(input, Input::Plain) || s.k % 4 == 0, "linear_experts: {input:?} cannot be fused at K = {}", s.k);
-    let tiles = crate::ops::moe::group_tiles(s.t, route.experts as usize);
-    matvec_quant_batch(gpu, x, input, w, None, y, s, opts, 32, Some((&route, groups, tiles)))
+    match groups {
+        None => {
+            let cfg = experts_config(gpu, w.dtype, s);
+            matvec_quant_routed(gpu, x, input, w, None, y, s, opts, cfg, Some(&route))
+        }
+        Some(g) => {
+            let tiles = crate::ops::moe::group_tiles(s.t, route.experts as usize);
+            matvec_quant_batch(gpu, x, input, w, None, y, s, opts, 32, Some((&route, g, tiles)))
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -856,7 +841,7 @@ fn batch_rows(n: usize, t: usize) -> u32 {
 /// `wgsl/matvec_quant_batch.wgsl`: each unit of W dequantized once for 8 tokens, the tokens' x in
 /// workgroup memory; a token's sums do not depend on the batch (its size, the token's row, the
 /// others). With `grouped` (the route, the groups table and its tiles) the tokens are the slots
-/// of an expert projection grouped by expert ([`matvec_experts_grouped`]), a tile a workgroup.
+/// of an expert projection grouped by expert ([`matvec_experts_quant`] with its groups), a tile a workgroup.
 #[allow(clippy::too_many_arguments)]
 fn matvec_quant_batch(
     gpu: &Gpu,
