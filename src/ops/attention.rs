@@ -43,6 +43,29 @@ pub struct AttnParams {
 }
 
 impl AttnParams {
+    /// The uniform of both attention kernels (`Params` in `wgsl/attention.wgsl` and
+    /// `wgsl/attention_decode.wgsl`).
+    fn uniform(&self, gpu: &Gpu, label: &str) -> wgpu::Buffer {
+        let params: [u32; 8] = [
+            self.heads as u32,
+            self.kv_heads as u32,
+            self.max_ctx as u32,
+            self.window as u32,
+            self.scale.to_bits(),
+            self.n_tokens as u32,
+            0,
+            0,
+        ];
+        gpu.uniform(label, &params)
+    }
+
+    /// [`Self::check`] and the output `out` f32 of T rows, as both attention kernels take them.
+    fn check_io(&self, qkv: &Tensor, k_cache: &Tensor, v_cache: &Tensor, out: &Tensor) {
+        self.check(qkv, k_cache, v_cache);
+        assert_eq!(out.ty, ElemType::F32, "attention: out must be f32");
+        assert!(out.numel() >= self.n_tokens * self.heads * self.head_dim, "attention: out holds fewer than T rows");
+    }
+
     fn row_stride(&self) -> usize {
         (self.heads + 2 * self.kv_heads) * self.head_dim
     }
@@ -305,25 +328,13 @@ pub fn attention_with(
     rope: Option<&Tensor>,
     seqs: Option<&Tensor>,
 ) -> Result<Vec<Kernel>> {
-    p.check(qkv, k_cache, v_cache);
-    assert_eq!(out.ty, ElemType::F32, "attention: out must be f32");
-    assert!(out.numel() >= p.n_tokens * p.heads * p.head_dim, "attention: out holds fewer than T rows");
+    p.check_io(qkv, k_cache, v_cache, out);
     let Tiling { bq, lpr, bk, nsplit } = tl;
     let (d, g) = (p.head_dim, p.heads / p.kv_heads);
     let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
     assert!(tl.valid(d, limit) && bq * lpr <= 256 && nsplit >= 1, "attention: invalid tiling {tl:?} for D = {d}");
     let (kpl, nw, ld, ql) = tl.slots(d);
-    let params: [u32; 8] = [
-        p.heads as u32,
-        p.kv_heads as u32,
-        p.max_ctx as u32,
-        p.window as u32,
-        p.scale.to_bits(),
-        p.n_tokens as u32,
-        0,
-        0,
-    ];
-    let params = gpu.uniform("attention.params", &params);
+    let params = p.uniform(gpu, "attention.params");
     let macros = gpu
         .macros()
         .set("D", d)
@@ -349,23 +360,6 @@ pub fn attention_with(
     let wgs = [blocks, p.kv_heads as u32, nsplit as u32];
     let mut bindings =
         vec![qkv.binding(), k_cache.binding(), v_cache.binding(), step.as_entire_binding(), params.as_entire_binding()];
-    // The optional bindings (rope's table, the batch's sequences) after the fixed ones.
-    fn extra<'a>(
-        mut m: crate::gpu::Macros,
-        bindings: &mut Vec<wgpu::BindingResource<'a>>,
-        rope: Option<&'a Tensor>,
-        seqs: Option<&'a Tensor>,
-    ) -> crate::gpu::Macros {
-        if let Some(t) = rope {
-            m = m.flag("ROPE").set("RB", bindings.len());
-            bindings.push(t.binding());
-        }
-        if let Some(sq) = seqs {
-            m = m.flag("BATCH").set("SEQS", bindings.len());
-            bindings.push(sq.binding());
-        }
-        m
-    }
     if nsplit == 1 {
         bindings.push(out.binding());
         let m = extra(macros, &mut bindings, rope, seqs);
@@ -387,6 +381,25 @@ pub fn attention_with(
         grid((rows * d.div_ceil(32)) as u32),
     )?;
     Ok(vec![main, merge])
+}
+
+/// The optional bindings of both attention kernels (rope's table: `ROPE`, binding `RB`; the
+/// batch's sequences: `BATCH`, binding `SEQS`) after the others.
+fn extra<'a>(
+    mut m: crate::gpu::Macros,
+    bindings: &mut Vec<wgpu::BindingResource<'a>>,
+    rope: Option<&'a Tensor>,
+    seqs: Option<&'a Tensor>,
+) -> crate::gpu::Macros {
+    if let Some(t) = rope {
+        m = m.flag("ROPE").set("RB", bindings.len());
+        bindings.push(t.binding());
+    }
+    if let Some(sq) = seqs {
+        m = m.flag("BATCH").set("SEQS", bindings.len());
+        bindings.push(sq.binding());
+    }
+    m
 }
 
 /// Subgroups exactly 32 wide (`SG32` in `wgsl/attention_decode.wgsl`).
@@ -483,10 +496,8 @@ pub fn attention_decode(
     rope: Option<&Tensor>,
     seqs: Option<&Tensor>,
 ) -> Result<Vec<Kernel>> {
-    p.check(qkv, k_cache, v_cache);
+    p.check_io(qkv, k_cache, v_cache, out);
     assert!(p.n_tokens == 1 || seqs.is_some(), "attention_decode: one token, or a token a sequence");
-    assert_eq!(out.ty, ElemType::F32, "attention: out must be f32");
-    assert!(out.numel() >= p.n_tokens * p.heads * p.head_dim, "attention: out holds fewer than T rows");
     let (d, g) = (p.head_dim, p.heads / p.kv_heads);
     let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
     assert!(
@@ -494,17 +505,7 @@ pub fn attention_decode(
         "attention_decode: invalid tiling {tl:?} for D = {d}, G = {g}"
     );
     let (ck, kp, kl) = (tl.ck, 256 / tl.ck, tl.ck * d / 2048);
-    let params: [u32; 8] = [
-        p.heads as u32,
-        p.kv_heads as u32,
-        p.max_ctx as u32,
-        p.window as u32,
-        p.scale.to_bits(),
-        p.n_tokens as u32,
-        0,
-        0,
-    ];
-    let params = gpu.uniform("attention_decode.params", &params);
+    let params = p.uniform(gpu, "attention_decode.params");
     let mut macros = gpu
         .macros()
         .set("D", d)
@@ -538,14 +539,11 @@ pub fn attention_decode(
     }
     if let Some(t) = rope {
         assert_eq!(t.numel(), d / 2, "attention_decode: inv_freq has D / 2 entries");
-        macros = macros.flag("ROPE").set("RB", bindings.len());
-        bindings.push(t.binding());
     }
     if let Some(sq) = seqs {
         assert!(sq.ty == ElemType::U32 && sq.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
-        macros = macros.flag("BATCH").set("SEQS", bindings.len());
-        bindings.push(sq.binding());
     }
+    let macros = extra(macros, &mut bindings, rope, seqs);
     let wgs = [tl.nsplit as u32, p.kv_heads as u32, p.n_tokens as u32];
     Ok(vec![gpu.kernel("attention_decode", "main", &macros, &bindings, wgs)?])
 }
