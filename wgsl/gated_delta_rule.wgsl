@@ -24,70 +24,28 @@
 #define RG 16
 #define ROWS 1
 
-// BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
-#define SEQS 8
-#include "step"
+#include "gated_delta_rule_io"
 
-struct Params {
-    k_heads: u32,   // Hk
-    v_heads: u32,   // Hv
-    ld_qkv: u32,    // row stride of qkv: 2 Hk Dk + Hv Dv
-    ld_mix: u32,    // row stride of mix (the in_proj output)
-    b_col: u32,     // first column of b in mix (Hv columns)
-    a_col: u32,     // first column of a in mix (Hv columns)
-    n_rows: u32,    // T the kernel was recorded for
-    ring: u32,      // R
-}
-
-@group(0) @binding(0) var<storage, read> qkv: array<f32>;          // (T, ld_qkv): [q (Hk, Dk) | k (Hk, Dk) | v (Hv, Dv)], after the conv
-@group(0) @binding(1) var<storage, read> mix: array<f32>;          // (T, ld_mix): b, a at their columns
-@group(0) @binding(2) var<storage, read> a_log: array<f32>;        // (Hv)
-@group(0) @binding(3) var<storage, read> dt_bias: array<f32>;      // (Hv)
-@group(0) @binding(4) var<storage, read_write> state: array<f32>;  // (R, Hv, Dk, Dv)
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;    // (T, Hv Dv): o, before the gated norm
-@group(0) @binding(6) var<uniform> step: Step;
-@group(0) @binding(7) var<uniform> p: Params;
-
-const WG: u32 = {{CB}}u * {{RG}}u;
 
 var<workgroup> qs: array<f32, {{DK}}>;
 var<workgroup> ks: array<f32, {{DK}}>;
 var<workgroup> red: array<vec2<f32>, WG>;
 
-// torch's softplus (beta 1, threshold 20).
-fn softplus(x: f32) -> f32 {
-    return select(log(1.0 + exp(x)), x, x > 20.0);
-}
-
 @compute @workgroup_size({{CB}}, {{RG}}, 1)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) lid3: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let blocks = {{DV}}u / {{CB}}u;
-    let wg = wid.x + wid.y * nwg.x;  // 2-D folded grid (gpu/kernel.rs)
-    let h = wg / blocks;
-    if (h >= p.v_heads) {
+    let sh = share_of(wid, nwg, lid3);
+    if (sh.h >= p.v_heads) {
         return;  // uniform across the workgroup
     }
+    let h = sh.h;
+    let kh = sh.kh;
     let c = lid3.x;
     let r = lid3.y;
-    let j = (wg % blocks) * {{CB}}u + c;
-    let i0 = r * {{ROWS}}u;
-#ifdef KV_TILED
-    let kh = h % p.k_heads;
-#else
-    let kh = h / (p.v_heads / p.k_heads);
-#endif
-    let n = min(step.n_tokens, p.n_rows);
-    let head_size = {{DK}}u * {{DV}}u;
-    let src = ((step.pos % p.ring) * p.v_heads + h) * head_size;
-    let dst = (((step.pos + n) % p.ring) * p.v_heads + h) * head_size;
-    var s: array<f32, {{ROWS}}>;
-    for (var x = 0u; x < {{ROWS}}u; x++) {
-        s[x] = 0.0;
-        if (i0 + x < {{DK}}u && step.pos != 0u) {
-            s[x] = state[src + (i0 + x) * {{DV}}u + j];
-        }
-    }
+    let j = sh.j;
+    let i0 = sh.i0;
+    let n = sh.n;
+    var s = load_state(sh);
     let decay_rate = -exp(a_log[h]);
     let q_scale = inverseSqrt(f32({{DK}}u));
     let k_off = p.k_heads * {{DK}}u;
@@ -151,9 +109,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
     }
-    for (var x = 0u; x < {{ROWS}}u; x++) {
-        if (i0 + x < {{DK}}u) {
-            state[dst + (i0 + x) * {{DV}}u + j] = s[x];
-        }
-    }
+    store_state(sh, s);
 }
