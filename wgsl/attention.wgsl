@@ -56,23 +56,7 @@
 #define NSPLIT 1
 #define RB 7
 
-// BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
-#define SEQS 8
-#include "step"
-
-struct Params {
-    heads: u32,       // H
-    kv_heads: u32,    // Hkv
-    max_ctx: u32,
-    window: u32,      // 0: full causal
-    scale: f32,
-    n_rows: u32,      // T the kernel was recorded for
-    _pad0: u32,
-    _pad1: u32,
-}
-
-const NEG: f32 = -1.0e30;
-const DU: u32 = {{D}}u / 4u; // 4-dim units per head (vec4<f32> of q, vec2<u32> of f16)
+#include "attention_params"
 
 #ifdef MERGE
 // ---- merge of the NSPLIT partials: one workgroup per (token, head) row and 8-unit (32-dim)
@@ -163,17 +147,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 #else
 // ---- attention ----
-@group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;     // (T, (H + 2 Hkv) * D): [q | k | v], q roped
-#ifdef ROPE
-@group(0) @binding(1) var<storage, read_write> k_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
-@group(0) @binding(2) var<storage, read_write> v_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
-@group(0) @binding({{RB}}) var<storage, read> inv_freq: array<f32>;        // (D / 2)
-#else
-@group(0) @binding(1) var<storage, read> k_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
-@group(0) @binding(2) var<storage, read> v_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
-#endif
-@group(0) @binding(3) var<uniform> step: Step;
-@group(0) @binding(4) var<uniform> p: Params;
+#include "attention_kv"
 #ifdef SPLIT
 @group(0) @binding(5) var<storage, read_write> part_o: array<vec4<f32>>;  // (NSPLIT, T * H, D) unnormalized
 @group(0) @binding(6) var<storage, read_write> part_ml: array<vec2<f32>>; // (NSPLIT, T * H) (m, l)
@@ -184,7 +158,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 const QS: u32 = DU + 1u;           // padded row stride of q_s and kv_s (in units): no bank conflicts
 const PS: u32 = {{BK}}u / 4u + 1u; // padded row stride of p_s (in vec4)
 const RS: u32 = {{LPR}}u / 4u;     // row stride of red_m, red_l (in vec4)
-const DV: u32 = {{D}}u / 8u;   // vec4<u32> per cache row
 
 #ifdef Q_F16
 // Heads wider than 256 (Gemma 4's 512): the queries staged as f16 (rounded to nearest even, as the
@@ -197,15 +170,6 @@ var<workgroup> kv_s: array<vec2<u32>, {{BK}} * QS>; // (BK, D) K tile, then V ti
 var<workgroup> p_s: array<vec4<f32>, {{BQ}} * PS>;  // (BQ, BK) probabilities of the tile
 var<workgroup> red_m: array<vec4<f32>, {{WG}} / 4>; // (BQ, LPR) per-lane max
 var<workgroup> red_l: array<vec4<f32>, {{WG}} / 4>; // (BQ, LPR) per-lane sum
-
-// First key position visible from position pos.
-fn key_lo(pos: u32) -> u32 {
-    return select(0u, pos + 1u - p.window, p.window > 0u && pos + 1u > p.window);
-}
-
-fn unpack4(w: vec2<u32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-}
 
 #include "attention_f16"
 
@@ -346,10 +310,6 @@ fn masked(d: f32, i: u32, live: bool, j: u32, kb: u32, nk: u32, lo: u32, hi: u32
     let k = j + {{LPR}}u * i;
     let ok = i < {{KPL}}u && live && k < nk && kb + k >= lo && kb + k <= hi;
     return select(NEG, d * p.scale, ok);
-}
-
-fn prob(d: f32, m: f32) -> f32 {
-    return select(0.0, exp(d - m), d > 0.5 * NEG);
 }
 
 // Unit i of q_s.

@@ -66,32 +66,8 @@
 #endif
 #endif
 
-// BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
-#define SEQS 8
-#include "step"
+#include "attention_kv"
 
-struct Params {
-    heads: u32,    // H
-    kv_heads: u32, // Hkv
-    max_ctx: u32,
-    window: u32,   // 0: full causal
-    scale: f32,
-    n_rows: u32,   // T the kernel was recorded for (1 without BATCH)
-    _pad0: u32,
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;      // (T, (H + 2 Hkv) * D): [q | k | v]
-#ifdef ROPE
-@group(0) @binding(1) var<storage, read_write> k_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
-@group(0) @binding(2) var<storage, read_write> v_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
-@group(0) @binding({{RB}}) var<storage, read> inv_freq: array<f32>;        // (D / 2)
-#else
-@group(0) @binding(1) var<storage, read> k_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
-@group(0) @binding(2) var<storage, read> v_cache: array<vec4<u32>>; // (S, Hkv, max_ctx, D) f16, 8 per vec4
-#endif
-@group(0) @binding(3) var<uniform> step: Step;
-@group(0) @binding(4) var<uniform> p: Params;
 @group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>; // (T, H * D)
 #ifdef SPLIT
 // Per token, f32 bits: (NSPLIT, H, D) unnormalized outputs, (NSPLIT, H, 2) (m, l), (Hkv) counters.
@@ -99,9 +75,6 @@ struct Params {
 #endif
 
 const WG: u32 = 256u;
-const NEG: f32 = -1.0e30;
-const DU: u32 = {{D}}u / 4u;              // 4-dim units per head
-const DV: u32 = {{D}}u / 8u;              // 16-byte words per cache row
 const QP: u32 = 2u * {{KL}}u + 1u;        // units per (head, part) run of q_s, padded
 const KS: u32 = ({{CK}}u + 31u) / 32u;    // keys per softmax lane
 const NU: u32 = {{G}}u * DU;              // (head, unit) pairs
@@ -119,19 +92,6 @@ var<workgroup> l_s: array<f32, 8>;                            // (G) the run's s
 var<workgroup> last: u32;
 // The token's first unit in qkv (set by main).
 var<private> tok_row: u32;
-
-// First key position visible from position pos.
-fn key_lo(pos: u32) -> u32 {
-    return select(0u, pos + 1u - p.window, p.window > 0u && pos + 1u > p.window);
-}
-
-fn unpack4(w: vec2<u32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-}
-
-fn prob(d: f32, m: f32) -> f32 {
-    return select(0.0, exp(d - m), d > 0.5 * NEG);
-}
 
 #ifdef ROPE
 #include "attention_f16"
