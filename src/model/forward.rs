@@ -581,7 +581,10 @@ impl Model {
                     self.plans.iter().filter(|(&n, _)| n != 1).min_by_key(|(_, p)| p.last_used).map(|(&n, _)| n);
                 self.plans.remove(&oldest.expect("MAX_PLANS > 1"));
             }
-            let p = self.record(t, false)?;
+            let mut p = self.record(t, false)?;
+            if t == 1 {
+                probe_drop(&mut p.items);
+            }
             self.plans.insert(t, p);
         }
         let p = self.plans.get_mut(&t).expect("recorded above");
@@ -897,6 +900,19 @@ impl Model {
         }
         Ok(Plan { t, ids, logits: logits.view(0, &[c.vocab_size]), items, last_used: 0 })
     }
+}
+
+/// A measurement probe (wrong outputs, for `bench` only): `WGPU_LLM_PROBE_DROP="name:VARIANT,..."` (name with or without its entry point)
+/// leaves the one-token plan's dispatches of that kernel name and exact variant out, so a
+/// step's GPU time without them tells what they cost inside the step.
+fn probe_drop(items: &mut Vec<Item>) {
+    let Ok(v) = std::env::var("WGPU_LLM_PROBE_DROP") else { return };
+    let drop: Vec<(&str, &str)> = v.split(',').filter_map(|e| e.rsplit_once(':')).collect();
+    let named = |k: &Kernel, n: &str| k.name == n || k.name.split(':').next() == Some(n);
+    items.retain(|it| match it {
+        Item::Kernel(k) => !drop.iter().any(|(n, var)| named(k, n) && k.variant == *var),
+        _ => true,
+    });
 }
 
 /// A layer's last projection, not yet added to the residual stream: what [`LayerPass::residual`]
