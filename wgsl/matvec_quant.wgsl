@@ -24,9 +24,7 @@
 // (include/quant.wgsl), exact, scaled once. A row longer than the staging arrays (KC blocks a
 // token) is staged a chunk at a time; a lane still meets its units in order, so a token's sums are
 // the same whatever KC, TOK and the other tokens of the pass. The CPU twin is
-// src/ops/matmul/gguf.rs `cpu::stage_x16` followed by the plain reference. X8 (one token, a row
-// that stages whole only as 8 bits: include/quant.wgsl) stages 8-bit fixed point instead
-// (`cpu::stage_x8`), one byte-wide dot product a word.
+// src/ops/matmul/gguf.rs `cpu::stage_x16` followed by the plain reference.
 // Grid: ceil(N / (4 · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N and
 // tokens past T read a clamped row or token and store nothing (DP4 neither stages nor meets
 // tokens past T), so every thread reaches the barriers.
@@ -102,25 +100,6 @@ fn stage_scale(bits: u32) -> vec2<f32> {
     return vec2<f32>(inv, d);
 }
 
-// X8: the 8-bit form, d = 2^(E - 133), so |x| / d < 2^7 (the quotient clamped to ±127: x8_bytes);
-// blocks under 2^-121 stage as 0.
-fn stage_scale8(bits: u32) -> vec2<f32> {
-    let e = bits >> 23u;
-    let big = e >= 7u;
-    let inv = select(0.0, bitcast<f32>((260u - e) << 23u), big && e < 255u);
-    let d = select(select(0.0, bitcast<f32>((e - 6u) << 23u), big), bitcast<f32>(0x7FC00000u), e >= 255u);
-    return vec2<f32>(inv, d);
-}
-
-// X8: 4 elements as signed bytes (clamped to ±127), packed; and the quotients they hold.
-fn x8_q(v: vec4<f32>, inv: f32) -> vec4<i32> {
-    return clamp(vec4<i32>(round(v * inv)), vec4<i32>(-127), vec4<i32>(127));
-}
-
-fn x8_bytes(q: vec4<i32>) -> u32 {
-    return pack4xU8(bitcast<vec4<u32>>(q) & vec4<u32>(0xFFu));
-}
-
 fn abs_bits(v: vec4<f32>) -> u32 {
     let b = bitcast<vec4<u32>>(abs(v));
     return max(max(b.x, b.y), max(b.z, b.w));
@@ -147,25 +126,16 @@ fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
         m = max(m, subgroupShuffleXor(m, 1u));
         m = max(m, subgroupShuffleXor(m, 2u));
         m = max(m, subgroupShuffleXor(m, 4u));
-#ifdef X8
-        let sc = stage_scale8(m);
-        let q = x8_q(v, sc.x);
-#else
         let sc = stage_scale(m);
         let q = vec4<i32>(round(v * sc.x));
         let bytes = x16_bytes(q);
-#endif
         var sum = dot(q, vec4<i32>(1));
         sum += subgroupShuffleXor(sum, 1u);
         sum += subgroupShuffleXor(sum, 2u);
         if (ci < n4) {
             let gi = dst + (ci >> 2u);
-#ifdef X8
-            xs_lo[gi][ci & 3u] = x8_bytes(q);
-#else
             xs_lo[gi][ci & 3u] = bytes.x;
             xs_hi[gi][ci & 3u] = bytes.y;
-#endif
             if ((ci & 3u) == 0u) {
                 xs_s[gi] = sc.y * f32(sum);
             }
@@ -196,22 +166,6 @@ fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
         let v7 = qx4(i + 7u);
         let m = max(max(max(abs_bits(v0), abs_bits(v1)), max(abs_bits(v2), abs_bits(v3))),
                     max(max(abs_bits(v4), abs_bits(v5)), max(abs_bits(v6), abs_bits(v7))));
-#ifdef X8
-        let sc = stage_scale8(m);
-        let inv = sc.x;
-        let d = sc.y;
-        let q0 = x8_q(v0, inv);
-        let q1 = x8_q(v1, inv);
-        let q2 = x8_q(v2, inv);
-        let q3 = x8_q(v3, inv);
-        let q4 = x8_q(v4, inv);
-        let q5 = x8_q(v5, inv);
-        let q6 = x8_q(v6, inv);
-        let q7 = x8_q(v7, inv);
-        let g = dst + 2u * b;
-        xs_lo[g] = vec4<u32>(x8_bytes(q0), x8_bytes(q1), x8_bytes(q2), x8_bytes(q3));
-        xs_lo[g + 1u] = vec4<u32>(x8_bytes(q4), x8_bytes(q5), x8_bytes(q6), x8_bytes(q7));
-#else
         let sc = stage_scale(m);
         let inv = sc.x;
         let d = sc.y;
@@ -236,7 +190,6 @@ fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
         xs_hi[g] = vec4<u32>(b0.y, b1.y, b2.y, b3.y);
         xs_lo[g + 1u] = vec4<u32>(b4.x, b5.x, b6.x, b7.x);
         xs_hi[g + 1u] = vec4<u32>(b4.y, b5.y, b6.y, b7.y);
-#endif
         let one = vec4<i32>(1);
         xs_s[g] = d * f32(dot(q0 + q1, one) + dot(q2 + q3, one));
         xs_s[g + 1u] = d * f32(dot(q4 + q5, one) + dot(q6 + q7, one));
@@ -381,21 +334,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         q_row = xr.x;
         stage_x(0u, {{KC}}u, 0u, lid);
         workgroupBarrier();
-#ifdef PREFETCH
-        // The next unit's loads issued before this one's math (a measurement variant).
-        for (var u = lane; u < units; u += {{TPR}}u) {
-            let un = min(u + {{TPR}}u, units - 1u);
-            let n0 = q_raw(base.x + un);
-            let n1 = q_raw(base.y + un);
-            let n2 = q_raw(base.z + un);
-            let n3 = q_raw(base.w + un);
-            acc0 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
-            r0 = n0;
-            r1 = n1;
-            r2 = n2;
-            r3 = n3;
-        }
-#else
         for (var u = lane; u < units; u += {{TPR}}u) {
             if (u != lane) {
                 r0 = q_raw(base.x + u);
@@ -405,7 +343,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
             acc0 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
         }
-#endif
 #else
         let kb = p.xk / 8u;
         for (var cb = 0u; cb < kb; cb += {{KC}}u) {

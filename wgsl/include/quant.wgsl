@@ -213,16 +213,11 @@ fn q_fma32(w: QV32, xl: mat4x4<f32>, xh: mat4x4<f32>) -> mat2x4<f32> {
 // as the one-token whole-row kernel did before chunks existed: kept so that kernel's code stays
 // what was measured, not because the offsets were shown to cost anything). Each such type file
 // provides q_dot_i(r, u): q_dot of unit u against the staged x.
-// X8 (one token, rows too long to stage whole as 16 bits): x staged as 8-bit fixed point instead
-// (scale 2^(E - 133) for the block's largest |x| of biased exponent E, |q| clamped to 127), its
-// bytes (signed) in xs_lo and no xs_hi: half the dot products and 44 bytes a block instead of 76.
 #ifdef DP4
 #define KC 8
 #define TOK 1
 var<workgroup> xs_lo: array<vec4<u32>, {{KC}} * 2 * {{TOK}}>;   // (TOK, 2·KC)
-#ifndef X8
 var<workgroup> xs_hi: array<vec4<u32>, {{KC}} * 2 * {{TOK}}>;   // (TOK, 2·KC)
-#endif
 var<workgroup> xs_s: array<f32, {{KC}} * 2 * {{TOK}}>;          // (TOK, 2·KC)
 var<workgroup> xs_d: array<f32, {{KC}} * {{TOK}}>;              // (TOK, KC)
 var<private> qi_g0: u32;
@@ -231,11 +226,9 @@ var<private> qi_t: u32;
 fn qi_lo(v: u32) -> vec4<u32> {
     return xs_lo[qi_t + v - qi_g0];
 }
-#ifndef X8
 fn qi_hi(v: u32) -> vec4<u32> {
     return xs_hi[qi_t + v - qi_g0];
 }
-#endif
 fn qi_d(b: u32) -> f32 {
     return xs_d[(qi_t + 2u * b - qi_g0) >> 1u];
 }
@@ -247,11 +240,9 @@ fn qi_s(v: u32) -> f32 {
 fn qi_lo(v: u32) -> vec4<u32> {
     return xs_lo[v];
 }
-#ifndef X8
 fn qi_hi(v: u32) -> vec4<u32> {
     return xs_hi[v];
 }
-#endif
 fn qi_d(b: u32) -> f32 {
     return xs_d[b];
 }
@@ -262,18 +253,12 @@ fn qi_s(v: u32) -> f32 {
 
 // Σ n · q_x over group v, for 16 unsigned quants n < 128 (byte j of word i: element 4i + j):
 // exact in i32 (|Σ| < 16 · 127 · 2^14 < 2^25), and in f32 below 2^24 (quants < 64).
-// X8: the signed bytes of q_x alone (the quants n < 128 read the same as signed bytes).
 fn qi_dot16(n: vec4<u32>, v: u32) -> i32 {
-#ifdef X8
-    let b = qi_lo(v);
-    return (dot4I8Packed(n.x, b.x) + dot4I8Packed(n.y, b.y)) + (dot4I8Packed(n.z, b.z) + dot4I8Packed(n.w, b.w));
-#else
     let lo = qi_lo(v);
     let hi = qi_hi(v);
     let sl = (dot4U8Packed(n.x, lo.x) + dot4U8Packed(n.y, lo.y)) + (dot4U8Packed(n.z, lo.z) + dot4U8Packed(n.w, lo.w));
     let sh = (dot4I8Packed(n.x, hi.x) + dot4I8Packed(n.y, hi.y)) + (dot4I8Packed(n.z, hi.z) + dot4I8Packed(n.w, hi.w));
     return sh * 256 + i32(sl);
-#endif
 }
 #endif
 

@@ -427,9 +427,6 @@ struct QMatvecConfig {
     /// one token a pass with the whole row staged, or (Q6_K) passes of 4 tokens, staged in chunks
     /// where they do not fit workgroup memory ([`dp4_chunk`]).
     dp4: bool,
-    /// With `dp4`, one token: x staged as 8-bit fixed point (`X8`, [`cpu::stage_x8`]) for rows
-    /// that stage whole only so ([`stages_whole8`]).
-    x8: bool,
     /// Measurement probes (tests only): PROBE_NOX, PROBE_NOMATH.
     #[cfg(test)]
     probe: &'static str,
@@ -545,30 +542,12 @@ impl QMatvecConfig {
         if wide_rows && dp4 && !vocab && dtype == DType::Q4_K && s.n >= 12288 && wide {
             (wg, tpr) = (1024, 32);
         }
-        // One-token rows too long to stage whole as 16 bits but whole as 8 (Gemma-4-31B's K =
-        // 21504 down projections on the H100's 48 KiB of workgroup memory: the float kernel read
-        // them at 1.2 TB/s): DP4 with x staged as 8-bit fixed point, in 256-thread workgroups of
-        // 64-lane row groups (16 rows a workgroup).
-        let long = tok == 1
-            && !dp4
-            && narrow
-            && gpu.info.backend == wgpu::Backend::Vulkan
-            && s.n >= 4096
-            && !whole(256)
-            && stages_whole8(gpu, dtype, s.k, 256);
-        let (dp4, x8) = if long {
-            (wg, tpr) = (256, 64.max(min_tpr));
-            (true, true)
-        } else {
-            (dp4, false)
-        };
         QMatvecConfig {
             wg,
             tpr,
             tok,
             subgroups,
             dp4,
-            x8,
             #[cfg(test)]
             probe: "",
             #[cfg(test)]
@@ -591,10 +570,9 @@ impl QMatvecConfig {
             let f: Vec<usize> = e.split(':').skip(1).filter_map(|x| x.parse().ok()).collect();
             let ty_ok = ty == "any" || ty == format!("{dtype:?}");
             if let [n, k, w, t, d] = f[..] {
-                let (w16, w8) = (stages_whole(gpu, dtype, s.k, w as u32), stages_whole8(gpu, dtype, s.k, w as u32));
-                if ty_ok && n == s.n && k == s.k && (d == 0 || w16 || w8) {
+                if ty_ok && n == s.n && k == s.k && (d == 0 || stages_whole(gpu, dtype, s.k, w as u32)) {
                     let dp4 = d == 1 && gpu.info.backend == wgpu::Backend::Vulkan;
-                    cfg = QMatvecConfig { wg: w as u32, tpr: t as u32, dp4, x8: dp4 && !w16, ..cfg };
+                    cfg = QMatvecConfig { wg: w as u32, tpr: t as u32, dp4, ..cfg };
                 }
             }
         }
@@ -623,7 +601,7 @@ impl QMatvecConfig {
             && s.n <= 4096
             && stages_whole(gpu, dtype, s.k, 128)
         {
-            return QMatvecConfig { wg: 128, tpr: 32, dp4: true, x8: false, ..self }.knob(gpu, dtype, s);
+            return QMatvecConfig { wg: 128, tpr: 32, dp4: true, ..self }.knob(gpu, dtype, s);
         }
         self
     }
@@ -657,17 +635,6 @@ fn dp4_chunk(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> Option<u32
 /// ([`dp4_chunk`]: one chunk, the whole row).
 fn stages_whole(gpu: &Gpu, dtype: DType, k: usize, wg: u32) -> bool {
     dp4_chunk(gpu, dtype, k, wg, 1) == Some((k / 32) as u32)
-}
-
-/// Whether one token's row of `k` elements stages whole for DP4 as 8-bit fixed point (`X8`: 32
-/// bytes, two 16-element sums and the scale a block) beside the reductions' workgroup memory.
-fn stages_whole8(gpu: &Gpu, dtype: DType, k: usize, wg: u32) -> bool {
-    let per_block = 32 + 2 * 4 + 4;
-    let reductions = 16 * wg as usize * 2;
-    dp4_chunk(gpu, dtype, 256, wg, 1).is_some()
-        && (gpu.limits.max_compute_workgroup_storage_size as usize)
-            .checked_sub(reductions)
-            .is_some_and(|room| (k / 32) * per_block <= room)
 }
 
 /// Whether the DP4 matvec takes `dtype` at all for rows of `k` ([`dp4_chunk`]).
@@ -764,15 +731,7 @@ fn matvec_quant_routed(
             .set("TPR", cfg.tpr)
             .set("TOK", cfg.tok)
             .flag_if("TOK4", cfg.tok == 4);
-    if cfg.dp4 && cfg.x8 {
-        assert!(cfg.tok == 1 && stages_whole8(gpu, w.dtype, s.k, cfg.wg), "X8 for {} K = {} ({cfg:?})", w.dtype, s.k);
-        macros = macros
-            .flag("DP4")
-            .flag("X8")
-            .set("KC", s.k / 32)
-            .flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8)
-            .flag_if("PREFETCH", std::env::var("WGPU_LLM_QMV_PF").is_ok_and(|v| v == "1"));
-    } else if cfg.dp4 {
+    if cfg.dp4 {
         let kc = dp4_chunk(gpu, w.dtype, s.k, cfg.wg, cfg.tok);
         let kc = kc.unwrap_or_else(|| panic!("DP4 for {} K = {} ({cfg:?})", w.dtype, s.k));
         #[cfg(test)]
@@ -784,8 +743,7 @@ fn matvec_quant_routed(
             .flag("DP4")
             .set("KC", kc)
             .flag_if("DP4X", chunked)
-            .flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8)
-            .flag_if("PREFETCH", !chunked && std::env::var("WGPU_LLM_QMV_PF").is_ok_and(|v| v == "1"));
+            .flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8);
     }
     if !cfg.subgroups {
         macros.0.remove("SUBGROUP");
@@ -1056,29 +1014,6 @@ pub mod cpu {
                 let inv = f32::from_bits((267 - e) << 23);
                 let d = f32::from_bits((e - 13) << 23);
                 out.extend(blk.iter().map(|v| (v * inv).round_ties_even() * d));
-            }
-        }
-        out
-    }
-
-    /// x as the DP4 matvec stages it with `X8` (rows that stage whole only as 8 bits): per
-    /// 32-element block, d = 2^(E - 133) for the largest |x|'s biased exponent E and each element
-    /// clamp(round(x / d), ±127) · d (|x / d| < 2^7; the error is at most d ≤ 2^-6 of the block's
-    /// largest |x|, d / 2 where the quotient is under 127.5). Blocks under 2^-121 become 0, a
-    /// block with a non-finite value NaN; exact in f32, as [`stage_x16`].
-    pub fn stage_x8(x: &[f32], k: usize) -> Vec<f32> {
-        assert!(k % 32 == 0);
-        let mut out = Vec::with_capacity(x.len());
-        for blk in x.chunks(32) {
-            let e = (blk.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
-            if e == 255 {
-                out.extend(blk.iter().map(|_| f32::NAN));
-            } else if e < 7 {
-                out.extend(blk.iter().map(|_| 0.0));
-            } else {
-                let inv = f32::from_bits((260 - e) << 23);
-                let d = f32::from_bits((e - 6) << 23);
-                out.extend(blk.iter().map(|v| (v * inv).round_ties_even().clamp(-127.0, 127.0) * d));
             }
         }
         out
@@ -1878,92 +1813,6 @@ pub(crate) mod tests {
             let (want, tol) = reference(&staged, ty, &raw, k, None, &vec![0.0; n], false);
             check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{ty} DP4 edges"));
         }
-    }
-
-    /// X8 (x staged as 8-bit fixed point): cpu::stage_x8 within its bound (|x - staged| <= 2^-6 ·
-    /// max |x| of the block, ties to even, quotients clamped at ±127), then the DP4 kernel forced
-    /// to X8 for every DP4 type on random rows (with and without subgroups: both stagings, plain
-    /// and with the fused norm), and a row too long for 16-bit staging that picks X8 by itself
-    /// (K = 12288 on lavapipe's 32 KiB, or the H100's K = 21504 where the device has 48 KiB),
-    /// each against the plain reference on x as stage_x8 stages it.
-    #[test]
-    fn dp4_x8_matches_cpu() {
-        let k = 256;
-        let mut xv = random(k, 21, 1.0);
-        xv[32..64].iter_mut().for_each(|v| *v *= 1e-37);
-        // Block 2: largest |x| 0.99 (d = 2^(126 - 133) = 2^-7): ±(i + 0.5) · d are ties, and
-        // 127.75 · d clamps to 127 · d.
-        for (i, v) in xv[64..96].iter_mut().enumerate() {
-            *v = (i as f32 + 0.5) * 2f32.powi(-7) * if i % 2 == 0 { 1.0 } else { -1.0 };
-        }
-        xv[94] = 127.75 * 2f32.powi(-7);
-        xv[95] = 0.99;
-        let staged = cpu::stage_x8(&xv, k);
-        for (b, (xb, sb)) in xv.chunks(32).zip(staged.chunks(32)).enumerate() {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            for (x, st) in xb.iter().zip(sb) {
-                assert!((x - st).abs() <= (amax * 2f32.powi(-6)).max(2f32.powi(-121)), "block {b}: {x} staged as {st}");
-            }
-        }
-        assert!(staged[32..64].iter().all(|&v| v == 0.0));
-        assert_eq!(&staged[64..68], &[0.0, -2f32.powi(-6), 2f32.powi(-6), -2f32.powi(-5)]);
-        assert_eq!(staged[94], 127.0 * 2f32.powi(-7));
-        let dp4_types = TYPES.into_iter().filter(|&ty| dp4_chunk(&gpu(), ty, 256, 256, 1).is_some());
-        for gpu in gpu_variants() {
-            if gpu.info.backend != wgpu::Backend::Vulkan {
-                panic!("DP4 runs on Vulkan only: this test needs lavapipe or a Vulkan GPU");
-            }
-            for (i, ty) in dp4_types.clone().enumerate() {
-                let (n, k) = (70usize, 1536usize);
-                for norm in [false, true] {
-                    let seed = 300 + 10 * i as u64 + norm as u64;
-                    let raw = random_blocks(ty, n, k, seed);
-                    let xv = random(k, seed + 1, 1.0);
-                    let gv: Vec<f32> = random(k, seed + 2, 0.5).into_iter().map(|v| 1.0 + v).collect();
-                    let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
-                    let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
-                    let g = gpu.upload_f32("g", &[k], &gv).unwrap();
-                    let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
-                    let opts = LinearOpts::default();
-                    let s = check_operands("test", &x, n, k, None, &y, opts);
-                    let cfg = QMatvecConfig { dp4: true, x8: true, ..QMatvecConfig::new(&gpu, ty, &s) };
-                    let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
-                    let kern = matvec_quant(&gpu, &x, input, &w, None, &y, &s, opts, cfg).unwrap();
-                    gpu.run(&[&kern]).unwrap();
-                    let (xin, per_term) = if norm {
-                        let r = 1.0 / (xv.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-6).sqrt();
-                        let xg: Vec<f32> = xv.iter().zip(&gv).map(|(a, b)| a * b).collect();
-                        (cpu::stage_x8(&xg, k).into_iter().map(|v| v * r).collect(), 8.0 * f32::EPSILON / 2.0)
-                    } else {
-                        (cpu::stage_x8(&xv, k), 0.0)
-                    };
-                    let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; n], false);
-                    let wf = cpu::dequantize_rows(ty, &raw, k).unwrap();
-                    add_input_rounding(&mut tol, &xin, &wf, k, per_term);
-                    let what = format!("{ty} X8 norm={norm} sg={}", gpu.caps.subgroups);
-                    check(&gpu.read_f32(&y).unwrap(), &want, &tol, &what);
-                }
-            }
-        }
-        // The rule: a row that stages whole as 8 bits only, over 4096 rows.
-        let gpu = gpu();
-        let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
-        let k = if limit >= 48 * 1024 { 21504 } else { 12288 };
-        let (n, ty) = (4096usize, DType::Q4_K);
-        let raw = random_blocks(ty, n, k, 77);
-        let xv = random(k, 78, 1.0);
-        let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
-        let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
-        let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
-        let s = check_operands("test", &x, n, k, None, &y, LinearOpts::default());
-        let cfg = QMatvecConfig::new(&gpu, ty, &s);
-        assert!(!stages_whole(&gpu, ty, k, 256) && stages_whole8(&gpu, ty, k, 256), "K = {k} on {limit} bytes");
-        assert!(cfg.dp4 && cfg.x8 || !gpu.caps.subgroups, "K = {k}: {cfg:?}");
-        let kern = linear_quant(&gpu, &x, &w, None, &y, LinearOpts::default()).unwrap();
-        gpu.run(&[&kern]).unwrap();
-        let xs = if cfg.x8 { cpu::stage_x8(&xv, k) } else { xv.clone() };
-        let (want, tol) = reference(&xs, ty, &raw, k, None, &vec![0.0; n], false);
-        check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{ty} K = {k} by the rule: {cfg:?}"));
     }
 
     /// DP4 with the row staged a chunk at a time and with passes of 4 tokens: each token's row of
