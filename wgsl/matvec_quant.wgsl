@@ -23,7 +23,8 @@
 // unit is q_dot_i: 4-wide integer dot products of the quants against those bytes
 // (include/quant.wgsl), exact, scaled once. A row longer than the staging arrays (KC blocks a
 // token) is staged a chunk at a time; a lane still meets its units in order, so a token's sums are
-// the same whatever KC, TOK and the other tokens of the pass. The CPU twin is
+// the same whatever KC, TOK and the other tokens of the pass. PREFETCH (one token, the whole row
+// staged) issues each unit's loads one iteration early. The CPU twin is
 // src/ops/matmul/gguf.rs `cpu::stage_x16` followed by the plain reference.
 // Grid: ceil(N / (4 · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N and
 // tokens past T read a clamped row or token and store nothing (DP4 neither stages nor meets
@@ -334,6 +335,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         q_row = xr.x;
         stage_x(0u, {{KC}}u, 0u, lid);
         workgroupBarrier();
+#ifdef PREFETCH
+        // The next unit's loads issued before this unit's math (the same sums in the same order;
+        // 4 more QRaw live a lane).
+        for (var u = lane; u < units; u += {{TPR}}u) {
+            let un = min(u + {{TPR}}u, units - 1u);
+            let n0 = q_raw(base.x + un);
+            let n1 = q_raw(base.y + un);
+            let n2 = q_raw(base.z + un);
+            let n3 = q_raw(base.w + un);
+            acc0 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
+            r0 = n0;
+            r1 = n1;
+            r2 = n2;
+            r3 = n3;
+        }
+#else
         for (var u = lane; u < units; u += {{TPR}}u) {
             if (u != lane) {
                 r0 = q_raw(base.x + u);
@@ -343,6 +360,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
             acc0 += vec4<f32>(q_dot_i(r0, u), q_dot_i(r1, u), q_dot_i(r2, u), q_dot_i(r3, u));
         }
+#endif
 #else
         let kb = p.xk / 8u;
         for (var cb = 0u; cb < kb; cb += {{KC}}u) {

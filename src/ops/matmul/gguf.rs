@@ -427,6 +427,9 @@ struct QMatvecConfig {
     /// one token a pass with the whole row staged, or (Q6_K) passes of 4 tokens, staged in chunks
     /// where they do not fit workgroup memory ([`dp4_chunk`]).
     dp4: bool,
+    /// With `dp4`, one token, the row staged whole: each unit's loads issued one iteration
+    /// early (`PREFETCH`).
+    prefetch: bool,
     /// Measurement probes (tests only): PROBE_NOX, PROBE_NOMATH.
     #[cfg(test)]
     probe: &'static str,
@@ -449,7 +452,8 @@ impl QMatvecConfig {
         // Measured on the H100 (`bench_quant`, every type): K = 1536 (48 units) wants 64 lanes
         // per row group at N = 2048 and 17920 (5-10% over 32), 32 at N = 151936 (10-40% over
         // 64); K = 8960 (280 units) at N = 1536 wants 256. Software-pipelined loads (the next
-        // unit's issued before this one's math) were 5-40% slower everywhere (registers).
+        // unit's issued before this one's math) were 5-40% slower everywhere (registers), but for the
+        // wide DP4 rows below (`prefetch`).
         let groups = s.n.div_ceil(4) as u32;
         let want = 262144u32.div_ceil(groups).next_power_of_two();
         let widest = units.next_power_of_two().min(MATVEC_WG).max(min_tpr);
@@ -542,12 +546,18 @@ impl QMatvecConfig {
         if wide_rows && dp4 && !vocab && dtype == DType::Q4_K && s.n >= 12288 && wide {
             (wg, tpr) = (1024, 32);
         }
+        // Those rows of 4096-8192 elements over 4096 or more (Gemma-4-31B's gate_up, qkv, o and
+        // lm_head) with each unit's loads issued an iteration early: the step 14848 -> 14728,
+        // 14774 -> 14678 and 14766 -> 14662 us in three calls (H100, BENCHMARKS session 14); the
+        // other shapes keep the plain loop (see above: slower on Qwen2.5's).
+        let prefetch = wide_rows && dp4;
         QMatvecConfig {
             wg,
             tpr,
             tok,
             subgroups,
             dp4,
+            prefetch,
             #[cfg(test)]
             probe: "",
             #[cfg(test)]
@@ -559,12 +569,18 @@ impl QMatvecConfig {
     /// A benchmark knob: WGPU_LLM_QMV="TYPE:N:K:wg:tpr:dp4,..." (TYPE as `Q4_K`, or `any`) sets
     /// one-token configurations by type and shape, for measuring them inside a step. Applied
     /// last, over every rule (a shape it names takes its configuration, the others their rules).
+    /// WGPU_LLM_QMV_PF=0 / 1 turns `prefetch` off / on wherever a row stages whole.
     fn knob(self, gpu: &Gpu, dtype: DType, s: &LinearShape) -> Self {
-        let Ok(v) = std::env::var("WGPU_LLM_QMV") else { return self };
-        if self.tok != 1 {
-            return self;
+        let pf = std::env::var("WGPU_LLM_QMV_PF").ok();
+        let mut cfg = match pf.as_deref() {
+            Some("0") => QMatvecConfig { prefetch: false, ..self },
+            Some("1") => QMatvecConfig { prefetch: self.dp4 && self.tok == 1, ..self },
+            _ => self,
+        };
+        let Ok(v) = std::env::var("WGPU_LLM_QMV") else { return cfg };
+        if cfg.tok != 1 {
+            return cfg;
         }
-        let mut cfg = self;
         for e in v.split(',') {
             let ty = e.split(':').next().unwrap_or_default();
             let f: Vec<usize> = e.split(':').skip(1).filter_map(|x| x.parse().ok()).collect();
@@ -572,7 +588,8 @@ impl QMatvecConfig {
             if let [n, k, w, t, d] = f[..] {
                 if ty_ok && n == s.n && k == s.k && (d == 0 || stages_whole(gpu, dtype, s.k, w as u32)) {
                     let dp4 = d == 1 && gpu.info.backend == wgpu::Backend::Vulkan;
-                    cfg = QMatvecConfig { wg: w as u32, tpr: t as u32, dp4, ..cfg };
+                    let prefetch = dp4 && pf.as_deref() == Some("1");
+                    cfg = QMatvecConfig { wg: w as u32, tpr: t as u32, dp4, prefetch, ..cfg };
                 }
             }
         }
@@ -601,7 +618,7 @@ impl QMatvecConfig {
             && s.n <= 4096
             && stages_whole(gpu, dtype, s.k, 128)
         {
-            return QMatvecConfig { wg: 128, tpr: 32, dp4: true, ..self }.knob(gpu, dtype, s);
+            return QMatvecConfig { wg: 128, tpr: 32, dp4: true, prefetch: false, ..self }.knob(gpu, dtype, s);
         }
         self
     }
@@ -743,7 +760,8 @@ fn matvec_quant_routed(
             .flag("DP4")
             .set("KC", kc)
             .flag_if("DP4X", chunked)
-            .flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8);
+            .flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8)
+            .flag_if("PREFETCH", cfg.prefetch && !chunked);
     }
     if !cfg.subgroups {
         macros.0.remove("SUBGROUP");
@@ -1815,6 +1833,53 @@ pub(crate) mod tests {
         }
     }
 
+    /// PREFETCH (each unit's loads an iteration early) gives the plain loop's sums bit for bit
+    /// (same sums, same order) for every DP4 type, with and without subgroups, rows of a few units
+    /// per lane and of one (the last unit's loads clamped), plain and with the fused norm; the
+    /// plain loop is held to the CPU by the other DP4 tests, and here once more.
+    #[test]
+    fn dp4_prefetch_keeps_the_sums() {
+        for gpu in gpu_variants() {
+            if gpu.info.backend != wgpu::Backend::Vulkan {
+                panic!("DP4 runs on Vulkan only: this test needs lavapipe or a Vulkan GPU");
+            }
+            let dp4_types = TYPES.into_iter().filter(|&ty| dp4_chunk(&gpu, ty, 256, 256, 1).is_some());
+            for (i, ty) in dp4_types.enumerate() {
+                for (k, norm) in [(4864usize, false), (256, true)] {
+                    let n = 70;
+                    let seed = 500 + 10 * i as u64 + k as u64;
+                    let raw = random_blocks(ty, n, k, seed);
+                    let xv = random(k, seed + 1, 1.0);
+                    let gv: Vec<f32> = random(k, seed + 2, 0.5).into_iter().map(|v| 1.0 + v).collect();
+                    let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+                    let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
+                    let g = gpu.upload_f32("g", &[k], &gv).unwrap();
+                    let opts = LinearOpts::default();
+                    let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
+                    let s = LinearShape { t: 1, n, k, ld_out: n, cols: n };
+                    let auto = QMatvecConfig::new(&gpu, ty, &s);
+                    assert!(stages_whole(&gpu, ty, k, auto.wg), "{ty} K = {k}");
+                    let mut outs = Vec::new();
+                    for prefetch in [false, true] {
+                        let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
+                        let cfg = QMatvecConfig { dp4: true, prefetch, ..auto };
+                        let kern = matvec_quant(&gpu, &x, input, &w, None, &y, &s, opts, cfg).unwrap();
+                        assert_eq!(kern.variant.contains("PREFETCH"), prefetch);
+                        gpu.run(&[&kern]).unwrap();
+                        outs.push(gpu.read_f32(&y).unwrap());
+                    }
+                    let what = format!("{ty} K = {k} norm = {norm} sg = {}", gpu.caps.subgroups);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&outs[0]), bits(&outs[1]), "{what}: PREFETCH changed the sums");
+                    if !norm {
+                        let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, None, &vec![0.0; n], false);
+                        check(&outs[1], &want, &tol, &what);
+                    }
+                }
+            }
+        }
+    }
+
     /// DP4 with the row staged a chunk at a time and with passes of 4 tokens: each token's row of
     /// y is bit for bit the same as with the whole row staged and with one token a pass (a lane
     /// meets its units in the same order), and matches the CPU on x as staged. Chunks of one
@@ -1921,6 +1986,10 @@ pub(crate) mod tests {
             gpu.limits.max_compute_invocations_per_workgroup >= 1024 && stages_whole(&gpu, DType::Q4_K, 5376, 1024);
         assert_eq!(pick(DType::Q4_K, 43008, 5376), (if wide { 1024 } else { 256 }, 32, true), "Gemma's gate_up");
         assert_eq!(pick(DType::Q4_K, 5376, 8192), (256, 32, true), "Gemma's o projection");
+        // Gemma's wide DP4 rows load an iteration ahead; Qwen2.5's do not.
+        let prefetch = |ty: DType, n: usize, k: usize| QMatvecConfig::new(&gpu, ty, &shape(n, k)).prefetch;
+        assert!(prefetch(DType::Q4_K, 43008, 5376) && prefetch(DType::Q6_K, 262144, 5376), "Gemma's gate_up, lm_head");
+        assert!(!prefetch(DType::Q4_K, 17920, 1536) && !prefetch(DType::Q6_K, 1536, 8960), "Qwen2.5-1.5B's");
         assert_eq!(pick(DType::Q4_K, 17920, 1536), (128, 32, true), "Qwen2.5-1.5B's gate_up");
         assert_eq!(pick(DType::Q4_K, 1536, 1536), (128, 32, true), "Qwen2.5-1.5B's o projection");
         // The o rule is for a plain input: a fused norm's projection keeps its float sums.
