@@ -105,23 +105,6 @@ fn mlx4_folder_matches_mlx_lm() {
     check_path(&dir, "gemma4_tiny_mlx4", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
 }
 
-/// One decode token of the MLX 4-bit model takes every sandwich post-norm but the last layer's
-/// into the next projection (`SANDWICH`: 8 post-attention norms into gate_up, 7 post-MLP norms
-/// into the next layer's q/k/v), so no post-norm runs as a dispatch of its own; the prefill keeps
-/// them. What it computes is `mlx4_folder_matches_mlx_lm`'s 16 decode steps (against mlx-lm).
-#[test]
-fn mlx4_decode_fuses_the_post_norms() {
-    let dir = common::mlx::gemma4_tiny("mlx4");
-    let ck = Checkpoint::open(&dir).unwrap();
-    let gpu = common::gpu();
-    let mut model = wgpu_llm::model::Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
-    model.forward(&[2, 3, 4]).unwrap();
-    let step = model.profile_step(1).unwrap();
-    let fused = step.iter().filter(|d| d.variant.contains("SANDWICH")).count();
-    let post_norms = step.iter().filter(|d| d.name.starts_with("rms_norm") && d.variant.contains("ACCUMULATE")).count();
-    assert_eq!((fused, post_norms), (15, 1), "{:?}", step.iter().map(|d| (&d.name, &d.variant)).collect::<Vec<_>>());
-}
-
 /// The E2B-style variant: per-layer input embeddings (P = 8), the last two layers reading earlier
 /// layers' KV caches (layer 6 the sliding layer 5's, layer 7 the full layer 3's) with MLPs twice
 /// as wide, through prefill, decode and a chunked prefill.

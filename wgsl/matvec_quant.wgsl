@@ -58,11 +58,6 @@
 #ifdef EXPERTS
 @group(0) @binding({{EB}}) var<storage, read> ids: array<u32>;   // (slots) the expert of each slot
 #endif
-#ifdef SANDWICH
-@group(0) @binding({{SB}}) var<storage, read> h_in: array<vec4<f32>>;         // (1, K) the residual stream
-@group(0) @binding({{SB1}}) var<storage, read> post_w: array<vec4<f32>>;      // (K) the post-norm's weight
-@group(0) @binding({{SB2}}) var<storage, read_write> h_out: array<vec4<f32>>; // (1, K) h', from workgroup 0
-#endif
 
 // The fused input (include/linear_input.wgsl): x as the kernel meets it. q_row is the current
 // token's row start (vec4), set before each token's dot products.
@@ -74,17 +69,6 @@ fn li_x(i: u32) -> vec4<f32> {
 #ifdef NORM
 fn li_g(i: u32) -> vec4<f32> {
     return g[i];
-}
-#endif
-#ifdef SANDWICH
-fn li_h(i: u32) -> vec4<f32> {
-    return h_in[i];
-}
-fn li_pw(i: u32) -> vec4<f32> {
-    return post_w[i];
-}
-fn li_scale() -> f32 {
-    return p.scale;
 }
 #endif
 #include "linear_input"
@@ -349,16 +333,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #ifndef DP4X
         // One token, the whole row staged at once.
         q_row = xr.x;
-#ifdef SANDWICH
-        // The post-norm's scale first (the first units already loading), then h' is what the
-        // staging meets.
-#ifdef SUBGROUP
-        li_r1 = li_norm_scales(xr, p.xk, p.eps, lid, sg_size, sg_lane).x;
-#else
-        li_r1 = li_norm_scales(xr, p.xk, p.eps, lid, 1u, 0u).x;
-#endif
-        li_phase = 1u;
-#endif
         stage_x(0u, {{KC}}u, 0u, lid);
         workgroupBarrier();
 #ifdef PREFETCH
@@ -427,15 +401,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
 #endif
 #else
-#ifdef SANDWICH
-        // The post-norm's scale before any unit meets h'.
-#ifdef SUBGROUP
-        li_r1 = li_norm_scales(xr, p.xk, p.eps, lid, sg_size, sg_lane).x;
-#else
-        li_r1 = li_norm_scales(xr, p.xk, p.eps, lid, 1u, 0u).x;
-#endif
-        li_phase = 1u;
-#endif
         for (var u = lane; u < units; u += {{TPR}}u) {
             let r0 = q_raw(base.x + u);
             let r1 = q_raw(base.y + u);
@@ -477,15 +442,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         sums *= rn[min(out_j, 3u)];
 #endif
         mv_store(sums, lane, yt0 + t0, row0, p.n, yt0 + nt);
-#ifdef SANDWICH
-        // h' for the rest of the step (the host binds h_out apart from h_in: every workgroup
-        // reads h_in whole).
-        if (wg == 0u) {
-            for (var i = lid; i < p.xk; i += {{WG}}u) {
-                h_out[i] = li_resid(i);
-            }
-        }
-#endif
         // `red` is rewritten by the next pass.
         workgroupBarrier();
     }

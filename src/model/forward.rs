@@ -32,7 +32,6 @@ use crate::ops::attention::{attention, attention_batch, attention_rope, AttnPara
 use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, rms_norm_gated, DeltaRuleArgs};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant, per_layer_inputs, per_layer_slot};
-use crate::ops::matmul::gguf::takes_sandwich;
 use crate::ops::matmul::{fuses_input, fuses_norm, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::moe::{
     groups_len, groups_slots, linear_experts, moe_combine, moe_group, moe_router, moe_router_shared, ExpertWeight,
@@ -84,7 +83,7 @@ impl Scratch {
     fn new(g: &Gpu, c: &ModelConfig, rows: usize, slots: usize) -> Result<Scratch> {
         let h = c.hidden_size;
         // Each buffer is as wide as the widest layer needs (1 where no layer uses it).
-        let mut widths: Vec<(&'static str, usize)> = vec![("x", h), ("x2", h), ("xn", h), ("tmp", h)];
+        let mut widths: Vec<(&'static str, usize)> = vec![("x", h), ("xn", h), ("tmp", h)];
         let mut need = |name: &'static str, n: usize| match widths.iter_mut().find(|(w, _)| *w == name) {
             Some((_, m)) => *m = (*m).max(n),
             None => widths.push((name, n)),
@@ -786,7 +785,7 @@ impl Model {
         let s = self.scratch.as_ref().expect("plan() sizes the scratch buffers");
         let ids = s.ids.view(0, &[t]);
         let seqs = batch.then(|| s.seqs.view(0, &[t, 2]));
-        let [x, x2, xn, tmp] = ["x", "x2", "xn", "tmp"].map(|name| s.rows(name, t));
+        let [x, xn, tmp] = ["x", "xn", "tmp"].map(|name| s.rows(name, t));
         let (last, last_n, logits) = (s.last.clone(), s.last_norm.clone(), s.logits.clone());
 
         let mut items = Vec::new();
@@ -802,9 +801,7 @@ impl Model {
             s,
             t,
             eps,
-            xs: [&x, &x2],
-            cur: Default::default(),
-            post: Default::default(),
+            x: &x,
             xn: &xn,
             tmp: &tmp,
             step: &self.step,
@@ -822,7 +819,7 @@ impl Model {
                     Linear::Quant(q) => embedding_quant(g, q, *row_start, &ids, &tok, (ple.dim as f32).sqrt())?,
                 }));
             }
-            items.push(Item::Kernel(linear(g, lp.x(), Input::Plain, &pw.model_proj, None, &proj, lp.opts())?));
+            items.push(Item::Kernel(linear(g, &x, Input::Plain, &pw.model_proj, None, &proj, lp.opts())?));
             // norm(proj(x0) / sqrt(hidden)) is norm(proj(x0)) with eps * hidden: the scale folded in.
             let rows = RowLayout::contiguous((t * c.num_layers) as u32, ple.dim as u32);
             items.push(Item::Kernel(rms_norm_in_place(g, &proj, &pw.norm, rows, eps * h as f32)?));
@@ -852,7 +849,7 @@ impl Model {
             let next_norm = w.layers.get(l + 1).map(|n| &n.attn_norm);
             let ffn = match (spec.mlp, &lw.mlp) {
                 (MlpSpec::Dense { intermediate, activation }, MlpWeights::Dense { gate_up, down }) => {
-                    let (xin, input) = lp.normed(&mut k, &lw.ffn_norm, &gate_up.linears())?;
+                    let (xin, input) = lp.normed(&mut k, &lw.ffn_norm)?;
                     lp.dense_mlp(&mut k, &xin, input, gate_up, down, intermediate, activation)?
                 }
                 (MlpSpec::Moe { .. }, MlpWeights::Moe { .. }) => lp.moe(&mut k, &spec.mlp, lw)?,
@@ -880,7 +877,6 @@ impl Model {
             return Ok(Plan { t, ids, logits: logits.view(0, &[t, c.vocab_size]), items, last_used: 0 });
         }
         // The last row only: output norm and lm_head.
-        let x = lp.x();
         let last_row = if t == 1 {
             x.clone()
         } else {
@@ -928,27 +924,13 @@ enum Output<'a> {
     Added,
 }
 
-/// A sandwich post-norm not yet recorded: x += norm(tmp) · post, x *= scale, then the norm `next`
-/// for the projection after it (`tmp` holds the block's output).
-#[derive(Clone, Copy)]
-struct PostNorm<'a> {
-    post: &'a Tensor,
-    next: &'a Tensor,
-    scale: f32,
-}
-
 /// What recording one layer needs: the scratch views for `t` tokens and the shared uniforms.
 struct LayerPass<'a> {
     g: &'a Gpu,
     s: &'a Scratch,
     t: usize,
     eps: f32,
-    /// The residual stream and its second buffer: a fused post-norm ([`Input::Sandwich`]) reads
-    /// one and writes the other; `cur` is the one that holds x now.
-    xs: [&'a Tensor; 2],
-    cur: std::cell::Cell<usize>,
-    /// A sandwich post-norm whose residual add waits for the next projection ([`LayerPass::normed`]).
-    post: std::cell::Cell<Option<PostNorm<'a>>>,
+    x: &'a Tensor,
     xn: &'a Tensor,
     tmp: &'a Tensor,
     step: &'a wgpu::Buffer,
@@ -973,51 +955,17 @@ impl<'a> LayerPass<'a> {
         self.s.rows_as(name, self.t, &[self.t, n])
     }
 
-    /// The residual stream x (never while a post-norm waits to be added to it).
-    fn x(&self) -> &'a Tensor {
-        assert!(self.post.get().is_none(), "x read while a post-norm waits for its projection");
-        self.xs[self.cur.get()]
-    }
-
-    fn hidden(&self) -> usize {
-        self.xs[0].shape[1]
-    }
-
-    /// The input of a projection that starts from the residual stream under the norm `w`, for
-    /// the weights `consumers` that will read it: with a sandwich post-norm waiting, that
-    /// post-norm and its residual add fused in front of the norm where every consumer takes it
-    /// ([`Input::Sandwich`], one token: x read from one buffer, written to the other), else run
-    /// as its own dispatch first; otherwise the norm fused into the matvec up to MATVEC_MAX_T
-    /// tokens (short rows), else run into xn first.
-    fn normed(&self, k: &mut Vec<Kernel>, w: &'a Tensor, consumers: &[&Linear]) -> Result<(Tensor, Input<'a>)> {
-        let same = |a: &Tensor, b: &Tensor| std::sync::Arc::ptr_eq(&a.buffer, &b.buffer) && a.offset == b.offset;
-        let fuse = fuses_norm(self.t, self.hidden());
-        if let Some(pn) = self.post.take() {
-            assert!(same(pn.next, w), "a post-norm waits for another norm's projection");
-            let takes = |l: &&Linear| matches!(l, Linear::Quant(q) if takes_sandwich(self.g, q, self.t, self.opts()));
-            let (h, eps) = (self.x(), self.eps);
-            if !consumers.is_empty() && consumers.iter().all(takes) {
-                let out = self.xs[1 - self.cur.get()];
-                self.cur.set(1 - self.cur.get());
-                let input = Input::Sandwich { resid: h, post: pn.post, next: w, out, scale: pn.scale, eps };
-                return Ok((self.tmp.clone(), input));
-            }
-            let next = (!fuse).then_some((w, self.xn));
-            k.push(rms_norm_residual(self.g, self.tmp, pn.post, h, eps, pn.scale, next)?);
-            return Ok(if fuse {
-                (h.clone(), Input::Norm { weight: w, eps })
-            } else {
-                (self.xn.clone(), Input::Plain)
-            });
-        }
+    /// The input of a projection that starts from the residual stream under the norm `w`: the
+    /// norm fused into the matvec up to MATVEC_MAX_T tokens, else run into xn first.
+    fn normed(&self, k: &mut Vec<Kernel>, w: &'a Tensor) -> Result<(Tensor, Input<'a>)> {
         let ready = self.xn_for.borrow_mut().take();
-        if fuse {
-            Ok((self.x().clone(), Input::Norm { weight: w, eps: self.eps }))
-        } else if ready.is_some_and(|r| same(&r, w)) {
+        if fuses_norm(self.t, self.x.shape[1]) {
+            Ok((self.x.clone(), Input::Norm { weight: w, eps: self.eps }))
+        } else if ready.is_some_and(|r| std::sync::Arc::ptr_eq(&r.buffer, &w.buffer) && r.offset == w.offset) {
             // The residual add before wrote xn under this weight.
             Ok((self.xn.clone(), Input::Plain))
         } else {
-            k.push(rms_norm(self.g, self.x(), w, self.xn, self.eps, false)?);
+            k.push(rms_norm(self.g, self.x, w, self.xn, self.eps, false)?);
             Ok((self.xn.clone(), Input::Plain))
         }
     }
@@ -1025,30 +973,28 @@ impl<'a> LayerPass<'a> {
     /// x under the output norm for lm_head: fused into its matvec, else run into xn first.
     fn normed_out(&self, items: &mut Vec<Item>, w: &'a Tensor) -> Result<(Tensor, Input<'a>)> {
         let mut k = Vec::new();
-        let r = self.normed(&mut k, w, &[])?;
+        let r = self.normed(&mut k, w)?;
         items.extend(k.into_iter().map(Item::Kernel));
         Ok(r)
     }
 
     /// Adds a block's output to x: the residual add fused into its last projection, or through
     /// the post-norm (`x += norm(y)`).
-    fn residual(&self, k: &mut Vec<Kernel>, out: Output<'a>, post_norm: Option<&'a Tensor>) -> Result<()> {
+    fn residual(&self, k: &mut Vec<Kernel>, out: Output<'a>, post_norm: Option<&Tensor>) -> Result<()> {
         self.residual_scaled(k, out, post_norm, 1.0, None)
     }
 
     /// [`Self::residual`], then x scaled by the layer's output scale (fused into the post-norm;
     /// the loader refuses a scale without one). With a post-norm and `next` (the weight of the
-    /// norm the next projection starts with): for one token the post-norm waits for that
-    /// projection ([`Self::normed`]: fused into it where it can); else, where that norm runs as a
-    /// dispatch of its own (long rows: [`fuses_norm`]), the same dispatch also writes xn =
-    /// norm(x) · next for it.
+    /// norm the next projection starts with), where that norm runs as a dispatch of its own (long
+    /// rows: [`fuses_norm`]), the same dispatch also writes xn = norm(x) · next for it.
     fn residual_scaled(
         &self,
         k: &mut Vec<Kernel>,
         out: Output<'a>,
-        post_norm: Option<&'a Tensor>,
+        post_norm: Option<&Tensor>,
         scale: f32,
-        next: Option<&'a Tensor>,
+        next: Option<&Tensor>,
     ) -> Result<()> {
         let Output::Linear { from, input, w } = out else {
             assert_eq!(scale, 1.0, "an output scale needs the block's post-norm");
@@ -1057,18 +1003,13 @@ impl<'a> LayerPass<'a> {
         match post_norm {
             Some(pn) => {
                 k.push(linear(self.g, &from, input, w, None, self.tmp, self.opts())?);
-                if let Some(nw) = next.filter(|_| self.t == 1 && self.seqs.is_none()) {
-                    // One token: the next projection may take this post-norm as its input.
-                    self.post.set(Some(PostNorm { post: pn, next: nw, scale }));
-                    return Ok(());
-                }
-                let next = next.filter(|_| !fuses_norm(self.t, self.hidden()));
-                k.push(rms_norm_residual(self.g, self.tmp, pn, self.x(), self.eps, scale, next.map(|w| (w, self.xn)))?);
+                let next = next.filter(|_| !fuses_norm(self.t, self.x.shape[1]));
+                k.push(rms_norm_residual(self.g, self.tmp, pn, self.x, self.eps, scale, next.map(|w| (w, self.xn)))?);
                 *self.xn_for.borrow_mut() = next.cloned();
             }
             None => {
                 assert_eq!(scale, 1.0, "an output scale needs the block's post-norm");
-                k.push(linear(self.g, &from, input, w, None, self.x(), LinearOpts { accumulate: true, ..self.opts() })?)
+                k.push(linear(self.g, &from, input, w, None, self.x, LinearOpts { accumulate: true, ..self.opts() })?)
             }
         }
         Ok(())
@@ -1090,8 +1031,7 @@ impl<'a> LayerPass<'a> {
         let (g, t) = (self.g, self.t);
         let qkv = self.act("qkv", a.q_dim() + 2 * a.kv_dim());
         let attn = self.act("attn", a.q_dim());
-        let consumers: Vec<&Linear> = qkv_w.linears().into_iter().chain(gate.as_ref()).collect();
-        let (xin, input) = self.normed(k, &lw.attn_norm, &consumers)?;
+        let (xin, input) = self.normed(k, &lw.attn_norm)?;
         if a.qkv_dim() != a.q_dim() + 2 * a.kv_dim() {
             // [q | k] (the cache write takes v from k) or [q] (the layer reads another's cache)
             // into the rows' first columns.
@@ -1188,7 +1128,7 @@ impl<'a> LayerPass<'a> {
         let gate_out = slot.view(0, &[t, p]);
         k.push(linear(
             g,
-            self.x(),
+            self.x,
             Input::Plain,
             gate,
             None,
@@ -1221,7 +1161,7 @@ impl<'a> LayerPass<'a> {
         let mix = self.act("mix", d.in_dim());
         let conv_out = self.act("conv", d.conv_dim());
         let attn = self.act("attn", d.value_dim());
-        let (xin, input) = self.normed(k, &lw.attn_norm, &[])?;
+        let (xin, input) = self.normed(k, &lw.attn_norm)?;
         k.extend(in_proj.linear(g, &xin, input, None, &mix, self.opts())?);
         k.push(causal_conv1d(g, &mix, d.in_dim(), conv, conv_state, &conv_out, self.step, t, STATE_RING)?);
         let (z_col, b_col) = (d.conv_dim(), d.conv_dim() + d.value_dim());
@@ -1288,7 +1228,7 @@ impl<'a> LayerPass<'a> {
             unreachable!("moe spec")
         };
         let MlpWeights::Moe { router, gate_up_exps, down_exps, shared } = &lw.mlp else { unreachable!("moe weights") };
-        let (g, t, h) = (self.g, self.t, self.hidden());
+        let (g, t, h) = (self.g, self.t, self.x.shape[1]);
         let router_cols = experts + usize::from(!matches!(shared, SharedExpert::None));
         // A stacked shared expert is slot top_k of each token (id E), weighted by its gate.
         let stacked = matches!(shared, SharedExpert::Stacked);
@@ -1298,7 +1238,7 @@ impl<'a> LayerPass<'a> {
         let weights = self.act("moe_w", slots);
         let exp_act = self.s.rows_as("exp_act", t, &[t * slots, f]);
         let exp_out = self.s.rows_as("exp_out", t, &[t * slots, h]);
-        let (xin, input) = self.normed(k, &lw.ffn_norm, &[])?;
+        let (xin, input) = self.normed(k, &lw.ffn_norm)?;
         k.extend(router.linear(g, &xin, input, None, &logits, self.opts())?);
         k.push(if stacked {
             moe_router_shared(g, &logits, router_cols, experts, top_k, &ids, &weights, norm_topk)?
@@ -1341,7 +1281,7 @@ impl<'a> LayerPass<'a> {
             }
             SharedExpert::Stacked | SharedExpert::None => None,
         };
-        k.push(moe_combine(g, &exp_out, &weights, shared_out, self.x())?);
+        k.push(moe_combine(g, &exp_out, &weights, shared_out, self.x)?);
         Ok(Output::Added)
     }
 }

@@ -115,11 +115,6 @@ impl Proj {
     pub fn gpu_bytes(&self) -> u64 {
         self.parts.iter().map(|(_, w)| w.gpu_bytes()).sum()
     }
-
-    /// Its weights, in column order.
-    pub fn linears(&self) -> Vec<&Linear> {
-        self.parts.iter().map(|(_, w)| w).collect()
-    }
 }
 
 /// A layer's token mixer.

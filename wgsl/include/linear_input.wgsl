@@ -7,55 +7,21 @@
 //           nothing waits for the reduction).
 //   GATED:  act(x[t, k]) · x[t, K + k]              x: (T, 2K) = [gate | up] per row
 //           (act: include/activation.wgsl), the gated activation fused into the down projection.
-//   SANDWICH (with NORM; one token): a sandwich post-norm and its residual add fused in front of
-//           the next pre-norm: x is the block's output y (1, K), h the residual stream (1, K),
-//           pw the post-norm's weight, s the layer's output scale:
-//             h'[k] = (h[k] + y[k] · r_y · pw[k]) · s,  r_y = 1 / sqrt(mean_k y[k]² + eps)
-//           (rms_norm.wgsl's ACCUMULATE order), and the kernel meets rms_norm(h') · g as NORM
-//           does: h' ⊙ g (li_load), the sums scaled by r_h' (li_norm_scales over h'). The
-//           kernel first sets li_r1 = r_y (li_norm_scales with li_phase 0), then li_phase = 1;
-//           one workgroup writes h' out for the rest of the step.
 // K must be a multiple of 4. The including kernel defines WG and the accessors
 //   fn li_x(i: u32) -> vec4<f32>    x's vec4 number i
 //   fn li_g(i: u32) -> vec4<f32>    g's vec4 number i (NORM)
-//   fn li_h(i: u32) -> vec4<f32>, fn li_pw(i: u32) -> vec4<f32>, fn li_scale() -> f32 (SANDWICH)
 // and passes the up half's offset (K / 4, GATED) to li_load.
 #include "activation"
-
-#ifdef SANDWICH
-var<private> li_r1: f32;
-var<private> li_phase: u32;
-
-// h' vec4 number i (one token).
-fn li_resid(i: u32) -> vec4<f32> {
-    return (li_h(i) + li_x(i) * li_r1 * li_pw(i)) * li_scale();
-}
-#endif
-
-// What li_norm_scales sums the squares of: x's vec4 i (from the row's start), or with SANDWICH
-// in phase 1 h''s.
-fn li_src(at: u32, i: u32) -> vec4<f32> {
-#ifdef SANDWICH
-    if (li_phase == 1u) {
-        return li_resid(i);
-    }
-#endif
-    return li_x(at);
-}
 
 // Input vec4 number i (< K / 4) of the token row starting at vec4 `row`.
 fn li_load(row: u32, i: u32, half: u32) -> vec4<f32> {
 #ifdef GATED
     return act4(li_x(row + i)) * li_x(row + half + i);
 #else
-#ifdef SANDWICH
-    return li_resid(i) * li_g(i);
-#else
 #ifdef NORM
     return li_x(row + i) * li_g(i);
 #else
     return li_x(row + i);
-#endif
 #endif
 #endif
 }
@@ -71,7 +37,7 @@ var<workgroup> li_red: array<vec4<f32>, {{WG}}>;
 fn li_norm_scales(rows: vec4<u32>, k4: u32, eps: f32, lid: u32, sg_size: u32, sg_lane: u32) -> vec4<f32> {
     var s = vec4<f32>(0.0);
     for (var i = lid; i < k4; i += {{WG}}u) {
-        let a = li_src(rows.x + i, i);
+        let a = li_x(rows.x + i);
 #ifdef TOK4
         let b = li_x(rows.y + i);
         let c = li_x(rows.z + i);

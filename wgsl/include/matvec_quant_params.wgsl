@@ -13,8 +13,4 @@ struct Params {
     half: u32,    // GATED: the up half's offset in x's row, in vec4 (K / 4)
     eps: f32,     // NORM: the RMSNorm epsilon
     spr: u32,     // EXPERTS: slots per x row
-    scale: f32,   // SANDWICH: the layer's output scale
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }

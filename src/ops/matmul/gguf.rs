@@ -388,7 +388,6 @@ pub fn linear_quant_in(
             "linear_quant: {input:?} cannot be fused at {s:?}"
         );
         if opts.batch {
-            assert!(!matches!(input, Input::Sandwich { .. }), "linear_quant: no sandwich input in a batch step");
             return matvec_quant_batch(gpu, x, input, w, bias, y, &s, opts, batch_rows(s.n, s.t), None);
         }
         matvec_quant(
@@ -410,19 +409,6 @@ pub fn linear_quant_in(
         }
         matmul_quant(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
     }
-}
-
-/// Whether one token's projection by `w` takes [`Input::Sandwich`]: the quantized matvec over the
-/// whole row at once (a one-token pass; the row staged whole where it runs DP4), not in a batch
-/// step. `WGPU_LLM_SANDWICH=0` says no (a benchmark knob: the post-norm as its own dispatch).
-pub fn takes_sandwich(gpu: &Gpu, w: &QuantWeight, t: usize, opts: LinearOpts) -> bool {
-    if t != 1 || opts.batch || std::env::var("WGPU_LLM_SANDWICH").is_ok_and(|v| v == "0") {
-        return false;
-    }
-    let (n, k) = (w.shape[0], w.shape[1]);
-    let s = LinearShape { t, n, k, ld_out: n, cols: n };
-    let cfg = QMatvecConfig::new(gpu, w.dtype, &super::tuned_shape(&s, &opts));
-    k % 4 == 0 && cfg.tok == 1 && (!cfg.dp4 || stages_whole(gpu, w.dtype, k, cfg.wg))
 }
 
 /// How matvec_quant runs for one shape on one device.
@@ -788,17 +774,7 @@ fn matvec_quant_routed(
     let params = matvec_quant_params(gpu, "matvec_quant.params", &input, w, s, route);
     let mut bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
     bindings.extend(input.binding(s.k));
-    let (mut macros, z) = super::Route::apply(route, macros, &mut bindings, s.t);
-    if matches!(input, Input::Sandwich { .. }) {
-        let whole = !cfg.dp4 || stages_whole(gpu, w.dtype, s.k, cfg.wg);
-        assert!(
-            route.is_none() && s.t == 1 && cfg.tok == 1 && whole,
-            "matvec_quant: a sandwich input at {s:?} ({cfg:?})"
-        );
-        let sb = bindings.len() as u32;
-        macros = macros.set("SB", sb).set("SB1", sb + 1).set("SB2", sb + 2);
-        bindings.extend(input.sandwich_bindings(s.k));
-    }
+    let (macros, z) = super::Route::apply(route, macros, &mut bindings, s.t);
     let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
     gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
 }
@@ -829,10 +805,6 @@ fn matvec_quant_params(
             (s.k / 4) as u32,
             input.eps().to_bits(),
             route.map_or(0, |r| r.slots_per_row),
-            input.scale().to_bits(),
-            0,
-            0,
-            0,
         ],
     )
 }
@@ -1858,78 +1830,6 @@ pub(crate) mod tests {
             gpu.run(&[&kern.unwrap()]).unwrap();
             let (want, tol) = reference(&staged, ty, &raw, k, None, &vec![0.0; n], false);
             check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{ty} DP4 edges"));
-        }
-    }
-
-    /// The sandwich input (a post-norm's residual add fused in front of the next norm) against
-    /// the CPU ops run one after the other (`norm::cpu::rms_norm_residual` with its next norm,
-    /// then the projection), for every type (DP4 where the type has it, float otherwise), with
-    /// and without subgroups, output scale 1 and 0.75: the projection within `reference`'s
-    /// tolerance for the CPU's input plus 16·eps·S (the norms' and the residual add's own
-    /// rounding, twice NORM's 8·eps) and, for DP4, one staging step a term (h' ⊙ g may round
-    /// to the neighbouring 16-bit value where the GPU's h' differs from the CPU's in its last
-    /// bit: 2^-13 of the block's largest |h' ⊙ g| · r); h' written within 8·eps of its terms,
-    /// h read only.
-    #[test]
-    fn quant_sandwich_input_matches_cpu_ops() {
-        use crate::ops::norm::cpu::rms_norm_residual;
-        let eps_f = f32::EPSILON / 2.0;
-        for gpu in gpu_variants() {
-            for (i, ty) in TYPES.into_iter().enumerate() {
-                let (n, k) = (70usize, ks(ty)[0]);
-                let scale = if i % 2 == 0 { 1.0 } else { 0.75 };
-                let seed = 1300 + 10 * i as u64;
-                let raw = random_blocks(ty, n, k, seed);
-                let yv = random(k, seed + 1, 3.0);
-                let hv = random(k, seed + 2, 1.0);
-                let pw: Vec<f32> = random(k, seed + 3, 0.5).into_iter().map(|v| 1.0 + v).collect();
-                let gv: Vec<f32> = random(k, seed + 4, 0.5).into_iter().map(|v| 1.0 + v).collect();
-                let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
-                let [y_blk, h, post, next] =
-                    [&yv, &hv, &pw, &gv].map(|v| gpu.upload_f32("v", &[1, v.len()], v).unwrap());
-                let (post, next) = (post.view(0, &[k]), next.view(0, &[k]));
-                let h_out = gpu.upload_f32("h_out", &[1, k], &vec![0.0; k]).unwrap();
-                let out = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
-                let opts = LinearOpts::default();
-                assert!(takes_sandwich(&gpu, &w, 1, opts), "{ty} K = {k}");
-                let eps = 1e-6;
-                let input = Input::Sandwich { resid: &h, post: &post, next: &next, out: &h_out, scale, eps };
-                let kern = linear_quant_in(&gpu, &y_blk, input, &w, None, &out, opts).unwrap();
-                gpu.run(&[&kern]).unwrap();
-                let s = LinearShape { t: 1, n, k, ld_out: n, cols: n };
-                let dp4 = QMatvecConfig::new(&gpu, ty, &s).dp4;
-                assert_eq!(kern.variant.contains("DP4"), dp4, "{ty}: {}", kern.variant);
-                // The CPU: h' = (h + rms_norm(y) · pw) · s, xn = rms_norm(h') · g.
-                let mut hp = hv.clone();
-                let mut xn = vec![0.0; k];
-                rms_norm_residual(&yv, &pw, &mut hp, eps, scale, Some((&gv, &mut xn)));
-                let r = 1.0 / (hp.iter().map(|v| v * v).sum::<f32>() / k as f32 + eps).sqrt();
-                let hg: Vec<f32> = hp.iter().zip(&gv).map(|(a, b)| a * b).collect();
-                let xin: Vec<f32> =
-                    if dp4 { cpu::stage_x16(&hg, k).into_iter().map(|v| v * r).collect() } else { xn.clone() };
-                let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; n], false);
-                let wf = cpu::dequantize_rows(ty, &raw, k).unwrap();
-                add_input_rounding(&mut tol, &xin, &wf, k, 16.0 * eps_f);
-                if dp4 {
-                    let step: Vec<f32> = hg
-                        .chunks(32)
-                        .flat_map(|b| {
-                            let m = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-                            std::iter::repeat_n(m * 2f32.powi(-13) * r, 32)
-                        })
-                        .collect();
-                    add_input_rounding(&mut tol, &step, &wf, k, 1.0);
-                }
-                let what = format!("{ty} K = {k} scale {scale} dp4 = {dp4} sg = {}", gpu.caps.subgroups);
-                check(&gpu.read_f32(&out).unwrap(), &want, &tol, &what);
-                let got_h = gpu.read_f32(&h_out).unwrap();
-                let r1 = 1.0 / (yv.iter().map(|v| v * v).sum::<f32>() / k as f32 + eps).sqrt();
-                for j in 0..k {
-                    let bound = 8.0 * eps_f * (hv[j].abs() + (yv[j] * r1 * pw[j]).abs()) * scale;
-                    assert!((got_h[j] - hp[j]).abs() <= bound, "{what}: h'[{j}] {} against {}", got_h[j], hp[j]);
-                }
-                assert_eq!(gpu.read_f32(&h).unwrap(), hv, "{what}: h is read only");
-            }
         }
     }
 

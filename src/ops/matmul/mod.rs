@@ -32,12 +32,7 @@ pub use gguf::{linear_quant, linear_quant_in, QuantWeight};
 /// What the kernel meets W with: `x` itself, or the op before the projection fused in (matvec
 /// only: up to [`MATVEC_MAX_T`] tokens, K a multiple of 4; see [`fuses_input`]):
 /// - `Norm`: `rms_norm(x) = x · g / sqrt(mean(x²) + eps)` per token, x `[T, K]`, g f32 `[K]`;
-/// - `Gated`: `act(gate) · up` with x `[T, 2K]` = `[gate | up]` per row (the down projection);
-/// - `Sandwich` (one token, the quantized matvec only: [`gguf::takes_sandwich`]): a sandwich
-///   post-norm's residual add in front of the next pre-norm. x `[1, K]` is the block's output y;
-///   the residual h' = (h + rms_norm(y) · post) · scale is written to `out` (apart from `resid`)
-///   and the projection meets rms_norm(h') · `next` (as [`crate::ops::norm::rms_norm_residual`]
-///   with its next norm, then `Norm`).
+/// - `Gated`: `act(gate) · up` with x `[T, 2K]` = `[gate | up]` per row (the down projection).
 ///
 /// One dispatch instead of two, and the normalized / activated rows are never written.
 #[derive(Clone, Copy, Debug, Default)]
@@ -49,14 +44,6 @@ pub enum Input<'a> {
         eps: f32,
     },
     Gated(Activation),
-    Sandwich {
-        resid: &'a Tensor,
-        post: &'a Tensor,
-        next: &'a Tensor,
-        out: &'a Tensor,
-        scale: f32,
-        eps: f32,
-    },
 }
 
 impl Input<'_> {
@@ -72,7 +59,6 @@ impl Input<'_> {
         match self {
             Input::Plain => m,
             Input::Norm { .. } => m.flag("NORM"),
-            Input::Sandwich { .. } => m.flag("NORM").flag("SANDWICH"),
             Input::Gated(act) => m.flag("GATED").flag_if("GELU_TANH", *act == Activation::GeluTanhGated),
         }
     }
@@ -93,55 +79,26 @@ impl Input<'_> {
         }
     }
 
-    /// The extra binding (the norm weight), after checking it against K; with `Sandwich` the
-    /// residual, the post-norm's weight and h''s output come after the bias / expert ids
-    /// ([`Input::sandwich_bindings`]).
+    /// The extra binding (the norm weight), after checking it against K.
     pub(crate) fn binding(&self, k: usize) -> Option<wgpu::BindingResource<'_>> {
-        let weight = match self {
-            Input::Norm { weight, .. } => weight,
-            Input::Sandwich { next, .. } => next,
-            _ => return None,
-        };
-        assert!(
-            weight.ty == ElemType::F32 && weight.shape == [k],
-            "linear: the fused norm's weight must be f32 [K = {k}], got {:?} {:?}",
-            weight.ty,
-            weight.shape
-        );
-        Some(weight.binding())
-    }
-
-    /// `Sandwich`'s residual in, post-norm weight and residual out (bindings SB, SB1, SB2), after
-    /// checking them: f32 `[K]` / `[1, K]`, h' written apart from h.
-    pub(crate) fn sandwich_bindings(&self, k: usize) -> Vec<wgpu::BindingResource<'_>> {
-        let Input::Sandwich { resid, post, out, .. } = self else { return Vec::new() };
-        for (what, t) in [("residual", resid), ("post-norm weight", post), ("residual out", out)] {
-            assert!(
-                t.ty == ElemType::F32 && t.shape.iter().product::<usize>() == k,
-                "linear: the sandwich input's {what} must be f32 with K = {k} elements, got {:?} {:?}",
-                t.ty,
-                t.shape
-            );
+        match self {
+            Input::Norm { weight, .. } => {
+                assert!(
+                    weight.ty == ElemType::F32 && weight.shape == [k],
+                    "linear: the fused norm's weight must be f32 [K = {k}], got {:?} {:?}",
+                    weight.ty,
+                    weight.shape
+                );
+                Some(weight.binding())
+            }
+            _ => None,
         }
-        assert!(
-            !(std::sync::Arc::ptr_eq(&resid.buffer, &out.buffer) && resid.offset == out.offset),
-            "linear: the sandwich input writes h' apart from the residual it reads"
-        );
-        vec![resid.binding(), post.binding(), out.binding()]
     }
 
     pub(crate) fn eps(&self) -> f32 {
         match self {
-            Input::Norm { eps, .. } | Input::Sandwich { eps, .. } => *eps,
+            Input::Norm { eps, .. } => *eps,
             _ => 0.0,
-        }
-    }
-
-    /// The layer's output scale of a `Sandwich` input (1 otherwise).
-    pub(crate) fn scale(&self) -> f32 {
-        match self {
-            Input::Sandwich { scale, .. } => *scale,
-            _ => 1.0,
         }
     }
 }
@@ -300,7 +257,6 @@ pub fn linear_in(
 ) -> Result<Kernel> {
     let k = *w.shape.get(1).unwrap_or(&0);
     let s = check_shapes(&input.checked_x(x, k), w, bias, y, opts);
-    assert!(!matches!(input, Input::Sandwich { .. }), "linear: the sandwich input is the quantized matvec's");
     if s.t <= MATVEC_MAX_T {
         let cfg = MatvecConfig::new(gpu, &tuned_shape(&s, &opts));
         assert!(
