@@ -766,34 +766,11 @@ mod tests {
         Down { gated: bool, accumulate: bool },
     }
 
-    /// Runs one expert projection of random operands against the CPU twin; returns the worst
-    /// error / tolerance. Tolerance per slot: the plain projection's of the matmul tests (f16:
-    /// `ft::reference`; quantized: `qt::reference` over the dequantized expert), plus the fused
-    /// input's own rounding (8·eps·S for the norm, 16·eps·S for the activation, S = Σ|x_in · w|,
-    /// as in `fused_inputs_match_cpu_ops`), through `qt::glu_expected` for GLU. Where the
-    /// quantized kernel stages x for DP4, the reference meets x as `stage_x16` stages it (and the
-    /// gated case allows an activation ulp to move an element by one staging step, as the gguf
-    /// tests do).
-    #[allow(clippy::too_many_arguments)]
-    fn expert_case(
-        gpu: &Gpu,
-        wt: Wt,
-        t: usize,
-        top_k: usize,
-        experts: usize,
-        n: usize,
-        k: usize,
-        proj: Proj,
-        seed: u64,
-    ) -> f32 {
-        expert_case_in(gpu, wt, t, top_k, experts, n, k, proj, seed, false)
-    }
-
-    /// [`expert_case`], with `grouped` the slots grouped by expert first ([`moe_group`]; the
-    /// batch kernel, which meets x as it is: no DP4 staging).
-    #[allow(clippy::too_many_arguments)]
-    fn expert_case_in(
-        gpu: &Gpu,
+    /// One case of the expert projections: `t` tokens, `top_k` slots each over a stack of
+    /// `experts`, N × K per expert, with `grouped` the slots grouped by expert first
+    /// ([`moe_group`]; the batch kernel, which meets x as it is: no DP4 staging).
+    #[derive(Clone, Copy)]
+    struct Case {
         wt: Wt,
         t: usize,
         top_k: usize,
@@ -803,147 +780,160 @@ mod tests {
         proj: Proj,
         seed: u64,
         grouped: bool,
-    ) -> f32 {
-        let (spr, xrows, xcols, glu, acc) = match proj {
-            Proj::GateUp { glu, .. } => (top_k, t, k, glu, false),
-            Proj::Down { gated, accumulate } => (1, t * top_k, if gated { 2 * k } else { k }, None, accumulate),
-        };
-        let slots = t * top_k;
-        let cols = if glu.is_some() { n / 2 } else { n };
-        let mut idv = random_ids(t, experts, top_k, seed);
-        if slots > 2 {
-            // An id past the stack reads its last expert.
-            idv[slots - 1] = experts as u32 + 3;
-        }
-        let xv = random(xrows * xcols, seed + 1, 1.0);
-        let gv: Vec<f32> = random(k, seed + 2, 0.5).into_iter().map(|v| 1.0 + v).collect();
-        let y0 = random(slots * cols, seed + 3, 1.0);
-        let x = gpu.upload_f32("x", &[xrows, xcols], &xv).unwrap();
-        let g = gpu.upload_f32("g", &[k], &gv).unwrap();
-        let ids = gpu.upload_u32("ids", &[t, top_k], &idv).unwrap();
-        let y = gpu.upload_f32("y", &[slots, cols], &y0).unwrap();
-        let input = match proj {
-            Proj::GateUp { norm: true, .. } => Input::Norm { weight: &g, eps: 1e-6 },
-            Proj::Down { gated: true, .. } => Input::Gated(Activation::SiluGated),
-            _ => Input::Plain,
-        };
-        let opts = LinearOpts { accumulate: acc, ld_out: None, glu, batch: false, softcap: None };
-        // The weights, as the kernel reads them and as f32 (an expert's [N, K] rows at e·N·K).
-        let rows = experts * n;
-        let shape = LinearShape { t: slots, n, k, ld_out: cols, cols };
-        let (wf, raw, quant, fw, dp4): (Vec<f32>, Vec<u8>, Option<QuantWeight>, Option<Tensor>, bool) = match wt {
-            Wt::F16 => {
-                let (h, f) = ft::weights(rows, k, seed + 4);
-                (f, Vec::new(), None, Some(gpu.upload_f16("w", &[rows, k], &h).unwrap()), false)
-            }
-            Wt::Q(ty) => {
-                let raw = qt::random_blocks(ty, rows, k, seed + 4);
-                let wf = to_f32(ty, &raw, rows * k).unwrap();
-                let q = QuantWeight::new(gpu, "w", ty, [rows, k], &raw).unwrap();
-                (wf, raw, Some(q), None, !grouped && matmul::gguf::experts_use_dp4(gpu, ty, &shape))
-            }
-        };
-        let w = match wt {
-            Wt::F16 => ExpertWeight::F16 { w: fw.as_ref().unwrap(), experts },
-            Wt::Q(_) => ExpertWeight::Quant { w: quant.as_ref().unwrap(), experts },
-        };
-        let got = if grouped {
-            // The table starts dirty: every entry must be written.
-            let len = groups_len(slots, experts);
-            let groups = gpu.upload_u32("groups", &[len], &vec![0xdead_beef; len]).unwrap();
-            let group = moe_group(gpu, &ids, experts, &groups).unwrap();
-            let kern = linear_experts(gpu, &x, input, &w, &ids, Some(&groups), spr, &y, opts).unwrap();
-            gpu.run(&[&group, &kern]).unwrap();
-            gpu.read_f32(&y).unwrap()
-        } else {
-            let kern = linear_experts(gpu, &x, input, &w, &ids, None, spr, &y, opts).unwrap();
-            gpu.run(&[&kern]).unwrap();
-            gpu.read_f32(&y).unwrap()
-        };
+    }
 
-        let what = format!(
-            "{wt:?} {proj:?} T={t} k={top_k} E={experts} N={n} K={k} dp4={dp4} grouped={grouped} f16={} sg={}",
-            gpu.caps.f16, gpu.caps.subgroups
-        );
-        // x as the kernel meets it, per x row.
-        let xin: Vec<f32> = match input {
-            Input::Norm { .. } if dp4 => {
-                // The kernel stages x ⊙ g and scales the sums by the norm's r at the end.
-                let xg: Vec<f32> = xv.iter().zip(gv.iter().cycle()).map(|(a, b)| a * b).collect();
-                let staged = matmul::gguf::cpu::stage_x16(&xg, k);
-                let r: Vec<f32> = xv
-                    .chunks(k)
-                    .map(|row| 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-6).sqrt())
-                    .collect();
-                staged.iter().enumerate().map(|(i, v)| v * r[i / k]).collect()
+    impl Case {
+        /// Runs one expert projection of random operands against the CPU twin; returns the worst
+        /// error / tolerance. Tolerance per slot: the plain projection's of the matmul tests (f16:
+        /// `ft::reference`; quantized: `qt::reference` over the dequantized expert), plus the fused
+        /// input's own rounding (8·eps·S for the norm, 16·eps·S for the activation, S = Σ|x_in · w|,
+        /// as in `fused_inputs_match_cpu_ops`), through `qt::glu_expected` for GLU. Where the
+        /// quantized kernel stages x for DP4, the reference meets x as `stage_x16` stages it (and the
+        /// gated case allows an activation ulp to move an element by one staging step, as the gguf
+        /// tests do).
+        fn run(self, gpu: &Gpu) -> f32 {
+            let Case { wt, t, top_k, experts, n, k, proj, seed, grouped } = self;
+            let (spr, xrows, xcols, glu, acc) = match proj {
+                Proj::GateUp { glu, .. } => (top_k, t, k, glu, false),
+                Proj::Down { gated, accumulate } => (1, t * top_k, if gated { 2 * k } else { k }, None, accumulate),
+            };
+            let slots = t * top_k;
+            let cols = if glu.is_some() { n / 2 } else { n };
+            let mut idv = random_ids(t, experts, top_k, seed);
+            if slots > 2 {
+                // An id past the stack reads its last expert.
+                idv[slots - 1] = experts as u32 + 3;
             }
-            Input::Norm { .. } => {
-                let mut o = vec![0f32; xv.len()];
-                norm::cpu::rms_norm(&xv, &gv, &mut o, 1e-6, false);
-                o
-            }
-            Input::Gated(act) => {
-                let mut o = vec![0f32; xrows * k];
-                elementwise::cpu::gated_act(&xv, &mut o, k, act);
-                if dp4 {
-                    matmul::gguf::cpu::stage_x16(&o, k)
-                } else {
-                    o
+            let xv = random(xrows * xcols, seed + 1, 1.0);
+            let gv: Vec<f32> = random(k, seed + 2, 0.5).into_iter().map(|v| 1.0 + v).collect();
+            let y0 = random(slots * cols, seed + 3, 1.0);
+            let x = gpu.upload_f32("x", &[xrows, xcols], &xv).unwrap();
+            let g = gpu.upload_f32("g", &[k], &gv).unwrap();
+            let ids = gpu.upload_u32("ids", &[t, top_k], &idv).unwrap();
+            let y = gpu.upload_f32("y", &[slots, cols], &y0).unwrap();
+            let input = match proj {
+                Proj::GateUp { norm: true, .. } => Input::Norm { weight: &g, eps: 1e-6 },
+                Proj::Down { gated: true, .. } => Input::Gated(Activation::SiluGated),
+                _ => Input::Plain,
+            };
+            let opts = LinearOpts { accumulate: acc, ld_out: None, glu, batch: false, softcap: None };
+            // The weights, as the kernel reads them and as f32 (an expert's [N, K] rows at e·N·K).
+            let rows = experts * n;
+            let shape = LinearShape { t: slots, n, k, ld_out: cols, cols };
+            let (wf, raw, quant, fw, dp4): (Vec<f32>, Vec<u8>, Option<QuantWeight>, Option<Tensor>, bool) = match wt {
+                Wt::F16 => {
+                    let (h, f) = ft::weights(rows, k, seed + 4);
+                    (f, Vec::new(), None, Some(gpu.upload_f16("w", &[rows, k], &h).unwrap()), false)
                 }
-            }
-            Input::Plain if dp4 => matmul::gguf::cpu::stage_x16(&xv, k),
-            Input::Plain => xv.clone(),
-        };
-        // The twin (pre-GLU when GLU: glu_expected applies it with its tolerance).
-        let mut pre = if glu.is_some() { vec![0f32; slots * n] } else { y0.clone() };
-        cpu::linear_experts(&xin, &wf, experts, k, &idv, spr, None, &mut pre, acc);
-        if let Some(act) = glu {
-            // The twin's own GLU is what glu_expected computes.
-            let mut direct = vec![0f32; slots * cols];
-            cpu::linear_experts(&xin, &wf, experts, k, &idv, spr, glu, &mut direct, false);
-            let (via, _) = qt::glu_expected(&pre, &vec![0.0; pre.len()], act);
-            assert_eq!(direct, via, "the CPU twin's GLU");
-        }
-        let mut tol = Vec::with_capacity(slots * n);
-        let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
-        for s in 0..slots {
-            let e = (idv[s] as usize).min(experts - 1);
-            let xr = &xin[s / spr * k..][..k];
-            let we = &wf[e * n * k..(e + 1) * n * k];
-            let y0s: Vec<f32> = if acc { y0[s * n..(s + 1) * n].to_vec() } else { vec![0.0; n] };
-            let (want_s, mut tol_s) = match wt {
-                Wt::F16 => ft::reference(xr, we, k, None, &y0s, acc),
                 Wt::Q(ty) => {
-                    let rb = ty.byte_size(k).unwrap();
-                    qt::reference(xr, ty, &raw[e * n * rb..(e + 1) * n * rb], k, None, &y0s, acc)
+                    let raw = qt::random_blocks(ty, rows, k, seed + 4);
+                    let wf = to_f32(ty, &raw, rows * k).unwrap();
+                    let q = QuantWeight::new(gpu, "w", ty, [rows, k], &raw).unwrap();
+                    (wf, raw, Some(q), None, !grouped && matmul::gguf::experts_use_dp4(gpu, ty, &shape))
                 }
             };
-            assert_eq!(want_s, pre[s * n..(s + 1) * n], "{what}: the CPU twin, slot {s}");
-            if !matches!(input, Input::Plain) {
-                let mut s_terms = vec![0f32; n];
-                matmul::cpu::linear(&abs(xr), &abs(we), k, None, &mut s_terms, false);
-                let extra = if matches!(input, Input::Gated(_)) { 16.0 } else { 8.0 } * EPS;
-                tol_s.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += extra * s);
-            }
-            if dp4 && matches!(input, Input::Gated(_)) {
-                let d: Vec<f32> = xr
-                    .chunks(32)
-                    .flat_map(|b| {
-                        let ex = (b.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
-                        std::iter::repeat_n(f32::from_bits(ex.saturating_sub(13).max(1) << 23), 32)
-                    })
-                    .collect();
-                for (r, tl) in tol_s.iter_mut().enumerate() {
-                    *tl += 4.0 * we[r * k..(r + 1) * k].iter().zip(&d).fold(0f32, |m, (w, d)| m.max(w.abs() * d));
+            let w = match wt {
+                Wt::F16 => ExpertWeight::F16 { w: fw.as_ref().unwrap(), experts },
+                Wt::Q(_) => ExpertWeight::Quant { w: quant.as_ref().unwrap(), experts },
+            };
+            let got = if grouped {
+                // The table starts dirty: every entry must be written.
+                let len = groups_len(slots, experts);
+                let groups = gpu.upload_u32("groups", &[len], &vec![0xdead_beef; len]).unwrap();
+                let group = moe_group(gpu, &ids, experts, &groups).unwrap();
+                let kern = linear_experts(gpu, &x, input, &w, &ids, Some(&groups), spr, &y, opts).unwrap();
+                gpu.run(&[&group, &kern]).unwrap();
+                gpu.read_f32(&y).unwrap()
+            } else {
+                let kern = linear_experts(gpu, &x, input, &w, &ids, None, spr, &y, opts).unwrap();
+                gpu.run(&[&kern]).unwrap();
+                gpu.read_f32(&y).unwrap()
+            };
+
+            let what = format!(
+                "{wt:?} {proj:?} T={t} k={top_k} E={experts} N={n} K={k} dp4={dp4} grouped={grouped} f16={} sg={}",
+                gpu.caps.f16, gpu.caps.subgroups
+            );
+            // x as the kernel meets it, per x row.
+            let xin: Vec<f32> = match input {
+                Input::Norm { .. } if dp4 => {
+                    // The kernel stages x ⊙ g and scales the sums by the norm's r at the end.
+                    let xg: Vec<f32> = xv.iter().zip(gv.iter().cycle()).map(|(a, b)| a * b).collect();
+                    let staged = matmul::gguf::cpu::stage_x16(&xg, k);
+                    let r: Vec<f32> = xv
+                        .chunks(k)
+                        .map(|row| 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-6).sqrt())
+                        .collect();
+                    staged.iter().enumerate().map(|(i, v)| v * r[i / k]).collect()
                 }
+                Input::Norm { .. } => {
+                    let mut o = vec![0f32; xv.len()];
+                    norm::cpu::rms_norm(&xv, &gv, &mut o, 1e-6, false);
+                    o
+                }
+                Input::Gated(act) => {
+                    let mut o = vec![0f32; xrows * k];
+                    elementwise::cpu::gated_act(&xv, &mut o, k, act);
+                    if dp4 {
+                        matmul::gguf::cpu::stage_x16(&o, k)
+                    } else {
+                        o
+                    }
+                }
+                Input::Plain if dp4 => matmul::gguf::cpu::stage_x16(&xv, k),
+                Input::Plain => xv.clone(),
+            };
+            // The twin (pre-GLU when GLU: glu_expected applies it with its tolerance).
+            let mut pre = if glu.is_some() { vec![0f32; slots * n] } else { y0.clone() };
+            cpu::linear_experts(&xin, &wf, experts, k, &idv, spr, None, &mut pre, acc);
+            if let Some(act) = glu {
+                // The twin's own GLU is what glu_expected computes.
+                let mut direct = vec![0f32; slots * cols];
+                cpu::linear_experts(&xin, &wf, experts, k, &idv, spr, glu, &mut direct, false);
+                let (via, _) = qt::glu_expected(&pre, &vec![0.0; pre.len()], act);
+                assert_eq!(direct, via, "the CPU twin's GLU");
             }
-            tol.extend(tol_s);
+            let mut tol = Vec::with_capacity(slots * n);
+            let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+            for s in 0..slots {
+                let e = (idv[s] as usize).min(experts - 1);
+                let xr = &xin[s / spr * k..][..k];
+                let we = &wf[e * n * k..(e + 1) * n * k];
+                let y0s: Vec<f32> = if acc { y0[s * n..(s + 1) * n].to_vec() } else { vec![0.0; n] };
+                let (want_s, mut tol_s) = match wt {
+                    Wt::F16 => ft::reference(xr, we, k, None, &y0s, acc),
+                    Wt::Q(ty) => {
+                        let rb = ty.byte_size(k).unwrap();
+                        qt::reference(xr, ty, &raw[e * n * rb..(e + 1) * n * rb], k, None, &y0s, acc)
+                    }
+                };
+                assert_eq!(want_s, pre[s * n..(s + 1) * n], "{what}: the CPU twin, slot {s}");
+                if !matches!(input, Input::Plain) {
+                    let mut s_terms = vec![0f32; n];
+                    matmul::cpu::linear(&abs(xr), &abs(we), k, None, &mut s_terms, false);
+                    let extra = if matches!(input, Input::Gated(_)) { 16.0 } else { 8.0 } * EPS;
+                    tol_s.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += extra * s);
+                }
+                if dp4 && matches!(input, Input::Gated(_)) {
+                    let d: Vec<f32> = xr
+                        .chunks(32)
+                        .flat_map(|b| {
+                            let ex = (b.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
+                            std::iter::repeat_n(f32::from_bits(ex.saturating_sub(13).max(1) << 23), 32)
+                        })
+                        .collect();
+                    for (r, tl) in tol_s.iter_mut().enumerate() {
+                        *tl += 4.0 * we[r * k..(r + 1) * k].iter().zip(&d).fold(0f32, |m, (w, d)| m.max(w.abs() * d));
+                    }
+                }
+                tol.extend(tol_s);
+            }
+            let (want, tol) = match glu {
+                Some(act) => qt::glu_expected(&pre, &tol, act),
+                None => (pre, tol),
+            };
+            ft::check(&got, &want, &tol, &what)
         }
-        let (want, tol) = match glu {
-            Some(act) => qt::glu_expected(&pre, &tol, act),
-            None => (pre, tol),
-        };
-        ft::check(&got, &want, &tol, &what)
     }
 
     #[test]
@@ -970,7 +960,8 @@ mod tests {
                         ];
                         for (proj, n, k) in projs {
                             seed += 10;
-                            worst = worst.max(expert_case(&gpu, wt, t, top_k, experts, n, k, proj, seed));
+                            worst =
+                                worst.max(Case { wt, t, top_k, experts, n, k, proj, seed, grouped: false }.run(&gpu));
                         }
                     }
                 }
@@ -978,9 +969,24 @@ mod tests {
                 // with the norm.
                 seed += 10;
                 let down = Proj::Down { gated: true, accumulate: true };
-                worst = worst.max(expert_case(&gpu, wt, 3, 4, experts, h, inter, down, seed));
+                worst = worst.max(
+                    Case { wt, t: 3, top_k: 4, experts, n: h, k: inter, proj: down, seed, grouped: false }.run(&gpu),
+                );
                 let gelu = Proj::GateUp { norm: true, glu: Some(Activation::GeluTanhGated) };
-                worst = worst.max(expert_case(&gpu, wt, 2, 3, experts, 2 * inter, h, gelu, seed + 5));
+                worst = worst.max(
+                    Case {
+                        wt,
+                        t: 2,
+                        top_k: 3,
+                        experts,
+                        n: 2 * inter,
+                        k: h,
+                        proj: gelu,
+                        seed: seed + 5,
+                        grouped: false,
+                    }
+                    .run(&gpu),
+                );
             }
             // f16 off the models' shapes: N not a multiple of 4, K % 8 == 4 (two-word loads) and
             // K % 4 == 2 (one-word loads), a 1-expert stack.
@@ -990,9 +996,23 @@ mod tests {
                 (130, 96, Proj::GateUp { norm: false, glu: None }),
             ] {
                 seed += 10;
-                worst = worst.max(expert_case(&gpu, Wt::F16, 5, 2, 3, n, k, proj, seed));
+                worst = worst
+                    .max(Case { wt: Wt::F16, t: 5, top_k: 2, experts: 3, n, k, proj, seed, grouped: false }.run(&gpu));
             }
-            worst = worst.max(expert_case(&gpu, Wt::F16, 2, 1, 1, 64, 64, Proj::GateUp { norm: false, glu: None }, 7));
+            worst = worst.max(
+                Case {
+                    wt: Wt::F16,
+                    t: 2,
+                    top_k: 1,
+                    experts: 1,
+                    n: 64,
+                    k: 64,
+                    proj: Proj::GateUp { norm: false, glu: None },
+                    seed: 7,
+                    grouped: false,
+                }
+                .run(&gpu),
+            );
         }
         eprintln!("linear_experts_match_cpu: worst |error| / tolerance = {worst:.3}");
     }
@@ -1065,7 +1085,7 @@ mod tests {
                     ];
                     for (proj, n, k) in projs {
                         seed += 10;
-                        worst = worst.max(expert_case_in(&gpu, wt, t, top_k, experts, n, k, proj, seed, true));
+                        worst = worst.max(Case { wt, t, top_k, experts, n, k, proj, seed, grouped: true }.run(&gpu));
                     }
                 }
             }
