@@ -81,8 +81,13 @@ impl Gpu {
             // the sampler 41.4 -> 38.4 us (BENCHMARKS.md).
             let mut checks = wgpu::ShaderRuntimeChecks::checked();
             checks.force_loop_bounding = false;
-            // SAFETY: bounds checks stay on; the one check turned off guards against infinite
-            // loops, and the shaders passed here are this crate's own, whose loops terminate.
+            // A benchmark knob: WGPU_LLM_BOUNDS_CHECKS=0 leaves out the checks wgpu injects (naga
+            // clamps every index into a fixed-size array, workgroup memory included, and buffer
+            // indices where the driver lacks robust access), to measure what they cost.
+            checks.bounds_checks = !std::env::var("WGPU_LLM_BOUNDS_CHECKS").is_ok_and(|v| v == "0");
+            // SAFETY: this crate's own shaders, whose loops terminate; without bounds checks (the
+            // knob) they index inside their arrays and bindings by construction (clamped rows and
+            // tokens, sized workgroup arrays), which the test suite runs with the knob too.
             let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
             self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
