@@ -902,9 +902,10 @@ impl Model {
     }
 }
 
-/// A measurement probe (wrong outputs, for `bench` only): `WGPU_LLM_PROBE_DROP="name:VARIANT,..."` (name with or without its entry point)
-/// leaves the one-token plan's dispatches of that kernel name and exact variant out, so a
-/// step's GPU time without them tells what they cost inside the step.
+/// A measurement probe (wrong outputs, for `bench` only): `WGPU_LLM_PROBE_DROP="name:VARIANT,..."`
+/// (the name with or without its entry point) leaves the one-token plan's dispatches of that
+/// kernel name and exact variant out, so a step's GPU time without them tells what they cost
+/// inside the step.
 fn probe_drop(items: &mut Vec<Item>) {
     let Ok(v) = std::env::var("WGPU_LLM_PROBE_DROP") else { return };
     let drop: Vec<(&str, &str)> = v.split(',').filter_map(|e| e.rsplit_once(':')).collect();

@@ -915,13 +915,7 @@ mod tests {
                     tol_s.iter_mut().zip(&s_terms).for_each(|(tl, s)| *tl += extra * s);
                 }
                 if dp4 && matches!(input, Input::Gated(_)) {
-                    let d: Vec<f32> = xr
-                        .chunks(32)
-                        .flat_map(|b| {
-                            let ex = (b.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
-                            std::iter::repeat_n(f32::from_bits(ex.saturating_sub(13).max(1) << 23), 32)
-                        })
-                        .collect();
+                    let d = qt::stage_steps16(xr);
                     for (r, tl) in tol_s.iter_mut().enumerate() {
                         *tl += 4.0 * we[r * k..(r + 1) * k].iter().zip(&d).fold(0f32, |m, (w, d)| m.max(w.abs() * d));
                     }

@@ -452,8 +452,8 @@ impl QMatvecConfig {
         // Measured on the H100 (`bench_quant`, every type): K = 1536 (48 units) wants 64 lanes
         // per row group at N = 2048 and 17920 (5-10% over 32), 32 at N = 151936 (10-40% over
         // 64); K = 8960 (280 units) at N = 1536 wants 256. Software-pipelined loads (the next
-        // unit's issued before this one's math) were 5-40% slower everywhere (registers), but for the
-        // wide DP4 rows below (`prefetch`).
+        // unit's issued before this one's math) were 5-40% slower everywhere (registers), but
+        // for the wide DP4 rows below (`prefetch`).
         let groups = s.n.div_ceil(4) as u32;
         let want = 262144u32.div_ceil(groups).next_power_of_two();
         let widest = units.next_power_of_two().min(MATVEC_WG).max(min_tpr);
@@ -859,7 +859,8 @@ fn batch_rows(n: usize, t: usize) -> u32 {
 /// `wgsl/matvec_quant_batch.wgsl`: each unit of W dequantized once for 8 tokens, the tokens' x in
 /// workgroup memory; a token's sums do not depend on the batch (its size, the token's row, the
 /// others). With `grouped` (the route, the groups table and its tiles) the tokens are the slots
-/// of an expert projection grouped by expert ([`matvec_experts_quant`] with its groups), a tile a workgroup.
+/// of an expert projection grouped by expert ([`matvec_experts_quant`] with its groups), a tile a
+/// workgroup.
 #[allow(clippy::too_many_arguments)]
 fn matvec_quant_batch(
     gpu: &Gpu,
@@ -1271,6 +1272,18 @@ pub(crate) mod tests {
         check(&got, &want, &tol, &what)
     }
 
+    /// The 16-bit staging's step d at each element of `x` ([`cpu::stage_x16`]: 2^(E - 140) for its
+    /// 32-element block's largest |x| of biased exponent E; the smallest normal below the floor):
+    /// what one rounding flip in the staging moves an element by.
+    pub(crate) fn stage_steps16(x: &[f32]) -> Vec<f32> {
+        x.chunks(32)
+            .flat_map(|b| {
+                let e = (b.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
+                std::iter::repeat_n(f32::from_bits(e.saturating_sub(13).max(1) << 23), 32)
+            })
+            .collect()
+    }
+
     /// Adds `per_term · S` to each output's tolerance, S = Σ_k |x_in · w| over its token row of
     /// `xin` and weight row of `wf`: a fused input's own relative rounding per term (8·eps for
     /// NORM, 16·eps for GATED; derived in `super::super::tests::fused_inputs_match_cpu_ops`).
@@ -1358,13 +1371,7 @@ pub(crate) mod tests {
                     if dp4 && gated {
                         // The kernel's activation may differ from the CPU's by an ulp, and move an
                         // element to the next staged step d (a flip costs d · |w|): allow 4.
-                        let d: Vec<f32> = xin
-                            .chunks(32)
-                            .flat_map(|b| {
-                                let e = (b.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
-                                std::iter::repeat_n(f32::from_bits(e.saturating_sub(13).max(1) << 23), 32)
-                            })
-                            .collect();
+                        let d = stage_steps16(&xin);
                         for (i, tl) in tol.iter_mut().enumerate() {
                             let (tok, r) = (i / n, i % n);
                             let row = &wf[r * k..(r + 1) * k];
