@@ -14,9 +14,10 @@
 
 mod common;
 
-use common::reference::{check_path, Check};
+use common::reference::{check_path, check_path_with, Check};
 use wgpu_llm::loader::Checkpoint;
 use wgpu_llm::model::config::{Arch, Mixer};
+use wgpu_llm::model::Model;
 
 /// Observed on lavapipe: 0.0055 (24-token prompt and 16 steps), 0.0070 (40-token prompt), 0.0066
 /// (MLX 4-bit); the fixture script sees 0.010 from rounding q/k/v to f16 alone (its README). 3x
@@ -103,6 +104,35 @@ fn mlx4_folder_matches_mlx_lm() {
     assert_eq!(ck.raw("blk.2.attn_q.weight").unwrap().dtype.name(), "mlx4_g64_bf16");
     assert_eq!(ck.raw("token_embd.weight").unwrap().dtype.name(), "mlx4_g64_bf16");
     check_path(&dir, "gemma4_tiny_mlx4", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None });
+}
+
+/// One token's projections reading x staged apart (`quantize_x16` or the norm before them staging
+/// it, then the matvec's XG variant) at every row length of the tiny model: the decode plan takes
+/// them, and still matches mlx-lm's 4-bit forward through 16 greedy steps.
+#[test]
+fn mlx4_staged_inputs_match_mlx_lm() {
+    let dir = common::mlx::gemma4_tiny("mlx4");
+    let gpu = common::gpu();
+    let ck = Checkpoint::open(&dir).unwrap();
+    let mut model = Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
+    model.set_stage_min_k([32, 32]);
+    model.set_norms_apart(true);
+    model.forward(&[2, 3]).unwrap();
+    model.forward(&[4]).unwrap();
+    let plan = model.plan_kernels(1).expect("the one-token plan");
+    let count = |name: &str, flag: &str| {
+        plan.iter().filter(|(n, v)| n == &format!("{name}:main") && v.split('+').any(|f| f == flag)).count()
+    };
+    let layers = ck.config.num_layers;
+    // Each layer's q/k/v, o, gate_up and down; every post-norm but the last stages the next input.
+    assert!(count("matvec_quant", "XG") >= 4 * layers, "{plan:?}");
+    assert_eq!(count("rms_norm", "STAGE"), 2 * layers - 1, "{plan:?}");
+    assert!(plan.iter().any(|(n, _)| n == "quantize_x16:main"), "{plan:?}");
+    let setup = |m: &mut Model| {
+        m.set_stage_min_k([32, 32]);
+        m.set_norms_apart(true);
+    };
+    check_path_with(&dir, "gemma4_tiny_mlx4", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None }, &setup);
 }
 
 /// The E2B-style variant: per-layer input embeddings (P = 8), the last two layers reading earlier

@@ -24,10 +24,14 @@ const TOGETHER: &[(&str, &[&str])] = &[
     ("matvec_quant", &["DP4", "DP4X"]),
     ("matvec_quant", &["DP4", "DP4X", "STAGE8", "TOK4", "NORM"]),
     ("matvec_quant", &["DP4", "STAGE8", "Q6_K", "NORM"]),
+    ("matvec_quant", &["DP4", "XG", "Q6_K", "PREFETCH"]),
+    ("matvec_quant", &["DP4", "XG", "Q4_K"]),
     ("matvec_quant", &["DP4", "DP4X", "TOK4", "Q4_K", "GATED"]),
     ("matvec_quant_batch", &["GROUPED", "NORM", "GLU"]),
     ("matvec_quant_batch", &["GROUPED", "GATED", "ACCUMULATE", "Q6_K"]),
     ("rms_norm", &["REG", "ACCUMULATE", "NEXT"]),
+    ("rms_norm", &["REG", "ACCUMULATE", "NEXT", "STAGE"]),
+    ("rms_norm", &["ACCUMULATE", "NEXT", "STAGE"]),
 ];
 
 /// The file and everything it includes (recursively), as (name, source).

@@ -24,8 +24,11 @@
 // (include/quant.wgsl), exact, scaled once. A row longer than the staging arrays (KC blocks a
 // token) is staged a chunk at a time; a lane still meets its units in order, so a token's sums are
 // the same whatever KC, TOK and the other tokens of the pass. PREFETCH (one token, the whole row
-// staged) issues each unit's loads one iteration early. The CPU twin is
-// src/ops/matmul/gguf.rs `cpu::stage_x16` followed by the plain reference.
+// staged) issues each unit's loads one iteration early. XG (one token): x was staged once
+// for every workgroup by quantize_x16 into a buffer, which the dot products read in place of
+// workgroup memory (no staging, no barrier, any workgroup size: rows too long to stage in
+// workgroup memory). The CPU twin is src/ops/matmul/gguf.rs `cpu::stage_x16` followed by the
+// plain reference.
 // Grid: ceil(N / (4 · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N and
 // tokens past T read a clamped row or token and store nothing (DP4 neither stages nor meets
 // tokens past T), so every thread reaches the barriers.
@@ -39,8 +42,11 @@
 #define TOK 1
 #define GB 5
 #define EB 5
+#define XB 5
 
 #include "quant"
+
+#include "stage_x16"
 
 #include "matvec_quant_params"
 
@@ -57,6 +63,9 @@
 #endif
 #ifdef EXPERTS
 @group(0) @binding({{EB}}) var<storage, read> ids: array<u32>;   // (slots) the expert of each slot
+#endif
+#ifdef XG
+@group(0) @binding({{XB}}) var<storage, read> xg: array<vec4<u32>>; // (K / 32, 5) x staged by quantize_x16
 #endif
 
 // The fused input (include/linear_input.wgsl): x as the kernel meets it. q_row is the current
@@ -83,29 +92,7 @@ const NGROUPS: u32 = {{WG}}u / {{TPR}}u;
 #include "matvec_reduce"
 
 #ifdef DP4
-// 4 elements as 16-bit two's complement: their low bytes and their high bytes, packed.
-fn x16_bytes(q: vec4<i32>) -> vec2<u32> {
-    let w = bitcast<vec4<u32>>(q);
-    return vec2<u32>(pack4xU8(w & vec4<u32>(0xFFu)), pack4xU8((w >> vec4<u32>(8u)) & vec4<u32>(0xFFu)));
-}
-
-// The block's scale from the bits of its largest |x| (NaN and inf have the largest bit patterns):
-// (1 / d, d) with d = 2^(E - 140) for biased exponent E, so |x| / d < 2^14; blocks under 2^-113
-// stage as 0, and non-finite ones get a NaN scale (the output turns non-finite, as the plain
-// kernel's would).
-fn stage_scale(bits: u32) -> vec2<f32> {
-    let e = bits >> 23u;
-    let big = e >= 14u;
-    let inv = select(0.0, bitcast<f32>((267u - e) << 23u), big && e < 255u);
-    let d = select(select(0.0, bitcast<f32>((e - 13u) << 23u), big), bitcast<f32>(0x7FC00000u), e >= 255u);
-    return vec2<f32>(inv, d);
-}
-
-fn abs_bits(v: vec4<f32>) -> u32 {
-    let b = bitcast<vec4<u32>>(abs(v));
-    return max(max(b.x, b.y), max(b.z, b.w));
-}
-
+#ifndef XG
 #ifdef STAGE8
 // Stages blocks cb .. cb + nb of the token row starting at vec4 q_row into the token's arrays
 // from group dst: eight threads a block, a vec4 each, the block's largest |x| and the 16-element
@@ -214,6 +201,7 @@ fn stage_tokens(xr: vec4<u32>, t0: u32, nt: u32, cb: u32, nb: u32, lid: u32) {
 #endif
 }
 #endif
+#endif
 
 #ifdef PROBE_NOMATH
 // Measurement probes (tests only): the loads without the dequantization and x.
@@ -289,6 +277,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #ifdef PROBE_NOMATH
         y[0] = x[0].x;
 #endif
+#ifdef XG
+        // (x itself is not read: its binding stays in the layout.)
+        y[0] = x[0].x + bitcast<f32>(xg[0].x);
+#endif
     }
     let wg = wid.x + wid.y * nwg.x;
     let grp = lid / {{TPR}}u;
@@ -331,10 +323,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var r2 = q_raw(base.z + uf);
         var r3 = q_raw(base.w + uf);
 #ifndef DP4X
+#ifndef XG
         // One token, the whole row staged at once.
         q_row = xr.x;
         stage_x(0u, {{KC}}u, 0u, lid);
         workgroupBarrier();
+#endif
 #ifdef PREFETCH
         // The next unit's loads issued before this unit's math (the same sums in the same order;
         // 4 more QRaw live a lane).

@@ -5,7 +5,9 @@
 // layer's output by its layer_scalar; out_scale = 1 elsewhere, the same bits as a plain add). With
 // ACCUMULATE and NEXT, the same workgroup then normalizes the updated row for the next projection:
 // out2[r, i] = out[r, i] * inverseSqrt(mean_i(out[r, i]^2) + eps) * w2[i] (out2 in out's row
-// layout): a post-norm's residual add and the next pre-norm in one dispatch. With IN_PLACE: x is
+// layout): a post-norm's residual add and the next pre-norm in one dispatch; with STAGE (n a
+// multiple of 32) it also writes out2's rows staged as wgsl/quantize_x16.wgsl writes them, for the
+// next projection's integer-dot-product matvec (matvec_quant XG). With IN_PLACE: x is
 // normalized in place (binding 0 is both input and output; there is no out binding; out_stride is
 // ignored).
 //
@@ -19,6 +21,8 @@
 // tree otherwise).
 #define WG 256
 #define RV 1
+
+#include "stage_x16"
 
 struct Params {
     rows: u32,
@@ -43,6 +47,9 @@ struct Params {
 #ifdef NEXT
 @group(0) @binding(4) var<storage, read> w2: array<f32>;          // (n) the next norm's weight
 @group(0) @binding(5) var<storage, read_write> out2: array<f32>;  // (rows, out_stride) the updated rows, normalized
+#ifdef STAGE
+@group(0) @binding(6) var<storage, read_write> xs: array<vec4<u32>>; // (rows, n / 32, 5) out2 staged as quantize_x16 does
+#endif
 #endif
 #endif
 
@@ -122,6 +129,31 @@ fn update4(at: u32, wv: vec4<f32>, xs: vec4<f32>, scale: f32, prev: vec4<f32>) -
 }
 #endif
 
+#ifndef IN_PLACE
+#ifdef NEXT
+#ifdef STAGE
+// out2's row (written by this workgroup) staged for the integer-dot-product matvec, a thread a
+// 32-element block (include/stage_x16.wgsl), once every thread's writes are visible.
+fn stage_out2(row: u32, ob: u32, lid: u32) {
+    storageBarrier();
+    let bpr = p.n / 32u;
+    for (var blk = lid; blk < bpr; blk += {{WG}}u) {
+        var v: array<vec4<f32>, 8>;
+        for (var j = 0u; j < 8u; j++) {
+            let i = ob + 32u * blk + 4u * j;
+            v[j] = vec4<f32>(out2[i], out2[i + 1u], out2[i + 2u], out2[i + 3u]);
+        }
+        let b = stage_block(v);
+        let o = 5u * (row * bpr + blk);
+        for (var j = 0u; j < 5u; j++) {
+            xs[o + j] = b[j];
+        }
+    }
+}
+#endif
+#endif
+#endif
+
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32
@@ -198,6 +230,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             out2[ob + i + 3u] = o.w * scale2 * ww.w;
         }
     }
+#ifdef STAGE
+    stage_out2(row, ob, lid);
+#endif
 #endif
     return;
 #else
@@ -257,6 +292,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             out2[ob + i0 + j] = out[ob + i0 + j] * scale2 * w2[i0 + j];
         }
     }
+#ifdef STAGE
+    stage_out2(row, ob, lid);
+#endif
 #endif
 #endif
 #endif

@@ -32,12 +32,13 @@ use crate::ops::attention::{attention, attention_batch, attention_rope, AttnPara
 use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, rms_norm_gated, DeltaRuleArgs};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant, per_layer_inputs, per_layer_slot};
+use crate::ops::matmul::gguf::{quantize_x16, stage_min_k, staged_x_words, stages_apart};
 use crate::ops::matmul::{fuses_input, fuses_norm, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::moe::{
     groups_len, groups_slots, linear_experts, moe_combine, moe_group, moe_router, moe_router_shared, ExpertWeight,
     SharedExpert as MoeShared,
 };
-use crate::ops::norm::{rms_norm, rms_norm_in_place, rms_norm_residual, RowLayout};
+use crate::ops::norm::{rms_norm, rms_norm_in_place, rms_norm_residual, rms_norm_residual_staged, RowLayout};
 use crate::ops::rope::{inv_freq, rope, rope_batch, rope_kv_write, rope_kv_write_batch, RopeParams};
 use crate::ops::StepParams;
 use std::collections::HashMap;
@@ -74,6 +75,8 @@ struct Scratch {
     logits: Tensor,
     /// A batch step's (position, slot) per sequence, u32 `[slots, 2]`.
     seqs: Tensor,
+    /// One token's x staged apart for the long-row projections ([`stages_apart`]): u32 words.
+    xs16: Tensor,
     /// Per-layer inputs (Gemma 4 E2B/E4B): each layer's slot of `rows` rows of [gate | input]
     /// (`ops::embedding::per_layer_inputs`), f32 `[layers * slot]`.
     ple_slots: Option<(Tensor, usize)>,
@@ -129,6 +132,8 @@ impl Scratch {
             need("ple_proj", c.num_layers * ple.dim);
             need("ple_act", ple.dim);
         }
+        // The widest input a projection may stage apart: an MLP's or attention's output.
+        let staged = widths.iter().filter(|(n, _)| matches!(*n, "act" | "attn")).map(|(_, w)| *w).max().unwrap_or(32);
         let acts = widths
             .into_iter()
             .map(|(name, n)| Ok((name, g.empty(name, &[rows, n], ElemType::F32)?)))
@@ -152,6 +157,7 @@ impl Scratch {
             last_norm: g.empty("last_norm", &[1, h], ElemType::F32)?,
             logits: g.empty("logits", &[slots, c.vocab_size], ElemType::F32)?,
             seqs: g.empty("seqs", &[slots, 2], ElemType::U32)?,
+            xs16: g.empty("xs16", &[staged_x_words(1, staged.next_multiple_of(32))], ElemType::U32)?,
             ple_slots: match c.per_layer_input {
                 None => None,
                 Some(ple) => {
@@ -178,10 +184,19 @@ impl Scratch {
 
     fn bytes(&self) -> u64 {
         self.acts.iter().map(|(_, a)| a.size_bytes()).sum::<u64>()
-            + [&self.ids, &self.moe_ids, &self.moe_groups, &self.last, &self.last_norm, &self.logits, &self.seqs]
-                .iter()
-                .map(|t| t.size_bytes())
-                .sum::<u64>()
+            + [
+                &self.ids,
+                &self.moe_ids,
+                &self.moe_groups,
+                &self.last,
+                &self.last_norm,
+                &self.logits,
+                &self.seqs,
+                &self.xs16,
+            ]
+            .iter()
+            .map(|t| t.size_bytes())
+            .sum::<u64>()
             + self.ple_slots.as_ref().map_or(0, |(t, _)| t.size_bytes())
     }
 }
@@ -303,6 +318,11 @@ pub struct Model {
     /// Tokens already in the KV cache.
     pub pos: usize,
     pub prefill_chunk: usize,
+    /// The row lengths from which one token's projections read x staged apart, staged by a
+    /// dispatch of its own and by the norm before them ([`stage_min_k`]'s by default).
+    stage_min_k: [usize; 2],
+    /// The layers' norms run as dispatches of their own even where they would fuse.
+    norms_apart: bool,
 }
 
 impl Model {
@@ -418,7 +438,41 @@ impl Model {
             scratch: None,
             pos: 0,
             prefill_chunk: PREFILL_CHUNK,
+            stage_min_k: stage_min_k(),
+            norms_apart: false,
         })
+    }
+
+    /// The kernels (name, variant) of the staged plan of `n` tokens, in dispatch order (None
+    /// before it is staged): what a step records.
+    pub fn plan_kernels(&self, n: usize) -> Option<Vec<(String, String)>> {
+        self.plans.get(&n).map(|p| {
+            p.items
+                .iter()
+                .filter_map(|i| match i {
+                    Item::Kernel(k) => Some((k.name.clone(), k.variant.clone())),
+                    Item::Copy { .. } => None,
+                })
+                .collect()
+        })
+    }
+
+    /// Runs the layers' norms as dispatches of their own even where [`fuses_norm`] would fuse them
+    /// into the next projection (what long rows do: tests run that path on small models); the
+    /// plans are recorded again.
+    pub fn set_norms_apart(&mut self, apart: bool) {
+        self.norms_apart = apart;
+        self.plans.clear();
+        self.batch_plans.clear();
+    }
+
+    /// Sets the row lengths from which one token's quantized projections read x staged apart:
+    /// `[staged by a dispatch of its own, staged by the norm that writes x]` (the rule's defaults:
+    /// [`stage_min_k`]); the plans are recorded again.
+    pub fn set_stage_min_k(&mut self, min_k: [usize; 2]) {
+        self.stage_min_k = min_k;
+        self.plans.clear();
+        self.batch_plans.clear();
     }
 
     /// Forgets the sequence (the KV cache is overwritten from position 0).
@@ -808,6 +862,9 @@ impl Model {
             max_ctx: self.max_ctx,
             seqs,
             xn_for: Default::default(),
+            xs_ready: Default::default(),
+            stage_min_k: self.stage_min_k,
+            norms_apart: self.norms_apart,
         };
         // Per-layer inputs from the token embedding x0, before any layer changes x.
         if let (Some(ple), Some(pw), Some((slots, _))) = (c.per_layer_input, &w.per_layer_input, &s.ple_slots) {
@@ -844,9 +901,18 @@ impl Model {
                 }
                 _ => unreachable!("layer {l}: weights and state are made from its spec"),
             };
-            lp.residual_scaled(&mut k, mixed, lw.post_attn_norm.as_ref(), 1.0, Some(&lw.ffn_norm))?;
+            // The projections each norm written by a residual add feeds (whether to stage its rows).
+            let gate_up_ws = match &lw.mlp {
+                MlpWeights::Dense { gate_up, .. } => gate_up.parts.iter().map(|(_, w)| w).collect(),
+                MlpWeights::Moe { .. } => Vec::new(),
+            };
+            lp.residual_scaled(&mut k, mixed, lw.post_attn_norm.as_ref(), 1.0, Some(&lw.ffn_norm), &gate_up_ws)?;
             // The next layer's input norm, for the last residual add of this one to write.
             let next_norm = w.layers.get(l + 1).map(|n| &n.attn_norm);
+            let qkv_ws = match w.layers.get(l + 1).map(|n| &n.mixer) {
+                Some(MixerWeights::Attention { qkv, .. }) => qkv.parts.iter().map(|(_, w)| w).collect(),
+                _ => Vec::new(),
+            };
             let ffn = match (spec.mlp, &lw.mlp) {
                 (MlpSpec::Dense { intermediate, activation }, MlpWeights::Dense { gate_up, down }) => {
                     let (xin, input) = lp.normed(&mut k, &lw.ffn_norm)?;
@@ -859,9 +925,9 @@ impl Model {
                 (Some(ple_w), Some((slots, slot))) => {
                     lp.residual(&mut k, ffn, lw.post_ffw_norm.as_ref())?;
                     let out = lp.per_layer_input(&mut k, ple_w, slots.view(l * slot, &[t, 2 * ple_w.0.shape()[0]]))?;
-                    lp.residual_scaled(&mut k, out, Some(&ple_w.2), lw.output_scale, next_norm)?;
+                    lp.residual_scaled(&mut k, out, Some(&ple_w.2), lw.output_scale, next_norm, &qkv_ws)?;
                 }
-                _ => lp.residual_scaled(&mut k, ffn, lw.post_ffw_norm.as_ref(), lw.output_scale, next_norm)?,
+                _ => lp.residual_scaled(&mut k, ffn, lw.post_ffw_norm.as_ref(), lw.output_scale, next_norm, &qkv_ws)?,
             }
             items.extend(k.into_iter().map(Item::Kernel));
         }
@@ -942,6 +1008,13 @@ struct LayerPass<'a> {
     /// The norm weight xn already holds x under (a post-norm's residual add wrote it in the same
     /// dispatch: [`LayerPass::residual_scaled`]'s `next`), for the next [`LayerPass::normed`].
     xn_for: std::cell::RefCell<Option<Tensor>>,
+    /// The same dispatch also staged xn into the scratch's xs16 for the projection that reads it
+    /// ([`LayerPass::staged`]).
+    xs_ready: std::cell::Cell<bool>,
+    /// [`Model::set_stage_min_k`].
+    stage_min_k: [usize; 2],
+    /// [`Model::set_norms_apart`].
+    norms_apart: bool,
 }
 
 impl<'a> LayerPass<'a> {
@@ -952,6 +1025,36 @@ impl<'a> LayerPass<'a> {
     }
 
     /// `[t, n]` rows of the scratch activation `name`.
+    /// The input of projections by `ws` from `x`: staged apart once for all of them where each
+    /// reads its rows that way (one token, [`stages_apart`]; [`quantize_x16`] recorded here), else
+    /// `input` as it is.
+    fn staged(&self, k: &mut Vec<Kernel>, x: &Tensor, input: Input<'a>, ws: &[&Linear]) -> Result<Input<'a>> {
+        let s: &'a Scratch = self.s;
+        let xn = std::sync::Arc::ptr_eq(&x.buffer, &self.xn.buffer) && x.offset == self.xn.offset;
+        let ready = self.xs_ready.take() && xn;
+        if !matches!(input, Input::Plain) || !self.stages_all(ws, x.shape[1], ready) {
+            return Ok(input);
+        }
+        if !ready {
+            k.push(quantize_x16(self.g, x, &s.xs16)?);
+        }
+        Ok(Input::Staged(&s.xs16))
+    }
+
+    /// Whether the layers' norms are fused into the projections after them ([`fuses_norm`], unless
+    /// [`Model::set_norms_apart`]).
+    fn fuses_norm(&self) -> bool {
+        fuses_norm(self.t, self.x.shape[1]) && !self.norms_apart
+    }
+
+    /// Whether every one of `ws` (rows of `k`) reads one token's x staged apart ([`stages_apart`];
+    /// `free`: the staging costs no dispatch of its own).
+    fn stages_all(&self, ws: &[&Linear], k: usize, free: bool) -> bool {
+        let min_k = self.stage_min_k[usize::from(free)];
+        let apart = |w: &&Linear| matches!(w, Linear::Quant(q) if stages_apart(self.g, q.dtype, self.t, k, min_k));
+        !self.opts().batch && !ws.is_empty() && ws.iter().all(apart)
+    }
+
     fn act(&self, name: &str, n: usize) -> Tensor {
         self.s.rows_as(name, self.t, &[self.t, n])
     }
@@ -960,10 +1063,13 @@ impl<'a> LayerPass<'a> {
     /// norm fused into the matvec up to MATVEC_MAX_T tokens, else run into xn first.
     fn normed(&self, k: &mut Vec<Kernel>, w: &'a Tensor) -> Result<(Tensor, Input<'a>)> {
         let ready = self.xn_for.borrow_mut().take();
-        if fuses_norm(self.t, self.x.shape[1]) {
+        // xs16 holds xn staged only where xn is what the residual add wrote.
+        let staged = self.xs_ready.take();
+        if self.fuses_norm() {
             Ok((self.x.clone(), Input::Norm { weight: w, eps: self.eps }))
         } else if ready.is_some_and(|r| std::sync::Arc::ptr_eq(&r.buffer, &w.buffer) && r.offset == w.offset) {
             // The residual add before wrote xn under this weight.
+            self.xs_ready.set(staged);
             Ok((self.xn.clone(), Input::Plain))
         } else {
             k.push(rms_norm(self.g, self.x, w, self.xn, self.eps, false)?);
@@ -982,7 +1088,7 @@ impl<'a> LayerPass<'a> {
     /// Adds a block's output to x: the residual add fused into its last projection, or through
     /// the post-norm (`x += norm(y)`).
     fn residual(&self, k: &mut Vec<Kernel>, out: Output<'a>, post_norm: Option<&Tensor>) -> Result<()> {
-        self.residual_scaled(k, out, post_norm, 1.0, None)
+        self.residual_scaled(k, out, post_norm, 1.0, None, &[])
     }
 
     /// [`Self::residual`], then x scaled by the layer's output scale (fused into the post-norm;
@@ -996,17 +1102,29 @@ impl<'a> LayerPass<'a> {
         post_norm: Option<&Tensor>,
         scale: f32,
         next: Option<&Tensor>,
+        next_ws: &[&Linear],
     ) -> Result<()> {
         let Output::Linear { from, input, w } = out else {
             assert_eq!(scale, 1.0, "an output scale needs the block's post-norm");
             return Ok(());
         };
+        let input = self.staged(k, &from, input, &[w])?;
         match post_norm {
             Some(pn) => {
                 k.push(linear(self.g, &from, input, w, None, self.tmp, self.opts())?);
-                let next = next.filter(|_| !fuses_norm(self.t, self.x.shape[1]));
-                k.push(rms_norm_residual(self.g, self.tmp, pn, self.x, self.eps, scale, next.map(|w| (w, self.xn)))?);
+                let next = next.filter(|_| !self.fuses_norm());
+                // The next norm's rows staged too where its projections read them that way.
+                let h = self.x.shape[1];
+                let stage = next.is_some() && self.stages_all(next_ws, h, true);
+                k.push(match next {
+                    Some(nw) if stage => {
+                        let s: &'a Scratch = self.s;
+                        rms_norm_residual_staged(self.g, self.tmp, pn, self.x, self.eps, scale, (nw, self.xn), &s.xs16)?
+                    }
+                    _ => rms_norm_residual(self.g, self.tmp, pn, self.x, self.eps, scale, next.map(|w| (w, self.xn)))?,
+                });
                 *self.xn_for.borrow_mut() = next.cloned();
+                self.xs_ready.set(stage);
             }
             None => {
                 assert_eq!(scale, 1.0, "an output scale needs the block's post-norm");
@@ -1033,6 +1151,7 @@ impl<'a> LayerPass<'a> {
         let qkv = self.act("qkv", a.q_dim() + 2 * a.kv_dim());
         let attn = self.act("attn", a.q_dim());
         let (xin, input) = self.normed(k, &lw.attn_norm)?;
+        let input = self.staged(k, &xin, input, &qkv_w.parts.iter().map(|(_, w)| w).collect::<Vec<_>>())?;
         if a.qkv_dim() != a.q_dim() + 2 * a.kv_dim() {
             // [q | k] (the cache write takes v from k) or [q] (the layer reads another's cache)
             // into the rows' first columns.
@@ -1209,6 +1328,7 @@ impl<'a> LayerPass<'a> {
         let glu_out = gate_up.glu && t <= MATVEC_MAX_T;
         let (gu_y, gu_opts) =
             if glu_out { (&act, LinearOpts { glu: Some(activation), ..self.opts() }) } else { (&gu, self.opts()) };
+        let input = self.staged(k, xin, input, &gate_up.parts.iter().map(|(_, w)| w).collect::<Vec<_>>())?;
         k.extend(gate_up.linear(g, xin, input, None, gu_y, gu_opts)?);
         Ok(if glu_out {
             Output::Linear { from: act, input: Input::Plain, w: down }

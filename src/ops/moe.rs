@@ -882,6 +882,7 @@ mod tests {
                 }
                 Input::Plain if dp4 => matmul::gguf::cpu::stage_x16(&xv, k),
                 Input::Plain => xv.clone(),
+                Input::Staged(_) => unreachable!("the expert tests stage no x apart"),
             };
             // The twin (pre-GLU when GLU: glu_expected applies it with its tolerance).
             let mut pre = if glu.is_some() { vec![0f32; slots * n] } else { y0.clone() };

@@ -114,7 +114,7 @@ pub fn rms_norm_rows(
     eps: f32,
     accumulate: bool,
 ) -> Result<Kernel> {
-    rms_norm_with(gpu, x, w, out, layout, eps, accumulate, 1.0, None)
+    rms_norm_with(gpu, x, w, out, layout, eps, accumulate, 1.0, None, None)
 }
 
 /// The residual add through a post-norm, then the layer's output scale:
@@ -130,7 +130,32 @@ pub fn rms_norm_residual(
     scale: f32,
     next: Option<(&Tensor, &Tensor)>,
 ) -> Result<Kernel> {
-    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale, next)
+    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale, next, None)
+}
+
+/// [`rms_norm_residual`] with the next norm, whose rows (out2) the same dispatch also writes
+/// staged into `xs` as [`crate::ops::matmul::gguf::quantize_x16`] would (n a multiple of 32): the
+/// input of the next projection's matvec on x staged apart, without a dispatch of its own.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_residual_staged(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    eps: f32,
+    scale: f32,
+    next: (&Tensor, &Tensor),
+    xs: &Tensor,
+) -> Result<Kernel> {
+    let layout = whole_rows(x, w)?;
+    let need = 4 * crate::ops::matmul::gguf::staged_x_words(layout.rows as usize, layout.n as usize) as u64;
+    if layout.n % 32 != 0 || xs.size_bytes() < need {
+        return Err(Error::InvalidArgument(format!(
+            "rms_norm: staging rows of {} needs a multiple of 32 and {need} bytes, got {:?}",
+            layout.n, xs.shape
+        )));
+    }
+    rms_norm_with(gpu, x, w, out, layout, eps, true, scale, Some(next), Some(xs))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -144,6 +169,7 @@ fn rms_norm_with(
     accumulate: bool,
     out_scale: f32,
     next: Option<(&Tensor, &Tensor)>,
+    stage: Option<&Tensor>,
 ) -> Result<Kernel> {
     checks(gpu, x, w, Some(out), &layout)?;
     let p = params(gpu, &layout, eps, out_scale);
@@ -152,6 +178,7 @@ fn rms_norm_with(
         assert!(accumulate, "rms_norm: the next norm follows a residual add");
         checks(gpu, out, w2, Some(out2), &layout)?;
         bindings.extend([w2.binding(), out2.binding()]);
+        bindings.extend(stage.map(Tensor::binding));
     }
     // Rows of up to 8192 elements (a multiple of 4) in registers: 8 vec4 a thread at most.
     let rv = layout.n.div_ceil(4 * NORM_WG);
@@ -162,6 +189,7 @@ fn rms_norm_with(
         &gpu.macros()
             .flag_if("ACCUMULATE", accumulate)
             .flag_if("NEXT", next.is_some())
+            .flag_if("STAGE", next.is_some() && stage.is_some())
             .flag_if("REG", reg)
             .set("WG", NORM_WG)
             .set("RV", if reg { rv } else { 1 }),
@@ -333,6 +361,31 @@ mod tests {
                 // The second norm meets the first's f32 rounding: twice the bound.
                 let e = rel_err(&got2, &want2);
                 assert!(e < 2.0 * TOL, "n={n} subgroups={}: the next norm, rel err {e}", gpu.caps.subgroups);
+            }
+            // STAGE: the next norm's rows also staged for the integer-dot-product matvec, word for
+            // word what quantize_x16's twin makes of them (in registers and not: 5376 and 8224).
+            for n in [5376usize, 8224] {
+                let xs = random(rows * n, 68, 4.0);
+                let (ws, w2s) = (random(n, 69, 1.5), random(n, 70, 1.5));
+                let init = random(rows * n, 71, 2.0);
+                let (x, w, w2) = (
+                    gpu.upload_f32("x", &[rows, n], &xs).unwrap(),
+                    gpu.upload_f32("w", &[n], &ws).unwrap(),
+                    gpu.upload_f32("w2", &[n], &w2s).unwrap(),
+                );
+                let out = gpu.upload_f32("out", &[rows, n], &init).unwrap();
+                let out2 = gpu.upload_f32("out2", &[rows, n], &vec![7.0; rows * n]).unwrap();
+                let words = crate::ops::matmul::gguf::staged_x_words(rows, n);
+                let staged = gpu.upload_u32("xs", &[words], &vec![7; words]).unwrap();
+                let k = rms_norm_residual_staged(&gpu, &x, &w, &out, 1e-6, 0.37, (&w2, &out2), &staged).unwrap();
+                assert!(k.variant.contains("STAGE"));
+                gpu.run(&[&k]).unwrap();
+                let (got2, got_xs) = (gpu.read_f32(&out2).unwrap(), gpu.read_u32(&staged).unwrap());
+                let (mut want, mut want2) = (init.clone(), vec![0.0; rows * n]);
+                cpu::rms_norm_residual(&xs, &ws, &mut want, 1e-6, 0.37, Some((&w2s, &mut want2)));
+                let e = rel_err(&got2, &want2);
+                assert!(e < 2.0 * TOL, "n={n} staged: the next norm, rel err {e}");
+                assert_eq!(got_xs, crate::ops::matmul::gguf::cpu::quantize_x16(&got2, n), "n={n}: the staged rows");
             }
             // Scale 1 is the plain residual add, bit for bit.
             let a = gpu.upload_f32("a", &[rows, n], &init).unwrap();

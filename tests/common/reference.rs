@@ -30,6 +30,11 @@ fn top5(v: &[f32]) -> Vec<u32> {
 /// prefill and the window; their decode steps cost lavapipe minutes and add nothing new).
 /// Checks the engine on `model_path` against fixture `fixture`; returns the max |logit error|.
 pub fn check_path(model_path: &std::path::Path, fixture: &str, c: Check) -> f32 {
+    check_path_with(model_path, fixture, c, &|_| {})
+}
+
+/// [`check_path`] with `setup` applied to the model after it loads.
+pub fn check_path_with(model_path: &std::path::Path, fixture: &str, c: Check, setup: &dyn Fn(&mut Model)) -> f32 {
     let (steps, max_abs) = (c.steps, c.max_abs);
     let dir = super::fixture_dir().join("reference");
     let meta: Value =
@@ -52,6 +57,7 @@ pub fn check_path(model_path: &std::path::Path, fixture: &str, c: Check) -> f32 
     if let Some(chunk) = c.prefill_chunk {
         model.prefill_chunk = chunk;
     }
+    setup(&mut model);
     let logits = model.forward(&ids).unwrap();
     let got = gpu.read_f32(&logits).unwrap();
     assert_eq!(got.len(), want.len());

@@ -216,12 +216,29 @@ fn q_fma32(w: QV32, xl: mat4x4<f32>, xh: mat4x4<f32>) -> mat2x4<f32> {
 #ifdef DP4
 #define KC 8
 #define TOK 1
+var<private> qi_g0: u32;
+var<private> qi_t: u32;
+#ifdef XG
+// x staged apart (wgsl/quantize_x16.wgsl; one token): the including kernel binds it as
+// `xg: array<vec4<u32>>`, five vec4 per block b: the low bytes of groups 2b and 2b + 1, their high
+// bytes, then (qi_s of group 2b, of 2b + 1, qi_d of b, 0) as bits.
+fn qi_lo(v: u32) -> vec4<u32> {
+    return xg[5u * (v >> 1u) + (v & 1u)];
+}
+fn qi_hi(v: u32) -> vec4<u32> {
+    return xg[5u * (v >> 1u) + 2u + (v & 1u)];
+}
+fn qi_d(b: u32) -> f32 {
+    return bitcast<f32>(xg[5u * b + 4u].z);
+}
+fn qi_s(v: u32) -> f32 {
+    return bitcast<f32>(xg[5u * (v >> 1u) + 4u][v & 1u]);
+}
+#else
 var<workgroup> xs_lo: array<vec4<u32>, {{KC}} * 2 * {{TOK}}>;   // (TOK, 2·KC)
 var<workgroup> xs_hi: array<vec4<u32>, {{KC}} * 2 * {{TOK}}>;   // (TOK, 2·KC)
 var<workgroup> xs_s: array<f32, {{KC}} * 2 * {{TOK}}>;          // (TOK, 2·KC)
 var<workgroup> xs_d: array<f32, {{KC}} * {{TOK}}>;              // (TOK, KC)
-var<private> qi_g0: u32;
-var<private> qi_t: u32;
 #ifdef DP4X
 fn qi_lo(v: u32) -> vec4<u32> {
     return xs_lo[qi_t + v - qi_g0];
@@ -249,6 +266,7 @@ fn qi_d(b: u32) -> f32 {
 fn qi_s(v: u32) -> f32 {
     return xs_s[v];
 }
+#endif
 #endif
 
 // Σ n · q_x over group v, for 16 unsigned quants n < 128 (byte j of word i: element 4i + j):

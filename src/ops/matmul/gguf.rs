@@ -605,6 +605,9 @@ impl QMatvecConfig {
     /// 1536 o projection, the step 1886 -> 1875 us and 1949 -> 1938 in two calls; the 0.5B's
     /// 896 x 896 the same).
     fn for_input(self, gpu: &Gpu, dtype: DType, s: &LinearShape, input: Input) -> Self {
+        if matches!(input, Input::Staged(_)) {
+            return self.staged(gpu, dtype, s);
+        }
         let plain = matches!(input, Input::Plain);
         let vulkan = gpu.info.backend == wgpu::Backend::Vulkan;
         let narrow = !self.subgroups || gpu.caps.subgroup_max_size <= 32;
@@ -622,6 +625,85 @@ impl QMatvecConfig {
         }
         self
     }
+}
+
+impl QMatvecConfig {
+    /// The configuration for x staged apart ([`Input::Staged`], one token): DP4 without the
+    /// kernel's own staging, so any workgroup size: 32-lane row groups, one a workgroup
+    /// (`WGPU_LLM_XG_CFG="wg:tpr:prefetch"` sets it for measurement).
+    fn staged(self, gpu: &Gpu, dtype: DType, s: &LinearShape) -> Self {
+        let sg = if self.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
+        // About 2-4 units a lane, 32 to 128 lanes. H100, `bench_quant` (W cold, the staging apart
+        // not counted), Gemma-4-31B's rows of 16384 and 21504 over 5376: Q4_K (32-element units)
+        // 26.5 / 35.9 us at 128 lanes (30.0 / 39.0 at 64, 41.3 / 53.5 at 32; the kernel staging in
+        // workgroup memory: 38.3 / 48.3), Q6_K (64-element units) 35.5 / 45.9 at 64 lanes (34.9 /
+        // 44.2 at 32; before: 48.9 / 64.5).
+        let units = (s.k / unit_elems(dtype)) as u32;
+        let tpr = (1u32 << (units / 2).max(1).ilog2()).clamp(32, 128);
+        let wg = tpr.max(64);
+        let (mut wg, mut tpr, mut prefetch) = (wg.max(sg), tpr.max(sg), false);
+        if let Ok(v) = std::env::var("WGPU_LLM_XG_CFG") {
+            let f: Vec<u32> = v.split(':').filter_map(|x| x.parse().ok()).collect();
+            if let [w, t, pf] = f[..] {
+                (wg, tpr, prefetch) = (w, t.max(sg).min(w), pf == 1);
+            }
+        }
+        QMatvecConfig { wg, tpr, dp4: true, prefetch, ..self }
+    }
+}
+
+/// Whether a one-token projection of `dtype` over rows of `k` reads x staged apart
+/// ([`quantize_x16`] then [`Input::Staged`]): DP4 types on Vulkan, rows of `min_k` or more
+/// ([`stage_min_k`]).
+pub fn stages_apart(gpu: &Gpu, dtype: DType, t: usize, k: usize, min_k: usize) -> bool {
+    t == 1
+        && k >= min_k
+        && k % 32 == 0
+        && gpu.info.backend == wgpu::Backend::Vulkan
+        && dp4_fits(gpu, dtype, 256, MATVEC_WG, 1)
+}
+
+/// From which row length one token's projections read x staged apart: `[staged by a dispatch of
+/// its own, staged by the norm that writes x]`. Rows of 16384 or more (Gemma-4-31B's down
+/// projections, K = 21504, and full-attention o projections, K = 16384), which the matvec cannot
+/// stage in workgroup memory for many rows at once; rows of 4096 or more where the norm stages
+/// them (Gemma-4-31B's gate_up and q/k/v, K = 5376: no dispatch of its own). Measured on the H100
+/// (BENCHMARKS session 15). `WGPU_LLM_XG=0` turns it off; `WGPU_LLM_XG_K` and `WGPU_LLM_XG_FREE_K`
+/// set the two lengths (measurement).
+pub fn stage_min_k() -> [usize; 2] {
+    let knob = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    if std::env::var("WGPU_LLM_XG").is_ok_and(|v| v == "0") {
+        return [usize::MAX; 2];
+    }
+    [knob("WGPU_LLM_XG_K", 16384), knob("WGPU_LLM_XG_FREE_K", 4096)]
+}
+
+/// u32 words of x staged by [`quantize_x16`] for `t` rows of `k` elements: five vec4 a 32-element
+/// block (wgsl/quantize_x16.wgsl).
+pub fn staged_x_words(t: usize, k: usize) -> usize {
+    t * k / 32 * 20
+}
+
+/// Records x (f32 `[T, K]`, K a multiple of 32) staged as 16-bit fixed point into `xs` (any
+/// 4-byte element type, at least [`staged_x_words`]): wgsl/quantize_x16.wgsl, CPU twin
+/// [`cpu::quantize_x16`]. A quantized matvec then reads it as [`Input::Staged`].
+pub fn quantize_x16(gpu: &Gpu, x: &Tensor, xs: &Tensor) -> Result<Kernel> {
+    assert_eq!(x.ty, ElemType::F32, "quantize_x16: x must be f32, got {:?}", x.ty);
+    let (t, k) = match x.shape[..] {
+        [t, k] if k % 32 == 0 && t > 0 => (t, k),
+        _ => panic!("quantize_x16: x must be [T, K] with K a multiple of 32, got {:?}", x.shape),
+    };
+    let need = 4 * staged_x_words(t, k) as u64;
+    assert!(xs.size_bytes() >= need, "quantize_x16: xs must hold {need} bytes, got {:?} {:?}", xs.ty, xs.shape);
+    let blocks = (t * k / 32) as u32;
+    let params = gpu.uniform("quantize_x16.params", &[blocks, (k / 32) as u32, (k / 4) as u32, 0]);
+    gpu.kernel(
+        "quantize_x16",
+        "main",
+        &gpu.macros(),
+        &[x.binding(), xs.binding(), params.as_entire_binding()],
+        grid(blocks.div_ceil(64)),
+    )
 }
 
 /// Blocks of 32 elements staged per token at a time for DP4 (`KC` in wgsl/matvec_quant.wgsl):
@@ -748,7 +830,14 @@ fn matvec_quant_routed(
             .set("TPR", cfg.tpr)
             .set("TOK", cfg.tok)
             .flag_if("TOK4", cfg.tok == 4);
-    if cfg.dp4 {
+    if let Input::Staged(_) = input {
+        assert!(
+            cfg.dp4 && cfg.tok == 1 && s.t == 1,
+            "linear_quant: x staged apart is one token's, DP4 ({cfg:?}, {s:?})"
+        );
+        assert!(dp4_fits(gpu, w.dtype, 256, MATVEC_WG, 1), "linear_quant: {} has no DP4 form", w.dtype);
+        macros = macros.flag("DP4").set("XB", if bias.is_some() { 6 } else { 5 }).flag_if("PREFETCH", cfg.prefetch);
+    } else if cfg.dp4 {
         let kc = dp4_chunk(gpu, w.dtype, s.k, cfg.wg, cfg.tok);
         let kc = kc.unwrap_or_else(|| panic!("DP4 for {} K = {} ({cfg:?})", w.dtype, s.k));
         #[cfg(test)]
@@ -1034,6 +1123,35 @@ pub mod cpu {
                 let d = f32::from_bits((e - 13) << 23);
                 out.extend(blk.iter().map(|v| (v * inv).round_ties_even() * d));
             }
+        }
+        out
+    }
+
+    /// x staged as wgsl/quantize_x16.wgsl writes it, as u32 words: per 32-element block b of a
+    /// row, the low bytes of its 16-bit values (elements 0..15 in words 20b .. 20b + 4, 16..31 in
+    /// the next 4; byte i of a word is element 4w + i of the 16), their high bytes (two's
+    /// complement) in the next 8 words, then the bits of d · Σ q over each half, of d, and 0;
+    /// q = round(x / d) and d as [`stage_x16`] (so q · d is its output).
+    pub fn quantize_x16(x: &[f32], k: usize) -> Vec<u32> {
+        assert!(k % 32 == 0 && x.len() % k == 0);
+        let mut out = Vec::with_capacity(x.len() / 32 * 20);
+        for blk in x.chunks(32) {
+            let e = (blk.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
+            let (inv, d) = match e {
+                255 => (0.0, f32::NAN),
+                0..14 => (0.0, 0.0),
+                _ => (f32::from_bits((267 - e) << 23), f32::from_bits((e - 13) << 23)),
+            };
+            // round(NaN) converts to 0 on the GPU (WGSL's saturating float -> int); the NaN
+            // scale makes the block's sums NaN either way.
+            let q: Vec<i32> = blk.iter().map(|v| (v * inv).round_ties_even() as i32).collect();
+            let byte = |v: i32, shift: u32| ((v as u32) >> shift) & 0xFF;
+            let word = |i: usize, shift: u32| (0..4).map(|j| byte(q[i + j], shift) << (8 * j)).sum::<u32>();
+            for shift in [0, 8] {
+                out.extend((0..8).map(|w| word(4 * w, shift)));
+            }
+            let sum = |h: usize| q[16 * h..16 * h + 16].iter().sum::<i32>() as f32;
+            out.extend([(d * sum(0)).to_bits(), (d * sum(1)).to_bits(), d.to_bits(), 0]);
         }
         out
     }
@@ -1887,6 +2005,90 @@ pub(crate) mod tests {
         }
     }
 
+    /// quantize_x16 writes what its CPU twin writes, bit for bit: random rows whose blocks span
+    /// magnitudes from 2^-130 (staged as 0) to 2^20, 3 tokens.
+    #[test]
+    fn quantize_x16_matches_cpu() {
+        let gpu = gpu();
+        let (t, k) = (3, 2048);
+        let mut xv = random(t * k, 77, 1.0);
+        for (b, blk) in xv.chunks_mut(32).enumerate() {
+            let scale = 2f32.powi((b % 31) as i32 * 5 - 130);
+            blk.iter_mut().for_each(|v| *v *= scale);
+        }
+        let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
+        let xs = gpu.empty("xs", &[staged_x_words(t, k)], ElemType::U32).unwrap();
+        gpu.run(&[&quantize_x16(&gpu, &x, &xs).unwrap()]).unwrap();
+        let got = gpu.read_u32(&xs).unwrap();
+        let want = cpu::quantize_x16(&xv, k);
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "word {i} (block {}, word {} of 20)", i / 20, i % 20);
+        }
+        // The words say what stage_x16 says: q · d, element by element.
+        let staged = cpu::stage_x16(&xv, k);
+        for (b, words) in want.chunks(20).enumerate() {
+            let d = f32::from_bits(words[18]);
+            for e in 0..32 {
+                let (w, byte) = ((e % 16) / 4 + 4 * (e / 16), 8 * (e % 4) as u32);
+                let q = (((words[w] >> byte) & 0xFF) | (((words[8 + w] >> byte) & 0xFF) << 8)) as u16 as i16;
+                assert_eq!(f32::from(q) * d, staged[32 * b + e], "block {b} element {e}");
+            }
+        }
+    }
+
+    /// The matvec on x staged apart (Input::Staged, XG) gives the DP4 kernel's sums bit for bit
+    /// (rows that stage whole, the same row groups; with and without PREFETCH, workgroups of one
+    /// and of several row groups), and on long rows matches the CPU on x as staged.
+    #[test]
+    fn staged_input_keeps_the_dp4_sums() {
+        for gpu in gpu_variants() {
+            if gpu.info.backend != wgpu::Backend::Vulkan {
+                panic!("DP4 runs on Vulkan only: this test needs lavapipe or a Vulkan GPU");
+            }
+            let sg = if gpu.caps.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
+            let dp4_types = TYPES.into_iter().filter(|&ty| dp4_chunk(&gpu, ty, 256, 256, 1).is_some());
+            for (i, ty) in dp4_types.enumerate() {
+                for k in [1536usize, 16384] {
+                    let n = 70;
+                    let seed = 900 + 10 * i as u64 + k as u64;
+                    let raw = random_blocks(ty, n, k, seed);
+                    let xv = random(k, seed + 1, 1.0);
+                    let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
+                    let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
+                    let xs = gpu.empty("xs", &[staged_x_words(1, k)], ElemType::U32).unwrap();
+                    let stage = quantize_x16(&gpu, &x, &xs).unwrap();
+                    let opts = LinearOpts::default();
+                    let s = LinearShape { t: 1, n, k, ld_out: n, cols: n };
+                    let auto = QMatvecConfig::new(&gpu, ty, &s);
+                    let tpr = 32.max(sg);
+                    let what = format!("{ty} K = {k} sg = {}", gpu.caps.subgroups);
+                    let run = |cfg: QMatvecConfig, input: Input| {
+                        let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
+                        let kern = matvec_quant(&gpu, &x, input, &w, None, &y, &s, opts, cfg).unwrap();
+                        assert_eq!(kern.variant.contains("XG"), matches!(input, Input::Staged(_)), "{what}");
+                        gpu.run(&[&stage, &kern]).unwrap();
+                        gpu.read_f32(&y).unwrap()
+                    };
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    let mut outs = Vec::new();
+                    for (wg, prefetch) in [(tpr, false), (tpr, true), (4 * tpr, false)] {
+                        let cfg = QMatvecConfig { wg, tpr, tok: 1, dp4: true, prefetch, ..auto };
+                        outs.push(run(cfg, Input::Staged(&xs)));
+                    }
+                    assert_eq!(bits(&outs[0]), bits(&outs[1]), "{what}: PREFETCH changed the sums");
+                    assert_eq!(bits(&outs[0]), bits(&outs[2]), "{what}: the workgroup size changed the sums");
+                    if stages_whole(&gpu, ty, k, 4 * tpr) {
+                        let cfg = QMatvecConfig { wg: 4 * tpr, tpr, tok: 1, dp4: true, prefetch: false, ..auto };
+                        assert_eq!(bits(&outs[0]), bits(&run(cfg, Input::Plain)), "{what}: not the DP4 kernel's sums");
+                    }
+                    let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, None, &vec![0.0; n], false);
+                    check(&outs[0], &want, &tol, &what);
+                }
+            }
+        }
+    }
+
     /// DP4 with the row staged a chunk at a time and with passes of 4 tokens: each token's row of
     /// y is bit for bit the same as with the whole row staged and with one token a pass (a lane
     /// meets its units in the same order), and matches the CPU on x as staged. Chunks of one
@@ -2247,6 +2449,35 @@ pub(crate) mod tests {
                     let dp = if c.dp4 { "+dp4" } else { "" };
                     let name = format!("{}wg {} tpr {}{dp}", if i == 0 { "auto " } else { "" }, c.wg, c.tpr);
                     line += &format!(" {name} {:.1}us {:.0}GB/s;", t * 1e6, w.gpu_bytes() as f64 / t / 1e9);
+                }
+                // x staged apart (quantize_x16, then XG), the staging counted once a call.
+                if dp4_fits(&gpu, ty, 256, MATVEC_WG, 1) && gpu.info.backend == wgpu::Backend::Vulkan {
+                    let xs = gpu.empty("xs", &[staged_x_words(1, k)], ElemType::U32).unwrap();
+                    let stage = quantize_x16(&gpu, &x, &xs).unwrap();
+                    let ts = time_per_call(&gpu, &|pass| stage.encode(pass));
+                    line += &format!(" | quantize_x16 {:.1}us;", ts * 1e6);
+                    let sg = if auto.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
+                    for (wg, tpr) in
+                        [(32, 32), (64, 32), (64, 64), (128, 32), (128, 64), (128, 128), (256, 64), (256, 256)]
+                    {
+                        for prefetch in [false, true] {
+                            if tpr < sg || tpr > wg {
+                                continue;
+                            }
+                            let c = QMatvecConfig { wg, tpr, tok: 1, dp4: true, prefetch, ..auto };
+                            let ks: Vec<Kernel> = ws
+                                .iter()
+                                .map(|w| matvec_quant(&gpu, &x, Input::Staged(&xs), w, None, &y, &s, opts, c).unwrap())
+                                .collect();
+                            let t = time_per_call(&gpu, &|pass| ks.iter().for_each(|k| k.encode(pass))) / copies as f64;
+                            let pf = if prefetch { "+pf" } else { "" };
+                            line += &format!(
+                                " xg wg {wg} tpr {tpr}{pf} {:.1}us {:.0}GB/s;",
+                                t * 1e6,
+                                w.gpu_bytes() as f64 / t / 1e9
+                            );
+                        }
+                    }
                 }
                 eprintln!("{line}");
             }

@@ -44,6 +44,9 @@ pub enum Input<'a> {
         eps: f32,
     },
     Gated(Activation),
+    /// x as [`gguf::quantize_x16`] staged it into this buffer (one token, a DP4 weight type on
+    /// Vulkan: the quantized matvec's `XG` variant reads it instead of x).
+    Staged(&'a Tensor),
 }
 
 impl Input<'_> {
@@ -60,6 +63,7 @@ impl Input<'_> {
             Input::Plain => m,
             Input::Norm { .. } => m.flag("NORM"),
             Input::Gated(act) => m.flag("GATED").flag_if("GELU_TANH", *act == Activation::GeluTanhGated),
+            Input::Staged(_) => m.flag("XG"),
         }
     }
 
@@ -90,6 +94,16 @@ impl Input<'_> {
                     weight.shape
                 );
                 Some(weight.binding())
+            }
+            Input::Staged(xs) => {
+                let need = 4 * gguf::staged_x_words(1, k) as u64;
+                assert!(
+                    xs.size_bytes() >= need,
+                    "linear: the staged x must hold {need} bytes for K = {k}, got {:?} {:?}",
+                    xs.ty,
+                    xs.shape
+                );
+                Some(xs.binding())
             }
             _ => None,
         }
