@@ -61,6 +61,10 @@ pub fn grid(n: u32) -> [u32; 3] {
     }
 }
 
+/// Kernels compiled without wgpu's bounds checks (see [`Gpu::pipeline`]): the one-token decode
+/// path's matvec, its input staging and the norms.
+const UNCHECKED: [&str; 3] = ["matvec_quant", "quantize_x16", "rms_norm"];
+
 impl Gpu {
     /// The compute pipeline of `entry` in `wgsl/<shader>.wgsl` under `macros`, compiled once.
     pub fn pipeline(&self, shader_name: &str, entry: &str, macros: &Macros) -> Result<Arc<wgpu::ComputePipeline>> {
@@ -73,21 +77,30 @@ impl Gpu {
         let pipeline = self.scoped(&format!("compiling {label}"), || {
             let desc =
                 wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(code.into()) };
-            // Bounds checks stay on (a wrong index reads a clamped element, never another
-            // allocation); the loop-bounding guard wgpu adds for untrusted web content is off:
+            // Bounds checks stay on but for UNCHECKED (a wrong index reads a clamped element,
+            // never another allocation); the loop-bounding guard wgpu adds for untrusted web content is off:
             // every loop in wgsl/ is bounded by its own condition, and the guard (a 64-bit
             // counter checked on every iteration) keeps drivers from unrolling and scheduling
             // short loops. Measured on the H100: SmolLM2 prefill 31.9k -> 45.9k tok/s,
             // the sampler 41.4 -> 38.4 us (BENCHMARKS.md).
             let mut checks = wgpu::ShaderRuntimeChecks::checked();
             checks.force_loop_bounding = false;
-            // A benchmark knob: WGPU_LLM_BOUNDS_CHECKS=0 leaves out the checks wgpu injects (naga
-            // clamps every index into a fixed-size array, workgroup memory included, and buffer
-            // indices where the driver lacks robust access), to measure what they cost.
-            checks.bounds_checks = !std::env::var("WGPU_LLM_BOUNDS_CHECKS").is_ok_and(|v| v == "0");
-            // SAFETY: this crate's own shaders, whose loops terminate; without bounds checks (the
-            // knob) they index inside their arrays and bindings by construction (clamped rows and
-            // tokens, sized workgroup arrays), which the test suite runs with the knob too.
+            // wgpu's injected bounds checks (naga clamps every index into a fixed-size array,
+            // workgroup memory included, and buffer indices where the driver lacks robust access)
+            // are left out of the one-token decode kernels in UNCHECKED, whose every index is in
+            // range by construction (rows and tokens clamped or guarded, workgroup arrays indexed
+            // by the thread and the sizes they were declared with; the suite runs them so): the
+            // Gemma-4-31B step 13,182 -> 13,030 us on the H100 with none checked (BENCHMARKS
+            // session 15), as llama.cpp turns robustness off for its mul_mat_vec. Knob:
+            // WGPU_LLM_BOUNDS_CHECKS=1 checks every kernel, =0 none (measurement).
+            checks.bounds_checks = match std::env::var("WGPU_LLM_BOUNDS_CHECKS").as_deref() {
+                Ok("0") => false,
+                Ok("1") => true,
+                _ => !UNCHECKED.contains(&shader_name),
+            };
+            // SAFETY: this crate's own shaders, whose loops terminate; those compiled without
+            // bounds checks index inside their arrays and bindings by construction (above), which
+            // the test suite runs (and runs with every kernel unchecked: the knob).
             let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
             self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
