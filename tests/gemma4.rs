@@ -18,6 +18,7 @@ use common::reference::{check_path, check_path_with, Check};
 use wgpu_llm::loader::Checkpoint;
 use wgpu_llm::model::config::{Arch, Mixer};
 use wgpu_llm::model::Model;
+use wgpu_llm::ops::matmul::gguf::StageApart;
 
 /// Observed on lavapipe: 0.0055 (24-token prompt and 16 steps), 0.0070 (40-token prompt), 0.0066
 /// (MLX 4-bit); the fixture script sees 0.010 from rounding q/k/v to f16 alone (its README). 3x
@@ -115,7 +116,7 @@ fn mlx4_staged_inputs_match_mlx_lm() {
     let gpu = common::gpu();
     let ck = Checkpoint::open(&dir).unwrap();
     let mut model = Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
-    model.set_stage_min_k([32, 32]);
+    model.set_stage_apart(StageApart { k: 32, free_k: 32, free_n: 0 });
     model.set_norms_apart(true);
     model.forward(&[2, 3]).unwrap();
     model.forward(&[4]).unwrap();
@@ -129,7 +130,7 @@ fn mlx4_staged_inputs_match_mlx_lm() {
     assert_eq!(count("rms_norm", "STAGE"), 2 * layers - 1, "{plan:?}");
     assert!(plan.iter().any(|(n, _)| n == "quantize_x16:main"), "{plan:?}");
     let setup = |m: &mut Model| {
-        m.set_stage_min_k([32, 32]);
+        m.set_stage_apart(StageApart { k: 32, free_k: 32, free_n: 0 });
         m.set_norms_apart(true);
     };
     check_path_with(&dir, "gemma4_tiny_mlx4", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None }, &setup);

@@ -32,7 +32,7 @@ use crate::ops::attention::{attention, attention_batch, attention_rope, AttnPara
 use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, rms_norm_gated, DeltaRuleArgs};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant, per_layer_inputs, per_layer_slot};
-use crate::ops::matmul::gguf::{quantize_x16, stage_min_k, staged_x_words, stages_apart};
+use crate::ops::matmul::gguf::{quantize_x16, staged_x_words, stages_apart, StageApart};
 use crate::ops::matmul::{fuses_input, fuses_norm, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::moe::{
     groups_len, groups_slots, linear_experts, moe_combine, moe_group, moe_router, moe_router_shared, ExpertWeight,
@@ -318,9 +318,8 @@ pub struct Model {
     /// Tokens already in the KV cache.
     pub pos: usize,
     pub prefill_chunk: usize,
-    /// The row lengths from which one token's projections read x staged apart, staged by a
-    /// dispatch of its own and by the norm before them ([`stage_min_k`]'s by default).
-    stage_min_k: [usize; 2],
+    /// Which one-token projections read x staged apart ([`StageApart::rule`] by default).
+    stage_apart: StageApart,
     /// The layers' norms run as dispatches of their own even where they would fuse.
     norms_apart: bool,
 }
@@ -438,7 +437,7 @@ impl Model {
             scratch: None,
             pos: 0,
             prefill_chunk: PREFILL_CHUNK,
-            stage_min_k: stage_min_k(),
+            stage_apart: StageApart::rule(),
             norms_apart: false,
         })
     }
@@ -466,11 +465,10 @@ impl Model {
         self.batch_plans.clear();
     }
 
-    /// Sets the row lengths from which one token's quantized projections read x staged apart:
-    /// `[staged by a dispatch of its own, staged by the norm that writes x]` (the rule's defaults:
-    /// [`stage_min_k`]); the plans are recorded again.
-    pub fn set_stage_min_k(&mut self, min_k: [usize; 2]) {
-        self.stage_min_k = min_k;
+    /// Sets which one-token quantized projections read x staged apart ([`StageApart`]); the plans
+    /// are recorded again.
+    pub fn set_stage_apart(&mut self, rule: StageApart) {
+        self.stage_apart = rule;
         self.plans.clear();
         self.batch_plans.clear();
     }
@@ -863,7 +861,7 @@ impl Model {
             seqs,
             xn_for: Default::default(),
             xs_ready: Default::default(),
-            stage_min_k: self.stage_min_k,
+            stage_apart: self.stage_apart,
             norms_apart: self.norms_apart,
         };
         // Per-layer inputs from the token embedding x0, before any layer changes x.
@@ -1011,8 +1009,8 @@ struct LayerPass<'a> {
     /// The same dispatch also staged xn into the scratch's xs16 for the projection that reads it
     /// ([`LayerPass::staged`]).
     xs_ready: std::cell::Cell<bool>,
-    /// [`Model::set_stage_min_k`].
-    stage_min_k: [usize; 2],
+    /// [`Model::set_stage_apart`].
+    stage_apart: StageApart,
     /// [`Model::set_norms_apart`].
     norms_apart: bool,
 }
@@ -1050,9 +1048,11 @@ impl<'a> LayerPass<'a> {
     /// Whether every one of `ws` (rows of `k`) reads one token's x staged apart ([`stages_apart`];
     /// `free`: the staging costs no dispatch of its own).
     fn stages_all(&self, ws: &[&Linear], k: usize, free: bool) -> bool {
-        let min_k = self.stage_min_k[usize::from(free)];
+        let rule = self.stage_apart;
+        let min_k = if free { rule.free_k } else { rule.k };
         let apart = |w: &&Linear| matches!(w, Linear::Quant(q) if stages_apart(self.g, q.dtype, self.t, k, min_k));
-        !self.opts().batch && !ws.is_empty() && ws.iter().all(apart)
+        let rows: usize = ws.iter().map(|w| w.shape()[0]).sum();
+        !self.opts().batch && !ws.is_empty() && ws.iter().all(apart) && (!free || rows >= rule.free_n)
     }
 
     fn act(&self, name: &str, n: usize) -> Tensor {

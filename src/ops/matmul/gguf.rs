@@ -654,7 +654,7 @@ impl QMatvecConfig {
 
 /// Whether a one-token projection of `dtype` over rows of `k` reads x staged apart
 /// ([`quantize_x16`] then [`Input::Staged`]): DP4 types on Vulkan, rows of `min_k` or more
-/// ([`stage_min_k`]).
+/// ([`StageApart`]).
 pub fn stages_apart(gpu: &Gpu, dtype: DType, t: usize, k: usize, min_k: usize) -> bool {
     t == 1
         && k >= min_k
@@ -663,19 +663,40 @@ pub fn stages_apart(gpu: &Gpu, dtype: DType, t: usize, k: usize, min_k: usize) -
         && dp4_fits(gpu, dtype, 256, MATVEC_WG, 1)
 }
 
-/// From which row length one token's projections read x staged apart: `[staged by a dispatch of
-/// its own, staged by the norm that writes x]`. Rows of 16384 or more (Gemma-4-31B's down
-/// projections, K = 21504, and full-attention o projections, K = 16384), which the matvec cannot
-/// stage in workgroup memory for many rows at once; rows of 4096 or more where the norm stages
-/// them (Gemma-4-31B's gate_up and q/k/v, K = 5376: no dispatch of its own). Measured on the H100
-/// (BENCHMARKS session 15). `WGPU_LLM_XG=0` turns it off; `WGPU_LLM_XG_K` and `WGPU_LLM_XG_FREE_K`
-/// set the two lengths (measurement).
-pub fn stage_min_k() -> [usize; 2] {
-    let knob = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-    if std::env::var("WGPU_LLM_XG").is_ok_and(|v| v == "0") {
-        return [usize::MAX; 2];
+/// Which one-token quantized projections read x staged apart ([`stages_apart`], [`Input::Staged`]).
+/// The rule ([`StageApart::rule`]): rows of 16384 or more staged by [`quantize_x16`] (Gemma-4-31B's
+/// down projections, K = 21504, and full-attention o projections, K = 16384), which the matvec
+/// cannot stage in workgroup memory for many rows at once; rows of 4096 or more where the norm that
+/// writes x stages it in the same dispatch (Gemma-4-31B's gate_up and q/k/v, K = 5376). Measured on
+/// the H100: BENCHMARKS.md session 15.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageApart {
+    /// Rows of at least this many elements, staged by a dispatch of their own.
+    pub k: usize,
+    /// Rows of at least this many elements, where the norm before them stages them.
+    pub free_k: usize,
+    /// ... for projections of at least this many output rows in all (the parts of q/k/v or gate_up).
+    pub free_n: usize,
+}
+
+impl StageApart {
+    /// No projection stages apart.
+    pub const NEVER: StageApart = StageApart { k: usize::MAX, free_k: usize::MAX, free_n: usize::MAX };
+
+    /// The rule (see the type), with the measurement knobs: `WGPU_LLM_XG=0` ([`Self::NEVER`]),
+    /// `WGPU_LLM_XG_K`, `WGPU_LLM_XG_FREE_K` and `WGPU_LLM_XG_FREE_N` for the three fields.
+    pub fn rule() -> StageApart {
+        let knob =
+            |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+        if std::env::var("WGPU_LLM_XG").is_ok_and(|v| v == "0") {
+            return StageApart::NEVER;
+        }
+        StageApart {
+            k: knob("WGPU_LLM_XG_K", 16384),
+            free_k: knob("WGPU_LLM_XG_FREE_K", 4096),
+            free_n: knob("WGPU_LLM_XG_FREE_N", 0),
+        }
     }
-    [knob("WGPU_LLM_XG_K", 16384), knob("WGPU_LLM_XG_FREE_K", 4096)]
 }
 
 /// u32 words of x staged by [`quantize_x16`] for `t` rows of `k` elements: five vec4 a 32-element
