@@ -860,7 +860,7 @@ impl Model {
             max_ctx: self.max_ctx,
             seqs,
             xn_for: Default::default(),
-            xs_ready: Default::default(),
+            xs_of: Default::default(),
             stage_apart: self.stage_apart,
             norms_apart: self.norms_apart,
         };
@@ -1006,9 +1006,9 @@ struct LayerPass<'a> {
     /// The norm weight xn already holds x under (a post-norm's residual add wrote it in the same
     /// dispatch: [`LayerPass::residual_scaled`]'s `next`), for the next [`LayerPass::normed`].
     xn_for: std::cell::RefCell<Option<Tensor>>,
-    /// The same dispatch also staged xn into the scratch's xs16 for the projection that reads it
-    /// ([`LayerPass::staged`]).
-    xs_ready: std::cell::Cell<bool>,
+    /// The activation whose rows the dispatch that wrote them also staged into the scratch's xs16,
+    /// for the next projection that reads it ([`LayerPass::staged`]; taken by the first reader).
+    xs_of: std::cell::RefCell<Option<Tensor>>,
     /// [`Model::set_stage_apart`].
     stage_apart: StageApart,
     /// [`Model::set_norms_apart`].
@@ -1022,14 +1022,13 @@ impl<'a> LayerPass<'a> {
         LinearOpts { batch: self.seqs.is_some(), ..Default::default() }
     }
 
-    /// `[t, n]` rows of the scratch activation `name`.
     /// The input of projections by `ws` from `x`: staged apart once for all of them where each
-    /// reads its rows that way (one token, [`stages_apart`]; [`quantize_x16`] recorded here), else
-    /// `input` as it is.
+    /// reads its rows that way (one token, [`stages_apart`]): by the dispatch that wrote x
+    /// ([`Self::xs_of`]) or by [`quantize_x16`] recorded here; else `input` as it is.
     fn staged(&self, k: &mut Vec<Kernel>, x: &Tensor, input: Input<'a>, ws: &[&Linear]) -> Result<Input<'a>> {
         let s: &'a Scratch = self.s;
-        let xn = std::sync::Arc::ptr_eq(&x.buffer, &self.xn.buffer) && x.offset == self.xn.offset;
-        let ready = self.xs_ready.take() && xn;
+        let same = |t: &Tensor| std::sync::Arc::ptr_eq(&t.buffer, &x.buffer) && t.offset == x.offset;
+        let ready = self.xs_of.borrow_mut().take().is_some_and(|t| same(&t));
         if !matches!(input, Input::Plain) || !self.stages_all(ws, x.shape[1], ready) {
             return Ok(input);
         }
@@ -1055,6 +1054,7 @@ impl<'a> LayerPass<'a> {
         !self.opts().batch && !ws.is_empty() && ws.iter().all(apart) && (!free || rows >= rule.free_n)
     }
 
+    /// `[t, n]` rows of the scratch activation `name`.
     fn act(&self, name: &str, n: usize) -> Tensor {
         self.s.rows_as(name, self.t, &[self.t, n])
     }
@@ -1064,12 +1064,12 @@ impl<'a> LayerPass<'a> {
     fn normed(&self, k: &mut Vec<Kernel>, w: &'a Tensor) -> Result<(Tensor, Input<'a>)> {
         let ready = self.xn_for.borrow_mut().take();
         // xs16 holds xn staged only where xn is what the residual add wrote.
-        let staged = self.xs_ready.take();
+        let staged = self.xs_of.borrow_mut().take();
         if self.fuses_norm() {
             Ok((self.x.clone(), Input::Norm { weight: w, eps: self.eps }))
         } else if ready.is_some_and(|r| std::sync::Arc::ptr_eq(&r.buffer, &w.buffer) && r.offset == w.offset) {
             // The residual add before wrote xn under this weight.
-            self.xs_ready.set(staged);
+            *self.xs_of.borrow_mut() = staged;
             Ok((self.xn.clone(), Input::Plain))
         } else {
             k.push(rms_norm(self.g, self.x, w, self.xn, self.eps, false)?);
@@ -1124,7 +1124,7 @@ impl<'a> LayerPass<'a> {
                     _ => rms_norm_residual(self.g, self.tmp, pn, self.x, self.eps, scale, next.map(|w| (w, self.xn)))?,
                 });
                 *self.xn_for.borrow_mut() = next.cloned();
-                self.xs_ready.set(stage);
+                *self.xs_of.borrow_mut() = stage.then(|| self.xn.clone());
             }
             None => {
                 assert_eq!(scale, 1.0, "an output scale needs the block's post-norm");
