@@ -340,34 +340,15 @@ mod tests {
             assert!(e < TOL, "subgroups={} rel err {e}", gpu.caps.subgroups);
             // With the next pre-norm in the same dispatch (rows of 640 and of 5376 = 4 x 1344 held
             // in registers, of 8200 too long for them, and of 70, not a multiple of 4): the
-            // residual as before, and its norm.
-            for n in [640usize, 5376, 8200, 70] {
-                let xs = random(rows * n, 64, 4.0);
-                let (ws, w2s) = (random(n, 65, 1.5), random(n, 66, 1.5));
-                let init = random(rows * n, 67, 2.0);
-                let (x, w, w2) = (
-                    gpu.upload_f32("x", &[rows, n], &xs).unwrap(),
-                    gpu.upload_f32("w", &[n], &ws).unwrap(),
-                    gpu.upload_f32("w2", &[n], &w2s).unwrap(),
-                );
-                let out = gpu.upload_f32("out", &[rows, n], &init).unwrap();
-                let out2 = gpu.upload_f32("out2", &[rows, n], &vec![7.0; rows * n]).unwrap();
-                let k = rms_norm_residual(&gpu, &x, &w, &out, 1e-6, 0.37, Some((&w2, &out2))).unwrap();
-                gpu.run(&[&k]).unwrap();
-                let (got, got2) = (gpu.read_f32(&out).unwrap(), gpu.read_f32(&out2).unwrap());
-                let (mut want, mut want2) = (init.clone(), vec![0.0; rows * n]);
-                cpu::rms_norm_residual(&xs, &ws, &mut want, 1e-6, 0.37, Some((&w2s, &mut want2)));
-                assert!(rel_err(&got, &want) < TOL, "n={n}: the residual");
-                // The second norm meets the first's f32 rounding: twice the bound.
-                let e = rel_err(&got2, &want2);
-                assert!(e < 2.0 * TOL, "n={n} subgroups={}: the next norm, rel err {e}", gpu.caps.subgroups);
-            }
-            // STAGE: the next norm's rows also staged for the integer-dot-product matvec, word for
-            // word what quantize_x16's twin makes of them (in registers and not: 5376 and 8224).
-            for n in [5376usize, 8224] {
-                let xs = random(rows * n, 68, 4.0);
-                let (ws, w2s) = (random(n, 69, 1.5), random(n, 70, 1.5));
-                let init = random(rows * n, 71, 2.0);
+            // residual as before, and its norm. STAGE (5376 and 8224: in registers and not): the
+            // next norm's rows also staged for the integer-dot-product matvec, word for word what
+            // quantize_x16's twin makes of them.
+            for (n, stage) in [(640usize, false), (5376, false), (8200, false), (70, false), (5376, true), (8224, true)]
+            {
+                let seed = if stage { 68 } else { 64 };
+                let xs = random(rows * n, seed, 4.0);
+                let (ws, w2s) = (random(n, seed + 1, 1.5), random(n, seed + 2, 1.5));
+                let init = random(rows * n, seed + 3, 2.0);
                 let (x, w, w2) = (
                     gpu.upload_f32("x", &[rows, n], &xs).unwrap(),
                     gpu.upload_f32("w", &[n], &ws).unwrap(),
@@ -377,15 +358,28 @@ mod tests {
                 let out2 = gpu.upload_f32("out2", &[rows, n], &vec![7.0; rows * n]).unwrap();
                 let words = crate::ops::matmul::gguf::staged_x_words(rows, n);
                 let staged = gpu.upload_u32("xs", &[words], &vec![7; words]).unwrap();
-                let k = rms_norm_residual_staged(&gpu, &x, &w, &out, 1e-6, 0.37, (&w2, &out2), &staged).unwrap();
-                assert!(k.variant.contains("STAGE"));
+                let k = if stage {
+                    rms_norm_residual_staged(&gpu, &x, &w, &out, 1e-6, 0.37, (&w2, &out2), &staged).unwrap()
+                } else {
+                    rms_norm_residual(&gpu, &x, &w, &out, 1e-6, 0.37, Some((&w2, &out2))).unwrap()
+                };
+                assert_eq!(k.variant.split('+').any(|f| f == "STAGE"), stage);
                 gpu.run(&[&k]).unwrap();
-                let (got2, got_xs) = (gpu.read_f32(&out2).unwrap(), gpu.read_u32(&staged).unwrap());
+                let (got, got2) = (gpu.read_f32(&out).unwrap(), gpu.read_f32(&out2).unwrap());
                 let (mut want, mut want2) = (init.clone(), vec![0.0; rows * n]);
                 cpu::rms_norm_residual(&xs, &ws, &mut want, 1e-6, 0.37, Some((&w2s, &mut want2)));
+                assert!(rel_err(&got, &want) < TOL, "n={n} stage={stage}: the residual");
+                // The second norm meets the first's f32 rounding: twice the bound.
                 let e = rel_err(&got2, &want2);
-                assert!(e < 2.0 * TOL, "n={n} staged: the next norm, rel err {e}");
-                assert_eq!(got_xs, crate::ops::matmul::gguf::cpu::quantize_x16(&got2, n), "n={n}: the staged rows");
+                assert!(
+                    e < 2.0 * TOL,
+                    "n={n} stage={stage} subgroups={}: the next norm, rel err {e}",
+                    gpu.caps.subgroups
+                );
+                if stage {
+                    let got_xs = gpu.read_u32(&staged).unwrap();
+                    assert_eq!(got_xs, crate::ops::matmul::gguf::cpu::quantize_x16(&got2, n), "n={n}: the staged rows");
+                }
             }
             // Scale 1 is the plain residual add, bit for bit.
             let a = gpu.upload_f32("a", &[rows, n], &init).unwrap();
