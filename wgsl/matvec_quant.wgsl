@@ -26,7 +26,7 @@
 // the same whatever KC, TOK and the other tokens of the pass. PREFETCH (one token, the whole row
 // staged) issues each unit's loads one iteration early. XG (one token): x was staged once
 // for every workgroup by quantize_x16 into a buffer, which the dot products read in place of
-// workgroup memory (no staging, no barrier, any workgroup size: rows too long to stage in
+// workgroup memory (no staging nor its barrier, any workgroup size: rows too long to stage in
 // workgroup memory). The CPU twin is src/ops/matmul/gguf.rs `cpu::stage_x16` followed by the
 // plain reference.
 // Grid: ceil(N / (4 · WG / TPR)) workgroups, 2-D folded (see gpu/kernel.rs). Rows past N and
@@ -46,7 +46,9 @@
 
 #include "quant"
 
+#ifdef DP4
 #include "stage_x16"
+#endif
 
 #include "matvec_quant_params"
 
@@ -65,7 +67,7 @@
 @group(0) @binding({{EB}}) var<storage, read> ids: array<u32>;   // (slots) the expert of each slot
 #endif
 #ifdef XG
-@group(0) @binding({{XB}}) var<storage, read> xg: array<vec4<u32>>; // (K / 32, 5) x staged by quantize_x16
+@group(0) @binding({{XB}}) var<storage, read> xg: array<vec4<u32>>; // (K / 32, 5) x staged (quantize_x16, a norm's STAGE)
 #endif
 
 // The fused input (include/linear_input.wgsl): x as the kernel meets it. q_row is the current
@@ -135,7 +137,7 @@ fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
 }
 #else
 // Stages blocks cb .. cb + nb of the token row starting at vec4 q_row into the token's arrays
-// from group dst: a thread a block, its 8 vec4 at once.
+// from group dst: a thread a block, its 8 vec4 at once (include/stage_x16.wgsl stage_block).
 fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
 #ifdef DP4X
     let n = nb;
@@ -144,44 +146,19 @@ fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
 #endif
     for (var b = lid; b < n; b += {{WG}}u) {
         let i = q_row + 8u * (cb + b);
-        let v0 = qx4(i);
-        let v1 = qx4(i + 1u);
-        let v2 = qx4(i + 2u);
-        let v3 = qx4(i + 3u);
-        let v4 = qx4(i + 4u);
-        let v5 = qx4(i + 5u);
-        let v6 = qx4(i + 6u);
-        let v7 = qx4(i + 7u);
-        let m = max(max(max(abs_bits(v0), abs_bits(v1)), max(abs_bits(v2), abs_bits(v3))),
-                    max(max(abs_bits(v4), abs_bits(v5)), max(abs_bits(v6), abs_bits(v7))));
-        let sc = stage_scale(m);
-        let inv = sc.x;
-        let d = sc.y;
-        let q0 = vec4<i32>(round(v0 * inv));
-        let q1 = vec4<i32>(round(v1 * inv));
-        let q2 = vec4<i32>(round(v2 * inv));
-        let q3 = vec4<i32>(round(v3 * inv));
-        let q4 = vec4<i32>(round(v4 * inv));
-        let q5 = vec4<i32>(round(v5 * inv));
-        let q6 = vec4<i32>(round(v6 * inv));
-        let q7 = vec4<i32>(round(v7 * inv));
-        let b0 = x16_bytes(q0);
-        let b1 = x16_bytes(q1);
-        let b2 = x16_bytes(q2);
-        let b3 = x16_bytes(q3);
-        let b4 = x16_bytes(q4);
-        let b5 = x16_bytes(q5);
-        let b6 = x16_bytes(q6);
-        let b7 = x16_bytes(q7);
+        var v: array<vec4<f32>, 8>;
+        for (var j = 0u; j < 8u; j++) {
+            v[j] = qx4(i + j);
+        }
+        let st = stage_block(v);
         let g = dst + 2u * b;
-        xs_lo[g] = vec4<u32>(b0.x, b1.x, b2.x, b3.x);
-        xs_hi[g] = vec4<u32>(b0.y, b1.y, b2.y, b3.y);
-        xs_lo[g + 1u] = vec4<u32>(b4.x, b5.x, b6.x, b7.x);
-        xs_hi[g + 1u] = vec4<u32>(b4.y, b5.y, b6.y, b7.y);
-        let one = vec4<i32>(1);
-        xs_s[g] = d * f32(dot(q0 + q1, one) + dot(q2 + q3, one));
-        xs_s[g + 1u] = d * f32(dot(q4 + q5, one) + dot(q6 + q7, one));
-        xs_d[(dst >> 1u) + b] = d;
+        xs_lo[g] = st[0];
+        xs_lo[g + 1u] = st[1];
+        xs_hi[g] = st[2];
+        xs_hi[g + 1u] = st[3];
+        xs_s[g] = bitcast<f32>(st[4].x);
+        xs_s[g + 1u] = bitcast<f32>(st[4].y);
+        xs_d[(dst >> 1u) + b] = bitcast<f32>(st[4].z);
     }
 }
 #endif

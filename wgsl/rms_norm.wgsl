@@ -22,7 +22,9 @@
 #define WG 256
 #define RV 1
 
+#ifdef STAGE
 #include "stage_x16"
+#endif
 
 struct Params {
     rows: u32,
@@ -112,10 +114,10 @@ fn prev4(at: u32) -> vec4<f32> {
 #endif
 }
 
-// Writes out[at ..] for x elements xs (weights wv): xs · scale · wv, or with ACCUMULATE
+// Writes out[at ..] for x elements xv4 (weights wv): xv4 · scale · wv, or with ACCUMULATE
 // (prev + that) · out_scale; returns what it wrote.
-fn update4(at: u32, wv: vec4<f32>, xs: vec4<f32>, scale: f32, prev: vec4<f32>) -> vec4<f32> {
-    let v = xs * scale * wv;
+fn update4(at: u32, wv: vec4<f32>, xv4: vec4<f32>, scale: f32, prev: vec4<f32>) -> vec4<f32> {
+    let v = xv4 * scale * wv;
 #ifdef ACCUMULATE
     let o = (prev + v) * p.out_scale;
 #else

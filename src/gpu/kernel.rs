@@ -61,8 +61,8 @@ pub fn grid(n: u32) -> [u32; 3] {
     }
 }
 
-/// Kernels compiled without wgpu's bounds checks (see [`Gpu::pipeline`]): the one-token decode
-/// path's matvec, its input staging and the norms.
+/// Kernels compiled without wgpu's bounds checks, every variant (see [`Gpu::pipeline`]): the
+/// quantized matvec, its input staging and the norms.
 const UNCHECKED: [&str; 3] = ["matvec_quant", "quantize_x16", "rms_norm"];
 
 impl Gpu {
@@ -87,9 +87,11 @@ impl Gpu {
             checks.force_loop_bounding = false;
             // wgpu's injected bounds checks (naga clamps every index into a fixed-size array,
             // workgroup memory included, and buffer indices where the driver lacks robust access)
-            // are left out of the one-token decode kernels in UNCHECKED, whose every index is in
-            // range by construction (rows and tokens clamped or guarded, workgroup arrays indexed
-            // by the thread and the sizes they were declared with; the suite runs them so): the
+            // are left out of the kernels in UNCHECKED (every variant: the one-token decode path's
+            // and also prefill's few-token matvec, the experts', every rms_norm), whose every index
+            // is in range by construction (rows and tokens clamped or guarded, workgroup arrays
+            // indexed by the thread and the sizes they were declared with, row layouts checked on
+            // the host; the suite runs them so): the
             // Gemma-4-31B step 13,182 -> 13,030 us on the H100 with none checked (BENCHMARKS
             // session 15), as llama.cpp turns robustness off for its mul_mat_vec. Knob:
             // WGPU_LLM_BOUNDS_CHECKS=1 checks every kernel, =0 none (measurement).

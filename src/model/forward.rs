@@ -75,7 +75,8 @@ struct Scratch {
     logits: Tensor,
     /// A batch step's (position, slot) per sequence, u32 `[slots, 2]`.
     seqs: Tensor,
-    /// One token's x staged apart for the long-row projections ([`stages_apart`]): u32 words.
+    /// One token's x staged apart for the projections that read it so ([`stages_apart`],
+    /// [`StageApart`]): u32 words.
     xs16: Tensor,
     /// Per-layer inputs (Gemma 4 E2B/E4B): each layer's slot of `rows` rows of [gate | input]
     /// (`ops::embedding::per_layer_inputs`), f32 `[layers * slot]`.
@@ -132,8 +133,10 @@ impl Scratch {
             need("ple_proj", c.num_layers * ple.dim);
             need("ple_act", ple.dim);
         }
-        // The widest input a projection may stage apart: an MLP's or attention's output.
-        let staged = widths.iter().filter(|(n, _)| matches!(*n, "act" | "attn")).map(|(_, w)| *w).max().unwrap_or(32);
+        // The widest input a projection may read staged apart: a norm's rows, an MLP's or
+        // attention's output.
+        let staged =
+            widths.iter().filter(|(n, _)| matches!(*n, "xn" | "act" | "attn")).map(|(_, w)| *w).max().unwrap_or(32);
         let acts = widths
             .into_iter()
             .map(|(name, n)| Ok((name, g.empty(name, &[rows, n], ElemType::F32)?)))
@@ -908,7 +911,9 @@ impl Model {
             // The next layer's input norm, for the last residual add of this one to write.
             let next_norm = w.layers.get(l + 1).map(|n| &n.attn_norm);
             let qkv_ws = match w.layers.get(l + 1).map(|n| &n.mixer) {
-                Some(MixerWeights::Attention { qkv, .. }) => qkv.parts.iter().map(|(_, w)| w).collect(),
+                Some(MixerWeights::Attention { qkv, gate, .. }) => {
+                    qkv.parts.iter().map(|(_, w)| w).chain(gate.iter()).collect()
+                }
                 _ => Vec::new(),
             };
             let ffn = match (spec.mlp, &lw.mlp) {
@@ -1094,7 +1099,9 @@ impl<'a> LayerPass<'a> {
     /// [`Self::residual`], then x scaled by the layer's output scale (fused into the post-norm;
     /// the loader refuses a scale without one). With a post-norm and `next` (the weight of the
     /// norm the next projection starts with), where that norm runs as a dispatch of its own (long
-    /// rows: [`fuses_norm`]), the same dispatch also writes xn = norm(x) · next for it.
+    /// rows: [`fuses_norm`]), the same dispatch also writes xn = norm(x) · next for it, and stages
+    /// xn into xs16 where `next_ws` (the projections that read xn) read it staged apart. The
+    /// output's own projection reads `from` staged apart where [`Self::staged`] says so.
     fn residual_scaled(
         &self,
         k: &mut Vec<Kernel>,
@@ -1151,7 +1158,9 @@ impl<'a> LayerPass<'a> {
         let qkv = self.act("qkv", a.q_dim() + 2 * a.kv_dim());
         let attn = self.act("attn", a.q_dim());
         let (xin, input) = self.normed(k, &lw.attn_norm)?;
-        let input = self.staged(k, &xin, input, &qkv_w.parts.iter().map(|(_, w)| w).collect::<Vec<_>>())?;
+        // (The output gate's projection reads the same input.)
+        let readers: Vec<&Linear> = qkv_w.parts.iter().map(|(_, w)| w).chain(gate.iter()).collect();
+        let input = self.staged(k, &xin, input, &readers)?;
         if a.qkv_dim() != a.q_dim() + 2 * a.kv_dim() {
             // [q | k] (the cache write takes v from k) or [q] (the layer reads another's cache)
             // into the rows' first columns.

@@ -629,8 +629,9 @@ impl QMatvecConfig {
 
 impl QMatvecConfig {
     /// The configuration for x staged apart ([`Input::Staged`], one token): DP4 without the
-    /// kernel's own staging, so any workgroup size: 32-lane row groups, one a workgroup
-    /// (`WGPU_LLM_XG_CFG="wg:tpr:prefetch"` sets it for measurement).
+    /// kernel's own staging, so any workgroup size: row groups of about 2 units a lane (32 to 128
+    /// lanes) in workgroups of one row group, at least 64 threads (`WGPU_LLM_XG_CFG="wg:tpr:prefetch"`
+    /// sets it for measurement).
     fn staged(self, gpu: &Gpu, dtype: DType, s: &LinearShape) -> Self {
         let sg = if self.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
         // About 2-4 units a lane, 32 to 128 lanes. H100, `bench_quant` (W cold, the staging apart
@@ -645,7 +646,8 @@ impl QMatvecConfig {
         if let Ok(v) = std::env::var("WGPU_LLM_XG_CFG") {
             let f: Vec<u32> = v.split(':').filter_map(|x| x.parse().ok()).collect();
             if let [w, t, pf] = f[..] {
-                (wg, tpr, prefetch) = (w, t.max(sg).min(w), pf == 1);
+                let t = t.max(sg);
+                (wg, tpr, prefetch) = (w.max(t), t, pf == 1);
             }
         }
         QMatvecConfig { wg, tpr, dp4: true, prefetch, ..self }
@@ -667,8 +669,9 @@ pub fn stages_apart(gpu: &Gpu, dtype: DType, t: usize, k: usize, min_k: usize) -
 /// The rule ([`StageApart::rule`]): rows of 16384 or more staged by [`quantize_x16`] (Gemma-4-31B's
 /// down projections, K = 21504, and full-attention o projections, K = 16384), which the matvec
 /// cannot stage in workgroup memory for many rows at once; rows of 4096 or more where the norm that
-/// writes x stages it in the same dispatch (Gemma-4-31B's gate_up and q/k/v, K = 5376). Measured on
-/// the H100: BENCHMARKS.md session 15.
+/// writes x stages it in the same dispatch (Gemma-4-31B's gate_up and q/k/v, K = 5376; the norm runs
+/// as a dispatch of its own only above 4096, `fuses_norm`). Measured on the H100: BENCHMARKS.md
+/// session 15.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StageApart {
     /// Rows of at least this many elements, staged by a dispatch of their own.
@@ -856,6 +859,7 @@ fn matvec_quant_routed(
             cfg.dp4 && cfg.tok == 1 && s.t == 1,
             "linear_quant: x staged apart is one token's, DP4 ({cfg:?}, {s:?})"
         );
+        assert!(route.is_none(), "linear_quant: no expert projection reads x staged apart");
         assert!(dp4_fits(gpu, w.dtype, 256, MATVEC_WG, 1), "linear_quant: {} has no DP4 form", w.dtype);
         macros = macros.flag("DP4").set("XB", if bias.is_some() { 6 } else { 5 }).flag_if("PREFETCH", cfg.prefetch);
     } else if cfg.dp4 {
@@ -1133,19 +1137,23 @@ pub mod cpu {
         assert!(k % 32 == 0);
         let mut out = Vec::with_capacity(x.len());
         for blk in x.chunks(32) {
-            // The largest |x|'s biased exponent (NaN and inf: 255).
-            let e = (blk.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
-            if e == 255 {
-                out.extend(blk.iter().map(|_| f32::NAN));
-            } else if e < 14 {
-                out.extend(blk.iter().map(|_| 0.0));
-            } else {
-                let inv = f32::from_bits((267 - e) << 23);
-                let d = f32::from_bits((e - 13) << 23);
-                out.extend(blk.iter().map(|v| (v * inv).round_ties_even() * d));
+            match block_scale(blk) {
+                (_, d) if d.is_nan() => out.extend(blk.iter().map(|_| f32::NAN)),
+                (inv, d) => out.extend(blk.iter().map(|v| (v * inv).round_ties_even() * d)),
             }
         }
         out
+    }
+
+    /// A block's (1 / d, d) from its largest |x|'s biased exponent E: d = 2^(E - 140); (0, 0)
+    /// under 2^-113, (0, NaN) with a NaN or an infinity (include/stage_x16.wgsl `stage_scale`).
+    fn block_scale(blk: &[f32]) -> (f32, f32) {
+        let e = (blk.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
+        match e {
+            255 => (0.0, f32::NAN),
+            0..14 => (0.0, 0.0),
+            _ => (f32::from_bits((267 - e) << 23), f32::from_bits((e - 13) << 23)),
+        }
     }
 
     /// x staged as wgsl/quantize_x16.wgsl writes it, as u32 words: per 32-element block b of a
@@ -1157,12 +1165,7 @@ pub mod cpu {
         assert!(k % 32 == 0 && x.len() % k == 0);
         let mut out = Vec::with_capacity(x.len() / 32 * 20);
         for blk in x.chunks(32) {
-            let e = (blk.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
-            let (inv, d) = match e {
-                255 => (0.0, f32::NAN),
-                0..14 => (0.0, 0.0),
-                _ => (f32::from_bits((267 - e) << 23), f32::from_bits((e - 13) << 23)),
-            };
+            let (inv, d) = block_scale(blk);
             // round(NaN) converts to 0 on the GPU (WGSL's saturating float -> int); the NaN
             // scale makes the block's sums NaN either way.
             let q: Vec<i32> = blk.iter().map(|v| (v * inv).round_ties_even() as i32).collect();
@@ -2105,6 +2108,17 @@ pub(crate) mod tests {
                     }
                     let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, None, &vec![0.0; n], false);
                     check(&outs[0], &want, &tol, &what);
+                    // The rule's own configuration (up to 128-lane row groups), with a bias and
+                    // accumulating into y (the binding after the bias).
+                    let cfg = QMatvecConfig::new(&gpu, ty, &s).for_input(&gpu, ty, &s, Input::Staged(&xs));
+                    let (bias_v, y0) = (random(n, seed + 3, 0.5), random(n, seed + 4, 0.5));
+                    let b = gpu.upload_f32("b", &[n], &bias_v).unwrap();
+                    let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
+                    let acc = LinearOpts { accumulate: true, ..opts };
+                    let kern = matvec_quant(&gpu, &x, Input::Staged(&xs), &w, Some(&b), &y, &s, acc, cfg).unwrap();
+                    gpu.run(&[&stage, &kern]).unwrap();
+                    let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, Some(&bias_v), &y0, true);
+                    check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{what}, the rule's {cfg:?}"));
                 }
             }
         }
