@@ -39,6 +39,11 @@ impl Tensor {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
+    /// Whether `other` starts at the same place of the same buffer (the same data, whatever shape
+    /// each gives it).
+    pub fn starts_with(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.buffer, &other.buffer) && self.offset == other.offset
+    }
     pub fn size_bytes(&self) -> u64 {
         self.ty.bytes(self.numel())
     }

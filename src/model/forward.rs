@@ -903,19 +903,17 @@ impl Model {
                 _ => unreachable!("layer {l}: weights and state are made from its spec"),
             };
             // The projections each norm written by a residual add feeds (whether to stage its rows).
-            let gate_up_ws = match &lw.mlp {
-                MlpWeights::Dense { gate_up, .. } => gate_up.parts.iter().map(|(_, w)| w).collect(),
-                MlpWeights::Moe { .. } => Vec::new(),
-            };
-            lp.residual_scaled(&mut k, mixed, lw.post_attn_norm.as_ref(), 1.0, Some(&lw.ffn_norm), &gate_up_ws)?;
+            lp.residual_scaled(
+                &mut k,
+                mixed,
+                lw.post_attn_norm.as_ref(),
+                1.0,
+                Some(&lw.ffn_norm),
+                &mlp_readers(&lw.mlp),
+            )?;
             // The next layer's input norm, for the last residual add of this one to write.
             let next_norm = w.layers.get(l + 1).map(|n| &n.attn_norm);
-            let qkv_ws = match w.layers.get(l + 1).map(|n| &n.mixer) {
-                Some(MixerWeights::Attention { qkv, gate, .. }) => {
-                    qkv.parts.iter().map(|(_, w)| w).chain(gate.iter()).collect()
-                }
-                _ => Vec::new(),
-            };
+            let qkv_ws = w.layers.get(l + 1).map_or(Vec::new(), |n| mixer_readers(&n.mixer));
             let ffn = match (spec.mlp, &lw.mlp) {
                 (MlpSpec::Dense { intermediate, activation }, MlpWeights::Dense { gate_up, down }) => {
                     let (xin, input) = lp.normed(&mut k, &lw.ffn_norm)?;
@@ -968,6 +966,25 @@ impl Model {
             k(linear(g, head_in, head_input, chunk, None, &out, plain)?);
         }
         Ok(Plan { t, ids, logits: logits.view(0, &[c.vocab_size]), items, last_used: 0 })
+    }
+}
+
+/// The projections that read a layer's normed input for its token mixer, all from one staging
+/// ([`LayerPass::staged`]): attention's q/k/v and output gate; none for Gated DeltaNet, whose
+/// in_proj reads its input as it is.
+fn mixer_readers(m: &MixerWeights) -> Vec<&Linear> {
+    match m {
+        MixerWeights::Attention { qkv, gate, .. } => qkv.weights().chain(gate.iter()).collect(),
+        MixerWeights::DeltaNet { .. } => Vec::new(),
+    }
+}
+
+/// The same for its MLP: a dense MLP's gate_up; none for experts, whose router reads its input
+/// as it is.
+fn mlp_readers(m: &MlpWeights) -> Vec<&Linear> {
+    match m {
+        MlpWeights::Dense { gate_up, .. } => gate_up.weights().collect(),
+        MlpWeights::Moe { .. } => Vec::new(),
     }
 }
 
@@ -1032,8 +1049,7 @@ impl<'a> LayerPass<'a> {
     /// ([`Self::xs_of`]) or by [`quantize_x16`] recorded here; else `input` as it is.
     fn staged(&self, k: &mut Vec<Kernel>, x: &Tensor, input: Input<'a>, ws: &[&Linear]) -> Result<Input<'a>> {
         let s: &'a Scratch = self.s;
-        let same = |t: &Tensor| std::sync::Arc::ptr_eq(&t.buffer, &x.buffer) && t.offset == x.offset;
-        let ready = self.xs_of.borrow_mut().take().is_some_and(|t| same(&t));
+        let ready = self.xs_of.borrow_mut().take().is_some_and(|t| t.starts_with(x));
         if !matches!(input, Input::Plain) || !self.stages_all(ws, x.shape[1], ready) {
             return Ok(input);
         }
@@ -1072,7 +1088,7 @@ impl<'a> LayerPass<'a> {
         let staged = self.xs_of.borrow_mut().take();
         if self.fuses_norm() {
             Ok((self.x.clone(), Input::Norm { weight: w, eps: self.eps }))
-        } else if ready.is_some_and(|r| std::sync::Arc::ptr_eq(&r.buffer, &w.buffer) && r.offset == w.offset) {
+        } else if ready.is_some_and(|r| r.starts_with(w)) {
             // The residual add before wrote xn under this weight.
             *self.xs_of.borrow_mut() = staged;
             Ok((self.xn.clone(), Input::Plain))
@@ -1158,9 +1174,7 @@ impl<'a> LayerPass<'a> {
         let qkv = self.act("qkv", a.q_dim() + 2 * a.kv_dim());
         let attn = self.act("attn", a.q_dim());
         let (xin, input) = self.normed(k, &lw.attn_norm)?;
-        // (The output gate's projection reads the same input.)
-        let readers: Vec<&Linear> = qkv_w.parts.iter().map(|(_, w)| w).chain(gate.iter()).collect();
-        let input = self.staged(k, &xin, input, &readers)?;
+        let input = self.staged(k, &xin, input, &mixer_readers(&lw.mixer))?;
         if a.qkv_dim() != a.q_dim() + 2 * a.kv_dim() {
             // [q | k] (the cache write takes v from k) or [q] (the layer reads another's cache)
             // into the rows' first columns.
@@ -1337,7 +1351,7 @@ impl<'a> LayerPass<'a> {
         let glu_out = gate_up.glu && t <= MATVEC_MAX_T;
         let (gu_y, gu_opts) =
             if glu_out { (&act, LinearOpts { glu: Some(activation), ..self.opts() }) } else { (&gu, self.opts()) };
-        let input = self.staged(k, xin, input, &gate_up.parts.iter().map(|(_, w)| w).collect::<Vec<_>>())?;
+        let input = self.staged(k, xin, input, &gate_up.weights().collect::<Vec<_>>())?;
         k.extend(gate_up.linear(g, xin, input, None, gu_y, gu_opts)?);
         Ok(if glu_out {
             Output::Linear { from: act, input: Input::Plain, w: down }

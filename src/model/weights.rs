@@ -112,8 +112,13 @@ impl Proj {
             .collect()
     }
 
+    /// Its weights, part by part.
+    pub fn weights(&self) -> impl Iterator<Item = &Linear> {
+        self.parts.iter().map(|(_, w)| w)
+    }
+
     pub fn gpu_bytes(&self) -> u64 {
-        self.parts.iter().map(|(_, w)| w.gpu_bytes()).sum()
+        self.weights().map(Linear::gpu_bytes).sum()
     }
 }
 
@@ -200,26 +205,26 @@ impl LayerWeights {
         let mut out: Vec<&Linear> = Vec::new();
         match &self.mixer {
             MixerWeights::Attention { qkv, gate, out: o, .. } => {
-                out.extend(qkv.parts.iter().map(|(_, w)| w));
+                out.extend(qkv.weights());
                 out.extend(gate.iter());
                 out.push(o);
             }
             MixerWeights::DeltaNet { in_proj, out: o, .. } => {
-                out.extend(in_proj.parts.iter().map(|(_, w)| w));
+                out.extend(in_proj.weights());
                 out.push(o);
             }
         }
         match &self.mlp {
             MlpWeights::Dense { gate_up, down } => {
-                out.extend(gate_up.parts.iter().map(|(_, w)| w));
+                out.extend(gate_up.weights());
                 out.push(down);
             }
             MlpWeights::Moe { router, gate_up_exps, down_exps, shared } => {
-                out.extend(router.parts.iter().map(|(_, w)| w));
+                out.extend(router.weights());
                 out.push(gate_up_exps);
                 out.push(down_exps);
                 if let SharedExpert::Separate(gu, d) = shared {
-                    out.extend(gu.parts.iter().map(|(_, w)| w));
+                    out.extend(gu.weights());
                     out.push(d);
                 }
             }

@@ -658,11 +658,7 @@ impl QMatvecConfig {
 /// ([`quantize_x16`] then [`Input::Staged`]): DP4 types on Vulkan, rows of `min_k` or more
 /// ([`StageApart`]).
 pub fn stages_apart(gpu: &Gpu, dtype: DType, t: usize, k: usize, min_k: usize) -> bool {
-    t == 1
-        && k >= min_k
-        && k % 32 == 0
-        && gpu.info.backend == wgpu::Backend::Vulkan
-        && dp4_fits(gpu, dtype, 256, MATVEC_WG, 1)
+    t == 1 && k >= min_k && k % 32 == 0 && gpu.info.backend == wgpu::Backend::Vulkan && has_dp4(dtype)
 }
 
 /// Which one-token quantized projections read x staged apart ([`stages_apart`], [`Input::Staged`]).
@@ -736,7 +732,7 @@ pub fn quantize_x16(gpu: &Gpu, x: &Tensor, xs: &Tensor) -> Result<Kernel> {
 /// 256-element super-blocks. None for types without the DP4 form, or where not even one
 /// super-block a token fits.
 fn dp4_chunk(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> Option<u32> {
-    if !matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q6_K | DType::Affine { bits: 4, .. }) {
+    if !has_dp4(dtype) {
         return None;
     }
     // A block a token: 32 low and 32 high bytes, two 16-element sums and the scale.
@@ -752,6 +748,12 @@ fn dp4_chunk(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> Option<u32
         return None;
     }
     Some(kb.div_ceil(kb.div_ceil(fit)).next_multiple_of(8) as u32)
+}
+
+/// Whether `dtype` has the integer-dot-product form (`DP4`: quants of at most 7 bits, blocks of
+/// 32 or whole 256-element super-blocks).
+fn has_dp4(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q6_K | DType::Affine { bits: 4, .. })
 }
 
 /// Whether one token's row of `k` elements stages whole for DP4 in workgroups of `wg` threads
@@ -860,7 +862,7 @@ fn matvec_quant_routed(
             "linear_quant: x staged apart is one token's, DP4 ({cfg:?}, {s:?})"
         );
         assert!(route.is_none(), "linear_quant: no expert projection reads x staged apart");
-        assert!(dp4_fits(gpu, w.dtype, 256, MATVEC_WG, 1), "linear_quant: {} has no DP4 form", w.dtype);
+        assert!(has_dp4(w.dtype), "linear_quant: {} has no DP4 form", w.dtype);
         macros = macros.flag("DP4").set("XB", if bias.is_some() { 6 } else { 5 }).flag_if("PREFETCH", cfg.prefetch);
     } else if cfg.dp4 {
         let kc = dp4_chunk(gpu, w.dtype, s.k, cfg.wg, cfg.tok);
@@ -1148,12 +1150,16 @@ pub mod cpu {
     /// A block's (1 / d, d) from its largest |x|'s biased exponent E: d = 2^(E - 140); (0, 0)
     /// under 2^-113, (0, NaN) with a NaN or an infinity (include/stage_x16.wgsl `stage_scale`).
     fn block_scale(blk: &[f32]) -> (f32, f32) {
-        let e = (blk.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
-        match e {
+        match block_exponent(blk) {
             255 => (0.0, f32::NAN),
             0..14 => (0.0, 0.0),
-            _ => (f32::from_bits((267 - e) << 23), f32::from_bits((e - 13) << 23)),
+            e => (f32::from_bits((267 - e) << 23), f32::from_bits((e - 13) << 23)),
         }
+    }
+
+    /// The biased exponent of a block's largest |x| (NaN and infinities: 255).
+    pub(crate) fn block_exponent(blk: &[f32]) -> u32 {
+        (blk.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF
     }
 
     /// x staged as wgsl/quantize_x16.wgsl writes it, as u32 words: per 32-element block b of a
@@ -1420,7 +1426,7 @@ pub(crate) mod tests {
     pub(crate) fn stage_steps16(x: &[f32]) -> Vec<f32> {
         x.chunks(32)
             .flat_map(|b| {
-                let e = (b.iter().fold(0u32, |m, v| m.max(v.abs().to_bits())) >> 23) & 0xFF;
+                let e = cpu::block_exponent(b);
                 std::iter::repeat_n(f32::from_bits(e.saturating_sub(13).max(1) << 23), 32)
             })
             .collect()
@@ -1992,7 +1998,7 @@ pub(crate) mod tests {
             if gpu.info.backend != wgpu::Backend::Vulkan {
                 panic!("DP4 runs on Vulkan only: this test needs lavapipe or a Vulkan GPU");
             }
-            let dp4_types = TYPES.into_iter().filter(|&ty| dp4_chunk(&gpu, ty, 256, 256, 1).is_some());
+            let dp4_types = TYPES.into_iter().filter(|&ty| has_dp4(ty));
             for (i, ty) in dp4_types.enumerate() {
                 for (k, norm) in [(4864usize, false), (256, true)] {
                     let n = 70;
@@ -2071,7 +2077,7 @@ pub(crate) mod tests {
                 panic!("DP4 runs on Vulkan only: this test needs lavapipe or a Vulkan GPU");
             }
             let sg = if gpu.caps.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
-            let dp4_types = TYPES.into_iter().filter(|&ty| dp4_chunk(&gpu, ty, 256, 256, 1).is_some());
+            let dp4_types = TYPES.into_iter().filter(|&ty| has_dp4(ty));
             for (i, ty) in dp4_types.enumerate() {
                 for k in [1536usize, 16384] {
                     let n = 70;
@@ -2486,7 +2492,7 @@ pub(crate) mod tests {
                     line += &format!(" {name} {:.1}us {:.0}GB/s;", t * 1e6, w.gpu_bytes() as f64 / t / 1e9);
                 }
                 // x staged apart (quantize_x16, then XG), the staging counted once a call.
-                if dp4_fits(&gpu, ty, 256, MATVEC_WG, 1) && gpu.info.backend == wgpu::Backend::Vulkan {
+                if has_dp4(ty) && gpu.info.backend == wgpu::Backend::Vulkan {
                     let xs = gpu.empty("xs", &[staged_x_words(1, k)], ElemType::U32).unwrap();
                     let stage = quantize_x16(&gpu, &x, &xs).unwrap();
                     let ts = time_per_call(&gpu, &|pass| stage.encode(pass));
