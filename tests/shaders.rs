@@ -31,6 +31,7 @@ const TOGETHER: &[(&str, &[&str])] = &[
     ("matvec_quant_batch", &["GROUPED", "GATED", "ACCUMULATE", "Q6_K"]),
     ("rms_norm", &["REG", "ACCUMULATE", "NEXT"]),
     ("rms_norm", &["REG", "ACCUMULATE", "NEXT", "STAGE"]),
+    ("rms_norm", &["REG", "ACCUMULATE", "NEXT", "STAGE", "STAGE8"]),
     ("rms_norm", &["ACCUMULATE", "NEXT", "STAGE"]),
 ];
 

@@ -2,13 +2,16 @@
 // block a power-of-two scale d and 16-bit values split into low and high bytes), written once to a
 // buffer, so that every workgroup of matvec_quant's XG variant reads it instead of staging the
 // row itself (rows too long for workgroup memory; any workgroup size).
-// Layout (include/quant.wgsl, XG): per token row, per block b, five vec4<u32>:
-//   xs[5b], xs[5b + 1]       the low bytes of elements 0..15 and 16..31 (byte i of word w:
-//                            element 4w + i of the 16)
-//   xs[5b + 2], xs[5b + 3]   their high bytes (two's complement)
-//   xs[5b + 4]               bits of (d · Σ q over elements 0..15, d · Σ q over 16..31, d, 0)
-// One thread a block (its 8 vec4 loaded at once). Grid: ceil(T · K / 32 / WG) workgroups, 2-D
-// folded (see gpu/kernel.rs). CPU twin: src/ops/matmul/gguf.rs `cpu::quantize_x16`.
+// Layout (include/quant.wgsl, XG, reads it as five vec4<u32> a block): per token row, per block b,
+// 20 words:
+//   xs[20b ..], xs[20b + 4 ..]    the low bytes of elements 0..15 and 16..31 (byte i of word w:
+//                                 element 4w + i of the 16)
+//   xs[20b + 8 ..], xs[20b + 12 ..]  their high bytes (two's complement)
+//   xs[20b + 16 ..]               bits of d · Σ q over elements 0..15, d · Σ q over 16..31, d, 0
+// One thread a block (its 8 vec4 loaded at once), or with STAGE8 (subgroups of 8 or more) eight
+// threads a block, a vec4 each, the block's maximum and sums by shuffles (include/stage_x16.wgsl
+// stage_lanes8): the same words. Grid: ceil(T · K / 32 / WG) workgroups (STAGE8: 8 times as many
+// threads), 2-D folded (see gpu/kernel.rs). CPU twin: src/ops/matmul/gguf.rs `cpu::quantize_x16`.
 #define WG 64
 
 #include "stage_x16"
@@ -21,12 +24,35 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;         // (T, K)
-@group(0) @binding(1) var<storage, read_write> xs: array<vec4<u32>>;  // (T, K / 32, 5)
+@group(0) @binding(1) var<storage, read_write> xs: array<u32>;        // (T, K / 32, 20)
 @group(0) @binding(2) var<uniform> p: Params;
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
+    // (STAGE8 only acts with SUBGROUP, which the host sets with it.)
+#ifdef SUBGROUP
+#ifdef STAGE8
+    {
+        // Eight threads a block, a vec4 each (the loads coalesced); every thread runs the shuffles.
+        let g = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
+        let blk = g / 8u;
+        let lane = g % 8u;
+        let b = min(blk, p.blocks - 1u);
+        let s = stage_lanes8(x[(b / p.bpr) * p.xs + 8u * (b % p.bpr) + lane]);
+        if (blk < p.blocks) {
+            xs[20u * blk + lane] = s.lo;
+            xs[20u * blk + 8u + lane] = s.hi;
+            if (lane == 0u) {
+                for (var j = 0u; j < 4u; j++) {
+                    xs[20u * blk + 16u + j] = s.tail[j];
+                }
+            }
+        }
+        return;
+    }
+#endif
+#endif
     let blk = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
     if (blk >= p.blocks) {
         return;
@@ -38,7 +64,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         v[j] = x[i + j];
     }
     let b = stage_block(v);
-    for (var j = 0u; j < 5u; j++) {
-        xs[5u * blk + j] = b[j];
+    for (var j = 0u; j < 20u; j++) {
+        xs[20u * blk + j] = b[j / 4u][j % 4u];
     }
 }

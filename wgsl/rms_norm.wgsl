@@ -7,7 +7,9 @@
 // out2[r, i] = out[r, i] * inverseSqrt(mean_i(out[r, i]^2) + eps) * w2[i] (out2 in out's row
 // layout): a post-norm's residual add and the next pre-norm in one dispatch; with STAGE (n a
 // multiple of 32) it also writes out2's rows staged as wgsl/quantize_x16.wgsl writes them, for the
-// next projection's integer-dot-product matvec (matvec_quant XG). With IN_PLACE: x is
+// next projection's integer-dot-product matvec (matvec_quant XG): once out2 is written, the
+// workgroup re-reads it a thread a block, or (STAGE8, with REG and subgroups of 8 or more) stages
+// each block from the registers as it writes them, the block's eight threads meeting by shuffles. With IN_PLACE: x is
 // normalized in place (binding 0 is both input and output; there is no out binding; out_stride is
 // ignored).
 //
@@ -50,7 +52,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> w2: array<f32>;          // (n) the next norm's weight
 @group(0) @binding(5) var<storage, read_write> out2: array<f32>;  // (rows, out_stride) the updated rows, normalized
 #ifdef STAGE
-@group(0) @binding(6) var<storage, read_write> xs: array<vec4<u32>>; // (rows, n / 32, 5) out2 staged as quantize_x16 does
+@group(0) @binding(6) var<storage, read_write> xs: array<u32>;   // (rows, n / 32, 20) out2 staged as quantize_x16 does
 #endif
 #endif
 #endif
@@ -137,6 +139,12 @@ fn update4(at: u32, wv: vec4<f32>, xv4: vec4<f32>, scale: f32, prev: vec4<f32>) 
 // out2's row (written by this workgroup) staged for the integer-dot-product matvec, a thread a
 // 32-element block (include/stage_x16.wgsl), once every thread's writes are visible.
 fn stage_out2(row: u32, ob: u32, lid: u32) {
+#ifdef SUBGROUP
+#ifdef STAGE8
+    // (REG with STAGE8: staged from the registers as out2 was written.)
+    return;
+#endif
+#endif
     storageBarrier();
     let bpr = p.n / 32u;
     for (var blk = lid; blk < bpr; blk += {{WG}}u) {
@@ -146,9 +154,9 @@ fn stage_out2(row: u32, ob: u32, lid: u32) {
             v[j] = vec4<f32>(out2[i], out2[i + 1u], out2[i + 2u], out2[i + 3u]);
         }
         let b = stage_block(v);
-        let o = 5u * (row * bpr + blk);
-        for (var j = 0u; j < 5u; j++) {
-            xs[o + j] = b[j];
+        let o = 20u * (row * bpr + blk);
+        for (var j = 0u; j < 20u; j++) {
+            xs[o + j] = b[j / 4u][j % 4u];
         }
     }
 }
@@ -223,14 +231,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let scale2 = inverseSqrt(total2 / f32(n) + p.eps);
     for (var j = 0u; j < {{RV}}u; j++) {
         let i = 4u * (lid + j * {{WG}}u);
+        let v2 = xv[j] * scale2 * w2v[j];
         if (i < n) {
-            let o = xv[j];
-            let ww = w2v[j];
-            out2[ob + i] = o.x * scale2 * ww.x;
-            out2[ob + i + 1u] = o.y * scale2 * ww.y;
-            out2[ob + i + 2u] = o.z * scale2 * ww.z;
-            out2[ob + i + 3u] = o.w * scale2 * ww.w;
+            out2[ob + i] = v2.x;
+            out2[ob + i + 1u] = v2.y;
+            out2[ob + i + 2u] = v2.z;
+            out2[ob + i + 3u] = v2.w;
         }
+#ifdef STAGE
+#ifdef SUBGROUP
+#ifdef STAGE8
+        // The block of this vec4 (lanes lid & ~7 .. + 7 hold its eight: WG is a multiple of 8),
+        // staged by shuffles; every thread runs them, those past n store nothing.
+        let st = stage_lanes8(select(vec4<f32>(0.0), v2, i < n));
+        if (i < n) {
+            let o = 20u * (row * (n / 32u) + (lid + j * {{WG}}u) / 8u);
+            let lane = lid & 7u;
+            xs[o + lane] = st.lo;
+            xs[o + 8u + lane] = st.hi;
+            if (lane == 0u) {
+                for (var w = 0u; w < 4u; w++) {
+                    xs[o + 16u + w] = st.tail[w];
+                }
+            }
+        }
+#endif
+#endif
+#endif
     }
 #ifdef STAGE
     stage_out2(row, ob, lid);

@@ -190,6 +190,8 @@ fn rms_norm_with(
             .flag_if("ACCUMULATE", accumulate)
             .flag_if("NEXT", next.is_some())
             .flag_if("STAGE", next.is_some() && stage.is_some())
+            // Staged from the registers where a block's eight threads can shuffle.
+            .flag_if("STAGE8", stage.is_some() && reg && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8)
             .flag_if("REG", reg)
             .set("WG", NORM_WG)
             .set("RV", if reg { rv } else { 1 }),
@@ -342,7 +344,8 @@ mod tests {
             // in registers, of 8200 too long for them, and of 70, not a multiple of 4): the
             // residual as before, and its norm. STAGE (5376 and 8224: in registers and not): the
             // next norm's rows also staged for the integer-dot-product matvec, word for word what
-            // quantize_x16's twin makes of them.
+            // quantize_x16's twin makes of them (from the registers by shuffles, or re-read a
+            // thread a block).
             for (n, stage) in [(640usize, false), (5376, false), (8200, false), (70, false), (5376, true), (8224, true)]
             {
                 let seed = if stage { 68 } else { 64 };
@@ -364,6 +367,9 @@ mod tests {
                     rms_norm_residual(&gpu, &x, &w, &out, 1e-6, 0.37, Some((&w2, &out2))).unwrap()
                 };
                 assert_eq!(k.variant.split('+').any(|f| f == "STAGE"), stage);
+                // In registers (n = 5376) with subgroups of 8+: staged by shuffles (STAGE8).
+                let eight = stage && n <= 8192 && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+                assert_eq!(k.variant.split('+').any(|f| f == "STAGE8"), eight, "n={n}");
                 gpu.run(&[&k]).unwrap();
                 let (got, got2) = (gpu.read_f32(&out).unwrap(), gpu.read_f32(&out2).unwrap());
                 let (mut want, mut want2) = (init.clone(), vec![0.0; rows * n]);

@@ -52,3 +52,35 @@ fn stage_block(v: array<vec4<f32>, 8>) -> array<vec4<u32>, 5> {
                                vec4<u32>(bitcast<u32>(sc.y * f32(sums.x)), bitcast<u32>(sc.y * f32(sums.y)),
                                          bitcast<u32>(sc.y), 0u));
 }
+
+#ifdef SUBGROUP
+#ifdef STAGE8
+// A 32-element block staged by its eight threads, a vec4 each (an aligned run of eight lanes of
+// a subgroup at least 8 wide: the host sets STAGE8 only so): the block's largest |x| and the
+// 16-element sums by shuffles, the same values as stage_block. Every thread of the subgroup
+// calls it (the shuffles); one with nothing to stage passes any v and stores nothing. Lane l of
+// the eight stores lo and hi as words l and 8 + l of the block's 20, lane 0 also `tail` as words
+// 16..19.
+struct Staged8 {
+    lo: u32,
+    hi: u32,
+    tail: vec4<u32>,
+}
+
+fn stage_lanes8(v: vec4<f32>) -> Staged8 {
+    var m = abs_bits(v);
+    m = max(m, subgroupShuffleXor(m, 1u));
+    m = max(m, subgroupShuffleXor(m, 2u));
+    m = max(m, subgroupShuffleXor(m, 4u));
+    let sc = stage_scale(m);
+    let q = vec4<i32>(round(v * sc.x));
+    let b = x16_bytes(q);
+    var sum = dot(q, vec4<i32>(1));
+    sum += subgroupShuffleXor(sum, 1u);
+    sum += subgroupShuffleXor(sum, 2u);
+    let other = subgroupShuffleXor(sum, 4u);
+    let tail = vec4<u32>(bitcast<u32>(sc.y * f32(sum)), bitcast<u32>(sc.y * f32(other)), bitcast<u32>(sc.y), 0u);
+    return Staged8(b.x, b.y, tail);
+}
+#endif
+#endif

@@ -717,12 +717,15 @@ pub fn quantize_x16(gpu: &Gpu, x: &Tensor, xs: &Tensor) -> Result<Kernel> {
     assert!(xs.size_bytes() >= need, "quantize_x16: xs must hold {need} bytes, got {:?} {:?}", xs.ty, xs.shape);
     let blocks = (t * k / 32) as u32;
     let params = gpu.uniform("quantize_x16.params", &[blocks, (k / 32) as u32, (k / 4) as u32, 0]);
+    // Eight threads a block where subgroups are at least 8 wide (a block's threads one aligned run).
+    let eight = gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+    let threads = if eight { 8 * blocks } else { blocks };
     gpu.kernel(
         "quantize_x16",
         "main",
-        &gpu.macros(),
+        &gpu.macros().flag_if("STAGE8", eight),
         &[x.binding(), xs.binding(), params.as_entire_binding()],
-        grid(blocks.div_ceil(64)),
+        grid(threads.div_ceil(64)),
     )
 }
 
@@ -2039,21 +2042,26 @@ pub(crate) mod tests {
     /// magnitudes from 2^-130 (staged as 0) to 2^20, 3 tokens.
     #[test]
     fn quantize_x16_matches_cpu() {
-        let gpu = gpu();
         let (t, k) = (3, 2048);
         let mut xv = random(t * k, 77, 1.0);
         for (b, blk) in xv.chunks_mut(32).enumerate() {
             let scale = 2f32.powi((b % 31) as i32 * 5 - 130);
             blk.iter_mut().for_each(|v| *v *= scale);
         }
-        let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
-        let xs = gpu.empty("xs", &[staged_x_words(t, k)], ElemType::U32).unwrap();
-        gpu.run(&[&quantize_x16(&gpu, &x, &xs).unwrap()]).unwrap();
-        let got = gpu.read_u32(&xs).unwrap();
         let want = cpu::quantize_x16(&xv, k);
-        assert_eq!(got.len(), want.len());
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g, w, "word {i} (block {}, word {} of 20)", i / 20, i % 20);
+        // With subgroups (eight threads a block, STAGE8) and without (a thread a block).
+        for gpu in gpu_variants() {
+            let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
+            let xs = gpu.empty("xs", &[staged_x_words(t, k)], ElemType::U32).unwrap();
+            let kern = quantize_x16(&gpu, &x, &xs).unwrap();
+            let eight = gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+            assert_eq!(kern.variant.contains("STAGE8"), eight);
+            gpu.run(&[&kern]).unwrap();
+            let got = gpu.read_u32(&xs).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g, w, "STAGE8 = {eight}: word {i} (block {}, word {} of 20)", i / 20, i % 20);
+            }
         }
         // The words say what stage_x16 says: q · d, element by element.
         let staged = cpu::stage_x16(&xv, k);
