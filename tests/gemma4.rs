@@ -136,6 +136,103 @@ fn mlx4_staged_inputs_match_mlx_lm() {
     check_path_with(&dir, "gemma4_tiny_mlx4", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None }, &setup);
 }
 
+/// The o projection reading the decode kernel's own staged output: the tiny Gemma 4 with 8 KV
+/// heads (so its decode attention is the one-dispatch kernel), quantized to MLX 4-bit at load,
+/// every row staged (the attention output staged by `attention_decode`'s STAGE8, the norms' rows
+/// by their STAGE), decoding 12 steps beside the same model staging nothing: the same tokens fed
+/// to both, logits within MAX_ABS / 3 (both meet x as 16-bit fixed point where the matvec takes
+/// the integer dot products: here the same bits).
+#[test]
+fn attention_stages_the_o_projection_input() {
+    let dir = variant(
+        &tiny(),
+        "kv8-staged",
+        |c| {
+            c["num_attention_heads"] = 8.into();
+            c["num_key_value_heads"] = 8.into();
+            c["num_global_key_value_heads"] = 8.into();
+            for l in ["2", "5", "7"] {
+                c["per_layer_config"][l]["num_key_value_heads"] = 8.into();
+            }
+        },
+        |list| {
+            for (name, _, shape, data) in list.iter_mut() {
+                let hd = if [".2.", ".5.", ".7."].iter().any(|l| name.contains(l)) { 32 } else { 16 };
+                let new = if name.ends_with("q_proj.weight")
+                    || name.ends_with("k_proj.weight")
+                    || name.ends_with("v_proj.weight")
+                {
+                    vec![8 * hd, 64]
+                } else if name.ends_with("o_proj.weight") {
+                    vec![64, 8 * hd]
+                } else {
+                    continue;
+                };
+                // Seeded by the name (the list's order is the file's hash map's).
+                let seed = name.bytes().fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
+                let vals = wgpu_llm::gpu::tensor::test_util::random(new[0] * new[1], seed, 0.2);
+                *shape = new;
+                *data = bytemuck::cast_slice(&vals).to_vec();
+            }
+        },
+    );
+    let gpu = common::gpu();
+    assert!(gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8, "this test needs subgroups of 8 or more (lavapipe)");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let q4 = wgpu_llm::dtype::DType::Affine { bits: 4, group: 32, bf16: false };
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 1000).collect();
+    let mut models: Vec<Model> = [StageApart::NEVER, StageApart { k: 32, free_k: 32, free_n: 0 }]
+        .map(|rule| {
+            let mut m =
+                Model::load_with(&gpu, &ck, Some(64), wgpu_llm::model::WeightFormat::Quantize(q4), &mut |_, _| {})
+                    .unwrap();
+            m.set_stage_apart(rule);
+            m.set_norms_apart(true);
+            m
+        })
+        .into();
+    let mut tok = 0;
+    for m in &mut models {
+        let l = gpu.read_f32(&m.forward(&prompt).unwrap()).unwrap();
+        tok = (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b])).unwrap() as u32;
+    }
+    let mut max_err = 0f32;
+    for step in 0..12 {
+        let [off, on] = [0, 1].map(|i| gpu.read_f32(&models[i].forward(&[tok]).unwrap()).unwrap());
+        let (err, at) = off.iter().zip(&on).map(|(a, b)| (a - b).abs()).enumerate().fold((0f32, 0), |m, (i, e)| {
+            if e > m.0 {
+                (e, i)
+            } else {
+                m
+            }
+        });
+        assert!(on.iter().all(|x| x.is_finite()), "step {step}: non-finite logits");
+        assert!(err <= MAX_ABS / 3.0, "step {step}: logits differ by {err} at {at} ({} vs {})", off[at], on[at]);
+        max_err = max_err.max(err);
+        tok = (0..on.len()).max_by(|&a, &b| on[a].total_cmp(&on[b])).unwrap() as u32;
+    }
+    eprintln!("max |logit difference| {max_err}");
+    // The staged plan: the sliding layers' attention stages its output and no quantize_x16 runs
+    // before their o projections.
+    let plan = models[1].plan_kernels(1).expect("the one-token plan");
+    let staged_attn: Vec<usize> = (0..plan.len())
+        .filter(|&i| plan[i].0 == "attention_decode:main" && plan[i].1.split('+').any(|f| f == "STAGE8"))
+        .collect();
+    assert!(!staged_attn.is_empty(), "{plan:?}");
+    for i in staged_attn {
+        let next = &plan[i + 1];
+        assert!(next.0 == "matvec_quant:main" && next.1.split('+').any(|f| f == "XG"), "after {:?}: {next:?}", plan[i]);
+    }
+    // The other model stages nothing (its sums are the kernels' own staging's: the same bits here).
+    let plain = models[0].plan_kernels(1).expect("the one-token plan");
+    let staging = |(n, v): &(String, String)| {
+        let has = |f: &str| v.split('+').any(|x| x == f);
+        has("XG") || (n == "attention_decode:main" && has("STAGE8")) || (n == "rms_norm:main" && has("STAGE"))
+    };
+    assert!(!plain.iter().any(staging), "{plain:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The E2B-style variant: per-layer input embeddings (P = 8), the last two layers reading earlier
 /// layers' KV caches (layer 6 the sliding layer 5's, layer 7 the full layer 3's) with MLPs twice
 /// as wide, through prefill, decode and a chunked prefill.

@@ -32,6 +32,7 @@ const TOGETHER: &[(&str, &[&str])] = &[
     ("rms_norm", &["REG", "ACCUMULATE", "NEXT"]),
     ("rms_norm", &["REG", "ACCUMULATE", "NEXT", "STAGE"]),
     ("rms_norm", &["REG", "ACCUMULATE", "NEXT", "STAGE", "STAGE8"]),
+    ("attention_decode", &["STAGE8", "SPLIT", "SG32"]),
     ("rms_norm", &["ACCUMULATE", "NEXT", "STAGE"]),
 ];
 

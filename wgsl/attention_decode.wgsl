@@ -42,9 +42,12 @@
 // attention.wgsl's ROPE and of rope_kv_write (the same bits in the caches). A dispatch a layer
 // fewer.
 //
+// STAGE8 (one token, no BATCH; subgroups of 8 or more, D a multiple of 32): the output is also
+// written staged into xs for the o projection (matvec_quant XG), as quantize_x16 would.
+//
 // Macros: D (16 .. 256, dividing CE), G (<= 8), CK (= CE / D), KP (= 256 / CK), KL (= D / KP / 8
 // = CE / 2048: 4 or 2), VL (= KL), NP (= ceil(G * D / 4 / 256) <= 2), NSPLIT, PB and RB (binding
-// numbers of `part` and of the rope table).
+// numbers of `part` and of the rope table), XB (of xs).
 
 #define D 128
 #define G 6
@@ -56,6 +59,9 @@
 #define NSPLIT 2
 #define PB 6
 #define RB 7
+#define XB 8
+
+#include "stage_x16"
 
 // SG32 (set where subgroups are exactly 32 wide: a head's 32 softmax lanes are one subgroup): the
 // softmax's max and sum over the lanes by subgroup operations, without workgroup memory and a
@@ -69,6 +75,9 @@
 #include "attention_kv"
 
 @group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>; // (T, H * D)
+#ifdef STAGE8
+@group(0) @binding({{XB}}) var<storage, read_write> xs: array<u32>;   // (H * D / 32, 20) one token's out, staged
+#endif
 #ifdef SPLIT
 // Per token, f32 bits: (NSPLIT, H, D) unnormalized outputs, (NSPLIT, H, 2) (m, l), (Hkv) counters.
 @group(0) @binding({{PB}}) var<storage, read_write> part: array<atomic<u32>>;
@@ -232,6 +241,29 @@ fn run_o(h: u32, hg: u32, u: u32, s: u32, used: u32, m: f32) -> vec4<f32> {
     }
     return o;
 }
+#endif
+
+#ifdef SUBGROUP
+#ifdef STAGE8
+// One token's output unit u of head h (its 4 values o) staged for the o projection's
+// integer-dot-product matvec, as wgsl/quantize_x16.wgsl lays it out: a block's 32 values are 8
+// consecutive units of a head (D a multiple of 32), held by 8 consecutive threads (pairs e = tid
+// or tid + WG), which meet by shuffles; every thread calls it, those without a unit store nothing.
+fn stage_unit(h: u32, u: u32, inside: bool, o: vec4<f32>) {
+    let st = stage_lanes8(select(vec4<f32>(0.0), o, inside));
+    if (inside) {
+        let at = 20u * ((h * DU + u) / 8u);
+        let lane = u & 7u;
+        xs[at + lane] = st.lo;
+        xs[at + 8u + lane] = st.hi;
+        if (lane == 0u) {
+            for (var w = 0u; w < 4u; w++) {
+                xs[at + 16u + w] = st.tail[w];
+            }
+        }
+    }
+}
+#endif
 #endif
 
 @compute @workgroup_size(256)
@@ -503,10 +535,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let l1 = l_s[h1];
 #endif
     let orow = t * p.heads * DU;
+    let out0 = acc0 * select(0.0, 1.0 / l0, l0 > 0.0);
+    let out1 = acc1 * select(0.0, 1.0 / l1, l1 > 0.0);
     if (e0 < NU) {
-        out[orow + (g * {{G}}u + h0) * DU + u0] = acc0 * select(0.0, 1.0 / l0, l0 > 0.0);
+        out[orow + (g * {{G}}u + h0) * DU + u0] = out0;
     }
     if ({{NP}}u > 1u && e1 < NU) {
-        out[orow + (g * {{G}}u + h1) * DU + u1] = acc1 * select(0.0, 1.0 / l1, l1 > 0.0);
+        out[orow + (g * {{G}}u + h1) * DU + u1] = out1;
     }
+#ifdef SUBGROUP
+#ifdef STAGE8
+    stage_unit(g * {{G}}u + h0, u0, e0 < NU, out0);
+    if ({{NP}}u > 1u) {
+        stage_unit(g * {{G}}u + h1, u1, e1 < NU, out1);
+    }
+#endif
+#endif
 }

@@ -28,7 +28,7 @@ use super::weights::{
 };
 use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
-use crate::ops::attention::{attention, attention_batch, attention_rope, AttnParams};
+use crate::ops::attention::{attention, attention_batch, attention_rope, attention_staged, AttnParams};
 use crate::ops::deltanet::{causal_conv1d, gated_delta_rule, rms_norm_gated, DeltaRuleArgs};
 use crate::ops::elementwise::{gated_act_in, mul_sigmoid};
 use crate::ops::embedding::{embedding, embedding_quant, per_layer_inputs, per_layer_slot};
@@ -1246,7 +1246,20 @@ impl<'a> LayerPass<'a> {
             k.extend(attention_rope(g, &qkv, kc, vc, &attn, self.step, ap, &table)?);
         } else {
             k.push(rope_kv_write(g, &qkv, self.step, rp, qk, kc, vc)?);
-            k.extend(attention(g, &qkv, kc, vc, &attn, self.step, ap)?);
+            // The output staged for the o projection by the decode kernel itself, where that
+            // projection reads it so (no output gate to change it first).
+            let s: &'a Scratch = self.s;
+            let staged = match gate.is_none() && self.stages_all(&[out], a.q_dim(), true) {
+                true => attention_staged(g, &qkv, kc, vc, &attn, self.step, ap, &s.xs16)?,
+                false => None,
+            };
+            match staged {
+                Some(kernels) => {
+                    k.extend(kernels);
+                    *self.xs_of.borrow_mut() = Some(attn.clone());
+                }
+                None => k.extend(attention(g, &qkv, kc, vc, &attn, self.step, ap)?),
+            }
         }
         if let Some(gate_w) = gate {
             // attn *= sigmoid(x · Wgᵀ): the gate's projection, then the product.

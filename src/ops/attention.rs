@@ -259,10 +259,39 @@ pub fn attention(
     p: AttnParams,
 ) -> Result<Vec<Kernel>> {
     if let Some(tl) = DecodeTiling::choose(gpu, &p, false) {
-        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, None, None);
+        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, None, None, None);
     }
     let tiling = Tiling::choose(gpu, &p)?;
     attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, None, None)
+}
+
+/// [`attention`] for one decode token that also writes its output staged into `xs` as
+/// [`crate::ops::matmul::gguf::quantize_x16`] would, for the o projection's matvec on x staged apart:
+/// None where the one-dispatch decode kernel does not run this shape or cannot stage
+/// ([`stages_output`]; the caller runs [`attention`]).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_staged(
+    gpu: &Gpu,
+    qkv: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    out: &Tensor,
+    step: &wgpu::Buffer,
+    p: AttnParams,
+    xs: &Tensor,
+) -> Result<Option<Vec<Kernel>>> {
+    match DecodeTiling::choose(gpu, &p, false) {
+        Some(tl) if stages_output(gpu, &p) => {
+            attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, None, None, Some(xs)).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Whether [`attention_decode`] can write one token's output staged (`STAGE8`): subgroups of 8
+/// or more (a block's eight threads meet by shuffles), heads of whole 32-element blocks.
+pub fn stages_output(gpu: &Gpu, p: &AttnParams) -> bool {
+    p.n_tokens == 1 && p.head_dim % 32 == 0 && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8
 }
 
 /// [`attention`] (or with `inv_freq`, [`attention_rope`]) for a decode step of many sequences:
@@ -283,7 +312,7 @@ pub fn attention_batch(
 ) -> Result<Vec<Kernel>> {
     assert!(seqs.ty == ElemType::U32 && seqs.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
     if let Some(tl) = DecodeTiling::choose(gpu, &AttnParams { n_tokens: 1, ..p }, inv_freq.is_some()) {
-        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, inv_freq, Some(seqs));
+        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, inv_freq, Some(seqs), None);
     }
     let tiling = Tiling::choose(gpu, &AttnParams { n_tokens: 1, ..p })?;
     attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, inv_freq, Some(seqs))
@@ -307,7 +336,7 @@ pub fn attention_rope(
     assert_eq!(p.n_tokens, 1, "attention_rope: one token (decode)");
     assert_eq!(inv_freq.numel(), p.head_dim / 2, "attention_rope: inv_freq has D / 2 entries");
     if let Some(tl) = DecodeTiling::choose(gpu, &p, true) {
-        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, Some(inv_freq), None);
+        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, Some(inv_freq), None, None);
     }
     let tiling = Tiling::choose(gpu, &p)?;
     attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, Some(inv_freq), None)
@@ -495,6 +524,7 @@ pub fn attention_decode(
     tl: DecodeTiling,
     rope: Option<&Tensor>,
     seqs: Option<&Tensor>,
+    stage: Option<&Tensor>,
 ) -> Result<Vec<Kernel>> {
     p.check_io(qkv, k_cache, v_cache, out);
     assert!(p.n_tokens == 1 || seqs.is_some(), "attention_decode: one token, or a token a sequence");
@@ -543,7 +573,14 @@ pub fn attention_decode(
     if let Some(sq) = seqs {
         assert!(sq.ty == ElemType::U32 && sq.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
     }
-    let macros = extra(macros, &mut bindings, rope, seqs);
+    let mut macros = extra(macros, &mut bindings, rope, seqs);
+    if let Some(xs) = stage {
+        assert!(stages_output(gpu, &p) && seqs.is_none(), "attention_decode: no staged output for {p:?}");
+        let need = 4 * crate::ops::matmul::gguf::staged_x_words(1, p.heads * d) as u64;
+        assert!(xs.size_bytes() >= need, "attention_decode: xs must hold {need} bytes, got {:?}", xs.shape);
+        macros = macros.flag("STAGE8").set("XB", bindings.len());
+        bindings.push(xs.binding());
+    }
     let wgs = [tl.nsplit as u32, p.kv_heads as u32, p.n_tokens as u32];
     Ok(vec![gpu.kernel("attention_decode", "main", &macros, &bindings, wgs)?])
 }
@@ -880,6 +917,67 @@ mod tests {
         assert_eq!(t(4096, 512).1, 1);
     }
 
+    /// The decode kernel's output staged for the o projection (STAGE8): out the same bits as
+    /// without, xs word for word what quantize_x16's twin makes of it; split and whole runs, one
+    /// and two pairs a thread (G · D / 4 over 256), sliding and full. Without subgroups of 8+ it
+    /// says it cannot stage.
+    #[test]
+    fn decode_kernel_stages_its_output() {
+        for gpu in gpu_variants() {
+            let can = gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+            let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
+            for (h, hkv, d, ctx, window) in [
+                (12, 2, 128, 300, 0),
+                (4, 1, 256, 100, 45),
+                (8, 1, 256, 150, 0),
+                (8, 1, 128, 150, 45),
+                (4, 2, 32, 600, 0),
+            ] {
+                let p = params(h, hkv, d, ctx, window);
+                assert_eq!(stages_output(&gpu, &p), can);
+                if !can {
+                    continue;
+                }
+                let mut tilings: Vec<DecodeTiling> = DecodeTiling::choose(&gpu, &p, false).into_iter().collect();
+                for nsplit in [1, 3] {
+                    let tl = DecodeTiling { ck: 4096 / d, nsplit };
+                    if tl.valid(d, h / hkv, limit, false, sg32(&gpu)) && !tilings.contains(&tl) {
+                        tilings.push(tl);
+                    }
+                }
+                assert!(tilings.len() >= 2, "H {h} Hkv {hkv} D {d}: {tilings:?}");
+                for tl in tilings {
+                    let row = p.row_stride();
+                    let kv: Vec<f16> = random(hkv * ctx * d, 80, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
+                    let kc = gpu.upload_f16("k", &[hkv, ctx, d], &kv).unwrap();
+                    let vc =
+                        gpu.upload_f16("v", &[hkv, ctx, d], &kv[..].iter().rev().copied().collect::<Vec<_>>()).unwrap();
+                    let mut data = random(row, 81, 1.0);
+                    data[..h * d].iter_mut().for_each(|x| *x *= 3.0);
+                    let qkv = gpu.upload_f32("qkv", &[1, row], &data).unwrap();
+                    let step =
+                        gpu.uniform("step", &StepParams { pos: (ctx - 3) as u32, n_tokens: 1, slot: 0, _pad: 0 });
+                    let (a, b) = (
+                        gpu.empty("a", &[1, h * d], ElemType::F32).unwrap(),
+                        gpu.empty("b", &[1, h * d], ElemType::F32).unwrap(),
+                    );
+                    let words = crate::ops::matmul::gguf::staged_x_words(1, h * d);
+                    let xs = gpu.upload_u32("xs", &[words], &vec![7; words]).unwrap();
+                    let plain = attention_decode(&gpu, &qkv, &kc, &vc, &a, &step, p, tl, None, None, None).unwrap();
+                    let staged =
+                        attention_decode(&gpu, &qkv, &kc, &vc, &b, &step, p, tl, None, None, Some(&xs)).unwrap();
+                    assert!(staged[0].variant.split('+').any(|f| f == "STAGE8"));
+                    gpu.run(&plain.iter().chain(&staged).collect::<Vec<_>>()).unwrap();
+                    let (got_a, got_b) = (gpu.read_f32(&a).unwrap(), gpu.read_f32(&b).unwrap());
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got_a), bits(&got_b), "{p:?} {tl:?}: the output");
+                    let want = crate::ops::matmul::gguf::cpu::quantize_x16(&got_b, h * d);
+                    assert_eq!(gpu.read_u32(&xs).unwrap(), want, "{p:?} {tl:?}: the staged output");
+                }
+            }
+        }
+    }
+
     /// The one-dispatch decode kernel (attention_decode) against the CPU: runs of decode steps
     /// through the same recorded kernel (the merge's counters reset between dispatches), from
     /// the first position, inside one chunk and across several, with one run, a few, and more
@@ -922,7 +1020,8 @@ mod tests {
                         let out = gpu.empty("out", &[1, h * d], ElemType::F32).unwrap();
                         let step = gpu.uniform("step", &StepParams::default());
                         let write = kv_cache_write(&gpu, &qkv, &kc, &vc, &step, p).unwrap();
-                        let attn = attention_decode(&gpu, &qkv, &kc, &vc, &out, &step, p, tl, None, None).unwrap();
+                        let attn =
+                            attention_decode(&gpu, &qkv, &kc, &vc, &out, &step, p, tl, None, None, None).unwrap();
                         assert_eq!(attn.len(), 1, "one dispatch");
                         let mut ks = vec![&write];
                         ks.extend(attn.iter());
@@ -1394,9 +1493,20 @@ mod tests {
                         if rope && Some(tl) != auto {
                             continue;
                         }
-                        let ks =
-                            attention_decode(&gpu, &qkv, &kc, &vc, &out, &step, p, tl, rope.then_some(&table), None)
-                                .unwrap();
+                        let ks = attention_decode(
+                            &gpu,
+                            &qkv,
+                            &kc,
+                            &vc,
+                            &out,
+                            &step,
+                            p,
+                            tl,
+                            rope.then_some(&table),
+                            None,
+                            None,
+                        )
+                        .unwrap();
                         let refs: Vec<&Kernel> = ks.iter().collect();
                         let s = time(&refs);
                         eprintln!(
