@@ -61,7 +61,9 @@
 #define RB 7
 #define XB 8
 
+#ifdef STAGE8
 #include "stage_x16"
+#endif
 
 // SG32 (set where subgroups are exactly 32 wide: a head's 32 softmax lanes are one subgroup): the
 // softmax's max and sum over the lanes by subgroup operations, without workgroup memory and a

@@ -1,8 +1,8 @@
 // stage_x16: x as the integer-dot-product (DP4) kernels meet it: per 32-element block a power-of-two
 // scale d under its largest |x| and each element as round(x / d), a 16-bit two's complement value
 // (|q| < 2^14 + 1), split into low and high bytes. Shared by matvec_quant (which stages into
-// workgroup memory), quantize_x16 and rms_norm's STAGE (which stage into a buffer, once for every
-// workgroup of the matvec that reads it). CPU twins: src/ops/matmul/gguf.rs `cpu::stage_x16` (the
+// workgroup memory), quantize_x16, rms_norm's STAGE and attention_decode's STAGE8 (which stage into
+// a buffer, once for every workgroup of the matvec that reads it). CPU twins: src/ops/matmul/gguf.rs `cpu::stage_x16` (the
 // values) and `cpu::quantize_x16` (the buffer's words).
 
 // 4 elements as 16-bit two's complement: their low bytes and their high bytes, packed.
