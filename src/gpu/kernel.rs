@@ -62,8 +62,10 @@ pub fn grid(n: u32) -> [u32; 3] {
 }
 
 /// Kernels compiled without wgpu's bounds checks, every variant (see [`Gpu::pipeline`]): the
-/// quantized matvec, its input staging and the norms.
-const UNCHECKED: [&str; 3] = ["matvec_quant", "quantize_x16", "rms_norm"];
+/// quantized matvec, its input staging, the norms, and the one-token decode step's rotation and
+/// attention (their cache positions and slots are the step's, checked on the host against the
+/// caches before every pass: `Model::check_room`, `stage_batch`).
+const UNCHECKED: [&str; 5] = ["matvec_quant", "quantize_x16", "rms_norm", "rope", "attention_decode"];
 
 impl Gpu {
     /// The compute pipeline of `entry` in `wgsl/<shader>.wgsl` under `macros`, compiled once.

@@ -180,9 +180,9 @@ fn rms_norm_with(
         bindings.extend([w2.binding(), out2.binding()]);
         bindings.extend(stage.map(Tensor::binding));
     }
-    // Rows of up to 8192 elements (a multiple of 4) in registers: 8 vec4 a thread at most.
-    let rv = layout.n.div_ceil(4 * NORM_WG);
-    let reg = layout.n % 4 == 0 && rv <= 8;
+    let wg = norm_wg(gpu, layout.n);
+    let rv = layout.n.div_ceil(4 * wg);
+    let reg = in_registers(gpu, layout.n);
     gpu.kernel(
         "rms_norm",
         "main",
@@ -193,7 +193,7 @@ fn rms_norm_with(
             // Staged from the registers where a block's eight threads can shuffle.
             .flag_if("STAGE8", stage.is_some() && reg && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8)
             .flag_if("REG", reg)
-            .set("WG", NORM_WG)
+            .set("WG", wg)
             .set("RV", if reg { rv } else { 1 }),
         &bindings,
         grid(layout.rows),
@@ -202,6 +202,25 @@ fn rms_norm_with(
 
 /// Threads of an `rms_norm` workgroup (`WG` in wgsl/rms_norm.wgsl).
 const NORM_WG: u32 = 256;
+
+/// The residual norms' workgroup size for rows of `n`: [`NORM_WG`], 512 threads for rows of more
+/// than 4096 elements (where the adapter allows: three vec4 a thread at Gemma-4-31B's 5376 instead of
+/// six; that step 12,489 -> 12,396 us on the H100, 1024 threads 12,509: BENCHMARKS session 16), or
+/// `WGPU_LLM_NORM_WG` (256, 512 or 1024, within the adapter's limit; measurement).
+fn norm_wg(gpu: &Gpu, n: u32) -> u32 {
+    let fits = |wg: u32| wg <= gpu.limits.max_compute_invocations_per_workgroup;
+    let knob = std::env::var("WGPU_LLM_NORM_WG").ok().and_then(|v| v.parse::<u32>().ok());
+    match knob.filter(|&wg| matches!(wg, 256 | 512 | 1024) && fits(wg)) {
+        Some(wg) => wg,
+        None if n > 4096 && fits(512) => 512,
+        None => NORM_WG,
+    }
+}
+
+/// Whether `rms_norm` holds rows of `n` in registers (REG): a multiple of 4, at most 8 vec4 a thread.
+fn in_registers(gpu: &Gpu, n: u32) -> bool {
+    n % 4 == 0 && n.div_ceil(4 * norm_wg(gpu, n)) <= 8
+}
 
 /// `x[r * stride ..][..n] = norm(x[r * stride ..][..n]) * w` in place (`layout.out_stride` is
 /// ignored), e.g. the per-head q/k norm with rows = tokens × heads and n = head_dim.
@@ -367,8 +386,9 @@ mod tests {
                     rms_norm_residual(&gpu, &x, &w, &out, 1e-6, 0.37, Some((&w2, &out2))).unwrap()
                 };
                 assert_eq!(k.variant.split('+').any(|f| f == "STAGE"), stage);
-                // In registers (n = 5376) with subgroups of 8+: staged by shuffles (STAGE8).
-                let eight = stage && n <= 8192 && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+                // In registers with subgroups of 8+: staged by shuffles (STAGE8).
+                let eight =
+                    stage && in_registers(&gpu, n as u32) && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
                 assert_eq!(k.variant.split('+').any(|f| f == "STAGE8"), eight, "n={n}");
                 gpu.run(&[&k]).unwrap();
                 let (got, got2) = (gpu.read_f32(&out).unwrap(), gpu.read_f32(&out2).unwrap());
