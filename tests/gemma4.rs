@@ -136,101 +136,111 @@ fn mlx4_staged_inputs_match_mlx_lm() {
     check_path_with(&dir, "gemma4_tiny_mlx4", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None }, &setup);
 }
 
-/// The o projection reading the decode kernel's own staged output: the tiny Gemma 4 with 8 KV
-/// heads (so its decode attention is the one-dispatch kernel), quantized to MLX 4-bit at load,
-/// every row staged (the attention output staged by `attention_decode`'s STAGE8, the norms' rows
-/// by their STAGE), decoding 12 steps beside the same model staging nothing: the same tokens fed
-/// to both, logits within MAX_ABS / 3 (both meet x as 16-bit fixed point where the matvec takes
-/// the integer dot products: here the same bits).
+/// The o projection reading the decode kernel's own staged output, against mlx-lm: the tiny Gemma 4
+/// with 8 query and 8 KV heads of 32 dims in every layer (so its decode attention is the
+/// one-dispatch kernel, and every layer's output can stage: the windowed ones and the full ones),
+/// converted to 4-bit by mlx-lm's own converter, decoded with every row staged (the attention
+/// output by `attention_decode`'s STAGE8 where the adapter has subgroups of 8+, the norms' rows by
+/// their STAGE, the rest by `quantize_x16`), against mlx-lm's forward over the same folder (its
+/// reference made here by tools/make_mlx_reference.py): the prompt's logits and 16 greedy steps.
 #[test]
-fn attention_stages_the_o_projection_input() {
-    let dir = variant(
+fn staged_attention_output_matches_mlx_lm() {
+    const HD: usize = 32;
+    let hf = variant(
         &tiny(),
-        "kv8-staged",
+        "kv8-hd32",
         |c| {
             c["num_attention_heads"] = 8.into();
             c["num_key_value_heads"] = 8.into();
             c["num_global_key_value_heads"] = 8.into();
+            c["head_dim"] = HD.into();
+            c["global_head_dim"] = HD.into();
             for l in ["2", "5", "7"] {
                 c["per_layer_config"][l]["num_key_value_heads"] = 8.into();
+                c["per_layer_config"][l]["head_dim"] = HD.into();
             }
         },
         |list| {
             for (name, _, shape, data) in list.iter_mut() {
-                let hd = if [".2.", ".5.", ".7."].iter().any(|l| name.contains(l)) { 32 } else { 16 };
-                let new = if name.ends_with("q_proj.weight")
-                    || name.ends_with("k_proj.weight")
-                    || name.ends_with("v_proj.weight")
-                {
-                    vec![8 * hd, 64]
+                let proj = ["q_proj.weight", "k_proj.weight", "v_proj.weight"].iter().any(|p| name.ends_with(p));
+                let (new, scale, offset) = if proj {
+                    (vec![8 * HD, 64], 0.2, 0.0)
                 } else if name.ends_with("o_proj.weight") {
-                    vec![64, 8 * hd]
+                    (vec![64, 8 * HD], 0.2, 0.0)
+                } else if name.ends_with("q_norm.weight") || name.ends_with("k_norm.weight") {
+                    (vec![HD], 0.3, 0.6)
                 } else {
                     continue;
                 };
                 // Seeded by the name (the list's order is the file's hash map's).
                 let seed = name.bytes().fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
-                let vals = wgpu_llm::gpu::tensor::test_util::random(new[0] * new[1], seed, 0.2);
+                let vals: Vec<f32> = wgpu_llm::gpu::tensor::test_util::random(new.iter().product(), seed, scale)
+                    .into_iter()
+                    .map(|v| v + offset)
+                    .collect();
                 *shape = new;
                 *data = bytemuck::cast_slice(&vals).to_vec();
             }
         },
     );
+    // mlx-lm's 4-bit conversion and its reference forward, next to the variant.
+    let (mlx, refs) = (hf.with_extension("mlx4"), hf.with_extension("ref"));
+    std::fs::create_dir_all(&refs).unwrap();
+    let os = |s: &str| std::ffi::OsString::from(s);
+    common::mlx::run_tool(
+        "make_gemma4_mlx.py",
+        &[hf.as_os_str(), mlx.as_os_str(), &os("--mlx"), &os("--bits"), &os("4"), &os("--group"), &os("64")],
+    );
+    let prompt = common::fixture_dir().join("reference/gemma4_tiny_mlx4.json");
+    common::mlx::run_tool(
+        "make_mlx_reference.py",
+        &[
+            mlx.as_os_str(),
+            &os("--prompt-from"),
+            prompt.as_os_str(),
+            &os("--out"),
+            refs.join("staged").as_os_str(),
+            &os("--step-logits"),
+            &os("--name"),
+            &os("tiny Gemma 4, 8 KV heads of 32 dims, mlx-lm 4-bit"),
+        ],
+    );
+    let rule = StageApart { k: 32, free_k: 32, free_n: 0 };
+    let setup = |m: &mut Model| {
+        m.set_stage_apart(rule);
+        m.set_norms_apart(true);
+    };
+    let err = common::reference::check_path_in(
+        &mlx,
+        &refs,
+        "staged",
+        Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None },
+        &setup,
+    );
+    eprintln!("max |logit error| {err}");
+
+    // The plan: where the adapter has subgroups of 8+, each layer's attention stages its output and
+    // the o projection after it reads it (no quantize_x16 between them); elsewhere none stages.
     let gpu = common::gpu();
-    assert!(gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8, "this test needs subgroups of 8 or more (lavapipe)");
-    let ck = Checkpoint::open(&dir).unwrap();
-    let q4 = wgpu_llm::dtype::DType::Affine { bits: 4, group: 32, bf16: false };
-    let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 1000).collect();
-    let mut models: Vec<Model> = [StageApart::NEVER, StageApart { k: 32, free_k: 32, free_n: 0 }]
-        .map(|rule| {
-            let mut m =
-                Model::load_with(&gpu, &ck, Some(64), wgpu_llm::model::WeightFormat::Quantize(q4), &mut |_, _| {})
-                    .unwrap();
-            m.set_stage_apart(rule);
-            m.set_norms_apart(true);
-            m
-        })
-        .into();
-    let mut tok = 0;
-    for m in &mut models {
-        let l = gpu.read_f32(&m.forward(&prompt).unwrap()).unwrap();
-        tok = (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b])).unwrap() as u32;
-    }
-    let mut max_err = 0f32;
-    for step in 0..12 {
-        let [off, on] = [0, 1].map(|i| gpu.read_f32(&models[i].forward(&[tok]).unwrap()).unwrap());
-        let (err, at) = off.iter().zip(&on).map(|(a, b)| (a - b).abs()).enumerate().fold((0f32, 0), |m, (i, e)| {
-            if e > m.0 {
-                (e, i)
-            } else {
-                m
-            }
-        });
-        assert!(on.iter().all(|x| x.is_finite()), "step {step}: non-finite logits");
-        assert!(err <= MAX_ABS / 3.0, "step {step}: logits differ by {err} at {at} ({} vs {})", off[at], on[at]);
-        max_err = max_err.max(err);
-        tok = (0..on.len()).max_by(|&a, &b| on[a].total_cmp(&on[b])).unwrap() as u32;
-    }
-    eprintln!("max |logit difference| {max_err}");
-    // The staged plan: the sliding layers' attention stages its output and no quantize_x16 runs
-    // before their o projections.
-    let plan = models[1].plan_kernels(1).expect("the one-token plan");
+    let ck = Checkpoint::open(&mlx).unwrap();
+    let mut model = Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
+    setup(&mut model);
+    model.forward(&[2, 3]).unwrap();
+    model.forward(&[4]).unwrap();
+    let plan = model.plan_kernels(1).expect("the one-token plan");
     let staged_attn: Vec<usize> = (0..plan.len())
         .filter(|&i| plan[i].0 == "attention_decode:main" && plan[i].1.split('+').any(|f| f == "STAGE8"))
         .collect();
-    assert!(!staged_attn.is_empty(), "{plan:?}");
+    let eight = gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+    let layers = ck.config.num_layers;
+    assert_eq!(staged_attn.len(), if eight { layers } else { 0 }, "{plan:?}");
     for i in staged_attn {
         let next = &plan[i + 1];
         assert!(next.0 == "matvec_quant:main" && next.1.split('+').any(|f| f == "XG"), "after {:?}: {next:?}", plan[i]);
     }
-    // The other model stages nothing (its sums are the kernels' own staging's: the same bits here).
-    let plain = models[0].plan_kernels(1).expect("the one-token plan");
-    let staging = |(n, v): &(String, String)| {
-        let has = |f: &str| v.split('+').any(|x| x == f);
-        has("XG") || (n == "attention_decode:main" && has("STAGE8")) || (n == "rms_norm:main" && has("STAGE"))
-    };
-    assert!(!plain.iter().any(staging), "{plain:?}");
-    let _ = std::fs::remove_dir_all(&dir);
+    for d in [&hf, &mlx, &refs] {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }
 
 /// The E2B-style variant: per-layer input embeddings (P = 8), the last two layers reading earlier

@@ -62,9 +62,10 @@ pub fn grid(n: u32) -> [u32; 3] {
 }
 
 /// Kernels compiled without wgpu's bounds checks, every variant (see [`Gpu::pipeline`]): the
-/// quantized matvec, its input staging, the norms, and the one-token decode step's rotation and
-/// attention (their cache positions and slots are the step's, checked on the host against the
-/// caches before every pass: `Model::check_room`, `stage_batch`).
+/// quantized matvec, its input staging, the norms, the rotation (prefill's and batches' too) and
+/// the decode attention. The last two index the KV caches by the pass's positions and slots, which
+/// the model checks against the caches before every pass (`Model::check_room`, `prefill_slot`,
+/// `stage_batch`); a caller of `ops::rope` / `ops::attention` directly owns that check.
 const UNCHECKED: [&str; 5] = ["matvec_quant", "quantize_x16", "rms_norm", "rope", "attention_decode"];
 
 impl Gpu {

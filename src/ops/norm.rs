@@ -203,12 +203,14 @@ fn rms_norm_with(
 /// Threads of an `rms_norm` workgroup (`WG` in wgsl/rms_norm.wgsl).
 const NORM_WG: u32 = 256;
 
-/// The residual norms' workgroup size for rows of `n`: [`NORM_WG`], 512 threads for rows of more
-/// than 4096 elements (where the adapter allows: three vec4 a thread at Gemma-4-31B's 5376 instead of
-/// six; that step 12,489 -> 12,396 us on the H100, 1024 threads 12,509: BENCHMARKS session 16), or
-/// `WGPU_LLM_NORM_WG` (256, 512 or 1024, within the adapter's limit; measurement).
+/// The workgroup size of `rms_norm` (every form but IN_PLACE) for rows of `n`: [`NORM_WG`], 512
+/// threads for rows of more than 4096 elements (where the adapter allows: three vec4 a thread at
+/// Gemma-4-31B's 5376 instead of six; that step 12,489 -> 12,396 us on the H100, 1024 threads
+/// 12,509: BENCHMARKS session 16), or `WGPU_LLM_NORM_WG` (256, 512 or 1024, within the adapter's
+/// limits; measurement).
 fn norm_wg(gpu: &Gpu, n: u32) -> u32 {
-    let fits = |wg: u32| wg <= gpu.limits.max_compute_invocations_per_workgroup;
+    let l = &gpu.limits;
+    let fits = |wg: u32| wg <= l.max_compute_invocations_per_workgroup && wg <= l.max_compute_workgroup_size_x;
     let knob = std::env::var("WGPU_LLM_NORM_WG").ok().and_then(|v| v.parse::<u32>().ok());
     match knob.filter(|&wg| matches!(wg, 256 | 512 | 1024) && fits(wg)) {
         Some(wg) => wg,
@@ -311,7 +313,7 @@ mod tests {
         d / (m + 1e-30)
     }
 
-    /// f32 accumulation of n ≤ 8192 squares and inverseSqrt (≤ 2 ulp in WGSL) against an f64
+    /// f32 accumulation of n ≤ 16416 squares and inverseSqrt (≤ 2 ulp in WGSL) against an f64
     /// reference: ≤ 2e-7 of the row's max observed on lavapipe; the bound leaves margin for other
     /// reduction orders and fast-math rsqrt.
     const TOL: f32 = 2e-6;
@@ -319,8 +321,8 @@ mod tests {
     #[test]
     fn rms_norm_matches_cpu() {
         for gpu in gpu_variants() {
-            for (case, &n) in [64usize, 576, 640, 1000, 8192, 8200].iter().enumerate() {
-                let rows = if n == 8192 { 2 } else { 5 };
+            for (case, &n) in [64usize, 576, 640, 1000, 8192, 8200, 16400].iter().enumerate() {
+                let rows = if n >= 8192 { 2 } else { 5 };
                 let xs = random(rows * n, 10 + case as u64, 4.0);
                 let ws = random(n, 20 + case as u64, 1.5);
                 let init = random(rows * n, 30 + case as u64, 2.0);
@@ -359,14 +361,22 @@ mod tests {
             cpu::rms_norm_residual(&xs, &ws, &mut want, 1e-6, 0.37, None);
             let e = rel_err(&got, &want);
             assert!(e < TOL, "subgroups={} rel err {e}", gpu.caps.subgroups);
-            // With the next pre-norm in the same dispatch (rows of 640 and of 5376 = 4 x 1344 held
-            // in registers, of 8200 too long for them, and of 70, not a multiple of 4): the
-            // residual as before, and its norm. STAGE (5376 and 8224: in registers and not): the
-            // next norm's rows also staged for the integer-dot-product matvec, word for word what
-            // quantize_x16's twin makes of them (from the registers by shuffles, or re-read a
-            // thread a block).
-            for (n, stage) in [(640usize, false), (5376, false), (8200, false), (70, false), (5376, true), (8224, true)]
-            {
+            // With the next pre-norm in the same dispatch (rows of 640, 5376 and 8200 held in
+            // registers (256 threads, or 512 over 4096 elements), of 16400 too long for them, and of
+            // 70, not a multiple of 4): the residual as before, and its norm. STAGE (5376 and 8224:
+            // in registers; 16416: not): the next norm's rows also staged for the
+            // integer-dot-product matvec, word for word what quantize_x16's twin makes of them (from
+            // the registers by shuffles, or re-read a thread a block).
+            for (n, stage) in [
+                (640usize, false),
+                (5376, false),
+                (8200, false),
+                (16400, false),
+                (70, false),
+                (5376, true),
+                (8224, true),
+                (16416, true),
+            ] {
                 let seed = if stage { 68 } else { 64 };
                 let xs = random(rows * n, seed, 4.0);
                 let (ws, w2s) = (random(n, seed + 1, 1.5), random(n, seed + 2, 1.5));

@@ -41,6 +41,24 @@ pub fn smollm2(bits: u32, group: u32) -> PathBuf {
     out
 }
 
+/// Runs tools/`script` with `args` under `$PYTHON` (python3), failing loudly with its stderr and what
+/// the tools need (numpy, safetensors, mlx-lm).
+pub fn run_tool(script: &str, args: &[&std::ffi::OsStr]) {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let status = Command::new(&py)
+        .arg(format!("{root}/tools/{script}"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {py} tools/{script}: {e}"));
+    assert!(
+        status.status.success(),
+        "tools/{script} failed (it needs numpy, safetensors and mlx-lm: \
+         pip install \"mlx[cpu]==0.32.4\" \"mlx-lm==0.32.2\"):\n{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+}
+
 /// transformers' config.json of a llama checkpoint with `c` (bf16 weights).
 pub fn llama_hf_config(c: &wgpu_llm::model::config::ModelConfig) -> serde_json::Value {
     serde_json::json!({

@@ -35,8 +35,18 @@ pub fn check_path(model_path: &std::path::Path, fixture: &str, c: Check) -> f32 
 
 /// [`check_path`] with `setup` applied to the model after it loads.
 pub fn check_path_with(model_path: &std::path::Path, fixture: &str, c: Check, setup: &dyn Fn(&mut Model)) -> f32 {
+    check_path_in(model_path, &super::fixture_dir().join("reference"), fixture, c, setup)
+}
+
+/// [`check_path_with`] against the fixture `fixture` in `dir` (e.g. one a test made itself).
+pub fn check_path_in(
+    model_path: &std::path::Path,
+    dir: &std::path::Path,
+    fixture: &str,
+    c: Check,
+    setup: &dyn Fn(&mut Model),
+) -> f32 {
     let (steps, max_abs) = (c.steps, c.max_abs);
-    let dir = super::fixture_dir().join("reference");
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{fixture}.json"))).unwrap()).unwrap();
     let ids: Vec<u32> = meta["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
