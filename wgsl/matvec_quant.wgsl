@@ -111,26 +111,17 @@ fn stage_x(cb: u32, nb: u32, dst: u32, lid: u32) {
     let x0 = q_row + 8u * cb;
     for (var r = 0u; r < (n4 + {{WG}}u - 1u) / {{WG}}u; r++) {
         let ci = r * {{WG}}u + lid;
-        let v = qx4(x0 + min(ci, n4 - 1u));
-        var m = abs_bits(v);
-        m = max(m, subgroupShuffleXor(m, 1u));
-        m = max(m, subgroupShuffleXor(m, 2u));
-        m = max(m, subgroupShuffleXor(m, 4u));
-        let sc = stage_scale(m);
-        let q = vec4<i32>(round(v * sc.x));
-        let bytes = x16_bytes(q);
-        var sum = dot(q, vec4<i32>(1));
-        sum += subgroupShuffleXor(sum, 1u);
-        sum += subgroupShuffleXor(sum, 2u);
+        // (tail: d · Σq of this thread's half of the block, of the other half, d)
+        let st = stage_lanes8(qx4(x0 + min(ci, n4 - 1u)));
         if (ci < n4) {
             let gi = dst + (ci >> 2u);
-            xs_lo[gi][ci & 3u] = bytes.x;
-            xs_hi[gi][ci & 3u] = bytes.y;
+            xs_lo[gi][ci & 3u] = st.lo;
+            xs_hi[gi][ci & 3u] = st.hi;
             if ((ci & 3u) == 0u) {
-                xs_s[gi] = sc.y * f32(sum);
+                xs_s[gi] = bitcast<f32>(st.tail.x);
             }
             if ((ci & 7u) == 0u) {
-                xs_d[(dst >> 1u) + (ci >> 3u)] = sc.y;
+                xs_d[(dst >> 1u) + (ci >> 3u)] = bitcast<f32>(st.tail.z);
             }
         }
     }

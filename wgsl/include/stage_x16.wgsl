@@ -60,7 +60,8 @@ fn stage_block(v: array<vec4<f32>, 8>) -> array<vec4<u32>, 5> {
 // 16-element sums by shuffles, the same values as stage_block. Every thread of the subgroup
 // calls it (the shuffles); one with nothing to stage passes any v and stores nothing. Lane l of
 // the eight stores lo and hi as words l and 8 + l of the block's 20, lane 0 also `tail` as words
-// 16..19. The callers give a block to eight threads of consecutive local_invocation_index from a
+// 16..19 (tail: bits of d · Σq over the lane's own half of the block, over the other half, d, 0;
+// lane 0's own half is the first). The callers give a block to eight threads of consecutive local_invocation_index from a
 // multiple of 8, taking them for an aligned run of lanes: subgroups made of consecutive indices of
 // a 1-D workgroup, as NVIDIA, AMD, Intel, Apple and lavapipe make them (WGSL does not promise it;
 // the tests, bit for bit against the CPU twin, would catch an adapter that differs).
