@@ -39,6 +39,42 @@ fn qwen05_chat() {
     check("qwen05", "qwen05_chat", 16);
 }
 
+/// `smollm2_chat` with the layer norms run apart and staging x for the projections after them (the
+/// path of `WGPU_LLM_NORMS_APART=1` with the free rule at every row length: `rms_norm_staged`, then
+/// the matvec's XG variant on x staged apart), against the same transformers fixture.
+#[test]
+fn smollm2_chat_norms_staged() {
+    use wgpu_llm::model::Model;
+    use wgpu_llm::ops::matmul::gguf::StageApart;
+    // (SmolLM2's Q4_1 rows take the integer dot products; Qwen2.5-0.5B's Q5_0 / Q8_0 ones do not.)
+    let path = common::model("smollm2");
+    let rule = StageApart { k: usize::MAX, free_k: 32, free_n: 0 };
+    let setup = |m: &mut Model| {
+        m.set_stage_apart(rule);
+        m.set_norms_apart(true);
+    };
+    common::reference::check_path_with(
+        &path,
+        "smollm2_chat",
+        Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None },
+        &setup,
+    );
+    // The one-token plan: the norms stage for the projections whose types take x staged apart.
+    let gpu = common::gpu();
+    let ck = Checkpoint::open(&path).unwrap();
+    let mut model = Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
+    setup(&mut model);
+    model.forward(&[2, 3]).unwrap();
+    model.forward(&[4]).unwrap();
+    let plan = model.plan_kernels(1).expect("the one-token plan");
+    let has = |v: &str, f: &str| v.split('+').any(|x| x == f);
+    let staged_norms = plan.iter().filter(|(n, v)| n == "rms_norm:main" && has(v, "STAGE")).count();
+    let xg = plan.iter().filter(|(n, v)| n == "matvec_quant:main" && has(v, "XG")).count();
+    eprintln!("{staged_norms} norms stage, {xg} projections read x staged apart");
+    assert!(staged_norms > 0 && xg >= staged_norms, "{plan:?}");
+    assert!(!plan.iter().any(|(n, _)| n == "quantize_x16:main"), "{plan:?}");
+}
+
 #[test]
 fn gemma3_plain() {
     check("gemma3", "gemma3_plain", 16);

@@ -9,8 +9,9 @@
 // multiple of 32) it also writes out2's rows staged as wgsl/quantize_x16.wgsl writes them, for the
 // next projection's integer-dot-product matvec (matvec_quant XG): once out2 is written, the
 // workgroup re-reads it a thread a block, or (STAGE8, with REG and subgroups of 8 or more) stages
-// each block from the registers as it writes them, the block's eight threads meeting by shuffles. With IN_PLACE: x is
-// normalized in place (binding 0 is both input and output; there is no out binding; out_stride is
+// each block from the registers as it writes them, the block's eight threads meeting by shuffles.
+// STAGE without NEXT stages out's rows the same way (a pre-norm of its own staging the input of the
+// projections after it). With IN_PLACE: x is normalized in place (binding 0 is both input and output; there is no out binding; out_stride is
 // ignored).
 //
 // Row r starts at element r * x_stride of x and r * out_stride of out, so x and out may be
@@ -23,6 +24,8 @@
 // tree otherwise).
 #define WG 256
 #define RV 1
+// STAGE: the binding number of xs (6 with NEXT, else 4).
+#define XSB 6
 
 #ifdef STAGE
 #include "stage_x16"
@@ -51,9 +54,9 @@ struct Params {
 #ifdef NEXT
 @group(0) @binding(4) var<storage, read> w2: array<f32>;          // (n) the next norm's weight
 @group(0) @binding(5) var<storage, read_write> out2: array<f32>;  // (rows, out_stride) the updated rows, normalized
-#ifdef STAGE
-@group(0) @binding(6) var<storage, read_write> xs: array<u32>;   // (rows, n / 32, 20) out2 staged as quantize_x16 does
 #endif
+#ifdef STAGE
+@group(0) @binding({{XSB}}) var<storage, read_write> xs: array<u32>; // (rows, n / 32, 20) out2 (NEXT) or out staged as quantize_x16 does
 #endif
 #endif
 
@@ -134,14 +137,22 @@ fn update4(at: u32, wv: vec4<f32>, xv4: vec4<f32>, scale: f32, prev: vec4<f32>) 
 #endif
 
 #ifndef IN_PLACE
-#ifdef NEXT
 #ifdef STAGE
-// out2's row (written by this workgroup) staged for the integer-dot-product matvec, a thread a
-// 32-element block (include/stage_x16.wgsl), once every thread's writes are visible.
-fn stage_out2(row: u32, ob: u32, lid: u32) {
+// Element i of the rows the dispatch ends with: out2 with NEXT, else out.
+fn last(i: u32) -> f32 {
+#ifdef NEXT
+    return out2[i];
+#else
+    return out[i];
+#endif
+}
+
+// Those rows' row `row` (written by this workgroup) staged for the integer-dot-product matvec, a
+// thread a 32-element block (include/stage_x16.wgsl), once every thread's writes are visible.
+fn stage_rows(row: u32, ob: u32, lid: u32) {
 #ifdef SUBGROUP
 #ifdef STAGE8
-    // (REG with STAGE8: staged from the registers as out2 was written.)
+    // (REG with STAGE8: staged from the registers as the rows were written, stage_vec.)
     return;
 #endif
 #endif
@@ -151,7 +162,7 @@ fn stage_out2(row: u32, ob: u32, lid: u32) {
         var v: array<vec4<f32>, 8>;
         for (var j = 0u; j < 8u; j++) {
             let i = ob + 32u * blk + 4u * j;
-            v[j] = vec4<f32>(out2[i], out2[i + 1u], out2[i + 2u], out2[i + 3u]);
+            v[j] = vec4<f32>(last(i), last(i + 1u), last(i + 2u), last(i + 3u));
         }
         let b = stage_block(v);
         let o = 20u * (row * bpr + blk);
@@ -160,6 +171,27 @@ fn stage_out2(row: u32, ob: u32, lid: u32) {
         }
     }
 }
+
+#ifdef SUBGROUP
+#ifdef STAGE8
+// REG: vec4 j of this thread (elements 4 (lid + j WG) ..), v as written, staged with the other
+// seven of its block (lanes lid & ~7 .. + 7 hold them: WG is a multiple of 8) by shuffles; every
+// thread runs it, those past n (inside false) store nothing.
+fn stage_vec(row: u32, lid: u32, j: u32, v: vec4<f32>, inside: bool) {
+    let st = stage_lanes8(select(vec4<f32>(0.0), v, inside));
+    if (inside) {
+        let o = 20u * (row * (p.n / 32u) + (lid + j * {{WG}}u) / 8u);
+        let lane = lid & 7u;
+        xs[o + lane] = st.lo;
+        xs[o + 8u + lane] = st.hi;
+        if (lane == 0u) {
+            for (var w = 0u; w < 4u; w++) {
+                xs[o + 16u + w] = st.tail[w];
+            }
+        }
+    }
+}
+#endif
 #endif
 #endif
 #endif
@@ -241,27 +273,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #ifdef STAGE
 #ifdef SUBGROUP
 #ifdef STAGE8
-        // The block of this vec4 (lanes lid & ~7 .. + 7 hold its eight: WG is a multiple of 8),
-        // staged by shuffles; every thread runs them, those past n store nothing.
-        let st = stage_lanes8(select(vec4<f32>(0.0), v2, i < n));
-        if (i < n) {
-            let o = 20u * (row * (n / 32u) + (lid + j * {{WG}}u) / 8u);
-            let lane = lid & 7u;
-            xs[o + lane] = st.lo;
-            xs[o + 8u + lane] = st.hi;
-            if (lane == 0u) {
-                for (var w = 0u; w < 4u; w++) {
-                    xs[o + 16u + w] = st.tail[w];
-                }
-            }
-        }
+        stage_vec(row, lid, j, v2, i < n);
 #endif
 #endif
 #endif
     }
-#ifdef STAGE
-    stage_out2(row, ob, lid);
 #endif
+#ifdef STAGE
+#ifndef NEXT
+#ifdef SUBGROUP
+#ifdef STAGE8
+    for (var j = 0u; j < {{RV}}u; j++) {
+        stage_vec(row, lid, j, xv[j], 4u * (lid + j * {{WG}}u) < n);
+    }
+#endif
+#endif
+#endif
+    stage_rows(row, ob, lid);
 #endif
     return;
 #else
@@ -321,9 +349,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             out2[ob + i0 + j] = out[ob + i0 + j] * scale2 * w2[i0 + j];
         }
     }
-#ifdef STAGE
-    stage_out2(row, ob, lid);
 #endif
+#ifdef STAGE
+    stage_rows(row, ob, lid);
 #endif
 #endif
 #endif

@@ -38,7 +38,9 @@ use crate::ops::moe::{
     groups_len, groups_slots, linear_experts, moe_combine, moe_group, moe_router, moe_router_shared, ExpertWeight,
     SharedExpert as MoeShared,
 };
-use crate::ops::norm::{rms_norm, rms_norm_in_place, rms_norm_residual, rms_norm_residual_staged, RowLayout};
+use crate::ops::norm::{
+    rms_norm, rms_norm_in_place, rms_norm_residual, rms_norm_residual_staged, rms_norm_staged, RowLayout,
+};
 use crate::ops::rope::{inv_freq, rope, rope_batch, rope_kv_write, rope_kv_write_batch, RopeParams};
 use crate::ops::StepParams;
 use std::collections::HashMap;
@@ -441,7 +443,9 @@ impl Model {
             pos: 0,
             prefill_chunk: PREFILL_CHUNK,
             stage_apart: StageApart::rule(),
-            norms_apart: false,
+            // WGPU_LLM_NORMS_APART=1: a measurement knob (short rows' norms apart, and staging
+            // the projections' input where StageApart's free rule takes them).
+            norms_apart: std::env::var("WGPU_LLM_NORMS_APART").is_ok_and(|v| v == "1"),
         })
     }
 
@@ -916,7 +920,7 @@ impl Model {
             let qkv_ws = w.layers.get(l + 1).map_or(Vec::new(), |n| mixer_readers(&n.mixer));
             let ffn = match (spec.mlp, &lw.mlp) {
                 (MlpSpec::Dense { intermediate, activation }, MlpWeights::Dense { gate_up, down }) => {
-                    let (xin, input) = lp.normed(&mut k, &lw.ffn_norm)?;
+                    let (xin, input) = lp.normed(&mut k, &lw.ffn_norm, &mlp_readers(&lw.mlp))?;
                     lp.dense_mlp(&mut k, &xin, input, gate_up, down, intermediate, activation)?
                 }
                 (MlpSpec::Moe { .. }, MlpWeights::Moe { .. }) => lp.moe(&mut k, &spec.mlp, lw)?,
@@ -1081,8 +1085,9 @@ impl<'a> LayerPass<'a> {
     }
 
     /// The input of a projection that starts from the residual stream under the norm `w`: the
-    /// norm fused into the matvec up to MATVEC_MAX_T tokens, else run into xn first.
-    fn normed(&self, k: &mut Vec<Kernel>, w: &'a Tensor) -> Result<(Tensor, Input<'a>)> {
+    /// norm fused into the matvec up to MATVEC_MAX_T tokens, else run into xn first, staging xn
+    /// where `readers` (the projections that read it) read it staged apart.
+    fn normed(&self, k: &mut Vec<Kernel>, w: &'a Tensor, readers: &[&Linear]) -> Result<(Tensor, Input<'a>)> {
         let ready = self.xn_for.borrow_mut().take();
         // xs16 holds xn staged only where xn is what the residual add wrote.
         let staged = self.xs_of.borrow_mut().take();
@@ -1091,6 +1096,11 @@ impl<'a> LayerPass<'a> {
         } else if ready.is_some_and(|r| r.starts_with(w)) {
             // The residual add before wrote xn under this weight.
             *self.xs_of.borrow_mut() = staged;
+            Ok((self.xn.clone(), Input::Plain))
+        } else if self.stages_all(readers, self.x.shape[1], true) {
+            let s: &'a Scratch = self.s;
+            k.push(rms_norm_staged(self.g, self.x, w, self.xn, self.eps, &s.xs16)?);
+            *self.xs_of.borrow_mut() = Some(self.xn.clone());
             Ok((self.xn.clone(), Input::Plain))
         } else {
             k.push(rms_norm(self.g, self.x, w, self.xn, self.eps, false)?);
@@ -1101,7 +1111,7 @@ impl<'a> LayerPass<'a> {
     /// x under the output norm for lm_head: fused into its matvec, else run into xn first.
     fn normed_out(&self, items: &mut Vec<Item>, w: &'a Tensor) -> Result<(Tensor, Input<'a>)> {
         let mut k = Vec::new();
-        let r = self.normed(&mut k, w)?;
+        let r = self.normed(&mut k, w, &[])?;
         items.extend(k.into_iter().map(Item::Kernel));
         Ok(r)
     }
@@ -1173,8 +1183,9 @@ impl<'a> LayerPass<'a> {
         let (g, t) = (self.g, self.t);
         let qkv = self.act("qkv", a.q_dim() + 2 * a.kv_dim());
         let attn = self.act("attn", a.q_dim());
-        let (xin, input) = self.normed(k, &lw.attn_norm)?;
-        let input = self.staged(k, &xin, input, &mixer_readers(&lw.mixer))?;
+        let readers = mixer_readers(&lw.mixer);
+        let (xin, input) = self.normed(k, &lw.attn_norm, &readers)?;
+        let input = self.staged(k, &xin, input, &readers)?;
         if a.qkv_dim() != a.q_dim() + 2 * a.kv_dim() {
             // [q | k] (the cache write takes v from k) or [q] (the layer reads another's cache)
             // into the rows' first columns.
@@ -1317,7 +1328,7 @@ impl<'a> LayerPass<'a> {
         let mix = self.act("mix", d.in_dim());
         let conv_out = self.act("conv", d.conv_dim());
         let attn = self.act("attn", d.value_dim());
-        let (xin, input) = self.normed(k, &lw.attn_norm)?;
+        let (xin, input) = self.normed(k, &lw.attn_norm, &[])?;
         k.extend(in_proj.linear(g, &xin, input, None, &mix, self.opts())?);
         k.push(causal_conv1d(g, &mix, d.in_dim(), conv, conv_state, &conv_out, self.step, t, STATE_RING)?);
         let (z_col, b_col) = (d.conv_dim(), d.conv_dim() + d.value_dim());
@@ -1395,7 +1406,7 @@ impl<'a> LayerPass<'a> {
         let weights = self.act("moe_w", slots);
         let exp_act = self.s.rows_as("exp_act", t, &[t * slots, f]);
         let exp_out = self.s.rows_as("exp_out", t, &[t * slots, h]);
-        let (xin, input) = self.normed(k, &lw.ffn_norm)?;
+        let (xin, input) = self.normed(k, &lw.ffn_norm, &[])?;
         k.extend(router.linear(g, &xin, input, None, &logits, self.opts())?);
         k.push(if stacked {
             moe_router_shared(g, &logits, router_cols, experts, top_k, &ids, &weights, norm_topk)?

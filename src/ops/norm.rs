@@ -147,15 +147,15 @@ pub fn rms_norm_residual_staged(
     next: (&Tensor, &Tensor),
     xs: &Tensor,
 ) -> Result<Kernel> {
-    let layout = whole_rows(x, w)?;
-    let need = 4 * crate::ops::matmul::gguf::staged_x_words(layout.rows as usize, layout.n as usize) as u64;
-    if layout.n % 32 != 0 || xs.size_bytes() < need {
-        return Err(Error::InvalidArgument(format!(
-            "rms_norm: staging rows of {} needs a multiple of 32 and {need} bytes, got {:?}",
-            layout.n, xs.shape
-        )));
-    }
-    rms_norm_with(gpu, x, w, out, layout, eps, true, scale, Some(next), Some(xs))
+    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale, Some(next), Some(xs))
+}
+
+/// [`rms_norm`] (no accumulation) that also writes `out`'s rows staged into `xs` as
+/// [`crate::ops::matmul::gguf::quantize_x16`] would (n a multiple of 32): a pre-norm of its own
+/// staging the input of the projections after it (their matvec on x staged apart), without a
+/// dispatch of its own.
+pub fn rms_norm_staged(gpu: &Gpu, x: &Tensor, w: &Tensor, out: &Tensor, eps: f32, xs: &Tensor) -> Result<Kernel> {
+    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, false, 1.0, None, Some(xs))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -178,8 +178,19 @@ fn rms_norm_with(
         assert!(accumulate, "rms_norm: the next norm follows a residual add");
         checks(gpu, out, w2, Some(out2), &layout)?;
         bindings.extend([w2.binding(), out2.binding()]);
-        bindings.extend(stage.map(Tensor::binding));
     }
+    // The rows the dispatch ends with (out2, else out) staged: whole 32-element blocks.
+    if let Some(xs) = stage {
+        let need = 4 * crate::ops::matmul::gguf::staged_x_words(layout.rows as usize, layout.n as usize) as u64;
+        if layout.n % 32 != 0 || xs.size_bytes() < need {
+            return Err(Error::InvalidArgument(format!(
+                "rms_norm: staging rows of {} needs a multiple of 32 and {need} bytes, got {:?}",
+                layout.n, xs.shape
+            )));
+        }
+    }
+    let xsb = bindings.len();
+    bindings.extend(stage.map(Tensor::binding));
     let wg = norm_wg(gpu, layout.n);
     let rv = layout.n.div_ceil(4 * wg);
     let reg = in_registers(gpu, layout.n);
@@ -189,7 +200,8 @@ fn rms_norm_with(
         &gpu.macros()
             .flag_if("ACCUMULATE", accumulate)
             .flag_if("NEXT", next.is_some())
-            .flag_if("STAGE", next.is_some() && stage.is_some())
+            .flag_if("STAGE", stage.is_some())
+            .set("XSB", xsb)
             // Staged from the registers where a block's eight threads can shuffle.
             .flag_if("STAGE8", stage.is_some() && reg && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8)
             .flag_if("REG", reg)
@@ -424,6 +436,50 @@ mod tests {
             let kb = rms_norm(&gpu, &x, &w, &b, 1e-6, true).unwrap();
             gpu.run(&[&ka, &kb]).unwrap();
             assert_eq!(gpu.read_f32(&a).unwrap(), gpu.read_f32(&b).unwrap());
+        }
+    }
+
+    /// A pre-norm staging its own output (STAGE without NEXT): out as rms_norm writes it, bit for
+    /// bit, and xs word for word what quantize_x16's twin makes of that out; rows in registers
+    /// (640; 5376 at 512 threads), staged from them by shuffles where subgroups allow, and rows too
+    /// long for them (16416: re-read a thread a block).
+    #[test]
+    fn rms_norm_staged_matches_cpu() {
+        for gpu in gpu_variants() {
+            for (case, &n) in [640usize, 5376, 16416].iter().enumerate() {
+                let rows = 3;
+                let xs = random(rows * n, 90 + case as u64, 4.0);
+                let ws = random(n, 95 + case as u64, 1.5);
+                let x = gpu.upload_f32("x", &[rows, n], &xs).unwrap();
+                let w = gpu.upload_f32("w", &[n], &ws).unwrap();
+                let (a, b) = (
+                    gpu.upload_f32("a", &[rows, n], &vec![7.0; rows * n]).unwrap(),
+                    gpu.upload_f32("b", &[rows, n], &vec![7.0; rows * n]).unwrap(),
+                );
+                let words = crate::ops::matmul::gguf::staged_x_words(rows, n);
+                let staged = gpu.upload_u32("xs", &[words], &vec![7; words]).unwrap();
+                let k = rms_norm_staged(&gpu, &x, &w, &a, 1e-6, &staged).unwrap();
+                let has = |f: &str| k.variant.split('+').any(|v| v == f);
+                assert!(has("STAGE") && !has("NEXT"), "{}", k.variant);
+                let eight = in_registers(&gpu, n as u32) && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+                assert_eq!(has("STAGE8"), eight, "n={n}");
+                let plain = rms_norm(&gpu, &x, &w, &b, 1e-6, false).unwrap();
+                gpu.run(&[&k, &plain]).unwrap();
+                let got = gpu.read_f32(&a).unwrap();
+                assert_eq!(got, gpu.read_f32(&b).unwrap(), "n={n}: out as the plain norm writes it");
+                let mut want = vec![0.0; rows * n];
+                cpu::rms_norm(&xs, &ws, &mut want, 1e-6, false);
+                let e = rel_err(&got, &want);
+                assert!(e < TOL, "n={n} subgroups={}: rel err {e}", gpu.caps.subgroups);
+                let got_xs = gpu.read_u32(&staged).unwrap();
+                assert_eq!(got_xs, crate::ops::matmul::gguf::cpu::quantize_x16(&got, n), "n={n}: the staged rows");
+            }
+            // Rows not of whole 32-element blocks are refused.
+            let x = gpu.upload_f32("x", &[2, 48], &random(96, 99, 1.0)).unwrap();
+            let w = gpu.upload_f32("w", &[48], &random(48, 98, 1.0)).unwrap();
+            let out = gpu.upload_f32("o", &[2, 48], &[0.0; 96]).unwrap();
+            let xs = gpu.upload_u32("xs", &[64], &[0; 64]).unwrap();
+            assert!(rms_norm_staged(&gpu, &x, &w, &out, 1e-6, &xs).is_err());
         }
     }
 
