@@ -62,6 +62,7 @@
 #define XB 8
 
 #ifdef STAGE8
+#define XS_STORE
 #include "stage_x16"
 #endif
 
@@ -254,15 +255,7 @@ fn run_o(h: u32, hg: u32, u: u32, s: u32, used: u32, m: f32) -> vec4<f32> {
 fn stage_unit(h: u32, u: u32, inside: bool, o: vec4<f32>) {
     let st = stage_lanes8(select(vec4<f32>(0.0), o, inside));
     if (inside) {
-        let at = 20u * ((h * DU + u) / 8u);
-        let lane = u & 7u;
-        xs[at + lane] = st.lo;
-        xs[at + 8u + lane] = st.hi;
-        if (lane == 0u) {
-            for (var w = 0u; w < 4u; w++) {
-                xs[at + 16u + w] = st.tail[w];
-            }
-        }
+        store_lanes8(20u * ((h * DU + u) / 8u), u & 7u, st);
     }
 }
 #endif

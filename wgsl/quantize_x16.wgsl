@@ -14,6 +14,7 @@
 // threads), 2-D folded (see gpu/kernel.rs). CPU twin: src/ops/matmul/gguf.rs `cpu::quantize_x16`.
 #define WG 64
 
+#define XS_STORE
 #include "stage_x16"
 
 struct Params {
@@ -41,13 +42,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let b = min(blk, p.blocks - 1u);
         let s = stage_lanes8(x[(b / p.bpr) * p.xs + 8u * (b % p.bpr) + lane]);
         if (blk < p.blocks) {
-            xs[20u * blk + lane] = s.lo;
-            xs[20u * blk + 8u + lane] = s.hi;
-            if (lane == 0u) {
-                for (var j = 0u; j < 4u; j++) {
-                    xs[20u * blk + 16u + j] = s.tail[j];
-                }
-            }
+            store_lanes8(20u * blk, lane, s);
         }
         return;
     }

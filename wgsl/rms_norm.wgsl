@@ -28,6 +28,7 @@
 #define XSB 6
 
 #ifdef STAGE
+#define XS_STORE
 #include "stage_x16"
 #endif
 
@@ -180,15 +181,7 @@ fn stage_rows(row: u32, ob: u32, lid: u32) {
 fn stage_vec(row: u32, lid: u32, j: u32, v: vec4<f32>, inside: bool) {
     let st = stage_lanes8(select(vec4<f32>(0.0), v, inside));
     if (inside) {
-        let o = 20u * (row * (p.n / 32u) + (lid + j * {{WG}}u) / 8u);
-        let lane = lid & 7u;
-        xs[o + lane] = st.lo;
-        xs[o + 8u + lane] = st.hi;
-        if (lane == 0u) {
-            for (var w = 0u; w < 4u; w++) {
-                xs[o + 16u + w] = st.tail[w];
-            }
-        }
+        store_lanes8(20u * (row * (p.n / 32u) + (lid + j * {{WG}}u) / 8u), lid & 7u, st);
     }
 }
 #endif

@@ -86,5 +86,20 @@ fn stage_lanes8(v: vec4<f32>) -> Staged8 {
     let tail = vec4<u32>(bitcast<u32>(sc.y * f32(sum)), bitcast<u32>(sc.y * f32(other)), bitcast<u32>(sc.y), 0u);
     return Staged8(b.x, b.y, tail);
 }
+
+#ifdef XS_STORE
+// (Kernels that stage into a buffer `xs: array<u32>` define XS_STORE.) Lane `lane` of the eight's
+// share of a block whose 20 words start at word `at` of xs: lo and hi as words lane and 8 + lane,
+// lane 0 also the tail as words 16..19.
+fn store_lanes8(at: u32, lane: u32, st: Staged8) {
+    xs[at + lane] = st.lo;
+    xs[at + 8u + lane] = st.hi;
+    if (lane == 0u) {
+        for (var w = 0u; w < 4u; w++) {
+            xs[at + 16u + w] = st.tail[w];
+        }
+    }
+}
+#endif
 #endif
 #endif
