@@ -113,14 +113,12 @@ fn mlx4_folder_matches_mlx_lm() {
 #[test]
 fn mlx4_staged_inputs_match_mlx_lm() {
     let dir = common::mlx::gemma4_tiny("mlx4");
-    let gpu = common::gpu();
+    let setup = |m: &mut Model| {
+        m.set_stage_apart(StageApart { k: 32, free_k: 32, free_n: 0 });
+        m.set_norms_apart(true);
+    };
+    let plan = common::reference::one_token_plan(&dir, &setup);
     let ck = Checkpoint::open(&dir).unwrap();
-    let mut model = Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
-    model.set_stage_apart(StageApart { k: 32, free_k: 32, free_n: 0 });
-    model.set_norms_apart(true);
-    model.forward(&[2, 3]).unwrap();
-    model.forward(&[4]).unwrap();
-    let plan = model.plan_kernels(1).expect("the one-token plan");
     let count = |name: &str, flag: &str| {
         plan.iter().filter(|(n, v)| n == &format!("{name}:main") && v.split('+').any(|f| f == flag)).count()
     };
@@ -130,10 +128,6 @@ fn mlx4_staged_inputs_match_mlx_lm() {
     assert!(count("matvec_quant", "XG") >= 4 * layers, "{plan:?}");
     assert_eq!(count("rms_norm", "STAGE"), 2 * layers, "{plan:?}");
     assert!(plan.iter().any(|(n, _)| n == "quantize_x16:main"), "{plan:?}");
-    let setup = |m: &mut Model| {
-        m.set_stage_apart(StageApart { k: 32, free_k: 32, free_n: 0 });
-        m.set_norms_apart(true);
-    };
     check_path_with(&dir, "gemma4_tiny_mlx4", Check { max_abs: MAX_ABS, steps: 16, prefill_chunk: None }, &setup);
 }
 
@@ -222,13 +216,8 @@ fn staged_attention_output_matches_mlx_lm() {
 
     // The plan: where the adapter has subgroups of 8+, each layer's attention stages its output and
     // the o projection after it reads it (no quantize_x16 between them); elsewhere none stages.
-    let gpu = common::gpu();
-    let ck = Checkpoint::open(&mlx).unwrap();
-    let mut model = Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
-    setup(&mut model);
-    model.forward(&[2, 3]).unwrap();
-    model.forward(&[4]).unwrap();
-    let plan = model.plan_kernels(1).expect("the one-token plan");
+    let plan = common::reference::one_token_plan(&mlx, &setup);
+    let (gpu, ck) = (common::gpu(), Checkpoint::open(&mlx).unwrap());
     let staged_attn: Vec<usize> = (0..plan.len())
         .filter(|&i| plan[i].0 == "attention_decode:main" && plan[i].1.split('+').any(|f| f == "STAGE8"))
         .collect();

@@ -120,20 +120,12 @@ fn mlx4_folder_matches_mlx_lm() {
 #[test]
 fn mlx4_staged_inputs_match_mlx_lm() {
     let dir = common::mlx::qwen35moe_tiny("mlx4");
-    let every = StageApart { k: 32, free_k: 32, free_n: 0 };
-    let gpu = common::gpu();
-    let ck = Checkpoint::open(&dir).unwrap();
-    let mut model = Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
-    model.set_stage_apart(every);
-    model.set_norms_apart(true);
-    model.forward(&[2, 3]).unwrap();
-    model.forward(&[4]).unwrap();
-    let plan = model.plan_kernels(1).expect("the one-token plan");
-    assert!(plan.iter().any(|(n, v)| n == "matvec_quant:main" && v.split('+').any(|f| f == "XG")), "{plan:?}");
     let setup = |m: &mut Model| {
-        m.set_stage_apart(every);
+        m.set_stage_apart(StageApart { k: 32, free_k: 32, free_n: 0 });
         m.set_norms_apart(true);
     };
+    let plan = common::reference::one_token_plan(&dir, &setup);
+    assert!(plan.iter().any(|(n, v)| n == "matvec_quant:main" && v.split('+').any(|f| f == "XG")), "{plan:?}");
     check_path_with(&dir, "qwen35moe_tiny_mlx4", Check { max_abs: 0.02, steps: 9, prefill_chunk: None }, &setup);
 }
 

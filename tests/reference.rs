@@ -60,13 +60,7 @@ fn smollm2_chat_norms_staged() {
         &setup,
     );
     // The one-token plan: the norms stage for the projections whose types take x staged apart.
-    let gpu = common::gpu();
-    let ck = Checkpoint::open(&path).unwrap();
-    let mut model = Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
-    setup(&mut model);
-    model.forward(&[2, 3]).unwrap();
-    model.forward(&[4]).unwrap();
-    let plan = model.plan_kernels(1).expect("the one-token plan");
+    let plan = common::reference::one_token_plan(&path, &setup);
     let has = |v: &str, f: &str| v.split('+').any(|x| x == f);
     let staged_norms = plan.iter().filter(|(n, v)| n == "rms_norm:main" && has(v, "STAGE")).count();
     let xg = plan.iter().filter(|(n, v)| n == "matvec_quant:main" && has(v, "XG")).count();

@@ -8,6 +8,18 @@ use wgpu_llm::loader::Checkpoint;
 use wgpu_llm::model::Model;
 use wgpu_llm::sampling::host::argmax;
 
+/// The kernels (name, variant) of the one-token plan of the model at `path` with `setup` applied:
+/// loaded (64 positions), a two-token prompt and one decode step run.
+pub fn one_token_plan(path: &std::path::Path, setup: &dyn Fn(&mut Model)) -> Vec<(String, String)> {
+    let gpu = super::gpu();
+    let ck = Checkpoint::open(path).unwrap();
+    let mut model = Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
+    setup(&mut model);
+    model.forward(&[2, 3]).unwrap();
+    model.forward(&[4]).unwrap();
+    model.plan_kernels(1).expect("the one-token plan")
+}
+
 /// How one fixture is checked.
 #[derive(Clone, Copy, Debug)]
 pub struct Check {
