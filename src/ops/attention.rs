@@ -442,6 +442,12 @@ fn sg32(gpu: &Gpu) -> bool {
 /// KV heads on at 1-4k positions (Llama-3-8B's shape at 1024: 8.0 us against 18.1).
 pub const DECODE_MIN_KV_HEADS: usize = 8;
 
+/// [`DECODE_MIN_KV_HEADS`], or `WGPU_LLM_ATTN_DECODE_MIN_KV` (a benchmark knob: e.g. 1 runs the
+/// kernel for Qwen2.5's 2 KV heads again).
+fn decode_min_kv_heads() -> usize {
+    std::env::var("WGPU_LLM_ATTN_DECODE_MIN_KV").ok().and_then(|v| v.parse().ok()).unwrap_or(DECODE_MIN_KV_HEADS)
+}
+
 /// How [`attention_decode`] cuts one decode token's keys (see `wgsl/attention_decode.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeTiling {
@@ -484,11 +490,12 @@ impl DecodeTiling {
     /// chunks of 8192 elements where they fit the workgroup memory, else 4096; a run per chunk
     /// of the context (or window), at most `(64 / Hkv).clamp(8, 32)` runs per KV head (longer
     /// runs walk several chunks, and the merge reads fewer partial results), or `p.splits`.
-    /// Only for heads with at least [`DECODE_MIN_KV_HEADS`] KV heads.
+    /// Only for heads with at least [`DECODE_MIN_KV_HEADS`] KV heads (or
+    /// `WGPU_LLM_ATTN_DECODE_MIN_KV`, a benchmark knob).
     pub fn choose(gpu: &Gpu, p: &AttnParams, rope: bool) -> Option<DecodeTiling> {
         if std::env::var("WGPU_LLM_ATTN_DECODE").is_ok_and(|v| v == "0")
             || p.n_tokens != 1
-            || p.kv_heads < DECODE_MIN_KV_HEADS
+            || p.kv_heads < decode_min_kv_heads()
         {
             return None;
         }
