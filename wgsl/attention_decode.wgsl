@@ -253,10 +253,7 @@ fn run_o(h: u32, hg: u32, u: u32, s: u32, used: u32, m: f32) -> vec4<f32> {
 // consecutive units of a head (D a multiple of 32), held by 8 consecutive threads (pairs e = tid
 // or tid + WG), which meet by shuffles; every thread calls it, those without a unit store nothing.
 fn stage_unit(h: u32, u: u32, inside: bool, o: vec4<f32>) {
-    let st = stage_lanes8(select(vec4<f32>(0.0), o, inside));
-    if (inside) {
-        store_lanes8(20u * ((h * DU + u) / 8u), u & 7u, st);
-    }
+    stage_store8(20u * ((h * DU + u) / 8u), u & 7u, o, inside);
 }
 #endif
 #endif

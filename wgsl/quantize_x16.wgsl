@@ -40,10 +40,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let blk = g / 8u;
         let lane = g % 8u;
         let b = min(blk, p.blocks - 1u);
-        let s = stage_lanes8(x[(b / p.bpr) * p.xs + 8u * (b % p.bpr) + lane]);
-        if (blk < p.blocks) {
-            store_lanes8(20u * blk, lane, s);
-        }
+        stage_store8(20u * blk, lane, x[(b / p.bpr) * p.xs + 8u * (b % p.bpr) + lane], blk < p.blocks);
         return;
     }
 #endif

@@ -179,10 +179,7 @@ fn stage_rows(row: u32, ob: u32, lid: u32) {
 // seven of its block (lanes lid & ~7 .. + 7 hold them: WG is a multiple of 8) by shuffles; every
 // thread runs it, those past n (inside false) store nothing.
 fn stage_vec(row: u32, lid: u32, j: u32, v: vec4<f32>, inside: bool) {
-    let st = stage_lanes8(select(vec4<f32>(0.0), v, inside));
-    if (inside) {
-        store_lanes8(20u * (row * (p.n / 32u) + (lid + j * {{WG}}u) / 8u), lid & 7u, st);
-    }
+    stage_store8(20u * (row * (p.n / 32u) + (lid + j * {{WG}}u) / 8u), lid & 7u, v, inside);
 }
 #endif
 #endif

@@ -88,10 +88,16 @@ fn stage_lanes8(v: vec4<f32>) -> Staged8 {
 }
 
 #ifdef XS_STORE
-// (Kernels that stage into a buffer `xs: array<u32>` define XS_STORE.) Lane `lane` of the eight's
-// share of a block whose 20 words start at word `at` of xs: lo and hi as words lane and 8 + lane,
-// lane 0 also the tail as words 16..19.
-fn store_lanes8(at: u32, lane: u32, st: Staged8) {
+// (Kernels that stage into a buffer `xs: array<u32>` define XS_STORE.) v (lane `lane` of the eight
+// holding a block) staged by stage_lanes8 into the block's 20 words from word `at` of xs: lo and hi
+// as words lane and 8 + lane, lane 0 also the tail as words 16..19. Every thread of the subgroup
+// calls it (the shuffles); one of a block past the end (inside false: the whole eight alike)
+// stores nothing.
+fn stage_store8(at: u32, lane: u32, v: vec4<f32>, inside: bool) {
+    let st = stage_lanes8(select(vec4<f32>(0.0), v, inside));
+    if (!inside) {
+        return;
+    }
     xs[at + lane] = st.lo;
     xs[at + 8u + lane] = st.hi;
     if (lane == 0u) {
