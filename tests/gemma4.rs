@@ -14,11 +14,9 @@
 
 mod common;
 
-use common::reference::{check_path, check_path_with, Check};
+use common::reference::{check_path, check_path_with, stage_every_row, Check};
 use wgpu_llm::loader::Checkpoint;
 use wgpu_llm::model::config::{Arch, Mixer};
-use wgpu_llm::model::Model;
-use wgpu_llm::ops::matmul::gguf::StageApart;
 
 /// Observed on lavapipe: 0.0055 (24-token prompt and 16 steps), 0.0070 (40-token prompt), 0.0066
 /// (MLX 4-bit); the fixture script sees 0.010 from rounding q/k/v to f16 alone (its README). 3x
@@ -113,10 +111,7 @@ fn mlx4_folder_matches_mlx_lm() {
 #[test]
 fn mlx4_staged_inputs_match_mlx_lm() {
     let dir = common::mlx::gemma4_tiny("mlx4");
-    let setup = |m: &mut Model| {
-        m.set_stage_apart(StageApart { k: 32, free_k: 32, free_n: 0 });
-        m.set_norms_apart(true);
-    };
+    let setup = stage_every_row;
     let plan = common::reference::one_token_plan(&dir, &setup);
     let ck = Checkpoint::open(&dir).unwrap();
     let count = |name: &str, flag: &str| {
@@ -200,11 +195,7 @@ fn staged_attention_output_matches_mlx_lm() {
             &os("tiny Gemma 4, 8 KV heads of 32 dims, mlx-lm 4-bit"),
         ],
     );
-    let rule = StageApart { k: 32, free_k: 32, free_n: 0 };
-    let setup = |m: &mut Model| {
-        m.set_stage_apart(rule);
-        m.set_norms_apart(true);
-    };
+    let setup = stage_every_row;
     let err = common::reference::check_path_in(
         &mlx,
         &refs,
@@ -221,7 +212,7 @@ fn staged_attention_output_matches_mlx_lm() {
     let staged_attn: Vec<usize> = (0..plan.len())
         .filter(|&i| plan[i].0 == "attention_decode:main" && plan[i].1.split('+').any(|f| f == "STAGE8"))
         .collect();
-    let eight = gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+    let eight = gpu.caps.shuffles8();
     let layers = ck.config.num_layers;
     assert_eq!(staged_attn.len(), if eight { layers } else { 0 }, "{plan:?}");
     for i in staged_attn {

@@ -17,8 +17,6 @@ mod common;
 use common::reference::{check_path, check_path_with, Check};
 use wgpu_llm::loader::Checkpoint;
 use wgpu_llm::model::config::{Arch, Mixer, MlpSpec};
-use wgpu_llm::model::Model;
-use wgpu_llm::ops::matmul::gguf::StageApart;
 
 /// Observed on lavapipe: 0.0003 (f16 KV cache, f32 sums in another order); 10x that.
 const MAX_ABS: f32 = 0.003;
@@ -120,10 +118,7 @@ fn mlx4_folder_matches_mlx_lm() {
 #[test]
 fn mlx4_staged_inputs_match_mlx_lm() {
     let dir = common::mlx::qwen35moe_tiny("mlx4");
-    let setup = |m: &mut Model| {
-        m.set_stage_apart(StageApart { k: 32, free_k: 32, free_n: 0 });
-        m.set_norms_apart(true);
-    };
+    let setup = common::reference::stage_every_row;
     let plan = common::reference::one_token_plan(&dir, &setup);
     assert!(plan.iter().any(|(n, v)| n == "matvec_quant:main" && v.split('+').any(|f| f == "XG")), "{plan:?}");
     check_path_with(&dir, "qwen35moe_tiny_mlx4", Check { max_abs: 0.02, steps: 9, prefill_chunk: None }, &setup);

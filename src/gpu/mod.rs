@@ -63,6 +63,14 @@ pub struct Caps {
     pub coop: bool,
 }
 
+impl Caps {
+    /// Subgroups of 8 or more: a 32-element block's eight threads (a vec4 each) meet by shuffles
+    /// (the STAGE8 staging of wgsl/include/stage_x16.wgsl).
+    pub fn shuffles8(&self) -> bool {
+        self.subgroups && self.subgroup_min_size >= 8
+    }
+}
+
 /// What `wgpu-llm devices` prints for one adapter.
 #[derive(Clone, Debug)]
 pub struct AdapterReport {

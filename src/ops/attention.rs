@@ -291,7 +291,7 @@ pub fn attention_staged(
 /// Whether [`attention_decode`] can write one token's output staged (`STAGE8`): subgroups of 8
 /// or more (a block's eight threads meet by shuffles), heads of whole 32-element blocks.
 pub fn stages_output(gpu: &Gpu, p: &AttnParams) -> bool {
-    p.n_tokens == 1 && p.head_dim % 32 == 0 && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8
+    p.n_tokens == 1 && p.head_dim % 32 == 0 && gpu.caps.shuffles8()
 }
 
 /// [`attention`] (or with `inv_freq`, [`attention_rope`]) for a decode step of many sequences:
@@ -931,7 +931,7 @@ mod tests {
     #[test]
     fn decode_kernel_stages_its_output() {
         for gpu in gpu_variants() {
-            let can = gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+            let can = gpu.caps.shuffles8();
             let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
             for (h, hkv, d, ctx, window) in [
                 (12, 2, 128, 300, 0),

@@ -191,9 +191,8 @@ fn rms_norm_with(
     }
     let xsb = bindings.len();
     bindings.extend(stage.map(Tensor::binding));
-    let wg = norm_wg(gpu, layout.n);
-    let rv = layout.n.div_ceil(4 * wg);
-    let reg = in_registers(gpu, layout.n);
+    let (wg, rv) = norm_shape(gpu, layout.n);
+    let reg = rv.is_some();
     gpu.kernel(
         "rms_norm",
         "main",
@@ -203,10 +202,10 @@ fn rms_norm_with(
             .flag_if("STAGE", stage.is_some())
             .set("XSB", xsb)
             // Staged from the registers where a block's eight threads can shuffle.
-            .flag_if("STAGE8", stage.is_some() && reg && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8)
+            .flag_if("STAGE8", stage.is_some() && reg && gpu.caps.shuffles8())
             .flag_if("REG", reg)
             .set("WG", wg)
-            .set("RV", if reg { rv } else { 1 }),
+            .set("RV", rv.unwrap_or(1)),
         &bindings,
         grid(layout.rows),
     )
@@ -231,9 +230,12 @@ fn norm_wg(gpu: &Gpu, n: u32) -> u32 {
     }
 }
 
-/// Whether `rms_norm` holds rows of `n` in registers (REG): a multiple of 4, at most 8 vec4 a thread.
-fn in_registers(gpu: &Gpu, n: u32) -> bool {
-    n % 4 == 0 && n.div_ceil(4 * norm_wg(gpu, n)) <= 8
+/// `rms_norm`'s workgroup size for rows of `n` ([`norm_wg`]) and, where it holds the rows in
+/// registers (REG: a multiple of 4, at most 8 vec4 a thread), the vec4 a thread.
+fn norm_shape(gpu: &Gpu, n: u32) -> (u32, Option<u32>) {
+    let wg = norm_wg(gpu, n);
+    let rv = n.div_ceil(4 * wg);
+    (wg, (n % 4 == 0 && rv <= 8).then_some(rv))
 }
 
 /// `x[r * stride ..][..n] = norm(x[r * stride ..][..n]) * w` in place (`layout.out_stride` is
@@ -317,6 +319,11 @@ pub mod cpu {
 mod tests {
     use super::*;
     use crate::gpu::tensor::test_util::*;
+
+    /// Whether `rms_norm` holds rows of `n` in registers (REG; [`norm_shape`]).
+    fn in_registers(gpu: &Gpu, n: u32) -> bool {
+        norm_shape(gpu, n).1.is_some()
+    }
 
     /// Max error relative to the row's scale: |got - want| / (max |want| + 1e-30), per case.
     fn rel_err(got: &[f32], want: &[f32]) -> f32 {
@@ -409,8 +416,7 @@ mod tests {
                 };
                 assert_eq!(k.variant.split('+').any(|f| f == "STAGE"), stage);
                 // In registers with subgroups of 8+: staged by shuffles (STAGE8).
-                let eight =
-                    stage && in_registers(&gpu, n as u32) && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+                let eight = stage && in_registers(&gpu, n as u32) && gpu.caps.shuffles8();
                 assert_eq!(k.variant.split('+').any(|f| f == "STAGE8"), eight, "n={n}");
                 gpu.run(&[&k]).unwrap();
                 let (got, got2) = (gpu.read_f32(&out).unwrap(), gpu.read_f32(&out2).unwrap());
@@ -461,7 +467,7 @@ mod tests {
                 let k = rms_norm_staged(&gpu, &x, &w, &a, 1e-6, &staged).unwrap();
                 let has = |f: &str| k.variant.split('+').any(|v| v == f);
                 assert!(has("STAGE") && !has("NEXT"), "{}", k.variant);
-                let eight = in_registers(&gpu, n as u32) && gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+                let eight = in_registers(&gpu, n as u32) && gpu.caps.shuffles8();
                 assert_eq!(has("STAGE8"), eight, "n={n}");
                 let plain = rms_norm(&gpu, &x, &w, &b, 1e-6, false).unwrap();
                 gpu.run(&[&k, &plain]).unwrap();

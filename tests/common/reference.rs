@@ -8,6 +8,13 @@ use wgpu_llm::loader::Checkpoint;
 use wgpu_llm::model::Model;
 use wgpu_llm::sampling::host::argmax;
 
+/// A setup (for [`check_path_with`], [`one_token_plan`]): the layers' norms run apart and every
+/// one-token projection of whole 32-element blocks reads x staged apart ([`StageApart::EVERY`]).
+pub fn stage_every_row(m: &mut Model) {
+    m.set_stage_apart(wgpu_llm::ops::matmul::gguf::StageApart::EVERY);
+    m.set_norms_apart(true);
+}
+
 /// The kernels (name, variant) of the one-token plan of the model at `path` with `setup` applied:
 /// loaded (64 positions), a two-token prompt and one decode step run.
 pub fn one_token_plan(path: &std::path::Path, setup: &dyn Fn(&mut Model)) -> Vec<(String, String)> {

@@ -682,6 +682,9 @@ impl StageApart {
     /// No projection stages apart.
     pub const NEVER: StageApart = StageApart { k: usize::MAX, free_k: usize::MAX, free_n: usize::MAX };
 
+    /// Every projection whose rows are whole 32-element blocks stages apart (tests: every path).
+    pub const EVERY: StageApart = StageApart { k: 32, free_k: 32, free_n: 0 };
+
     /// The rule (see the type), with the measurement knobs: `WGPU_LLM_XG=0` ([`Self::NEVER`]),
     /// `WGPU_LLM_XG_K`, `WGPU_LLM_XG_FREE_K` and `WGPU_LLM_XG_FREE_N` for the three fields.
     pub fn rule() -> StageApart {
@@ -718,7 +721,7 @@ pub fn quantize_x16(gpu: &Gpu, x: &Tensor, xs: &Tensor) -> Result<Kernel> {
     let blocks = (t * k / 32) as u32;
     let params = gpu.uniform("quantize_x16.params", &[blocks, (k / 32) as u32, (k / 4) as u32, 0]);
     // Eight threads a block where subgroups are at least 8 wide (a block's threads one aligned run).
-    let eight = gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+    let eight = gpu.caps.shuffles8();
     let threads = if eight { 8 * blocks } else { blocks };
     gpu.kernel(
         "quantize_x16",
@@ -879,7 +882,7 @@ fn matvec_quant_routed(
             .flag("DP4")
             .set("KC", kc)
             .flag_if("DP4X", chunked)
-            .flag_if("STAGE8", cfg.subgroups && gpu.caps.subgroup_min_size >= 8)
+            .flag_if("STAGE8", cfg.subgroups && gpu.caps.shuffles8())
             .flag_if("PREFETCH", cfg.prefetch && !chunked);
     }
     if !cfg.subgroups {
@@ -2055,7 +2058,7 @@ pub(crate) mod tests {
             let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
             let xs = gpu.empty("xs", &[staged_x_words(t, k)], ElemType::U32).unwrap();
             let kern = quantize_x16(&gpu, &x, &xs).unwrap();
-            let eight = gpu.caps.subgroups && gpu.caps.subgroup_min_size >= 8;
+            let eight = gpu.caps.shuffles8();
             assert_eq!(kern.variant.contains("STAGE8"), eight);
             gpu.run(&[&kern]).unwrap();
             let got = gpu.read_u32(&xs).unwrap();
