@@ -1251,25 +1251,34 @@ impl<'a> LayerPass<'a> {
                 k.push(rope_kv_write_batch(g, &qkv, self.step, seqs, rp, qk, kc, vc)?);
                 k.extend(attention_batch(g, &qkv, kc, vc, &attn, self.step, seqs, ap, None)?);
             }
-        } else if t == 1 && fused_rope {
-            let table =
-                g.upload_f32("rope.inv_freq", &[a.head_dim / 2], &inv_freq(a.head_dim, a.rope.theta, a.rope.scaling))?;
-            k.extend(attention_rope(g, &qkv, kc, vc, &attn, self.step, ap, &table)?);
         } else {
-            k.push(rope_kv_write(g, &qkv, self.step, rp, qk, kc, vc)?);
+            // One token: with fused rope the rotation and cache write happen inside attention,
+            // else rope (+ q/k norm) writes the caches first.
+            let table = match t == 1 && fused_rope {
+                true => Some(g.upload_f32(
+                    "rope.inv_freq",
+                    &[a.head_dim / 2],
+                    &inv_freq(a.head_dim, a.rope.theta, a.rope.scaling),
+                )?),
+                false => {
+                    k.push(rope_kv_write(g, &qkv, self.step, rp, qk, kc, vc)?);
+                    None
+                }
+            };
             // The output staged for the o projection by the decode kernel itself, where that
             // projection reads it so (no output gate to change it first).
             let s: &'a Scratch = self.s;
             let staged = match gate.is_none() && self.stages_all(&[out], a.q_dim(), true) {
-                true => attention_staged(g, &qkv, kc, vc, &attn, self.step, ap, &s.xs16)?,
+                true => attention_staged(g, &qkv, kc, vc, &attn, self.step, ap, table.as_ref(), &s.xs16)?,
                 false => None,
             };
-            match staged {
-                Some(kernels) => {
+            match (staged, &table) {
+                (Some(kernels), _) => {
                     k.extend(kernels);
                     *self.xs_of.borrow_mut() = Some(attn.clone());
                 }
-                None => k.extend(attention(g, &qkv, kc, vc, &attn, self.step, ap)?),
+                (None, Some(table)) => k.extend(attention_rope(g, &qkv, kc, vc, &attn, self.step, ap, table)?),
+                (None, None) => k.extend(attention(g, &qkv, kc, vc, &attn, self.step, ap)?),
             }
         }
         if let Some(gate_w) = gate {

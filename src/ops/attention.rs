@@ -265,10 +265,10 @@ pub fn attention(
     attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, None, None)
 }
 
-/// [`attention`] for one decode token that also writes its output staged into `xs` as
-/// [`crate::ops::matmul::gguf::quantize_x16`] would, for the o projection's matvec on x staged apart:
-/// None where the one-dispatch decode kernel does not run this shape or cannot stage
-/// ([`stages_output`]; the caller runs [`attention`]).
+/// [`attention`] (with `rope`, [`attention_rope`]) for one decode token that also writes its
+/// output staged into `xs` as [`crate::ops::matmul::gguf::quantize_x16`] would, for the o
+/// projection's matvec on x staged apart: None where the one-dispatch decode kernel does not run
+/// this shape or cannot stage ([`stages_output`]; the caller runs the unstaged op).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_staged(
     gpu: &Gpu,
@@ -278,11 +278,12 @@ pub fn attention_staged(
     out: &Tensor,
     step: &wgpu::Buffer,
     p: AttnParams,
+    rope: Option<&Tensor>,
     xs: &Tensor,
 ) -> Result<Option<Vec<Kernel>>> {
-    match DecodeTiling::choose(gpu, &p, false) {
+    match DecodeTiling::choose(gpu, &p, rope.is_some()) {
         Some(tl) if stages_output(gpu, &p) => {
-            attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, None, None, Some(xs)).map(Some)
+            attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, rope, None, Some(xs)).map(Some)
         }
         _ => Ok(None),
     }
@@ -945,41 +946,50 @@ mod tests {
                 if !can {
                     continue;
                 }
-                let mut tilings: Vec<DecodeTiling> = DecodeTiling::choose(&gpu, &p, false).into_iter().collect();
-                for nsplit in [1, 3] {
-                    let tl = DecodeTiling { ck: 4096 / d, nsplit };
-                    if tl.valid(d, h / hkv, limit, false, sg32(&gpu)) && !tilings.contains(&tl) {
-                        tilings.push(tl);
+                for rope in [false, true] {
+                    let mut tilings: Vec<DecodeTiling> = DecodeTiling::choose(&gpu, &p, rope).into_iter().collect();
+                    for nsplit in [1, 3] {
+                        let tl = DecodeTiling { ck: 4096 / d, nsplit };
+                        if tl.valid(d, h / hkv, limit, rope, sg32(&gpu)) && !tilings.contains(&tl) {
+                            tilings.push(tl);
+                        }
                     }
-                }
-                assert!(tilings.len() >= 2, "H {h} Hkv {hkv} D {d}: {tilings:?}");
-                for tl in tilings {
-                    let row = p.row_stride();
-                    let kv: Vec<f16> = random(hkv * ctx * d, 80, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
-                    let kc = gpu.upload_f16("k", &[hkv, ctx, d], &kv).unwrap();
-                    let vc =
-                        gpu.upload_f16("v", &[hkv, ctx, d], &kv[..].iter().rev().copied().collect::<Vec<_>>()).unwrap();
-                    let mut data = random(row, 81, 1.0);
-                    data[..h * d].iter_mut().for_each(|x| *x *= 3.0);
-                    let qkv = gpu.upload_f32("qkv", &[1, row], &data).unwrap();
-                    let step =
-                        gpu.uniform("step", &StepParams { pos: (ctx - 3) as u32, n_tokens: 1, slot: 0, _pad: 0 });
-                    let (a, b) = (
-                        gpu.empty("a", &[1, h * d], ElemType::F32).unwrap(),
-                        gpu.empty("b", &[1, h * d], ElemType::F32).unwrap(),
-                    );
-                    let words = crate::ops::matmul::gguf::staged_x_words(1, h * d);
-                    let xs = gpu.upload_u32("xs", &[words], &vec![7; words]).unwrap();
-                    let plain = attention_decode(&gpu, &qkv, &kc, &vc, &a, &step, p, tl, None, None, None).unwrap();
-                    let staged =
-                        attention_decode(&gpu, &qkv, &kc, &vc, &b, &step, p, tl, None, None, Some(&xs)).unwrap();
-                    assert!(staged[0].variant.split('+').any(|f| f == "STAGE8"));
-                    gpu.run(&plain.iter().chain(&staged).collect::<Vec<_>>()).unwrap();
-                    let (got_a, got_b) = (gpu.read_f32(&a).unwrap(), gpu.read_f32(&b).unwrap());
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got_a), bits(&got_b), "{p:?} {tl:?}: the output");
-                    let want = crate::ops::matmul::gguf::cpu::quantize_x16(&got_b, h * d);
-                    assert_eq!(gpu.read_u32(&xs).unwrap(), want, "{p:?} {tl:?}: the staged output");
+                    assert!(tilings.len() >= 2, "H {h} Hkv {hkv} D {d} rope {rope}: {tilings:?}");
+                    let table = rope.then(|| {
+                        let f = crate::ops::rope::inv_freq(d, 10000.0, 1.0);
+                        gpu.upload_f32("inv_freq", &[d / 2], &f).unwrap()
+                    });
+                    for tl in tilings {
+                        let row = p.row_stride();
+                        let kv: Vec<f16> = random(hkv * ctx * d, 80, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
+                        let kc = gpu.upload_f16("k", &[hkv, ctx, d], &kv).unwrap();
+                        let vc = gpu
+                            .upload_f16("v", &[hkv, ctx, d], &kv[..].iter().rev().copied().collect::<Vec<_>>())
+                            .unwrap();
+                        let mut data = random(row, 81, 1.0);
+                        data[..h * d].iter_mut().for_each(|x| *x *= 3.0);
+                        let qkv = gpu.upload_f32("qkv", &[1, row], &data).unwrap();
+                        let step =
+                            gpu.uniform("step", &StepParams { pos: (ctx - 3) as u32, n_tokens: 1, slot: 0, _pad: 0 });
+                        let (a, b) = (
+                            gpu.empty("a", &[1, h * d], ElemType::F32).unwrap(),
+                            gpu.empty("b", &[1, h * d], ElemType::F32).unwrap(),
+                        );
+                        let words = crate::ops::matmul::gguf::staged_x_words(1, h * d);
+                        let xs = gpu.upload_u32("xs", &[words], &vec![7; words]).unwrap();
+                        let rt = table.as_ref();
+                        let plain = attention_decode(&gpu, &qkv, &kc, &vc, &a, &step, p, tl, rt, None, None).unwrap();
+                        let staged =
+                            attention_decode(&gpu, &qkv, &kc, &vc, &b, &step, p, tl, rt, None, Some(&xs)).unwrap();
+                        assert!(staged[0].variant.split('+').any(|f| f == "STAGE8"));
+                        assert_eq!(staged[0].variant.split('+').any(|f| f == "ROPE"), rope);
+                        gpu.run(&plain.iter().chain(&staged).collect::<Vec<_>>()).unwrap();
+                        let (got_a, got_b) = (gpu.read_f32(&a).unwrap(), gpu.read_f32(&b).unwrap());
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&got_a), bits(&got_b), "{p:?} {tl:?} rope {rope}: the output");
+                        let want = crate::ops::matmul::gguf::cpu::quantize_x16(&got_b, h * d);
+                        assert_eq!(gpu.read_u32(&xs).unwrap(), want, "{p:?} {tl:?} rope {rope}: the staged output");
+                    }
                 }
             }
         }
