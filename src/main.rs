@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use wgpu_llm::chat::{apply_chat_template, Message};
 use wgpu_llm::decode::batch::{BatchEngine, BatchOptions, Event, Request};
-use wgpu_llm::decode::{generate_with, DecodeOptions, Stats, StepTiming, DEFAULT_DEPTH};
+use wgpu_llm::decode::{generate_with, DecodeOptions, Stats, StepTiming, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT};
 use wgpu_llm::gpu::{list_adapters, BackendChoice, Gpu, GpuOptions};
 use wgpu_llm::loader::{Checkpoint, DType};
 use wgpu_llm::model::{Model, WeightFormat};
@@ -125,6 +125,9 @@ struct SamplingArgs {
     /// 0 = forward then sample with a readback each step.
     #[arg(long, default_value_t = DEFAULT_DEPTH)]
     pipeline: usize,
+    /// Decode steps recorded into each submission of the GPU-resident loop.
+    #[arg(long, default_value_t = DEFAULT_STEPS_PER_SUBMIT)]
+    submit_steps: usize,
 }
 
 impl SamplingArgs {
@@ -143,7 +146,10 @@ impl SamplingArgs {
         if self.pipeline > 64 {
             anyhow::bail!("--pipeline {} is out of range: 0..=64 steps in flight", self.pipeline);
         }
-        Ok(DecodeOptions { depth: self.pipeline })
+        if !(1..=64).contains(&self.submit_steps) {
+            anyhow::bail!("--submit-steps {} is out of range: 1..=64 decode steps a submission", self.submit_steps);
+        }
+        Ok(DecodeOptions { depth: self.pipeline, steps_per_submit: self.submit_steps })
     }
 }
 
@@ -622,6 +628,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
                 "min_p": params.min_p,
                 "seed": params.seed,
                 "pipeline_depth": last.depth,
+                "steps_per_submit": last.steps_per_submit,
                 "prefill_tok_s": pp,
                 "decode_tok_s": tg,
                 "prefill_tok_s_all": runs.iter().map(Stats::prefill_tok_s).collect::<Vec<_>>(),
@@ -654,7 +661,11 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             params.top_k,
             params.top_p,
             params.min_p,
-            if last.depth == 0 { "readback loop".to_string() } else { format!("GPU-resident loop, {} in flight", last.depth) },
+            match (last.depth, last.steps_per_submit) {
+                (0, _) => "readback loop".to_string(),
+                (d, 1) => format!("GPU-resident loop, {d} in flight"),
+                (d, k) => format!("GPU-resident loop, {d} submissions of {k} steps in flight"),
+            },
             last.dispatches_per_step,
             last.submits_per_step,
             last.waits_per_step,

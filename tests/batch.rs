@@ -204,7 +204,7 @@ fn any_batch_size_loop_and_sampler_give_the_same_tokens() {
                 tokens.push(t);
                 Ok(true)
             },
-            DecodeOptions { depth: 3 },
+            DecodeOptions::depth(3),
         )
         .unwrap();
         assert_eq!(tokens, want[i].0, "greedy request {i}: generate vs the batch engine");

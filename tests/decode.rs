@@ -55,7 +55,8 @@ fn sampled(seed: u64) -> SamplingParams {
     SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, seed }
 }
 
-/// Runs one generation and returns its tokens and stats.
+/// Runs one generation and returns its tokens and stats; `opts`: a depth (one step a
+/// submission) or [`DecodeOptions`].
 fn run(
     model: &mut Model,
     sampler: &mut dyn SamplingBackend,
@@ -63,8 +64,9 @@ fn run(
     max_tokens: usize,
     params: &SamplingParams,
     eos: &[u32],
-    depth: usize,
+    opts: impl Into<Opts>,
 ) -> (Vec<u32>, Stats) {
+    let Opts(opts) = opts.into();
     let mut tokens = Vec::new();
     let stats = generate_with(
         model,
@@ -77,10 +79,25 @@ fn run(
             tokens.push(t);
             Ok(true)
         },
-        DecodeOptions { depth },
+        opts,
     )
     .unwrap();
     (tokens, stats)
+}
+
+/// [`run`]'s loop options: a depth alone, or (depth, steps a submission).
+struct Opts(DecodeOptions);
+
+impl From<usize> for Opts {
+    fn from(depth: usize) -> Self {
+        Opts(DecodeOptions { depth, steps_per_submit: 1 })
+    }
+}
+
+impl From<(usize, usize)> for Opts {
+    fn from((depth, steps_per_submit): (usize, usize)) -> Self {
+        Opts(DecodeOptions { depth, steps_per_submit })
+    }
 }
 
 #[test]
@@ -106,14 +123,22 @@ fn pipelined_equals_step_by_step(build: fn(&Gpu) -> Model) {
             let distinct = reference.iter().collect::<std::collections::HashSet<_>>().len();
             assert!(distinct > 4, "{params:?}: only {distinct} distinct tokens in {reference:?}");
         }
-        for depth in [0, 1, 2, 4] {
-            let (tokens, s) = run(&mut model, &mut device, &PROMPT, 24, &params, &[], depth);
-            assert_eq!(tokens, reference, "{params:?}, depth {depth}");
-            assert_eq!((s.depth, s.stop, s.discarded_steps), (depth, StopReason::MaxTokens, 0));
+        // Several steps a submission too: 23 decode steps are not a multiple of 3 or 4, so the
+        // last submission holds fewer.
+        for (depth, steps) in [(0, 1), (1, 1), (2, 1), (4, 1), (1, 3), (2, 4), (3, 2)] {
+            let (tokens, s) = run(&mut model, &mut device, &PROMPT, 24, &params, &[], (depth, steps));
+            assert_eq!(tokens, reference, "{params:?}, depth {depth}, {steps} steps a submission");
+            assert_eq!((s.stop, s.discarded_steps), (StopReason::MaxTokens, 0));
             assert_eq!(s.steps.len(), 23, "one timing per decode step");
             assert_eq!(model.pos, PROMPT.len() + 23, "depth {depth}: every token but the last was fed");
-            if depth > 0 {
-                assert_eq!((s.submits_per_step, s.waits_per_step), (1, 1));
+            // A recurrent model keeps no more steps in flight than its state ring rolls back.
+            let ring = model.max_rollback().saturating_add(1);
+            if depth == 0 {
+                assert_eq!(s.depth, 0);
+            } else if depth * steps <= ring {
+                assert_eq!((s.depth, s.steps_per_submit, s.submits_per_step, s.waits_per_step), (depth, steps, 1, 1));
+            } else {
+                assert!(s.depth >= 1 && s.depth * s.steps_per_submit <= ring, "{} x {}", s.depth, s.steps_per_submit);
             }
         }
     }
@@ -145,19 +170,46 @@ fn eos_rollback(build: fn(&Gpu) -> Model) {
     let (cut, eos) =
         free.iter().enumerate().skip(2).find(|(i, t)| !free[..*i].contains(t)).map(|(i, &t)| (i, t)).unwrap();
     let want = &free[..=cut];
-    let depth = 4;
-    let (tokens, s) = run(&mut model, &mut device, &PROMPT, 20, &params, &[eos], depth);
+    // Four submissions of one step, or two of three steps, in flight.
+    for (depth, steps) in [(4, 1), (2, 3)] {
+        eos_rollback_with(build, &gpu, &mut device, &params, want, eos, depth, steps);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn eos_rollback_with(
+    build: fn(&Gpu) -> Model,
+    gpu: &Gpu,
+    device: &mut DeviceSampler,
+    params: &SamplingParams,
+    want: &[u32],
+    eos: u32,
+    depth: usize,
+    steps: usize,
+) {
+    let mut model = build(gpu);
+    let (tokens, s) = run(&mut model, device, &PROMPT, 20, params, &[eos], (depth, steps));
     assert_eq!(tokens, want);
     assert_eq!(s.stop, StopReason::Eos);
-    assert_eq!(s.discarded_steps, (depth - 1).min(20 - tokens.len()), "steps in flight past the eos");
+    // A recurrent model keeps fewer steps in flight (its state ring): what the loop ran.
+    let (depth, steps) = (s.depth, s.steps_per_submit);
+    assert!(depth >= 1 && steps >= 1);
+    if steps == 1 {
+        assert_eq!(s.discarded_steps, (depth - 1).min(20 - tokens.len()), "steps in flight past the eos");
+    } else {
+        // Submissions of `steps` go out when a whole one fits: between depth · steps - steps and
+        // depth · steps - 1 steps are in flight past the one read.
+        let (lo, hi) = (((depth - 1) * steps).min(20 - tokens.len()), depth * steps - 1);
+        assert!((lo..=hi).contains(&s.discarded_steps), "{} steps discarded, not in {lo}..={hi}", s.discarded_steps);
+    }
     assert_eq!(model.pos, PROMPT.len() + tokens.len() - 1, "the overshoot's positions are rolled back");
 
     // Continuing from there sees no trace of the discarded steps: the logits of one more token
     // equal those of a model that ran the step-by-step loop to the same eos.
     let next = [17u32];
     let after_pipelined = gpu.read_f32(&model.forward(&next).unwrap()).unwrap();
-    let mut fresh = build(&gpu);
-    let (tokens0, s0) = run(&mut fresh, &mut device, &PROMPT, 20, &params, &[eos], 0);
+    let mut fresh = build(gpu);
+    let (tokens0, s0) = run(&mut fresh, device, &PROMPT, 20, params, &[eos], 0);
     assert_eq!((tokens0.as_slice(), s0.discarded_steps), (want, 0));
     let after_step_by_step = gpu.read_f32(&fresh.forward(&next).unwrap()).unwrap();
     assert!(after_pipelined.iter().all(|l| l.is_finite()));
@@ -165,8 +217,8 @@ fn eos_rollback(build: fn(&Gpu) -> Model) {
 
     // A second prompt on the same model gives what it gives on a fresh one.
     let other = [5u32, 6, 7, 8, 9];
-    let (second, _) = run(&mut model, &mut device, &other, 12, &params, &[], depth);
-    let (fresh_second, _) = run(&mut build(&gpu), &mut device, &other, 12, &params, &[], 0);
+    let (second, _) = run(&mut model, device, &other, 12, params, &[], (depth, steps));
+    let (fresh_second, _) = run(&mut build(gpu), device, &other, 12, params, &[], 0);
     assert_eq!(second, fresh_second);
 }
 
@@ -179,8 +231,8 @@ fn caller_stop_and_a_full_context_match_the_step_by_step_loop() {
     let params = sampled(3);
     let (reference, s0) = run(&mut model, &mut device, &PROMPT, 100, &params, &[], 0);
     assert_eq!((s0.stop, reference.len()), (StopReason::ContextFull, 7), "one token per free position, plus one");
-    for depth in [1, 3, 8] {
-        let (tokens, s) = run(&mut model, &mut device, &PROMPT, 100, &params, &[], depth);
+    for (depth, steps) in [(1, 1), (3, 1), (8, 1), (2, 3)] {
+        let (tokens, s) = run(&mut model, &mut device, &PROMPT, 100, &params, &[], (depth, steps));
         assert_eq!((tokens.as_slice(), s.stop, s.discarded_steps), (reference.as_slice(), StopReason::ContextFull, 0));
         assert_eq!(model.pos, ctx);
         // The caller stops after the third token.
@@ -196,7 +248,7 @@ fn caller_stop_and_a_full_context_match_the_step_by_step_loop() {
                 seen.push(t);
                 Ok(seen.len() < 3)
             },
-            DecodeOptions { depth },
+            DecodeOptions { depth, steps_per_submit: steps },
         )
         .unwrap();
         assert_eq!((seen.as_slice(), s.stop), (&reference[..3], StopReason::Caller));
@@ -248,7 +300,7 @@ fn non_finite_logits_are_an_error_not_tokens() {
                 delivered += 1;
                 Ok(true)
             },
-            DecodeOptions { depth },
+            DecodeOptions::depth(depth),
         )
         .unwrap_err()
         .to_string();

@@ -25,17 +25,30 @@ use std::time::{Duration, Instant};
 /// Steps in flight in the GPU-resident loop by default.
 pub const DEFAULT_DEPTH: usize = 3;
 
+/// Decode steps a submission of the GPU-resident loop holds by default.
+pub const DEFAULT_STEPS_PER_SUBMIT: usize = 1;
+
 /// How [`generate_with`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeOptions {
-    /// Decode steps in flight in the GPU-resident loop (device sampler): 1 = one at a time,
+    /// Submissions in flight in the GPU-resident loop (device sampler): 1 = one at a time,
     /// 0 = the readback loop (forward, then sample and wait) even with the device sampler.
     pub depth: usize,
+    /// Decode steps recorded into each submission of the GPU-resident loop (1 or more): fewer
+    /// submissions, and a stop seen up to `depth · steps_per_submit - 1` steps late.
+    pub steps_per_submit: usize,
 }
 
 impl Default for DecodeOptions {
     fn default() -> Self {
-        Self { depth: DEFAULT_DEPTH }
+        Self { depth: DEFAULT_DEPTH, steps_per_submit: DEFAULT_STEPS_PER_SUBMIT }
+    }
+}
+
+impl DecodeOptions {
+    /// `depth` submissions in flight of the default steps each.
+    pub fn depth(depth: usize) -> Self {
+        Self { depth, ..Self::default() }
     }
 }
 
@@ -68,9 +81,12 @@ pub struct Stats {
     pub stop: StopReason,
     /// Which loop ran: 0 = readback, else the GPU-resident loop's depth.
     pub depth: usize,
+    /// Decode steps a submission of the GPU-resident loop held (0: the readback loop).
+    pub steps_per_submit: usize,
     /// Decode steps run past the stop and discarded (their positions rolled back).
     pub discarded_steps: usize,
-    /// Dispatches, submits and blocking waits per decode step.
+    /// Dispatches, submits and blocking waits per decode step (the GPU-resident loop: per
+    /// submission of `steps_per_submit` steps).
     pub dispatches_per_step: usize,
     pub submits_per_step: usize,
     pub waits_per_step: usize,
@@ -154,9 +170,12 @@ pub fn generate_with(
     model.reset();
     if opts.depth > 0 {
         if let Some(device) = sampler.as_device() {
-            // A recurrent state rolls back only a few passes (the state ring): no deeper.
-            let depth = opts.depth.min(model.max_rollback().saturating_add(1));
-            return pipeline::run(model, device, prompt, max_tokens, params, eos, on_token, depth, stats);
+            // A recurrent state rolls back only a few passes (the state ring): no more steps in
+            // flight than that.
+            let cap = model.max_rollback().saturating_add(1);
+            let steps = opts.steps_per_submit.clamp(1, cap);
+            let depth = opts.depth.min(cap / steps).max(1);
+            return pipeline::run(model, device, prompt, max_tokens, params, eos, on_token, depth, steps, stats);
         }
     }
     readback_loop(model, sampler, prompt, max_tokens, params, eos, on_token, stats)

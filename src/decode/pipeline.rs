@@ -1,18 +1,20 @@
 //! The GPU-resident, pipelined decode loop (see the [module docs](super)).
 //!
-//! Step `s` (`s ≥ 1`) is one command buffer: the one-token forward pass reading its input id
-//! from the plan's ids buffer, then the device sampler writing the sampled id back into that same
-//! buffer (the input of step `s + 1`) and its status word, in one compute pass with timestamp
-//! writes at its ends; then copies of the id, the status and the resolved timestamps into the
-//! step's readback slot. Queue order makes step `s + 1` read what step `s` wrote, and the
-//! uniform writes for step `s + 1` (position, sampling step) are ordered between the two
-//! submissions, so the host can record and submit up to `depth` steps ahead. The slot of the
-//! oldest step is mapped and read first: tokens reach the caller in order.
+//! Step `s` (`s ≥ 1`) is: copies of its uniforms (the position, the sampling step) from a
+//! buffer the host wrote ahead into the ones the kernels read; the one-token forward pass reading
+//! its input id from the plan's ids buffer, then the device sampler writing the sampled id back
+//! into that same buffer (the input of step `s + 1`) and its status word, in one compute pass
+//! with timestamp writes at its ends; then copies of the id, the status and the resolved
+//! timestamps into the step's readback slot. `steps` such steps go in one command buffer (one
+//! submission); command order makes step `s + 1` read what step `s` wrote, so the host can record
+//! and submit up to `depth` submissions ahead. The slot of the oldest step is mapped and read
+//! first: tokens reach the caller in order.
 //!
 //! Stops: max-tokens and a full context are known ahead, so no step past them is submitted. Eos,
-//! the caller's stop and non-finite logits are seen up to `depth - 1` steps late: those steps are
-//! waited for, dropped, and the model's position is rolled back to where the step-by-step loop
-//! would have left it (the KV entries they wrote lie past it and are overwritten by later passes).
+//! the caller's stop and non-finite logits are seen up to `depth · steps - 1` steps late: those
+//! steps are waited for, dropped, and the model's position is rolled back to where the
+//! step-by-step loop would have left it (the KV entries they wrote lie past it and are
+//! overwritten by later passes).
 
 use super::{non_finite_error, room, stop_after, Stats, StepTiming, StopReason};
 use crate::error::{Error, Result};
@@ -140,10 +142,14 @@ pub(super) fn run(
     eos: &[u32],
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     depth: usize,
+    steps: usize,
     mut stats: Stats,
 ) -> Result<Stats> {
     let gpu = model.gpu.clone();
-    let mut ring = Ring::new(&gpu, depth);
+    let steps = steps.max(1);
+    // A readback slot per step in flight, a region of uniforms per submission in flight.
+    let mut ring = Ring::new(&gpu, depth * steps);
+    let uniforms = Uniforms::new(&gpu, depth, steps);
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     // Tokens that can be produced: max_tokens, and one per free position plus the one sampled
     // from the prompt's last position.
@@ -151,6 +157,7 @@ pub(super) fn run(
     let budget = max_tokens.min(room);
     let ids = model.plan(1)?.ids.clone();
     stats.depth = depth;
+    stats.steps_per_submit = steps;
     stats.dispatches_per_step = model.plan(1)?.dispatches() + sampler_dispatches(params);
     stats.submits_per_step = 1;
     stats.waits_per_step = 1;
@@ -170,30 +177,58 @@ pub(super) fn run(
         sampler.encode_pass(&gpu, &mut pass, &logits, 1, &ids)?;
     }
     ring.record_readback(&mut enc, slot, &ids, status_buffer(sampler)?);
-    submit(&gpu, &ring, &mut in_flight, enc, slot, 0, te)?;
+    submit_steps(&gpu, &ring, &mut in_flight, enc, &[(slot, 0)], te)?;
 
     let mut next_step = 1u32; // the next step to submit
+    let mut submissions = 0usize;
     let mut t1 = None;
     let result = loop {
-        // Keep `depth` steps in flight, never past the budget.
-        while in_flight.len() < depth && (next_step as usize) < budget {
-            let te = Instant::now();
-            sampler.set_params(&gpu, std::slice::from_ref(params), next_step)?;
-            let slot = ring.free.pop().expect("a slot per step in flight");
-            let plan = model.stage(1)?;
-            let mut enc =
-                gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("decode step") });
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("decode step"),
-                    timestamp_writes: ring.timestamp_writes(slot),
-                });
-                plan.encode_pass(&mut pass);
-                sampler.encode_pass(&gpu, &mut pass, &plan.logits, 1, &plan.ids)?;
+        // Keep `depth` submissions of `steps` steps in flight, never past the budget.
+        loop {
+            let n = steps.min(budget.saturating_sub(next_step as usize));
+            if n == 0 || in_flight.len() + n > depth * steps {
+                break;
             }
-            ring.record_readback(&mut enc, slot, &ids, status_buffer(sampler)?);
-            submit(&gpu, &ring, &mut in_flight, enc, slot, next_step, te)?;
-            next_step += 1;
+            let te = Instant::now();
+            let mut enc =
+                gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("decode steps") });
+            let region = submissions % uniforms.regions;
+            let mut bytes = Vec::with_capacity(n * UNIFORM_STRIDE as usize);
+            let mut slots = Vec::with_capacity(n);
+            for step in next_step..next_step + n as u32 {
+                let at = uniforms.at(region, bytes.len());
+                let step_params = model.advance(1)?;
+                let sampling = sampler.step_params(std::slice::from_ref(params), step)?;
+                bytes.extend_from_slice(bytemuck::bytes_of(&step_params));
+                bytes.extend_from_slice(&sampling);
+                debug_assert!(bytes.len() <= uniforms.at(0, 0) as usize + (slots.len() + 1) * UNIFORM_STRIDE as usize);
+                bytes.resize(bytes.len().next_multiple_of(UNIFORM_STRIDE as usize), 0);
+                let step_len = std::mem::size_of_val(&step_params) as u64;
+                enc.copy_buffer_to_buffer(&uniforms.buffer, at, model.step_buffer(), 0, step_len);
+                enc.copy_buffer_to_buffer(
+                    &uniforms.buffer,
+                    at + step_len,
+                    sampler.params_buffer()?,
+                    0,
+                    sampling.len() as u64,
+                );
+                let slot = ring.free.pop().expect("a slot per step in flight");
+                let plan = model.staged_plan(1)?;
+                {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("decode step"),
+                        timestamp_writes: ring.timestamp_writes(slot),
+                    });
+                    plan.encode_pass(&mut pass);
+                    sampler.encode_pass(&gpu, &mut pass, &plan.logits, 1, &plan.ids)?;
+                }
+                ring.record_readback(&mut enc, slot, &ids, status_buffer(sampler)?);
+                slots.push((slot, step));
+            }
+            gpu.queue.write_buffer(&uniforms.buffer, uniforms.at(region, 0), &bytes);
+            submit_steps(&gpu, &ring, &mut in_flight, enc, &slots, te)?;
+            next_step += n as u32;
+            submissions += 1;
         }
         let Some(f) = in_flight.pop_front() else {
             break Ok(());
@@ -251,28 +286,62 @@ fn status_buffer(sampler: &DeviceSampler) -> Result<&wgpu::Buffer> {
     sampler.status().ok_or_else(|| Error::Gpu("the sampler's status buffer is missing after encoding".into()))
 }
 
-/// Finishes, submits and maps a step's slot.
-fn submit(
+/// Finishes and submits a command buffer of one or more steps, `(slot, step)` in order, and maps
+/// their slots; each step is charged an equal share of the encoding and submission time.
+fn submit_steps(
     gpu: &Gpu,
     ring: &Ring,
     in_flight: &mut VecDeque<InFlight>,
     enc: wgpu::CommandEncoder,
-    slot: usize,
-    step: u32,
+    slots: &[(usize, u32)],
     started: Instant,
 ) -> Result<()> {
     let cmd = enc.finish();
-    let encode = started.elapsed();
+    let encode = started.elapsed() / slots.len() as u32;
     let ts = Instant::now();
     let submission = gpu.queue.submit([cmd]);
-    let submit = ts.elapsed();
-    let state = ring.slots[slot].state.clone();
-    state.store(PENDING, Ordering::Relaxed);
-    ring.slots[slot].buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        state.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release);
-    });
-    in_flight.push_back(InFlight { slot, step, submission, encode, submit });
+    let submit = ts.elapsed() / slots.len() as u32;
+    for &(slot, step) in slots {
+        let state = ring.slots[slot].state.clone();
+        state.store(PENDING, Ordering::Relaxed);
+        ring.slots[slot].buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            state.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release);
+        });
+        in_flight.push_back(InFlight { slot, step, submission: submission.clone(), encode, submit });
+    }
     Ok(())
+}
+
+/// Bytes a decode step's uniforms take in [`Uniforms`] (the step's [`crate::ops::StepParams`],
+/// then the sampler's parameters; a copy's offset must be a multiple of 4).
+const UNIFORM_STRIDE: u64 = 256;
+
+/// The uniforms of the submissions in flight, written ahead by the host (`queue.write_buffer`)
+/// and copied into the buffers the kernels read by each step's commands: a region of `steps`
+/// steps per submission, one more region than submissions in flight.
+struct Uniforms {
+    buffer: wgpu::Buffer,
+    regions: usize,
+    region_bytes: u64,
+}
+
+impl Uniforms {
+    fn new(gpu: &Gpu, depth: usize, steps: usize) -> Uniforms {
+        let regions = depth + 1;
+        let region_bytes = steps as u64 * UNIFORM_STRIDE;
+        let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("decode step uniforms"),
+            size: regions as u64 * region_bytes,
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Uniforms { buffer, regions, region_bytes }
+    }
+
+    /// Byte `offset` of region `region`.
+    fn at(&self, region: usize, offset: usize) -> u64 {
+        region as u64 * self.region_bytes + offset as u64
+    }
 }
 
 /// Waits for a step's submission, reads its slot and unmaps it.

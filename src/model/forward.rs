@@ -540,10 +540,19 @@ impl Model {
     /// submission, after the ones before) and advances the position. The caller writes the ids
     /// (or has the sampler write them on the GPU) and encodes the returned plan.
     pub fn stage(&mut self, n: usize) -> Result<&Plan> {
+        let step = self.advance(n)?;
+        self.gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
+        Ok(&self.plans[&n])
+    }
+
+    /// [`stage`](Self::stage) without the write: returns the step uniform for the caller to put
+    /// into [`step_buffer`](Self::step_buffer) before the plan ([`staged_plan`](Self::staged_plan))
+    /// runs, e.g. by a copy recorded in the same command buffer, so that several steps go in one
+    /// submission.
+    pub fn advance(&mut self, n: usize) -> Result<StepParams> {
         self.check_room(n)?;
         self.plan(n)?;
         let step = StepParams { pos: self.pos as u32, n_tokens: n as u32, slot: 0, _pad: 0 };
-        self.gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
         self.pos += n;
         if self.pos - n == 0 {
             self.pass_ends.clear();
@@ -552,7 +561,18 @@ impl Model {
         while self.pass_ends.len() > STATE_RING {
             self.pass_ends.pop_front();
         }
-        Ok(&self.plans[&n])
+        Ok(step)
+    }
+
+    /// The uniform buffer of the one-sequence plans' [`StepParams`] (see [`advance`](Self::advance)).
+    pub fn step_buffer(&self) -> &wgpu::Buffer {
+        &self.step
+    }
+
+    /// The plan for `n` tokens, recorded by an earlier [`advance`](Self::advance) or
+    /// [`stage`](Self::stage).
+    pub fn staged_plan(&self, n: usize) -> Result<&Plan> {
+        self.plans.get(&n).ok_or_else(|| Error::Gpu(format!("no plan for {n} tokens has been staged")))
     }
 
     /// Runs the one-token step `reps` times with every dispatch in a compute pass of its own

@@ -251,6 +251,27 @@ impl DeviceSampler {
         Ok(())
     }
 
+    /// The bytes [`set_params`](Self::set_params) would write for decode step `step` with the
+    /// parameters of the last `set_params` (the same rows, so the same encoded work), for the
+    /// caller to copy into [`params_buffer`](Self::params_buffer) inside a command buffer, before
+    /// the step's [`encode_pass`](Self::encode_pass): several decode steps in one submission.
+    pub fn step_params(&self, params: &[SamplingParams], step: u32) -> Result<Vec<u8>> {
+        if params.len() != self.rows || params.iter().all(|p| p.is_greedy()) != self.all_greedy {
+            return Err(Error::InvalidArgument(
+                "sampling: step parameters must keep the rows (and greedy or not) of the last set_params".into(),
+            ));
+        }
+        params.iter().try_for_each(SamplingParams::validate)?;
+        let prepared: Vec<PreparedParams> =
+            params.iter().zip(0u32..).map(|(p, row)| p.prepare_stream(step, row)).collect();
+        Ok(bytemuck::cast_slice(&prepared).to_vec())
+    }
+
+    /// The buffer the sampler's parameters live in (see [`step_params`](Self::step_params)).
+    pub fn params_buffer(&self) -> Result<&wgpu::Buffer> {
+        self.params.buffer.as_ref().ok_or_else(|| Error::Gpu("the sampler's parameters were never set".into()))
+    }
+
     /// How many bind-group sets this sampler has built: one per new (logits buffer, out buffer,
     /// rows, vocab) or scratch growth, none for repeated calls or new parameters.
     pub fn bind_groups_built(&self) -> u64 {
