@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use wgpu_llm::chat::{apply_chat_template, Message};
 use wgpu_llm::decode::batch::{BatchEngine, BatchOptions, Event, Request};
-use wgpu_llm::decode::{generate_with, DecodeOptions, Stats, StepTiming, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT};
+use wgpu_llm::decode::{
+    generate_with, DecodeOptions, Stats, StepTiming, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT, DEFAULT_SUBMISSIONS,
+};
 use wgpu_llm::gpu::{list_adapters, BackendChoice, Gpu, GpuOptions};
 use wgpu_llm::loader::{Checkpoint, DType};
 use wgpu_llm::model::{Model, WeightFormat};
@@ -121,10 +123,11 @@ struct SamplingArgs {
     seed: Option<u64>,
     #[arg(long, value_enum, default_value_t = SamplerChoice::Device)]
     sampler: SamplerChoice,
-    /// Decode steps in flight with the device sampler (the GPU-resident loop); 1 = one at a time,
-    /// 0 = forward then sample with a readback each step.
-    #[arg(long, default_value_t = DEFAULT_DEPTH)]
-    pipeline: usize,
+    /// With the device sampler, submissions in flight in the GPU-resident loop (several sequences
+    /// decoded together: decode steps in flight; by default 3); 1 = one at a time, 0 = forward
+    /// then sample with a readback each step.
+    #[arg(long)]
+    pipeline: Option<usize>,
     /// Decode steps recorded into each submission of the GPU-resident loop.
     #[arg(long, default_value_t = DEFAULT_STEPS_PER_SUBMIT)]
     submit_steps: usize,
@@ -143,13 +146,20 @@ impl SamplingArgs {
         Ok(p)
     }
     fn decode(&self) -> Result<DecodeOptions> {
-        if self.pipeline > 64 {
-            anyhow::bail!("--pipeline {} is out of range: 0..=64 steps in flight", self.pipeline);
+        let depth = self.pipeline.unwrap_or(DEFAULT_SUBMISSIONS);
+        if depth > 64 {
+            anyhow::bail!("--pipeline {depth} is out of range: 0..=64 in flight");
         }
         if !(1..=64).contains(&self.submit_steps) {
             anyhow::bail!("--submit-steps {} is out of range: 1..=64 decode steps a submission", self.submit_steps);
         }
-        Ok(DecodeOptions { depth: self.pipeline, steps_per_submit: self.submit_steps })
+        Ok(DecodeOptions { depth, steps_per_submit: self.submit_steps })
+    }
+
+    /// Decode steps in flight when several sequences are decoded together (the batch engine).
+    fn batch_depth(&self) -> Result<usize> {
+        self.decode()?;
+        Ok(self.pipeline.unwrap_or(DEFAULT_DEPTH))
     }
 }
 
@@ -434,7 +444,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         anyhow::bail!("serve takes no --seed: each request has its own (`seed`), or a random one");
     }
     let defaults = a.sampling.params()?;
-    let opts = a.sampling.decode()?;
+    let depth = a.sampling.batch_depth()?;
     if a.max_batch == 0 {
         anyhow::bail!("--max-batch must be at least 1");
     }
@@ -459,7 +469,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         model,
         sampler(a.sampling.sampler, &gpu)?,
         BatchOptions { max_batch: a.max_batch, max_queue: a.max_queue },
-        opts.depth,
+        depth,
     )?;
     let together = if engine.is_batched() {
         format!("{} sequences decoded together", a.max_batch)
@@ -588,7 +598,8 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     };
     let prompt = prompt_of(0);
     if let Some(n) = a.streams {
-        let engine = BatchEngine::new(model, sampler, BatchOptions { max_batch: n, max_queue: n }, opts.depth)?;
+        let depth = a.sampling.batch_depth()?;
+        let engine = BatchEngine::new(model, sampler, BatchOptions { max_batch: n, max_queue: n }, depth)?;
         return bench_streams(&a, engine, n, &params, &prompt_of, &source, ck.config.arch.name());
     }
     let mut runs = Vec::new();
@@ -781,7 +792,7 @@ fn bench_streams(
                 "top_p": params.top_p,
                 "min_p": params.min_p,
                 "seed": params.seed,
-                "pipeline_depth": a.sampling.pipeline,
+                "pipeline_depth": a.sampling.batch_depth()?,
                 "decode_tok_s_total": decode,
                 "tok_s_total_with_prefill": total,
                 "decode_tok_s_per_stream": decode / n as f64,

@@ -26,15 +26,16 @@ if [ -z "${NO_ANCHOR:-}" ] && [ "${SINGLE:-1}" = 1 ]; then
     > "$out/anchor.jsonl" 2> "$out/anchor.err"
 fi
 B=.bin/wgpu-llm
-# name:flags
-loops=${LOOPS:-"d3:--pipeline=3 d1:--pipeline=1 readback:--pipeline=0 host:--sampler=host"}
+# name:flags (flags joined by +): the default loop (2 submissions of 4 steps in flight), one step a submission with
+# 3 in flight (the loop before session 17), one step at a time, the readback loop, the host sampler.
+loops=${LOOPS:-"d2k4:--pipeline=2 d3k1:--pipeline=3+--submit-steps=1 d1:--pipeline=1+--submit-steps=1 readback:--pipeline=0 host:--sampler=host"}
 chains=${CHAINS:-"greedy:--temperature=0 chain:--temperature=0.8"}
 [ "${SINGLE:-1}" = 1 ] || loops=""
 for m in $models; do
   for c in $chains; do
     for l in $loops; do
       echo "{\"model\":\"$m\",\"chain\":\"${c%%:*}\",\"loop\":\"${l%%:*}\",\"result\":" >> "$out/wgpu.jsonl"
-      timeout 120 $B bench --model "/tmp/$m.gguf" --json --reps "$reps" --seed 1 ${c#*:} ${l#*:} >> "$out/wgpu.jsonl" 2>> "$out/wgpu.err" \
+      timeout 120 $B bench --model "/tmp/$m.gguf" --json --reps "$reps" --seed 1 ${c#*:} $(echo "${l#*:}" | tr + " ") >> "$out/wgpu.jsonl" 2>> "$out/wgpu.err" \
         || echo "{\"error\":$?}" >> "$out/wgpu.jsonl"
       echo "}" >> "$out/wgpu.jsonl"
     done
@@ -43,7 +44,7 @@ done
 # Synthetic models: SYNTH="preset:recipe ...", each with the loops of SYNTH_LOOPS (name:flags; default the pipelined
 # device sampler, greedy); SYNTH_ARGS adds flags to every run (e.g. --profile 20, --prompt-tokens 1505).
 for s in ${SYNTH:-}; do
-  for l in ${SYNTH_LOOPS:-"d3:--pipeline=3"}; do
+  for l in ${SYNTH_LOOPS:-"d2k4:--pipeline=2"}; do
     echo "{\"synthetic\":\"$s\",\"loop\":\"${l%%:*}\",\"result\":" >> "$out/synth.jsonl"
     timeout ${SYNTH_TIMEOUT:-240} $B bench --synthetic "$s" --json --reps "$reps" --seed 1 --temperature 0 ${l#*:} ${SYNTH_ARGS:-} \
       >> "$out/synth.jsonl" 2>> "$out/wgpu.err" || echo "{\"error\":$?}" >> "$out/synth.jsonl"

@@ -4,8 +4,8 @@
 //! - **GPU-resident** ([`pipeline`], with the device sampler): each decode step is one command
 //!   buffer holding the forward pass and the sampler, which writes the sampled id straight into
 //!   the next step's input-ids buffer. The host writes what it knows ahead (the position, the
-//!   sampling step) and encodes and submits step `t + 1` (up to `depth` steps) while the GPU runs
-//!   step `t`; the ids come back through a ring of small mapped buffers, in order. A stop (eos,
+//!   sampling step) and encodes and submits step `t + 1` (up to `depth` submissions of
+//!   `steps_per_submit` steps) while the GPU runs step `t`; the ids come back through a ring of small mapped buffers, in order. A stop (eos,
 //!   the caller, non-finite logits) discards the steps already in flight and rolls the model's
 //!   position back, so the next call never sees them. `depth = 1` is the same loop unpipelined.
 //! - **Readback** (any sampler, the host sampler always): forward, then
@@ -22,11 +22,16 @@ use crate::model::Model;
 use crate::sampling::{SamplingBackend, SamplingParams};
 use std::time::{Duration, Instant};
 
-/// Steps in flight in the GPU-resident loop by default.
+/// Decode steps in flight in the batch engine ([`batch::BatchEngine`]) by default.
 pub const DEFAULT_DEPTH: usize = 3;
 
-/// Decode steps a submission of the GPU-resident loop holds by default.
-pub const DEFAULT_STEPS_PER_SUBMIT: usize = 1;
+/// Submissions in flight in the one-sequence GPU-resident loop by default.
+pub const DEFAULT_SUBMISSIONS: usize = 2;
+
+/// Decode steps a submission of the one-sequence GPU-resident loop holds by default: 4 were
+/// +0.7-1.2 % decode over 1 on the H100 (fewer submissions; BENCHMARKS.md session 17), for
+/// tokens that reach the caller four at a time and a stop seen up to 7 steps late (discarded).
+pub const DEFAULT_STEPS_PER_SUBMIT: usize = 4;
 
 /// How [`generate_with`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +46,7 @@ pub struct DecodeOptions {
 
 impl Default for DecodeOptions {
     fn default() -> Self {
-        Self { depth: DEFAULT_DEPTH, steps_per_submit: DEFAULT_STEPS_PER_SUBMIT }
+        Self { depth: DEFAULT_SUBMISSIONS, steps_per_submit: DEFAULT_STEPS_PER_SUBMIT }
     }
 }
 
@@ -171,9 +176,9 @@ pub fn generate_with(
     if opts.depth > 0 {
         if let Some(device) = sampler.as_device() {
             // A recurrent state rolls back only a few passes (the state ring): no more steps in
-            // flight than that.
+            // flight than that, two submissions of them where the options ask for two or more.
             let cap = model.max_rollback().saturating_add(1);
-            let steps = opts.steps_per_submit.clamp(1, cap);
+            let steps = opts.steps_per_submit.clamp(1, (cap / opts.depth.clamp(1, 2)).max(1));
             let depth = opts.depth.min(cap / steps).max(1);
             return pipeline::run(model, device, prompt, max_tokens, params, eos, on_token, depth, steps, stats);
         }
