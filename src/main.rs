@@ -123,14 +123,16 @@ struct SamplingArgs {
     seed: Option<u64>,
     #[arg(long, value_enum, default_value_t = SamplerChoice::Device)]
     sampler: SamplerChoice,
-    /// With the device sampler, submissions in flight in the GPU-resident loop (several sequences
-    /// decoded together: decode steps in flight; by default 3); 1 = one at a time, 0 = forward
-    /// then sample with a readback each step.
+    /// With the device sampler, submissions in flight in the one-sequence GPU-resident loop (by
+    /// default 2), or decode steps in flight where several sequences are decoded together
+    /// (`serve`, `bench --streams`; by default 3); 1 = one at a time, 0 = forward then sample with
+    /// a readback each step.
     #[arg(long)]
     pipeline: Option<usize>,
-    /// Decode steps recorded into each submission of the GPU-resident loop.
-    #[arg(long, default_value_t = DEFAULT_STEPS_PER_SUBMIT)]
-    submit_steps: usize,
+    /// Decode steps recorded into each submission of the one-sequence GPU-resident loop (by
+    /// default 4).
+    #[arg(long)]
+    submit_steps: Option<usize>,
 }
 
 impl SamplingArgs {
@@ -150,15 +152,20 @@ impl SamplingArgs {
         if depth > 64 {
             anyhow::bail!("--pipeline {depth} is out of range: 0..=64 in flight");
         }
-        if !(1..=64).contains(&self.submit_steps) {
-            anyhow::bail!("--submit-steps {} is out of range: 1..=64 decode steps a submission", self.submit_steps);
+        let steps = self.submit_steps.unwrap_or(DEFAULT_STEPS_PER_SUBMIT);
+        if !(1..=64).contains(&steps) {
+            anyhow::bail!("--submit-steps {steps} is out of range: 1..=64 decode steps a submission");
         }
-        Ok(DecodeOptions { depth, steps_per_submit: self.submit_steps })
+        Ok(DecodeOptions { depth, steps_per_submit: steps })
     }
 
-    /// Decode steps in flight when several sequences are decoded together (the batch engine).
+    /// Decode steps in flight when several sequences are decoded together (the batch engine,
+    /// which submits a step at a time).
     fn batch_depth(&self) -> Result<usize> {
         self.decode()?;
+        if self.submit_steps.is_some() {
+            anyhow::bail!("--submit-steps is for one sequence; decoding several at once submits a step at a time");
+        }
         Ok(self.pipeline.unwrap_or(DEFAULT_DEPTH))
     }
 }
@@ -566,6 +573,9 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     }
     let params = a.sampling.params()?;
     let opts = a.sampling.decode()?;
+    if a.streams.is_some() {
+        a.sampling.batch_depth()?;
+    }
     let need = (a.prompt_tokens + a.gen_tokens + 1).max(16);
     if a.ctx.is_some_and(|c| c < need) {
         anyhow::bail!(

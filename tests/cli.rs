@@ -112,6 +112,7 @@ fn bench_arguments_are_validated() {
     fails_with(bench(&["--gen-tokens", "0"]), &["at least 1"]);
     fails_with(bench(&["--pipeline", "100"]), &["--pipeline 100"]);
     fails_with(bench(&["--submit-steps", "0"]), &["--submit-steps 0"]);
+    fails_with(bench(&["--streams", "2", "--submit-steps", "2"]), &["--submit-steps is for one sequence"]);
     fails_with(bench(&["--top-p", "2"]), &["top_p"]);
     fails_with(bench(&["--profile", "0"]), &["--profile 0"]);
     let out = bin().args(["bench", "--synthetic", "llama-70b:q4_k_m"]).output().unwrap();

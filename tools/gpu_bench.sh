@@ -46,7 +46,7 @@ done
 for s in ${SYNTH:-}; do
   for l in ${SYNTH_LOOPS:-"d2k4:--pipeline=2"}; do
     echo "{\"synthetic\":\"$s\",\"loop\":\"${l%%:*}\",\"result\":" >> "$out/synth.jsonl"
-    timeout ${SYNTH_TIMEOUT:-240} $B bench --synthetic "$s" --json --reps "$reps" --seed 1 --temperature 0 ${l#*:} ${SYNTH_ARGS:-} \
+    timeout ${SYNTH_TIMEOUT:-240} $B bench --synthetic "$s" --json --reps "$reps" --seed 1 --temperature 0 $(echo "${l#*:}" | tr + " ") ${SYNTH_ARGS:-} \
       >> "$out/synth.jsonl" 2>> "$out/wgpu.err" || echo "{\"error\":$?}" >> "$out/synth.jsonl"
     echo "}" >> "$out/synth.jsonl"
   done

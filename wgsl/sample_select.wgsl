@@ -30,6 +30,31 @@
 @group(0) @binding(6) var<storage, read_write> out: array<u32>;            // (B) token ids
 @group(0) @binding(7) var<storage, read> info: Info;
 @group(0) @binding(8) var<storage, read_write> status: array<u32>;         // (B) 1: the row has a NaN or +-inf logit
+#ifdef LOG
+// LOG: each row's id and status also go to entry (step % N, row) of a log of N steps, so that a
+// decode loop running several steps in one submission reads them all back with one copy.
+@group(0) @binding(9) var<storage, read_write> step_log: array<vec2<u32>>; // (N, B) (id, status)
+
+fn log_at(step: u32, r: u32) -> u32 {
+    return (step % (arrayLength(&step_log) / info.rows)) * info.rows + r;
+}
+#endif
+
+// Row r's token id (lane 0 of its workgroup).
+fn put_id(p: Params, r: u32, t: u32) {
+    out[r] = t;
+#ifdef LOG
+    step_log[log_at(p.step, r)].x = t;
+#endif
+}
+
+// Row r's status: 1 when its logits held a NaN or an infinity (lane 0).
+fn put_status(p: Params, r: u32, non_finite: bool) {
+    status[r] = select(0u, 1u, non_finite);
+#ifdef LOG
+    step_log[log_at(p.step, r)].y = select(0u, 1u, non_finite);
+#endif
+}
 
 const RANK: u32 = 0u;   // select the rank-th largest key
 const LEVEL: u32 = 1u;  // select the top-p level
@@ -404,7 +429,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let rs = wg_stats(st, ln);
     if (lid == 0u) {
-        status[r] = select(0u, 1u, (rs.inf & FLAG_NON_FINITE) != 0u);
+        put_status(p, r, (rs.inf & FLAG_NON_FINITE) != 0u);
     }
     let pos_inf = (rs.inf & FLAG_POS_INF) != 0u;
     if (!sampling || pos_inf || rs.count == 0u) {
@@ -414,7 +439,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             if (sampling && !pos_inf) {
                 t = 0u;
             }
-            out[r] = t;
+            put_id(p, r, t);
         }
     } else {
         sample(p, rs, hc, hm, ln);
@@ -587,6 +612,6 @@ fn sample(p: Params, rs: Stats, hc: array<u32, BPT>, hm: array<vec2<u32>, BPT>, 
     }
     let best = wg_argmax(bk, bi, ln);
     if (lid == 0u) {
-        out[r] = best.y;
+        put_id(p, r, best.y);
     }
 }

@@ -1,13 +1,14 @@
 //! The generation loop: prefill the prompt, then sample and feed back one token at a time.
 //!
 //! Two loops produce the same tokens:
-//! - **GPU-resident** ([`pipeline`], with the device sampler): each decode step is one command
-//!   buffer holding the forward pass and the sampler, which writes the sampled id straight into
-//!   the next step's input-ids buffer. The host writes what it knows ahead (the position, the
-//!   sampling step) and encodes and submits step `t + 1` (up to `depth` submissions of
-//!   `steps_per_submit` steps) while the GPU runs step `t`; the ids come back through a ring of small mapped buffers, in order. A stop (eos,
-//!   the caller, non-finite logits) discards the steps already in flight and rolls the model's
-//!   position back, so the next call never sees them. `depth = 1` is the same loop unpipelined.
+//! - **GPU-resident** ([`pipeline`], with the device sampler): each decode step is one compute
+//!   pass holding the forward pass and the sampler, which writes the sampled id straight into
+//!   the next step's input-ids buffer; `steps_per_submit` steps go in one command buffer. The
+//!   host writes what it knows ahead (the positions, the sampling steps) and encodes and submits
+//!   the next steps (up to `depth` submissions) while the GPU runs earlier ones; the ids come
+//!   back through a ring of small mapped buffers, in order. A stop (eos, the caller, non-finite
+//!   logits) discards the steps already in flight and rolls the model's position back, so the
+//!   next call never sees them. `depth = 1` with one step a submission is the loop unpipelined.
 //! - **Readback** (any sampler, the host sampler always): forward, then
 //!   [`SamplingBackend::draw`], which waits for the ids (the host sampler reads the logits back).
 //!
@@ -90,11 +91,11 @@ pub struct Stats {
     pub steps_per_submit: usize,
     /// Decode steps run past the stop and discarded (their positions rolled back).
     pub discarded_steps: usize,
-    /// Dispatches, submits and blocking waits per decode step (the GPU-resident loop: per
-    /// submission of `steps_per_submit` steps).
+    /// Dispatches, submits and blocking waits per decode step (the GPU-resident loop: a submit
+    /// and a wait a submission of `steps_per_submit` steps, so 1 / `steps_per_submit` a step).
     pub dispatches_per_step: usize,
-    pub submits_per_step: usize,
-    pub waits_per_step: usize,
+    pub submits_per_step: f64,
+    pub waits_per_step: f64,
     /// One entry per decode step whose token was delivered (not the prefill).
     pub steps: Vec<StepTiming>,
 }
@@ -220,8 +221,8 @@ fn readback_loop(
 ) -> Result<Stats> {
     let sampler_dispatches = if sampler.as_device().is_some() { pipeline::sampler_dispatches(params) } else { 0 };
     stats.dispatches_per_step = model.plan(1)?.dispatches() + sampler_dispatches;
-    stats.submits_per_step = 2;
-    stats.waits_per_step = 1;
+    stats.submits_per_step = 2.0;
+    stats.waits_per_step = 1.0;
     let t0 = Instant::now();
     let draw = |model: &mut Model, sampler: &mut dyn SamplingBackend, logits, step: u32| -> Result<u32> {
         let d = sampler.draw(&model.gpu, &logits, std::slice::from_ref(params), step)?;

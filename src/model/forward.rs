@@ -1249,6 +1249,10 @@ impl<'a> LayerPass<'a> {
             && !a.k_eq_v
             && !a.v_norm
             && a.kv_from.is_none();
+        // The rotation's inverse frequencies where attention rotates q and k itself (one decode
+        // token a sequence).
+        let rope_table =
+            || g.upload_f32("rope.inv_freq", &[a.head_dim / 2], &inv_freq(a.head_dim, a.rope.theta, a.rope.scaling));
         if a.kv_from.is_some() {
             // Only q to rotate: the keys and values are another layer's, already cached.
             k.push(match &self.seqs {
@@ -1261,11 +1265,7 @@ impl<'a> LayerPass<'a> {
             });
         } else if let Some(seqs) = &self.seqs {
             if fused_rope {
-                let table = g.upload_f32(
-                    "rope.inv_freq",
-                    &[a.head_dim / 2],
-                    &inv_freq(a.head_dim, a.rope.theta, a.rope.scaling),
-                )?;
+                let table = rope_table()?;
                 k.extend(attention_batch(g, &qkv, kc, vc, &attn, self.step, seqs, ap, Some(&table))?);
             } else {
                 k.push(rope_kv_write_batch(g, &qkv, self.step, seqs, rp, qk, kc, vc)?);
@@ -1275,11 +1275,7 @@ impl<'a> LayerPass<'a> {
             // One token: with fused rope the rotation and cache write happen inside attention,
             // else rope (+ q/k norm) writes the caches first.
             let table = match t == 1 && fused_rope {
-                true => Some(g.upload_f32(
-                    "rope.inv_freq",
-                    &[a.head_dim / 2],
-                    &inv_freq(a.head_dim, a.rope.theta, a.rope.scaling),
-                )?),
+                true => Some(rope_table()?),
                 false => {
                     k.push(rope_kv_write(g, &qkv, self.step, rp, qk, kc, vc)?);
                     None

@@ -130,6 +130,8 @@ struct BindKey {
     logits_size: u64,
     out: usize,
     out_offset: u64,
+    /// Steps of the step log ([`DeviceSampler::encode_pass_logged`]; 0 without).
+    log: usize,
     rows: usize,
     vocab: usize,
     generation: u64,
@@ -152,6 +154,8 @@ struct Bound {
 pub struct DeviceSampler {
     /// (stats, histogram, select) for each entry of `WORKGROUPS`, compiled on first use.
     pipelines: [Option<[Arc<wgpu::ComputePipeline>; 3]>; 3],
+    /// sample_select with `LOG` for each entry of `WORKGROUPS` ([`Self::encode_pass_logged`]).
+    select_log: [Option<Arc<wgpu::ComputePipeline>>; 3],
     params: Scratch,
     partials: Scratch,
     hist: Scratch,
@@ -160,6 +164,8 @@ pub struct DeviceSampler {
     fetched: Scratch,
     /// Per row: 1 when its logits held a NaN or an infinity (written by `sample_select`).
     status: Scratch,
+    /// The step log of [`encode_pass_logged`](Self::encode_pass_logged).
+    log: Scratch,
     /// Ids of [`sample`](SamplingBackend::sample) and their readback buffer.
     ids: Option<Tensor>,
     staging: Option<wgpu::Buffer>,
@@ -179,6 +185,7 @@ impl DeviceSampler {
     pub fn new(gpu: &Gpu) -> Result<Self> {
         let mut s = Self {
             pipelines: [None, None, None],
+            select_log: [None, None, None],
             params: Scratch::new("sampler params"),
             partials: Scratch::new("sampler partials"),
             hist: Scratch::new("sampler histogram"),
@@ -186,6 +193,7 @@ impl DeviceSampler {
             meta: Scratch::new("sampler metadata"),
             fetched: Scratch::new("sampler fetched bin"),
             status: Scratch::new("sampler status"),
+            log: Scratch::new("sampler step log"),
             ids: None,
             staging: None,
             rows: 0,
@@ -224,6 +232,26 @@ impl DeviceSampler {
         Ok(p)
     }
 
+    /// [`pipelines_for`](Self::pipelines_for) with sample_select's `LOG` variant where `log`.
+    fn pipelines_logged(&mut self, gpu: &Gpu, vocab: usize, log: bool) -> Result<[Arc<wgpu::ComputePipeline>; 3]> {
+        let [stats, histogram, select] = self.pipelines_for(gpu, vocab)?;
+        if !log {
+            return Ok([stats, histogram, select]);
+        }
+        let slot = Self::config(vocab);
+        let select = match &self.select_log[slot] {
+            Some(p) => p.clone(),
+            None => {
+                let (_, wg, seg) = WORKGROUPS[slot];
+                let p =
+                    gpu.pipeline("sample_select", "main", &gpu.macros().set("WG", wg).set("SEG", seg).flag("LOG"))?;
+                self.select_log[slot] = Some(p.clone());
+                p
+            }
+        };
+        Ok([stats, histogram, select])
+    }
+
     /// Validates `params` (one per row) and uploads them for decode step `step`; they apply to
     /// the next [`encode`](Self::encode)d work submitted (`queue.write_buffer` semantics).
     /// Invalid parameters are an [`Error::InvalidArgument`] and nothing is written.
@@ -238,9 +266,7 @@ impl DeviceSampler {
         if params.is_empty() {
             return Err(Error::InvalidArgument("sampling: no rows".into()));
         }
-        check_keys(params, keys)?;
-        let prepared: Vec<PreparedParams> =
-            params.iter().zip(keys).map(|(p, k)| p.prepare_stream(k.step, k.stream)).collect();
+        let prepared = prepare_rows(params, keys)?;
         let bytes = std::mem::size_of_val(prepared.as_slice()) as u64;
         if self.params.ensure(gpu, bytes)? {
             self.invalidate();
@@ -261,10 +287,8 @@ impl DeviceSampler {
                 "sampling: step parameters must keep the rows (and greedy or not) of the last set_params".into(),
             ));
         }
-        params.iter().try_for_each(SamplingParams::validate)?;
-        let prepared: Vec<PreparedParams> =
-            params.iter().zip(0u32..).map(|(p, row)| p.prepare_stream(step, row)).collect();
-        Ok(bytemuck::cast_slice(&prepared).to_vec())
+        let keys: Vec<RowKey> = (0..params.len() as u32).map(|row| RowKey { step, stream: row }).collect();
+        Ok(bytemuck::cast_slice(&prepare_rows(params, &keys)?).to_vec())
     }
 
     /// The buffer the sampler's parameters live in (see [`step_params`](Self::step_params)).
@@ -306,7 +330,7 @@ impl DeviceSampler {
         rows: usize,
         out: &Tensor,
     ) -> Result<()> {
-        let bound = self.prepare(gpu, logits, rows, out)?;
+        let bound = self.prepare(gpu, logits, rows, out, None)?;
         let mut pass = encoder
             .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("sampling"), timestamp_writes: None });
         self.record(bound, &mut pass);
@@ -323,9 +347,34 @@ impl DeviceSampler {
         rows: usize,
         out: &Tensor,
     ) -> Result<()> {
-        let bound = self.prepare(gpu, logits, rows, out)?;
+        let bound = self.prepare(gpu, logits, rows, out, None)?;
         self.record(bound, pass);
         Ok(())
+    }
+
+    /// [`encode_pass`](Self::encode_pass) that also writes each row's id and status to entry
+    /// `(step % steps, row)` of the sampler's step log ([`step_log`](Self::step_log): u32
+    /// `[steps, rows, 2]`; `step`: the decode step of [`set_params`](Self::set_params) or
+    /// [`step_params`](Self::step_params)): a loop that runs several steps in one submission
+    /// reads all their tokens back with one copy.
+    pub fn encode_pass_logged(
+        &mut self,
+        gpu: &Gpu,
+        pass: &mut wgpu::ComputePass<'_>,
+        logits: &Tensor,
+        rows: usize,
+        out: &Tensor,
+        steps: usize,
+    ) -> Result<()> {
+        let bound = self.prepare(gpu, logits, rows, out, Some(steps))?;
+        self.record(bound, pass);
+        Ok(())
+    }
+
+    /// The step log [`encode_pass_logged`](Self::encode_pass_logged) writes (from byte 0; valid
+    /// once that work has run).
+    pub fn step_log(&self) -> Result<&wgpu::Buffer> {
+        self.log.buffer.as_ref().ok_or_else(|| Error::Gpu("the sampler's step log was never used".into()))
     }
 
     /// [`encode_pass`](Self::encode_pass) with a timestamp written to `stamps.0` before the first
@@ -343,7 +392,7 @@ impl DeviceSampler {
         if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
             return Err(Error::Unsupported("timestamps inside passes".into()));
         }
-        let bound = self.prepare(gpu, logits, rows, out)?;
+        let bound = self.prepare(gpu, logits, rows, out, None)?;
         self.record_with(bound, pass, Some(stamps));
         Ok(())
     }
@@ -379,7 +428,7 @@ impl DeviceSampler {
     }
 
     /// Checks the arguments, grows the scratch, and returns the index of the cached bind groups.
-    fn prepare(&mut self, gpu: &Gpu, logits: &Tensor, rows: usize, out: &Tensor) -> Result<usize> {
+    fn prepare(&mut self, gpu: &Gpu, logits: &Tensor, rows: usize, out: &Tensor, log: Option<usize>) -> Result<usize> {
         if rows == 0 || rows != self.rows {
             return Err(Error::InvalidArgument(format!(
                 "sampling {rows} rows, but set_params was given {} rows",
@@ -405,6 +454,9 @@ impl DeviceSampler {
                 out.ty, out.shape
             )));
         }
+        if log == Some(0) {
+            return Err(Error::InvalidArgument("the sampler's step log needs at least one step".into()));
+        }
         let groups = vocab.div_ceil(4 * Self::workgroup_size(vocab));
         let rg = rows as u64 * groups as u64;
         let rv = rows as u64 * vocab as u64;
@@ -417,6 +469,7 @@ impl DeviceSampler {
         grown |= self.meta.ensure(gpu, sampling * rg * META as u64 * 4)?;
         grown |= self.fetched.ensure(gpu, sampling * rv * 8)?;
         grown |= self.status.ensure(gpu, rows as u64 * 4)?;
+        grown |= self.log.ensure(gpu, log.unwrap_or(0) as u64 * rows as u64 * 8)?;
         if grown {
             self.invalidate();
         }
@@ -431,6 +484,7 @@ impl DeviceSampler {
             logits_size: logits.size_bytes(),
             out: Arc::as_ptr(&out.buffer) as usize,
             out_offset: out.offset,
+            log: log.unwrap_or(0),
             rows,
             vocab,
             generation: self.generation,
@@ -438,7 +492,7 @@ impl DeviceSampler {
         if let Some(i) = self.cache.iter().position(|b| b.key == key) {
             return Ok(i);
         }
-        let pipelines = self.pipelines_for(gpu, vocab)?;
+        let pipelines = self.pipelines_logged(gpu, vocab, log.is_some())?;
         let bound = self.bind(gpu, key, pipelines, logits, out, groups)?;
         self.built += 1;
         if self.cache.len() >= CACHE {
@@ -502,21 +556,26 @@ impl DeviceSampler {
                 info.as_entire_binding(),
             ],
         )?;
-        let select = make(
-            &pipelines[2],
-            "sample_select",
-            vec![
-                whole(&self.params),
-                whole(&self.partials),
-                whole(&self.hist),
-                whole(&self.list),
-                whole(&self.meta),
-                whole(&self.fetched),
-                out.binding(),
-                info.as_entire_binding(),
-                whole(&self.status),
-            ],
-        )?;
+        let mut select_bindings = vec![
+            whole(&self.params),
+            whole(&self.partials),
+            whole(&self.hist),
+            whole(&self.list),
+            whole(&self.meta),
+            whole(&self.fetched),
+            out.binding(),
+            info.as_entire_binding(),
+            whole(&self.status),
+        ];
+        if key.log > 0 {
+            // Exactly the log's steps: the kernel takes N from the binding's length.
+            select_bindings.push(wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: self.log.get(),
+                offset: 0,
+                size: std::num::NonZeroU64::new((key.log * key.rows * 8) as u64),
+            }));
+        }
+        let select = make(&pipelines[2], "sample_select", select_bindings)?;
         let wide = grid((key.rows * groups) as u32);
         Ok(Bound {
             key,
@@ -601,6 +660,12 @@ pub fn philox_bits(gpu: &Gpu, seed: u64, step: u32, row: u32, first: u32, n: u32
     b.truncate(n as usize);
     g.truncate(n as usize);
     Ok((b, g))
+}
+
+/// The rows' parameters as the kernels read them (validated, each with its step and stream).
+fn prepare_rows(params: &[SamplingParams], keys: &[RowKey]) -> Result<Vec<PreparedParams>> {
+    check_keys(params, keys)?;
+    Ok(params.iter().zip(keys).map(|(p, k)| p.prepare_stream(k.step, k.stream)).collect())
 }
 
 fn whole(s: &Scratch) -> wgpu::BindingResource<'_> {
