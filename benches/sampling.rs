@@ -92,7 +92,7 @@ impl Timer {
                     end_of_pass_write_index: Some(1),
                 }),
             });
-            s.encode_pass(gpu, &mut pass, logits, 1, out).expect("encode");
+            s.encode_pass(gpu, &mut pass, logits, 1, out, None).expect("encode");
         }
         self.finish(gpu, enc, 2)[0]
     }
@@ -112,7 +112,7 @@ impl Timer {
                 label: Some("sampling (batch)"),
                 timestamp_writes: writes,
             });
-            s.encode_pass(gpu, &mut pass, logits, 1, out).expect("encode");
+            s.encode_pass(gpu, &mut pass, logits, 1, out, None).expect("encode");
         }
         self.finish(gpu, enc, 2)[0] / n as f64
     }
@@ -131,7 +131,7 @@ impl Timer {
                 }),
             });
             for _ in 0..n {
-                s.encode_pass(gpu, &mut pass, logits, 1, out).expect("encode");
+                s.encode_pass(gpu, &mut pass, logits, 1, out, None).expect("encode");
             }
         }
         self.finish(gpu, enc, 2)[0] / n as f64

@@ -61,7 +61,7 @@ fn smollm2_chat_norms_staged() {
     );
     // The one-token plan: the norms stage for the projections whose types take x staged apart.
     let plan = common::reference::one_token_plan(&path, &setup);
-    let has = |v: &str, f: &str| v.split('+').any(|x| x == f);
+    let has = common::reference::has_flag;
     let staged_norms = plan.iter().filter(|(n, v)| n == "rms_norm:main" && has(v, "STAGE")).count();
     let xg = plan.iter().filter(|(n, v)| n == "matvec_quant:main" && has(v, "XG")).count();
     eprintln!("{staged_norms} norms stage, {xg} projections read x staged apart");

@@ -444,7 +444,7 @@ impl BatchEngine {
             let mut pass = enc
                 .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("batch step"), timestamp_writes: None });
             plan.encode_pass(&mut pass);
-            device.encode_pass(&gpu, &mut pass, &plan.logits, rows.len(), &plan.ids)?;
+            device.encode_pass(&gpu, &mut pass, &plan.logits, rows.len(), &plan.ids, None)?;
         }
         let status = device.status().ok_or_else(|| Error::Gpu("the sampler's status buffer is missing".into()))?;
         let (buf, state) = &self.ring.buffers[ring];

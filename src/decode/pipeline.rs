@@ -184,7 +184,7 @@ pub(super) fn run(
             label: Some("sample prompt"),
             timestamp_writes: ring.timestamp_writes(slot, 0),
         });
-        sampler.encode_pass_logged(&gpu, &mut pass, &logits, 1, &ids, steps)?;
+        sampler.encode_pass(&gpu, &mut pass, &logits, 1, &ids, Some(steps))?;
     }
     ring.record_readback(&mut enc, slot, 1, sampler.step_log()?);
     submit_steps(&gpu, &ring, &mut in_flight, enc, slot, &[0], te)?;
@@ -316,7 +316,7 @@ fn submit_decode(
             timestamp_writes: ring.timestamp_writes(slot, index),
         });
         plan.encode_pass(&mut pass);
-        sampler.encode_pass_logged(&gpu, &mut pass, &plan.logits, 1, &plan.ids, steps)?;
+        sampler.encode_pass(&gpu, &mut pass, &plan.logits, 1, &plan.ids, Some(steps))?;
     }
     ring.record_readback(&mut enc, slot, n, sampler.step_log()?);
     gpu.queue.write_buffer(&uniforms.buffer, uniforms.at(region, 0), &bytes);

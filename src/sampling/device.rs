@@ -130,7 +130,7 @@ struct BindKey {
     logits_size: u64,
     out: usize,
     out_offset: u64,
-    /// Steps of the step log ([`DeviceSampler::encode_pass_logged`]; 0 without).
+    /// Steps of the step log ([`DeviceSampler::encode_pass`]'s `log`; 0 without).
     log: usize,
     rows: usize,
     vocab: usize,
@@ -154,7 +154,7 @@ struct Bound {
 pub struct DeviceSampler {
     /// (stats, histogram, select) for each entry of `WORKGROUPS`, compiled on first use.
     pipelines: [Option<[Arc<wgpu::ComputePipeline>; 3]>; 3],
-    /// sample_select with `LOG` for each entry of `WORKGROUPS` ([`Self::encode_pass_logged`]).
+    /// sample_select with `LOG` for each entry of `WORKGROUPS` ([`Self::encode_pass`] with a log).
     select_log: [Option<Arc<wgpu::ComputePipeline>>; 3],
     params: Scratch,
     partials: Scratch,
@@ -164,7 +164,7 @@ pub struct DeviceSampler {
     fetched: Scratch,
     /// Per row: 1 when its logits held a NaN or an infinity (written by `sample_select`).
     status: Scratch,
-    /// The step log of [`encode_pass_logged`](Self::encode_pass_logged).
+    /// The step log of [`encode_pass`](Self::encode_pass) with `log`.
     log: Scratch,
     /// Ids of [`sample`](SamplingBackend::sample) and their readback buffer.
     ids: Option<Tensor>,
@@ -338,7 +338,11 @@ impl DeviceSampler {
     }
 
     /// [`encode`](Self::encode) into a compute pass the caller owns (to share a decode step's
-    /// pass, or to time the sampler with the pass's timestamp writes).
+    /// pass, or to time the sampler with the pass's timestamp writes). With `log: Some(steps)`, each
+    /// row's id and status also go to entry `(step % steps, row)` of the sampler's step log
+    /// ([`step_log`](Self::step_log): u32 `[steps, rows, 2]`; `step`: the decode step of
+    /// [`set_params`](Self::set_params) or [`step_params`](Self::step_params)), so that a loop
+    /// running several steps in one submission reads all their tokens back with one copy.
     pub fn encode_pass(
         &mut self,
         gpu: &Gpu,
@@ -346,32 +350,14 @@ impl DeviceSampler {
         logits: &Tensor,
         rows: usize,
         out: &Tensor,
+        log: Option<usize>,
     ) -> Result<()> {
-        let bound = self.prepare(gpu, logits, rows, out, None)?;
+        let bound = self.prepare(gpu, logits, rows, out, log)?;
         self.record(bound, pass);
         Ok(())
     }
 
-    /// [`encode_pass`](Self::encode_pass) that also writes each row's id and status to entry
-    /// `(step % steps, row)` of the sampler's step log ([`step_log`](Self::step_log): u32
-    /// `[steps, rows, 2]`; `step`: the decode step of [`set_params`](Self::set_params) or
-    /// [`step_params`](Self::step_params)): a loop that runs several steps in one submission
-    /// reads all their tokens back with one copy.
-    pub fn encode_pass_logged(
-        &mut self,
-        gpu: &Gpu,
-        pass: &mut wgpu::ComputePass<'_>,
-        logits: &Tensor,
-        rows: usize,
-        out: &Tensor,
-        steps: usize,
-    ) -> Result<()> {
-        let bound = self.prepare(gpu, logits, rows, out, Some(steps))?;
-        self.record(bound, pass);
-        Ok(())
-    }
-
-    /// The step log [`encode_pass_logged`](Self::encode_pass_logged) writes (from byte 0; valid
+    /// The step log [`encode_pass`](Self::encode_pass) writes with `log` (from byte 0; valid
     /// once that work has run).
     pub fn step_log(&self) -> Result<&wgpu::Buffer> {
         self.log.buffer.as_ref().ok_or_else(|| Error::Gpu("the sampler's step log was never used".into()))

@@ -15,6 +15,12 @@ pub fn stage_every_row(m: &mut Model) {
     m.set_norms_apart(true);
 }
 
+/// Whether a kernel's variant (its flags joined by '+', as `Model::plan_kernels` gives them) has
+/// `flag`.
+pub fn has_flag(variant: &str, flag: &str) -> bool {
+    variant.split('+').any(|f| f == flag)
+}
+
 /// The kernels (name, variant) of the one-token plan of the model at `path` with `setup` applied:
 /// loaded (64 positions), a two-token prompt and one decode step run.
 pub fn one_token_plan(path: &std::path::Path, setup: &dyn Fn(&mut Model)) -> Vec<(String, String)> {
