@@ -16,15 +16,23 @@ pub fn cache_dir() -> PathBuf {
     }
 }
 
+/// One folder built at a time: tests of one binary that want the same folder would otherwise
+/// both build it, the second replacing the folder while the first reads it (a clean cache).
+fn one_build() -> std::sync::MutexGuard<'static, ()> {
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    BUILDING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// SmolLM2-135M-Instruct quantized by mlx-lm (`bits`, `group`), built on first use. Needs
 /// `pip install "mlx[cpu]==0.32.4" "mlx-lm==0.32.2"` (fails with that command otherwise).
 pub fn smollm2(bits: u32, group: u32) -> PathBuf {
+    let _one = one_build();
     let cache = cache_dir();
     let out = cache.join(format!("smollm2-mlx-{bits}bit-g{group}"));
     if out.join("config.json").is_file() && out.join("model.safetensors").is_file() {
         return out;
     }
-    let hf = smollm2_hf();
+    let hf = smollm2_hf_built();
     let root = env!("CARGO_MANIFEST_DIR");
     let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let status = Command::new(&py)
@@ -88,6 +96,12 @@ pub fn llama_hf_config(c: &wgpu_llm::model::config::ModelConfig) -> serde_json::
 /// SmolLM2-135M-Instruct as a Hugging Face folder with bf16 weights (from the real GGUF), built
 /// on first use.
 pub fn smollm2_hf() -> PathBuf {
+    let _one = one_build();
+    smollm2_hf_built()
+}
+
+/// [`smollm2_hf`] for a caller that holds [`one_build`].
+fn smollm2_hf_built() -> PathBuf {
     let hf = cache_dir().join("smollm2-hf-bf16");
     if !hf.join("model.safetensors").is_file() {
         write_hf_folder(&super::model("smollm2"), &hf);
@@ -179,6 +193,7 @@ pub fn gemma4_tiny(layout: &str) -> PathBuf {
 /// changed fixture model is never met by a stale conversion.
 fn tiny_converted(model: &str, script: &str, plain: &str, layout: &str) -> PathBuf {
     use std::hash::{Hash, Hasher};
+    let _one = one_build();
     let root = env!("CARGO_MANIFEST_DIR");
     let src = format!("{root}/tests/fixtures/models/{model}");
     let mut h = std::collections::hash_map::DefaultHasher::new();
