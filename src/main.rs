@@ -573,9 +573,8 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     }
     let params = a.sampling.params()?;
     let opts = a.sampling.decode()?;
-    if a.streams.is_some() {
-        a.sampling.batch_depth()?;
-    }
+    // Several sequences at once: the batch engine's steps in flight (checked before the model loads).
+    let batch_depth = a.streams.map(|_| a.sampling.batch_depth()).transpose()?;
     let need = (a.prompt_tokens + a.gen_tokens + 1).max(16);
     if a.ctx.is_some_and(|c| c < need) {
         anyhow::bail!(
@@ -607,8 +606,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             .collect()
     };
     let prompt = prompt_of(0);
-    if let Some(n) = a.streams {
-        let depth = a.sampling.batch_depth()?;
+    if let (Some(n), Some(depth)) = (a.streams, batch_depth) {
         let engine = BatchEngine::new(model, sampler, BatchOptions { max_batch: n, max_queue: n }, depth)?;
         return bench_streams(&a, engine, n, &params, &prompt_of, &source, ck.config.arch.name());
     }

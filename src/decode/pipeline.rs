@@ -13,9 +13,9 @@
 //!
 //! Stops: max-tokens and a full context are known ahead, so no step past them is submitted. Eos,
 //! the caller's stop and non-finite logits are seen up to `depth · steps - 1` steps late: those
-//! steps are waited for, dropped, and the model's position is rolled back to where the
-//! step-by-step loop would have left it (the KV entries they wrote lie past it and are
-//! overwritten by later passes).
+//! steps are dropped unread (the GPU runs them before anything submitted later) and the model's
+//! position is rolled back to where the step-by-step loop would have left it (the KV entries they
+//! wrote lie past it and are overwritten by later passes); after an error the model is reset.
 
 use super::{non_finite_error, room, stop_after, Stats, StepTiming, StopReason};
 use crate::error::{Error, Result};

@@ -154,8 +154,6 @@ struct Bound {
 pub struct DeviceSampler {
     /// (stats, histogram, select) for each entry of `WORKGROUPS`, compiled on first use.
     pipelines: [Option<[Arc<wgpu::ComputePipeline>; 3]>; 3],
-    /// sample_select with `LOG` for each entry of `WORKGROUPS` ([`Self::encode_pass`] with a log).
-    select_log: [Option<Arc<wgpu::ComputePipeline>>; 3],
     params: Scratch,
     partials: Scratch,
     hist: Scratch,
@@ -185,7 +183,6 @@ impl DeviceSampler {
     pub fn new(gpu: &Gpu) -> Result<Self> {
         let mut s = Self {
             pipelines: [None, None, None],
-            select_log: [None, None, None],
             params: Scratch::new("sampler params"),
             partials: Scratch::new("sampler partials"),
             hist: Scratch::new("sampler histogram"),
@@ -216,13 +213,18 @@ impl DeviceSampler {
         WORKGROUPS[Self::config(vocab)].1
     }
 
+    /// The kernels' macros for a vocabulary.
+    fn macros(gpu: &Gpu, vocab: usize) -> crate::gpu::Macros {
+        let (_, wg, seg) = WORKGROUPS[Self::config(vocab)];
+        gpu.macros().set("WG", wg).set("SEG", seg)
+    }
+
     fn pipelines_for(&mut self, gpu: &Gpu, vocab: usize) -> Result<[Arc<wgpu::ComputePipeline>; 3]> {
         let slot = Self::config(vocab);
         if let Some(p) = &self.pipelines[slot] {
             return Ok(p.clone());
         }
-        let (_, wg, seg) = WORKGROUPS[slot];
-        let macros = gpu.macros().set("WG", wg).set("SEG", seg);
+        let macros = Self::macros(gpu, vocab);
         let p = [
             gpu.pipeline("sample_stats", "main", &macros)?,
             gpu.pipeline("sample_histogram", "main", &macros)?,
@@ -235,19 +237,10 @@ impl DeviceSampler {
     /// [`pipelines_for`](Self::pipelines_for) with sample_select's `LOG` variant where `log`.
     fn pipelines_logged(&mut self, gpu: &Gpu, vocab: usize, log: bool) -> Result<[Arc<wgpu::ComputePipeline>; 3]> {
         let [stats, histogram, select] = self.pipelines_for(gpu, vocab)?;
-        if !log {
-            return Ok([stats, histogram, select]);
-        }
-        let slot = Self::config(vocab);
-        let select = match &self.select_log[slot] {
-            Some(p) => p.clone(),
-            None => {
-                let (_, wg, seg) = WORKGROUPS[slot];
-                let p =
-                    gpu.pipeline("sample_select", "main", &gpu.macros().set("WG", wg).set("SEG", seg).flag("LOG"))?;
-                self.select_log[slot] = Some(p.clone());
-                p
-            }
+        let select = match log {
+            // (The device's pipeline cache keeps the variant.)
+            true => gpu.pipeline("sample_select", "main", &Self::macros(gpu, vocab).flag("LOG"))?,
+            false => select,
         };
         Ok([stats, histogram, select])
     }
@@ -257,8 +250,7 @@ impl DeviceSampler {
     /// Invalid parameters are an [`Error::InvalidArgument`] and nothing is written.
     /// Row `r` draws from Philox stream `r`.
     pub fn set_params(&mut self, gpu: &Gpu, params: &[SamplingParams], step: u32) -> Result<()> {
-        let keys: Vec<RowKey> = (0..params.len() as u32).map(|row| RowKey { step, stream: row }).collect();
-        self.set_rows(gpu, params, &keys)
+        self.set_rows(gpu, params, &row_keys(params.len(), step))
     }
 
     /// [`set_params`](Self::set_params) with each row's own decode step and Philox stream.
@@ -287,8 +279,7 @@ impl DeviceSampler {
                 "sampling: step parameters must keep the rows (and greedy or not) of the last set_params".into(),
             ));
         }
-        let keys: Vec<RowKey> = (0..params.len() as u32).map(|row| RowKey { step, stream: row }).collect();
-        Ok(bytemuck::cast_slice(&prepare_rows(params, &keys)?).to_vec())
+        Ok(bytemuck::cast_slice(&prepare_rows(params, &row_keys(params.len(), step))?).to_vec())
     }
 
     /// The buffer the sampler's parameters live in (see [`step_params`](Self::step_params)).
@@ -646,6 +637,11 @@ pub fn philox_bits(gpu: &Gpu, seed: u64, step: u32, row: u32, first: u32, n: u32
     b.truncate(n as usize);
     g.truncate(n as usize);
     Ok((b, g))
+}
+
+/// Decode step `step` for `rows` rows, row `r` on Philox stream `r`.
+fn row_keys(rows: usize, step: u32) -> Vec<RowKey> {
+    (0..rows as u32).map(|row| RowKey { step, stream: row }).collect()
 }
 
 /// The rows' parameters as the kernels read them (validated, each with its step and stream).
