@@ -27,6 +27,8 @@ const TOGETHER: &[(&str, &[&str])] = &[
     ("matvec_quant", &["DP4", "XG", "Q6_K", "PREFETCH"]),
     ("matvec_quant", &["DP4", "XG", "Q4_K"]),
     ("matvec_quant", &["DP4", "DP4X", "TOK4", "Q4_K", "GATED"]),
+    ("matvec_quant", &["MIX", "Q4_K", "MIX_Q6_K", "NORM"]),
+    ("matvec_quant", &["MIX", "Q8_0", "MIX_Q5_1", "ACCUMULATE"]),
     ("matvec_quant_batch", &["GROUPED", "NORM", "GLU"]),
     ("matvec_quant_batch", &["GROUPED", "GATED", "ACCUMULATE", "Q6_K"]),
     ("rms_norm", &["REG", "ACCUMULATE", "NEXT"]),
@@ -47,7 +49,9 @@ fn sources(name: &str) -> Result<Vec<(String, &'static str)>, String> {
         let src = shader::source(&n).map_err(|e| e.to_string())?;
         for line in src.lines() {
             if let Some(rest) = line.trim_start().strip_prefix("#include ") {
-                todo.push(format!("include/{}", rest.trim().trim_matches('"')));
+                // `"name"` or `"name" as P`
+                let name = rest.trim().trim_start_matches('"').split('"').next().unwrap_or_default();
+                todo.push(format!("include/{name}"));
             }
         }
         out.push((n, src));

@@ -37,6 +37,13 @@
 // p.experts weights of N rows each ((E·N, K), expert e's rows e·N .. e·N + N: its units follow
 // those of expert e - 1), the grid's z is the slot s; slot s reads expert ids[s]'s rows (clamped
 // to the stack), meets them with x row s / p.spr and writes y row s. TOK = 1, p.t ignored.
+//
+// MIX (one token, the float path, no EXPERTS / GLU / XG): two weights of different types in one
+// dispatch, writing different columns of y (a q/k/v projection whose v is Q6_K beside Q4_K q and
+// k): the workgroups before pb.wg0 compute the first weight's rows (columns 0 .. p.n), those from
+// pb.wg0 on the second's (pb.n rows, columns pb.col ..), with its type's functions (MIX_<type>:
+// include/quant.wgsl's b_ names) and its planes (include/quant_views.wgsl's q_part). Each output
+// is the sum the kernel computes for that weight alone.
 #define WG 256
 #define TPR 32
 #define TOK 1
@@ -52,7 +59,80 @@
 
 #include "matvec_quant_params"
 
+#ifdef MIX
+// The second weight's type by one flag MIX_<type> (none: Q4_0), its names prefixed b_ (b_QRaw,
+// b_q_raw, b_q_dot, ...); GGUF types only (the MLX affine types' AFFINE_G would be the first
+// weight's).
+#ifdef MIX_Q4_1
+#include "quant_q4_1" as b_
+#else
+#ifdef MIX_Q5_0
+#include "quant_q5_0" as b_
+#else
+#ifdef MIX_Q5_1
+#include "quant_q5_1" as b_
+#else
+#ifdef MIX_Q8_0
+#include "quant_q8_0" as b_
+#else
+#ifdef MIX_Q4_K
+#include "quant_q4_k" as b_
+#else
+#ifdef MIX_Q5_K
+#include "quant_q5_k" as b_
+#else
+#ifdef MIX_Q6_K
+#include "quant_q6_k" as b_
+#else
+#include "quant_q4_0" as b_
+#endif
+#endif
+#endif
+#endif
+#endif
+#endif
+#endif
+
+#define MB 7
+#define MB1 8
+#define MB2 9
+// The second weight: where its rows start in the grid and in y, its shape and planes.
+struct MixParams {
+    wg0: u32,     // its first workgroup (the first weight's workgroups come before)
+    n: u32,       // its rows
+    units: u32,   // units per row: K / b_QU
+    col: u32,     // the column of y its row 0 writes
+    o1: u32,      // first word of its plane 1
+    o2: u32,      // first word of its plane 2
+}
+@group(0) @binding(0) var<storage, read> wv: array<vec4<u32>>;          // the first weight's planes (16-byte view)
+@group(0) @binding(1) var<storage, read> ww: array<u32>;                // the same buffer (word view)
+@group(0) @binding({{MB}}) var<storage, read> wv_b: array<vec4<u32>>;   // the second weight's planes (16-byte view)
+@group(0) @binding({{MB1}}) var<storage, read> ww_b: array<u32>;        // the same buffer (word view)
+@group(0) @binding({{MB2}}) var<uniform> pb: MixParams;
+
+// include/quant.wgsl's accessors over the weight of the current workgroup: q_part 0 (the first)
+// or 1 (the second), set once by the kernel (workgroup-uniform).
+var<private> q_part: u32;
+
+fn qw4(i: u32) -> vec4<u32> {
+    if (q_part != 0u) {
+        return wv_b[i];
+    }
+    return wv[i];
+}
+fn qw1(i: u32) -> u32 {
+    if (q_part != 0u) {
+        return ww_b[i];
+    }
+    return ww[i];
+}
+fn q_planes() -> vec2<u32> {
+    return select(vec2<u32>(p.o1, p.o2), vec2<u32>(pb.o1, pb.o2), q_part != 0u);
+}
+#else
 #include "quant_views"
+#endif
 
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;    // (T, K)
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
@@ -242,6 +322,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // bind group layout for every type (p.n > 0).
     if (p.n == 0u) {
         y[0] = bitcast<f32>(ww[0]);
+#ifdef MIX
+        y[0] = bitcast<f32>(ww_b[0] ^ wv_b[0].x);
+#endif
 #ifdef PROBE_NOMATH
         y[0] = x[0].x;
 #endif
@@ -253,6 +336,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let wg = wid.x + wid.y * nwg.x;
     let grp = lid / {{TPR}}u;
     let lane = lid % {{TPR}}u;
+#ifdef MIX
+    if (wg >= pb.wg0) {
+        // The second weight's rows (clamped past pb.n: computed, not stored), one token.
+        q_part = 1u;
+        let row0b = ((wg - pb.wg0) * NGROUPS + grp) * 4u;
+        let bb = min(vec4<u32>(row0b) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(pb.n - 1u)) * pb.units;
+        q_row = 0u;
+        var acc = vec4<f32>(0.0);
+        for (var u = lane; u < pb.units; u += {{TPR}}u) {
+            let r0 = b_q_raw(bb.x + u);
+            let r1 = b_q_raw(bb.y + u);
+            let r2 = b_q_raw(bb.z + u);
+            let r3 = b_q_raw(bb.w + u);
+            let v = b_q_x(u, 0u);
+            acc += vec4<f32>(b_q_dot(r0, v), b_q_dot(r1, v), b_q_dot(r2, v), b_q_dot(r3, v));
+        }
+        let z = vec4<f32>(0.0);
+#ifdef SUBGROUP
+        var sums = mv_reduce(acc, z, z, z, lid, sg_size, sg_lane);
+#else
+        var sums = mv_reduce(acc, z, z, z, lid, 1u, 0u);
+#endif
+#ifdef NORM
+#ifdef SUBGROUP
+        sums *= li_norm_scales(vec4<u32>(0u), p.xk, p.eps, lid, sg_size, sg_lane)[0];
+#else
+        sums *= li_norm_scales(vec4<u32>(0u), p.xk, p.eps, lid, 1u, 0u)[0];
+#endif
+#endif
+        if (lane < 4u && row0b + lane < pb.n) {
+            store(0u, pb.col + row0b + lane, sums[lane]);
+        }
+        return;
+    }
+#endif
     let row0 = (wg * NGROUPS + grp) * 4u;
     let units = p.units;
 #ifdef EXPERTS

@@ -5,6 +5,11 @@
 //!
 //! Directives (each on its own line):
 //! - `#include "name"`: pastes `wgsl/include/name.wgsl` once (later includes of it are dropped);
+//! - `#include "name" as P`: pastes it (once per prefix) with every name it declares at top level
+//!   (`fn`, `struct`, `const`, `alias`, `var`) prefixed by `P`, and with the names earlier
+//!   includes `as P` declared prefixed too: a second copy of a family's functions beside the first
+//!   (the mixed-type matvec: `quant_q6_k` as `b_` gives `b_q_raw`, `b_QRaw`, ...). Names it uses
+//!   but does not declare stay shared (the includes it pastes itself are not prefixed);
 //! - `#ifdef X` / `#ifndef X` / `#else` / `#endif`: keep or drop lines by whether macro X is set;
 //! - `#define X value`: the default of X when the caller does not set it;
 //! - `{{X}}` anywhere in a line: replaced by X's value (an unset X is an error).
@@ -72,6 +77,52 @@ pub fn preprocess(name: &str, macros: &Macros) -> Result<String> {
     Ok(out)
 }
 
+/// The names a WGSL text declares at top level (unindented `fn`, `struct`, `const`, `alias`,
+/// `var<...>` lines).
+fn top_level_names(src: &str) -> Vec<String> {
+    let ident = |s: &str| -> Option<String> {
+        let n: String = s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        (!n.is_empty()).then_some(n)
+    };
+    src.lines()
+        .filter(|l| !l.starts_with(char::is_whitespace))
+        .filter_map(|l| {
+            for kw in ["fn ", "struct ", "const ", "alias ", "override "] {
+                if let Some(rest) = l.strip_prefix(kw) {
+                    return ident(rest.trim_start());
+                }
+            }
+            let rest = l.strip_prefix("var")?;
+            let rest = if rest.starts_with('<') { &rest[rest.find('>')? + 1..] } else { rest };
+            ident(rest.trim_start())
+        })
+        .collect()
+}
+
+/// `src` with every identifier in `names` prefixed by `prefix`.
+fn prefix_names(src: &str, names: &[String], prefix: &str) -> String {
+    let mut out = String::with_capacity(src.len() + src.len() / 8);
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if names.iter().any(|n| n == word) {
+            out.push_str(prefix);
+        }
+        out.push_str(word);
+        word.clear();
+    };
+    for c in src.chars() {
+        // (an identifier cannot start with a digit: "2u" is a literal, never a name)
+        if c.is_ascii_alphanumeric() || c == '_' {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
 fn expand(
     file: &str,
     src: &str,
@@ -108,12 +159,31 @@ fn expand(
                 defines.insert(k, v);
             }
         } else if let Some(rest) = t.strip_prefix("#include ") {
-            let inc = rest.trim().trim_matches('"');
+            let (inc, prefix) = parse_include(rest).map_err(|m| err(ln, m))?;
             let key = format!("include/{inc}");
-            if !included.contains(&key) {
-                included.push(key.clone());
+            let once = match prefix {
+                Some(p) => format!("{key} as {p}"),
+                None => key.clone(),
+            };
+            if !included.contains(&once) {
+                included.push(once);
                 let src = source(&key).map_err(|e| err(ln, e.to_string()))?;
-                expand(&key, src, defines, caller, included, out)?;
+                match prefix {
+                    None => expand(&key, src, defines, caller, included, out)?,
+                    Some(p) => {
+                        let mut text = String::new();
+                        expand(&key, src, defines, caller, included, &mut text)?;
+                        // The prefix's namespace: names declared by every include `as p` so far.
+                        let ns = format!("namespace {p}");
+                        let mut names: Vec<String> = defines
+                            .get(&ns)
+                            .map(|v| v.split(' ').filter(|n| !n.is_empty()).map(String::from).collect())
+                            .unwrap_or_default();
+                        names.extend(top_level_names(&text));
+                        out.push_str(&prefix_names(&text, &names, p));
+                        defines.insert(ns, names.join(" "));
+                    }
+                }
             }
         } else if t.starts_with('#') {
             return Err(err(ln, format!("unknown directive {t}")));
@@ -126,6 +196,22 @@ fn expand(
         return Err(Error::Gpu(format!("wgsl/{file}.wgsl: unterminated #ifdef")));
     }
     Ok(())
+}
+
+/// `"name"` or `"name" as P` (P an identifier prefix).
+fn parse_include(rest: &str) -> Result<(&str, Option<&str>), String> {
+    let rest = rest.trim();
+    let body = rest.strip_prefix('"').ok_or("#include wants a quoted name")?;
+    let end = body.find('"').ok_or("#include: unclosed quote")?;
+    let (name, tail) = (&body[..end], body[end + 1..].trim());
+    if tail.is_empty() {
+        return Ok((name, None));
+    }
+    let p = tail.strip_prefix("as ").map(str::trim).ok_or_else(|| format!("#include: unexpected {tail:?}"))?;
+    if p.is_empty() || !p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("#include: bad prefix {p:?}"));
+    }
+    Ok((name, Some(p)))
 }
 
 fn substitute(line: &str, defines: &BTreeMap<String, String>, out: &mut String) -> Result<(), String> {
@@ -160,5 +246,21 @@ mod tests {
         let mut out = String::new();
         assert!(expand("t", "{{Q}}", &mut d, &caller, &mut vec![], &mut out).is_err());
         assert!(expand("t", "#ifdef A\n", &mut d, &caller, &mut vec![], &mut out).is_err());
+    }
+
+    #[test]
+    fn prefixed_names() {
+        let src = "const QU: u32 = 32u;\nstruct QRaw {\n    qs: u32,\n}\nvar<private> q_t: u32;\n\
+                   fn q_raw(i: u32) -> QRaw {\n    return QRaw(qw1(i) + QU + q_t);\n}\n";
+        let names = top_level_names(src);
+        assert_eq!(names, ["QU", "QRaw", "q_t", "q_raw"]);
+        let out = prefix_names(src, &names, "b_");
+        // Declared names renamed where declared and used; the undeclared accessor and fields stay.
+        assert!(out.contains("fn b_q_raw(i: u32) -> b_QRaw {"), "{out}");
+        assert!(out.contains("return b_QRaw(qw1(i) + b_QU + b_q_t);"), "{out}");
+        assert!(out.contains("    qs: u32,") && out.contains("var<private> b_q_t: u32;"), "{out}");
+        assert_eq!(parse_include(" \"quant_q6_k\" as b_").unwrap(), ("quant_q6_k", Some("b_")));
+        assert_eq!(parse_include("\"quant\"").unwrap(), ("quant", None));
+        assert!(parse_include("\"quant\" b_").is_err() && parse_include("quant").is_err());
     }
 }

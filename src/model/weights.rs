@@ -16,7 +16,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Kernel, Tensor};
 use crate::ops::embedding::{upload_row_chunks, CHUNK_ROW_ALIGN};
-use crate::ops::matmul::gguf::{is_supported, linear_quant_in, QuantWeight};
+use crate::ops::matmul::gguf::{is_supported, linear_quant_in, matvec_quant_mixed, mixes, QuantWeight};
 use crate::ops::matmul::{linear_in, Input, LinearOpts};
 use half::f16;
 use std::borrow::Cow;
@@ -99,6 +99,13 @@ impl Proj {
     ) -> Result<Vec<Kernel>> {
         if let [(0, w)] = self.parts.as_slice() {
             return Ok(vec![linear(gpu, x, input, w, bias, y, opts)?]);
+        }
+        // Two quantized types (a Q4_K_M file's Q4_K q/k beside its Q6_K v): one dispatch where
+        // the matvec takes both.
+        if let [(0, Linear::Quant(a)), (col, Linear::Quant(b))] = self.parts.as_slice() {
+            if mixes(gpu, a, b, y.shape[0], input, &opts) {
+                return Ok(vec![matvec_quant_mixed(gpu, x, input, a, (b, *col), bias, y, opts)?]);
+            }
         }
         let t = y.shape[0];
         self.parts

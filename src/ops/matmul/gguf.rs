@@ -901,6 +901,92 @@ fn matvec_quant_routed(
     gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
 }
 
+/// Whether a projection of two quantized weights over the same x (the first writing columns
+/// 0 .. N₁ of y, the second the rest) runs as one mixed-type dispatch ([`matvec_quant_mixed`]) for
+/// `t` tokens read as `input`: one token, plain or normalized x, two different GGUF types (not
+/// the MLX affine ones), and the first weight's own configuration the float path (a Q4_K_M file's
+/// q/k (Q4_K) and Q6_K v: two dispatches otherwise, each mostly its launch and latency on the
+/// H100). `WGPU_LLM_MIX=0` turns it off (for measuring).
+pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input<'_>, opts: &LinearOpts) -> bool {
+    let gguf = |d: DType| !matches!(d, DType::Affine { .. }) && is_supported(d);
+    if std::env::var("WGPU_LLM_MIX").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    let [na, k] = a.shape;
+    let ok = t == 1
+        && !opts.batch
+        && opts.glu.is_none()
+        && matches!(input, Input::Plain | Input::Norm { .. })
+        && a.dtype != b.dtype
+        && gguf(a.dtype)
+        && gguf(b.dtype)
+        && b.shape[1] == k
+        && k % a.dtype.block_size() == 0
+        && k % b.dtype.block_size() == 0;
+    ok && !mix_config(gpu, a.dtype, &LinearShape { t: 1, n: na, k, ld_out: na, cols: na }, input).dp4
+}
+
+/// The mixed dispatch's configuration: the first weight's (its rows are most of the work).
+fn mix_config(gpu: &Gpu, dtype: DType, s: &LinearShape, input: Input<'_>) -> QMatvecConfig {
+    let cfg =
+        QMatvecConfig::new(gpu, dtype, &super::tuned_shape(s, &LinearOpts::default())).for_input(gpu, dtype, s, input);
+    if let Ok(v) = std::env::var("WGPU_LLM_MIX_CFG") {
+        let f: Vec<u32> = v.split(':').filter_map(|x| x.parse().ok()).collect();
+        if let [wg, tpr] = f[..] {
+            return QMatvecConfig { wg, tpr, dp4: false, prefetch: false, ..cfg };
+        }
+    }
+    cfg
+}
+
+/// Records `y (+)= input(x) · [A; B]ᵀ (+ bias)` for one token in one dispatch (`MIX` in
+/// wgsl/matvec_quant.wgsl): `a` writes columns 0 .. N_A of y, `b` columns `col` = N_A .. N,
+/// where y is `[1, N]` (row stride `opts.ld_out`) and the bias `[N]`. Each column is the sum the
+/// float path of [`linear_quant_in`] computes for its weight alone ([`mixes`] says when).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_quant_mixed(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    a: &QuantWeight,
+    (b, col): (&QuantWeight, usize),
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    let [na, k] = a.shape;
+    let nb = b.shape[0];
+    assert!(col == na && b.shape[1] == k, "linear_quant_mixed: parts {:?} at 0 and {:?} at {col}", a.shape, b.shape);
+    let s = check_operands("linear_quant_mixed", &input.checked_x(x, k), na + nb, k, bias, y, opts);
+    assert!(mixes(gpu, a, b, s.t, input, &opts), "linear_quant_mixed: {} + {} at {s:?} ({input:?})", a.dtype, b.dtype);
+    let sa = LinearShape { n: na, cols: na, ..s };
+    let cfg = mix_config(gpu, a.dtype, &sa, input);
+    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0 && cfg.tpr >= 8, "{cfg:?}");
+    let params = matvec_quant_params(gpu, "matvec_quant.params", &input, a, &sa, None);
+    let mut bindings = quant_bindings(gpu, a, x, y, &s, &params, bias);
+    bindings.extend(input.binding(k));
+    let rows_per_wg = 4 * cfg.wg / cfg.tpr;
+    let wg0 = (na as u32).div_ceil(rows_per_wg);
+    let units_b = (k / unit_elems(b.dtype)) as u32;
+    let pb = gpu.uniform("matvec_quant.mix", &[wg0, nb as u32, units_b, col as u32, b.planes[0], b.planes[1], 0, 0]);
+    let mb = bindings.len();
+    let mut macros = type_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), a.dtype)
+        .set("GB", if bias.is_some() { 6 } else { 5 })
+        .set("WG", cfg.wg)
+        .set("TPR", cfg.tpr)
+        .flag("MIX")
+        .flag(&format!("MIX_{}", type_flag(b.dtype)))
+        .set("MB", mb)
+        .set("MB1", mb + 1)
+        .set("MB2", mb + 2);
+    if !cfg.subgroups {
+        macros.0.remove("SUBGROUP");
+    }
+    bindings.extend([b.buffer.as_entire_binding(), b.buffer.as_entire_binding(), pb.as_entire_binding()]);
+    let [gx, gy, _] = grid(wg0 + (nb as u32).div_ceil(rows_per_wg));
+    gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, 1])
+}
+
 /// The uniform of both quantized matvecs (`Params`, wgsl/include/matvec_quant_params.wgsl): the
 /// shape, W's planes, the fused input and the routing.
 fn matvec_quant_params(
@@ -1807,6 +1893,81 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    /// Two weights of different types in one dispatch (`matvec_quant_mixed`, the q/k/v of a
+    /// Q4_K_M file): each part's columns against the CPU reference of that weight alone, through
+    /// the fused norm or plain x, with a bias and accumulation, row counts off the row groups.
+    #[test]
+    fn quant_mixed_matvec_matches_cpu() {
+        use crate::ops::norm;
+        let eps_f = f32::EPSILON / 2.0;
+        let pairs = [
+            (DType::Q4_K, DType::Q6_K),
+            (DType::Q4_0, DType::Q4_1),
+            (DType::Q8_0, DType::Q5_0),
+            (DType::Q5_0, DType::Q5_1),
+            (DType::Q4_1, DType::Q8_0),
+            (DType::Q5_K, DType::Q4_K),
+            (DType::Q4_K, DType::Q5_K),
+        ];
+        let mut mixed = 0;
+        for gpu in gpu_variants() {
+            let mut seed = 8100;
+            for (i, &(ta, tb)) in pairs.iter().enumerate() {
+                let k = if ta.block_size() == 256 || tb.block_size() == 256 { 1536 } else { 896 };
+                let (na, nb) = (70, 36);
+                let n = na + nb;
+                for norm in [true, false] {
+                    seed += 10;
+                    let acc = (i % 2 == 0) != norm;
+                    let (ra, rb) = (random_blocks(ta, na, k, seed), random_blocks(tb, nb, k, seed + 1));
+                    let xv = random(k, seed + 2, 1.0);
+                    let gv: Vec<f32> = random(k, seed + 3, 0.5).into_iter().map(|v| 1.0 + v).collect();
+                    let bv = random(n, seed + 4, 1.0);
+                    let y0 = random(n, seed + 5, 1.0);
+                    let wa = QuantWeight::new(&gpu, "a", ta, [na, k], &ra).unwrap();
+                    let wb = QuantWeight::new(&gpu, "b", tb, [nb, k], &rb).unwrap();
+                    let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
+                    let g = gpu.upload_f32("g", &[k], &gv).unwrap();
+                    let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
+                    let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
+                    let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
+                    let opts = LinearOpts { accumulate: acc, ..Default::default() };
+                    if !mixes(&gpu, &wa, &wb, 1, input, &opts) {
+                        continue;
+                    }
+                    mixed += 1;
+                    let kern = matvec_quant_mixed(&gpu, &x, input, &wa, (&wb, na), Some(&b), &y, opts).unwrap();
+                    gpu.run(&[&kern]).unwrap();
+                    let got = gpu.read_f32(&y).unwrap();
+                    let mut xin = xv.clone();
+                    if norm {
+                        norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false);
+                    }
+                    for (ty, raw, c0, c1) in [(ta, &ra, 0, na), (tb, &rb, na, n)] {
+                        let (want, mut tol) = reference(&xin, ty, raw, k, Some(&bv[c0..c1]), &y0[c0..c1], acc);
+                        if norm {
+                            let wf = to_f32(ty, raw, (c1 - c0) * k).unwrap();
+                            add_input_rounding(&mut tol, &xin, &wf, k, 8.0 * eps_f);
+                        }
+                        let what =
+                            format!("{ta} + {tb}: the {ty} part, norm={norm} acc={acc} sg={}", gpu.caps.subgroups);
+                        check(&got[c0..c1], &want, &tol, &what);
+                    }
+                }
+            }
+        }
+        // The q/k/v form it is for mixes everywhere (Q4_K q/k with the norm fused, Q6_K v).
+        assert!(mixed >= 2 * gpu_variants().len(), "only {mixed} mixed dispatches ran");
+        let gpu = &gpu_variants()[0];
+        let (wa, wb) = (
+            QuantWeight::new(gpu, "a", DType::Q4_K, [1792, 1536], &random_blocks(DType::Q4_K, 1792, 1536, 1)).unwrap(),
+            QuantWeight::new(gpu, "b", DType::Q6_K, [256, 1536], &random_blocks(DType::Q6_K, 256, 1536, 2)).unwrap(),
+        );
+        let g = gpu.upload_f32("g", &[1536], &random(1536, 3, 1.0)).unwrap();
+        let input = Input::Norm { weight: &g, eps: 1e-6 };
+        assert!(mixes(gpu, &wa, &wb, 1, input, &LinearOpts::default()), "Qwen2.5-1.5B's q/k/v");
     }
 
     #[test]
