@@ -29,6 +29,8 @@ const TOGETHER: &[(&str, &[&str])] = &[
     ("matvec_quant", &["DP4", "DP4X", "TOK4", "Q4_K", "GATED"]),
     ("matvec_quant", &["MIX", "Q4_K", "MIX_Q6_K", "NORM"]),
     ("matvec_quant", &["MIX", "Q8_0", "MIX_Q5_1", "ACCUMULATE"]),
+    ("matvec_quant", &["MIX", "DP4", "MIX_FLOAT_A", "STAGE8", "Q5_0", "MIX_Q6_K", "NORM"]),
+    ("matvec_quant", &["MIX", "DP4", "Q4_K", "MIX_Q4_0"]),
     ("matvec_quant_batch", &["GROUPED", "NORM", "GLU"]),
     ("matvec_quant_batch", &["GROUPED", "GATED", "ACCUMULATE", "Q6_K"]),
     ("rms_norm", &["REG", "ACCUMULATE", "NEXT"]),

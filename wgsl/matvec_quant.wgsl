@@ -38,12 +38,15 @@
 // those of expert e - 1), the grid's z is the slot s; slot s reads expert ids[s]'s rows (clamped
 // to the stack), meets them with x row s / p.spr and writes y row s. TOK = 1, p.t ignored.
 //
-// MIX (one token, the float path, no EXPERTS / GLU / XG): two weights of different types in one
+// MIX (one token, x staged by the kernel whole or not at all, no EXPERTS / GLU / XG / PREFETCH):
+// two weights of different types in one
 // dispatch, writing different columns of y (a q/k/v projection whose v is Q6_K beside Q4_K q and
 // k): the workgroups before pb.wg0 compute the first weight's rows (columns 0 .. p.n), those from
 // pb.wg0 on the second's (pb.n rows, columns pb.col ..), with its type's functions (MIX_<type>:
 // include/quant.wgsl's b_ names) and its planes (include/quant_views.wgsl's q_part). Each output
-// is the sum the kernel computes for that weight alone.
+// is the sum the kernel computes for that weight alone. With DP4 both weights take the integer dot
+// products, or only the second with MIX_FLOAT_A (a Q4_K q/k whose float path is faster beside the
+// fused norm, with a Q6_K v whose float path is not).
 #define WG 256
 #define TPR 32
 #define TOK 1
@@ -58,6 +61,14 @@
 #endif
 
 #include "matvec_quant_params"
+
+// The weight's loop takes the integer dot products (DP4), but for the first weight of MIX with
+// MIX_FLOAT_A (the float path there, DP4 for the second weight).
+#ifdef DP4
+#ifndef MIX_FLOAT_A
+#define DP4_A 1
+#endif
+#endif
 
 #ifdef MIX
 // The second weight's type by one flag MIX_<type> (none: Q4_0), its names prefixed b_ (b_QRaw,
@@ -344,6 +355,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let bb = min(vec4<u32>(row0b) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(pb.n - 1u)) * pb.units;
         q_row = 0u;
         var acc = vec4<f32>(0.0);
+#ifdef DP4
+        // The integer dot products against x staged whole (the first units load meanwhile).
+        let uf = min(lane, pb.units - 1u);
+        var r0 = b_q_raw(bb.x + uf);
+        var r1 = b_q_raw(bb.y + uf);
+        var r2 = b_q_raw(bb.z + uf);
+        var r3 = b_q_raw(bb.w + uf);
+        stage_x(0u, {{KC}}u, 0u, lid);
+        workgroupBarrier();
+        for (var u = lane; u < pb.units; u += {{TPR}}u) {
+            if (u != lane) {
+                r0 = b_q_raw(bb.x + u);
+                r1 = b_q_raw(bb.y + u);
+                r2 = b_q_raw(bb.z + u);
+                r3 = b_q_raw(bb.w + u);
+            }
+            acc += vec4<f32>(b_q_dot_i(r0, u), b_q_dot_i(r1, u), b_q_dot_i(r2, u), b_q_dot_i(r3, u));
+        }
+#else
         for (var u = lane; u < pb.units; u += {{TPR}}u) {
             let r0 = b_q_raw(bb.x + u);
             let r1 = b_q_raw(bb.y + u);
@@ -352,6 +382,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let v = b_q_x(u, 0u);
             acc += vec4<f32>(b_q_dot(r0, v), b_q_dot(r1, v), b_q_dot(r2, v), b_q_dot(r3, v));
         }
+#endif
         let z = vec4<f32>(0.0);
 #ifdef SUBGROUP
         var sums = mv_reduce(acc, z, z, z, lid, sg_size, sg_lane);
@@ -399,7 +430,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var acc1 = vec4<f32>(0.0);
         var acc2 = vec4<f32>(0.0);
         var acc3 = vec4<f32>(0.0);
-#ifdef DP4
+#ifdef DP4_A
         // The first unit of each row loads while x is staged. The row is staged KC blocks at a
         // time (one chunk when it fits); each lane meets its units u = lane + i · TPR in order,
         // chunk after chunk, as in one pass over the row.

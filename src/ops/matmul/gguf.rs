@@ -923,28 +923,51 @@ pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input
         && b.shape[1] == k
         && k % a.dtype.block_size() == 0
         && k % b.dtype.block_size() == 0;
-    ok && !mix_config(gpu, a.dtype, &LinearShape { t: 1, n: na, k, ld_out: na, cols: na }, input).dp4
+    ok && !mix_config(gpu, a.dtype, b.dtype, &LinearShape { t: 1, n: na, k, ld_out: na, cols: na }, input).0.dp4
 }
 
-/// The mixed dispatch's configuration: the first weight's (its rows are most of the work).
-fn mix_config(gpu: &Gpu, dtype: DType, s: &LinearShape, input: Input<'_>) -> QMatvecConfig {
-    let cfg =
-        QMatvecConfig::new(gpu, dtype, &super::tuned_shape(s, &LinearOpts::default())).for_input(gpu, dtype, s, input);
+/// The mixed dispatch's configuration: the first weight's own (its rows are most of the work:
+/// the float path, [`mixes`]), and whether the second weight takes the integer dot products
+/// against x staged whole in each of its workgroups (`MIX_FLOAT_A` with `DP4`): where its type has
+/// them on Vulkan (the float path of a Q6_K v made the 1.5B's mixed q/k/v 20.6 us against 13.0 +
+/// 11.4 apart, BENCHMARKS run 63). `WGPU_LLM_MIX_CFG="wg:tpr:dp4"` sets it for measuring.
+fn mix_config(gpu: &Gpu, a: DType, b: DType, s: &LinearShape, input: Input<'_>) -> (QMatvecConfig, bool) {
+    let cfg = QMatvecConfig::new(gpu, a, &super::tuned_shape(s, &LinearOpts::default())).for_input(gpu, a, s, input);
+    let b_dp4 = |wg: u32| has_dp4(b) && gpu.info.backend == wgpu::Backend::Vulkan && stages_whole(gpu, b, s.k, wg);
     if let Ok(v) = std::env::var("WGPU_LLM_MIX_CFG") {
         let f: Vec<u32> = v.split(':').filter_map(|x| x.parse().ok()).collect();
-        if let [wg, tpr] = f[..] {
-            return QMatvecConfig { wg, tpr, dp4: false, prefetch: false, ..cfg };
+        if let [wg, tpr, d] = f[..] {
+            return (QMatvecConfig { wg, tpr, dp4: false, prefetch: false, ..cfg }, d == 1 && b_dp4(wg));
         }
     }
-    cfg
+    (cfg, b_dp4(cfg.wg))
 }
 
 /// Records `y (+)= input(x) · [A; B]ᵀ (+ bias)` for one token in one dispatch (`MIX` in
 /// wgsl/matvec_quant.wgsl): `a` writes columns 0 .. N_A of y, `b` columns `col` = N_A .. N,
-/// where y is `[1, N]` (row stride `opts.ld_out`) and the bias `[N]`. Each column is the sum the
-/// float path of [`linear_quant_in`] computes for its weight alone ([`mixes`] says when).
+/// where y is `[1, N]` (row stride `opts.ld_out`) and the bias `[N]`. Each column is the sum
+/// [`linear_quant_in`]'s float path (A; B where it has no DP4 form) or DP4 path (B) computes for
+/// its weight alone ([`mixes`] says when it applies).
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_quant_mixed(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    a: &QuantWeight,
+    b: (&QuantWeight, usize),
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    let [na, k] = a.shape;
+    let sa = LinearShape { t: 1, n: na, k, ld_out: na, cols: na };
+    let (cfg, b_dp4) = mix_config(gpu, a.dtype, b.0.dtype, &sa, input);
+    matvec_quant_mixed_with(gpu, x, input, a, b, bias, y, opts, cfg, b_dp4)
+}
+
+/// [`matvec_quant_mixed`] with its configuration given.
+#[allow(clippy::too_many_arguments)]
+fn matvec_quant_mixed_with(
     gpu: &Gpu,
     x: &Tensor,
     input: Input<'_>,
@@ -953,15 +976,17 @@ pub fn matvec_quant_mixed(
     bias: Option<&Tensor>,
     y: &Tensor,
     opts: LinearOpts,
+    cfg: QMatvecConfig,
+    b_dp4: bool,
 ) -> Result<Kernel> {
     let [na, k] = a.shape;
     let nb = b.shape[0];
     assert!(col == na && b.shape[1] == k, "linear_quant_mixed: parts {:?} at 0 and {:?} at {col}", a.shape, b.shape);
     let s = check_operands("linear_quant_mixed", &input.checked_x(x, k), na + nb, k, bias, y, opts);
     assert!(mixes(gpu, a, b, s.t, input, &opts), "linear_quant_mixed: {} + {} at {s:?} ({input:?})", a.dtype, b.dtype);
-    let sa = LinearShape { n: na, cols: na, ..s };
-    let cfg = mix_config(gpu, a.dtype, &sa, input);
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0 && cfg.tpr >= 8, "{cfg:?}");
+    assert!(!b_dp4 || stages_whole(gpu, b.dtype, k, cfg.wg), "linear_quant_mixed: {} DP4 at K = {k}", b.dtype);
+    let sa = LinearShape { n: na, cols: na, ..s };
     let params = matvec_quant_params(gpu, "matvec_quant.params", &input, a, &sa, None);
     let mut bindings = quant_bindings(gpu, a, x, y, &s, &params, bias);
     bindings.extend(input.binding(k));
@@ -979,6 +1004,13 @@ pub fn matvec_quant_mixed(
         .set("MB", mb)
         .set("MB1", mb + 1)
         .set("MB2", mb + 2);
+    if b_dp4 {
+        macros = macros
+            .flag("DP4")
+            .flag("MIX_FLOAT_A")
+            .set("KC", k / 32)
+            .flag_if("STAGE8", cfg.subgroups && gpu.caps.shuffles8());
+    }
     if !cfg.subgroups {
         macros.0.remove("SUBGROUP");
     }
@@ -1911,7 +1943,7 @@ pub(crate) mod tests {
             (DType::Q5_K, DType::Q4_K),
             (DType::Q4_K, DType::Q5_K),
         ];
-        let mut mixed = 0;
+        let (mut mixed, mut dp4_runs) = (0, 0);
         for gpu in gpu_variants() {
             let mut seed = 8100;
             for (i, &(ta, tb)) in pairs.iter().enumerate() {
@@ -1931,35 +1963,58 @@ pub(crate) mod tests {
                     let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
                     let g = gpu.upload_f32("g", &[k], &gv).unwrap();
                     let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
-                    let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
                     let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
                     let opts = LinearOpts { accumulate: acc, ..Default::default() };
                     if !mixes(&gpu, &wa, &wb, 1, input, &opts) {
                         continue;
                     }
-                    mixed += 1;
-                    let kern = matvec_quant_mixed(&gpu, &x, input, &wa, (&wb, na), Some(&b), &y, opts).unwrap();
-                    gpu.run(&[&kern]).unwrap();
-                    let got = gpu.read_f32(&y).unwrap();
-                    let mut xin = xv.clone();
-                    if norm {
-                        norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false);
-                    }
-                    for (ty, raw, c0, c1) in [(ta, &ra, 0, na), (tb, &rb, na, n)] {
-                        let (want, mut tol) = reference(&xin, ty, raw, k, Some(&bv[c0..c1]), &y0[c0..c1], acc);
+                    let sa = LinearShape { t: 1, n: na, k, ld_out: na, cols: na };
+                    let (cfg, auto_dp4) = mix_config(&gpu, ta, tb, &sa, input);
+                    // B's integer dot products where its type has them, and its float path.
+                    for b_dp4 in [auto_dp4, false] {
+                        mixed += 1;
+                        let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
+                        let (bm, ym) = (Some(&b), &y);
+                        let kern =
+                            matvec_quant_mixed_with(&gpu, &x, input, &wa, (&wb, na), bm, ym, opts, cfg, b_dp4).unwrap();
+                        gpu.run(&[&kern]).unwrap();
+                        let got = gpu.read_f32(&y).unwrap();
+                        // x as each part meets it: normalized, or (B with DP4) x ⊙ g staged, then r.
+                        let mut xin = xv.clone();
                         if norm {
-                            let wf = to_f32(ty, raw, (c1 - c0) * k).unwrap();
-                            add_input_rounding(&mut tol, &xin, &wf, k, 8.0 * eps_f);
+                            norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false);
                         }
-                        let what =
-                            format!("{ta} + {tb}: the {ty} part, norm={norm} acc={acc} sg={}", gpu.caps.subgroups);
-                        check(&got[c0..c1], &want, &tol, &what);
+                        let xb = if !b_dp4 {
+                            xin.clone()
+                        } else if norm {
+                            let xg: Vec<f32> = xv.iter().zip(&gv).map(|(a, b)| a * b).collect();
+                            let r = 1.0 / (xv.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-6).sqrt();
+                            cpu::stage_x16(&xg, k).into_iter().map(|v| v * r).collect()
+                        } else {
+                            cpu::stage_x16(&xv, k)
+                        };
+                        for (ty, raw, c0, c1, xp) in [(ta, &ra, 0, na, &xin), (tb, &rb, na, n, &xb)] {
+                            let (want, mut tol) = reference(xp, ty, raw, k, Some(&bv[c0..c1]), &y0[c0..c1], acc);
+                            if norm {
+                                let wf = to_f32(ty, raw, (c1 - c0) * k).unwrap();
+                                add_input_rounding(&mut tol, xp, &wf, k, 8.0 * eps_f);
+                            }
+                            let what = format!(
+                                "{ta} + {tb}: the {ty} part, norm={norm} acc={acc} b_dp4={b_dp4} sg={}",
+                                gpu.caps.subgroups
+                            );
+                            check(&got[c0..c1], &want, &tol, &what);
+                        }
+                        dp4_runs += usize::from(b_dp4);
                     }
                 }
             }
         }
         // The q/k/v form it is for mixes everywhere (Q4_K q/k with the norm fused, Q6_K v).
-        assert!(mixed >= 2 * gpu_variants().len(), "only {mixed} mixed dispatches ran");
+        assert!(
+            mixed >= 4 * gpu_variants().len() && dp4_runs >= 2,
+            "only {mixed} mixed dispatches ran, {dp4_runs} DP4"
+        );
         let gpu = &gpu_variants()[0];
         let (wa, wb) = (
             QuantWeight::new(gpu, "a", DType::Q4_K, [1792, 1536], &random_blocks(DType::Q4_K, 1792, 1536, 1)).unwrap(),
