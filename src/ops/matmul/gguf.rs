@@ -928,19 +928,29 @@ pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input
 
 /// The mixed dispatch's configuration: the first weight's own (its rows are most of the work:
 /// the float path, [`mixes`]), and whether the second weight takes the integer dot products
-/// against x staged whole in each of its workgroups (`MIX_FLOAT_A` with `DP4`): where its type has
-/// them on Vulkan (the float path of a Q6_K v made the 1.5B's mixed q/k/v 20.6 us against 13.0 +
-/// 11.4 apart, BENCHMARKS run 63). `WGPU_LLM_MIX_CFG="wg:tpr:dp4"` sets it for measuring.
+/// against x staged whole in each of its workgroups (`DP4` with `MIX_FLOAT_A`): where its type has
+/// them on Vulkan (the float path of a Q6_K v made the 1.5B's mixed q/k/v 20.6 us, against 13.0 +
+/// 11.4 as two dispatches: BENCHMARKS run 63), then in workgroups of 256 threads (the first
+/// weight's row groups, four or more a workgroup: the 1.5B's step 1741 us against 1756 with its
+/// 64-thread workgroups, 1750 at 128 threads of 32 lanes, run 64).
+/// `WGPU_LLM_MIX_CFG="wg:tpr:b_dp4:a_dp4"` sets it for measuring (`a_dp4`: the first weight's DP4
+/// path too, where the second takes it).
 fn mix_config(gpu: &Gpu, a: DType, b: DType, s: &LinearShape, input: Input<'_>) -> (QMatvecConfig, bool) {
     let cfg = QMatvecConfig::new(gpu, a, &super::tuned_shape(s, &LinearOpts::default())).for_input(gpu, a, s, input);
-    let b_dp4 = |wg: u32| has_dp4(b) && gpu.info.backend == wgpu::Backend::Vulkan && stages_whole(gpu, b, s.k, wg);
+    let vulkan = gpu.info.backend == wgpu::Backend::Vulkan;
+    let dp4 = |t: DType, wg: u32| has_dp4(t) && vulkan && stages_whole(gpu, t, s.k, wg);
     if let Ok(v) = std::env::var("WGPU_LLM_MIX_CFG") {
         let f: Vec<u32> = v.split(':').filter_map(|x| x.parse().ok()).collect();
-        if let [wg, tpr, d] = f[..] {
-            return (QMatvecConfig { wg, tpr, dp4: false, prefetch: false, ..cfg }, d == 1 && b_dp4(wg));
+        if let [wg, tpr, bd, ad] = f[..] {
+            let b_dp4 = bd == 1 && dp4(b, wg);
+            let a_dp4 = ad == 1 && b_dp4 && dp4(a, wg);
+            return (QMatvecConfig { wg, tpr, dp4: a_dp4, prefetch: false, ..cfg }, b_dp4);
         }
     }
-    (cfg, b_dp4(cfg.wg))
+    if cfg.dp4 || !dp4(b, 256) || 256 % cfg.tpr != 0 {
+        return (cfg, !cfg.dp4 && dp4(b, cfg.wg));
+    }
+    (QMatvecConfig { wg: 256, ..cfg }, true)
 }
 
 /// Records `y (+)= input(x) · [A; B]ᵀ (+ bias)` for one token in one dispatch (`MIX` in
@@ -1004,10 +1014,12 @@ fn matvec_quant_mixed_with(
         .set("MB", mb)
         .set("MB1", mb + 1)
         .set("MB2", mb + 2);
+    // DP4 for the second weight, and the first unless MIX_FLOAT_A (never the first alone).
+    assert!(!cfg.dp4 || b_dp4, "linear_quant_mixed: DP4 for {} but not {}", a.dtype, b.dtype);
     if b_dp4 {
         macros = macros
             .flag("DP4")
-            .flag("MIX_FLOAT_A")
+            .flag_if("MIX_FLOAT_A", !cfg.dp4)
             .set("KC", k / 32)
             .flag_if("STAGE8", cfg.subgroups && gpu.caps.shuffles8());
     }
@@ -1970,42 +1982,47 @@ pub(crate) mod tests {
                     }
                     let sa = LinearShape { t: 1, n: na, k, ld_out: na, cols: na };
                     let (cfg, auto_dp4) = mix_config(&gpu, ta, tb, &sa, input);
-                    // B's integer dot products where its type has them, and its float path.
-                    for b_dp4 in [auto_dp4, false] {
+                    // As configured (B's integer dot products where its type has them), both
+                    // weights' float paths, and both DP4 where both types have it.
+                    let whole = |t: DType| has_dp4(t) && stages_whole(&gpu, t, k, cfg.wg);
+                    let mut modes = vec![(cfg.dp4, auto_dp4), (false, false)];
+                    if whole(ta) && whole(tb) {
+                        modes.push((true, true));
+                    }
+                    for (a_dp4, b_dp4) in modes {
                         mixed += 1;
                         let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
-                        let (bm, ym) = (Some(&b), &y);
+                        let (bm, ym, c) = (Some(&b), &y, QMatvecConfig { dp4: a_dp4, ..cfg });
                         let kern =
-                            matvec_quant_mixed_with(&gpu, &x, input, &wa, (&wb, na), bm, ym, opts, cfg, b_dp4).unwrap();
+                            matvec_quant_mixed_with(&gpu, &x, input, &wa, (&wb, na), bm, ym, opts, c, b_dp4).unwrap();
                         gpu.run(&[&kern]).unwrap();
                         let got = gpu.read_f32(&y).unwrap();
-                        // x as each part meets it: normalized, or (B with DP4) x ⊙ g staged, then r.
+                        // x as a part meets it: normalized, or (DP4) x ⊙ g staged, then r.
                         let mut xin = xv.clone();
                         if norm {
                             norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false);
                         }
-                        let xb = if !b_dp4 {
-                            xin.clone()
-                        } else if norm {
+                        let staged: Vec<f32> = if norm {
                             let xg: Vec<f32> = xv.iter().zip(&gv).map(|(a, b)| a * b).collect();
                             let r = 1.0 / (xv.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-6).sqrt();
                             cpu::stage_x16(&xg, k).into_iter().map(|v| v * r).collect()
                         } else {
                             cpu::stage_x16(&xv, k)
                         };
-                        for (ty, raw, c0, c1, xp) in [(ta, &ra, 0, na, &xin), (tb, &rb, na, n, &xb)] {
+                        let (xa, xb) = (if a_dp4 { &staged } else { &xin }, if b_dp4 { &staged } else { &xin });
+                        for (ty, raw, c0, c1, xp) in [(ta, &ra, 0, na, xa), (tb, &rb, na, n, xb)] {
                             let (want, mut tol) = reference(xp, ty, raw, k, Some(&bv[c0..c1]), &y0[c0..c1], acc);
                             if norm {
                                 let wf = to_f32(ty, raw, (c1 - c0) * k).unwrap();
                                 add_input_rounding(&mut tol, xp, &wf, k, 8.0 * eps_f);
                             }
                             let what = format!(
-                                "{ta} + {tb}: the {ty} part, norm={norm} acc={acc} b_dp4={b_dp4} sg={}",
+                                "{ta} + {tb}: the {ty} part, norm={norm} acc={acc} dp4={a_dp4}/{b_dp4} sg={}",
                                 gpu.caps.subgroups
                             );
                             check(&got[c0..c1], &want, &tol, &what);
                         }
-                        dp4_runs += usize::from(b_dp4);
+                        dp4_runs += usize::from(b_dp4) + usize::from(a_dp4);
                     }
                 }
             }
