@@ -599,28 +599,27 @@ impl QMatvecConfig {
 
 impl QMatvecConfig {
     /// The configuration for x read as `input`: one-token Q4_K rows of at most 1536 elements
-    /// read plain (an o projection; not a fused norm's or gated activation's input, whose staging
-    /// costs more) over at most 4096 rows take DP4 in 128-thread workgroups of 32-lane row groups
-    /// where the row stages whole (H100, `WGPU_LLM_QMV` inside the step: Qwen2.5-1.5B's 1536 x
-    /// 1536 o projection, the step 1886 -> 1875 us and 1949 -> 1938 in two calls; the 0.5B's
-    /// 896 x 896 the same).
+    /// over at most 4096 rows, read plain (an o projection) or through the fused norm (q/k/v),
+    /// take DP4 where the row stages whole. Rows of 1536 (Qwen2.5-1.5B's) in 256-thread
+    /// workgroups of 64-lane row groups (H100, `WGPU_LLM_QMV` inside the step, BENCHMARKS run 65:
+    /// its 1536 x 1536 o projection, the step 1741 -> 1710 us against 128 threads of 32 lanes; its
+    /// q/k/v, N = 2048, with the norm, 1741 -> 1727 against the float path); shorter rows read
+    /// plain in 128-thread workgroups of 32-lane row groups (measured against the float path with
+    /// the 1.5B's o projection before the rule above, the step 1886 -> 1875 us and 1949 -> 1938 in
+    /// two calls, and the 0.5B's 896 x 896 the same), through the norm the float path.
     fn for_input(self, gpu: &Gpu, dtype: DType, s: &LinearShape, input: Input) -> Self {
         if matches!(input, Input::Staged(_)) {
             return self.staged(gpu, dtype, s);
         }
         let plain = matches!(input, Input::Plain);
+        let norm = matches!(input, Input::Norm { .. });
         let vulkan = gpu.info.backend == wgpu::Backend::Vulkan;
         let narrow = !self.subgroups || gpu.caps.subgroup_max_size <= 32;
-        if plain
-            && vulkan
-            && narrow
-            && self.tok == 1
-            && !self.dp4
-            && dtype == DType::Q4_K
-            && s.k <= 1536
-            && s.n <= 4096
-            && stages_whole(gpu, dtype, s.k, 128)
-        {
+        let q4k_short = vulkan && narrow && self.tok == 1 && !self.dp4 && dtype == DType::Q4_K && s.n <= 4096;
+        if q4k_short && s.k == 1536 && (plain || norm) && stages_whole(gpu, dtype, s.k, 256) {
+            return QMatvecConfig { wg: 256, tpr: 64, dp4: true, prefetch: false, ..self }.knob(gpu, dtype, s);
+        }
+        if q4k_short && plain && s.k <= 1536 && stages_whole(gpu, dtype, s.k, 128) {
             return QMatvecConfig { wg: 128, tpr: 32, dp4: true, prefetch: false, ..self }.knob(gpu, dtype, s);
         }
         self
@@ -904,9 +903,9 @@ fn matvec_quant_routed(
 /// Whether a projection of two quantized weights over the same x (the first writing columns
 /// 0 .. N₁ of y, the second the rest) runs as one mixed-type dispatch ([`matvec_quant_mixed`]) for
 /// `t` tokens read as `input`: one token, plain or normalized x, two different GGUF types (not
-/// the MLX affine ones), and the first weight's own configuration the float path (a Q4_K_M file's
-/// q/k (Q4_K) and Q6_K v: two dispatches otherwise, each mostly its launch and latency on the
-/// H100). `WGPU_LLM_MIX=0` turns it off (for measuring).
+/// the MLX affine ones), paths that go together ([`mix_config`]): a Q4_K_M file's q/k (Q4_K) and
+/// Q6_K v, two dispatches otherwise, each mostly its launch and latency on the H100.
+/// `WGPU_LLM_MIX=0` turns it off (for measuring).
 pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input<'_>, opts: &LinearOpts) -> bool {
     let gguf = |d: DType| !matches!(d, DType::Affine { .. }) && is_supported(d);
     if std::env::var("WGPU_LLM_MIX").is_ok_and(|v| v == "0") {
@@ -923,19 +922,18 @@ pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input
         && b.shape[1] == k
         && k % a.dtype.block_size() == 0
         && k % b.dtype.block_size() == 0;
-    ok && !mix_config(gpu, a.dtype, b.dtype, &LinearShape { t: 1, n: na, k, ld_out: na, cols: na }, input).0.dp4
+    ok && mix_config(gpu, a.dtype, b.dtype, &LinearShape { t: 1, n: na, k, ld_out: na, cols: na }, input).is_some()
 }
 
-/// The mixed dispatch's configuration: the first weight's own (its rows are most of the work:
-/// the float path, [`mixes`]), and whether the second weight takes the integer dot products
-/// against x staged whole in each of its workgroups (`DP4` with `MIX_FLOAT_A`): where its type has
-/// them on Vulkan (the float path of a Q6_K v made the 1.5B's mixed q/k/v 20.6 us, against 13.0 +
-/// 11.4 as two dispatches: BENCHMARKS run 63), then in workgroups of 256 threads (the first
-/// weight's row groups, four or more a workgroup: the 1.5B's step 1741 us against 1756 with its
-/// 64-thread workgroups, 1750 at 128 threads of 32 lanes, run 64).
-/// `WGPU_LLM_MIX_CFG="wg:tpr:b_dp4:a_dp4"` sets it for measuring (`a_dp4`: the first weight's DP4
-/// path too, where the second takes it).
-fn mix_config(gpu: &Gpu, a: DType, b: DType, s: &LinearShape, input: Input<'_>) -> (QMatvecConfig, bool) {
+/// The mixed dispatch's configuration (None: the two weights do not mix): the first weight's own
+/// (its rows are most of the work), and whether the second weight takes the integer dot products
+/// against x staged whole in each of its workgroups (`DP4`). A first weight on its DP4 path mixes
+/// with a second that has one (both DP4 in the first's workgroups); on its float path, with any
+/// (`MIX_FLOAT_A`): the second takes DP4 where its type has it (the float path of a Q6_K v made
+/// the 1.5B's mixed q/k/v 20.6 us, against 13.0 + 11.4 as two dispatches: BENCHMARKS run 63),
+/// then in workgroups of 256 threads (the 1.5B's step 1741 us against 1756 with its 64-thread
+/// workgroups, run 64). `WGPU_LLM_MIX_CFG="wg:tpr:b_dp4:a_dp4"` sets it for measuring.
+fn mix_config(gpu: &Gpu, a: DType, b: DType, s: &LinearShape, input: Input<'_>) -> Option<(QMatvecConfig, bool)> {
     let cfg = QMatvecConfig::new(gpu, a, &super::tuned_shape(s, &LinearOpts::default())).for_input(gpu, a, s, input);
     let vulkan = gpu.info.backend == wgpu::Backend::Vulkan;
     let dp4 = |t: DType, wg: u32| has_dp4(t) && vulkan && stages_whole(gpu, t, s.k, wg);
@@ -944,13 +942,18 @@ fn mix_config(gpu: &Gpu, a: DType, b: DType, s: &LinearShape, input: Input<'_>) 
         if let [wg, tpr, bd, ad] = f[..] {
             let b_dp4 = bd == 1 && dp4(b, wg);
             let a_dp4 = ad == 1 && b_dp4 && dp4(a, wg);
-            return (QMatvecConfig { wg, tpr, dp4: a_dp4, prefetch: false, ..cfg }, b_dp4);
+            return Some((QMatvecConfig { wg, tpr, dp4: a_dp4, prefetch: false, ..cfg }, b_dp4));
         }
     }
-    if cfg.dp4 || !dp4(b, 256) || 256 % cfg.tpr != 0 {
-        return (cfg, !cfg.dp4 && dp4(b, cfg.wg));
+    if cfg.dp4 {
+        // (a whole row staged: no chunks, no prefetch, one token)
+        let whole = cfg.tok == 1 && !cfg.prefetch && dp4(a, cfg.wg);
+        return (whole && dp4(b, cfg.wg)).then_some((cfg, true));
     }
-    (QMatvecConfig { wg: 256, ..cfg }, true)
+    if !dp4(b, 256) || 256 % cfg.tpr != 0 {
+        return Some((cfg, dp4(b, cfg.wg)));
+    }
+    Some((QMatvecConfig { wg: 256, ..cfg }, true))
 }
 
 /// Records `y (+)= input(x) · [A; B]ᵀ (+ bias)` for one token in one dispatch (`MIX` in
@@ -971,7 +974,7 @@ pub fn matvec_quant_mixed(
 ) -> Result<Kernel> {
     let [na, k] = a.shape;
     let sa = LinearShape { t: 1, n: na, k, ld_out: na, cols: na };
-    let (cfg, b_dp4) = mix_config(gpu, a.dtype, b.0.dtype, &sa, input);
+    let (cfg, b_dp4) = mix_config(gpu, a.dtype, b.0.dtype, &sa, input).expect("mixes");
     matvec_quant_mixed_with(gpu, x, input, a, b, bias, y, opts, cfg, b_dp4)
 }
 
@@ -1981,7 +1984,7 @@ pub(crate) mod tests {
                         continue;
                     }
                     let sa = LinearShape { t: 1, n: na, k, ld_out: na, cols: na };
-                    let (cfg, auto_dp4) = mix_config(&gpu, ta, tb, &sa, input);
+                    let (cfg, auto_dp4) = mix_config(&gpu, ta, tb, &sa, input).unwrap();
                     // As configured (B's integer dot products where its type has them), both
                     // weights' float paths, and both DP4 where both types have it.
                     let whole = |t: DType| has_dp4(t) && stages_whole(&gpu, t, k, cfg.wg);
