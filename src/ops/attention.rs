@@ -437,11 +437,18 @@ fn sg32(gpu: &Gpu) -> bool {
     gpu.caps.subgroups && gpu.caps.subgroup_min_size == 32 && gpu.caps.subgroup_max_size == 32
 }
 
-/// Fewest KV heads [`attention_decode`] is chosen for. Measured on the H100 (BENCHMARKS runs 30 and
-/// 36): with 2 or 3 KV heads (Qwen2.5, SmolLM2) the in-kernel merge costs what the merge dispatch
-/// it replaces does (the Qwen2.5-1.5B step 1952 us against 1950); alone the kernel wins from 8
-/// KV heads on at 1-4k positions (Llama-3-8B's shape at 1024: 8.0 us against 18.1).
+/// Fewest KV heads [`attention_decode`] is chosen for (but see [`DECODE_HEAD_DIM`]). Measured
+/// on the H100 (BENCHMARKS runs 30 and 36): with 2 or 3 KV heads (Qwen2.5, SmolLM2) the in-kernel
+/// merge cost what the merge dispatch it replaces did (the Qwen2.5-1.5B step 1952 us against
+/// 1950); alone the kernel wins from 8 KV heads on at 1-4k positions (Llama-3-8B's shape at 1024:
+/// 8.0 us against 18.1).
 pub const DECODE_MIN_KV_HEADS: usize = 8;
+
+/// Heads this wide take [`attention_decode`] whatever their KV heads: once the rest of the
+/// Qwen2.5-1.5B step had shrunk, its 2 KV heads of 128 won there (the step 1683 -> 1659 us,
+/// BENCHMARKS runs 67-68), while the 0.5B's heads of 64 still lost (1236 -> 1253 us). Wider heads
+/// (Qwen3.5's and Gemma 4's 256 and 512) keep the rule above: not measured.
+pub const DECODE_HEAD_DIM: usize = 128;
 
 /// [`DECODE_MIN_KV_HEADS`], or `WGPU_LLM_ATTN_DECODE_MIN_KV` (a benchmark knob: e.g. 1 runs the
 /// kernel for Qwen2.5's 2 KV heads again).
@@ -492,11 +499,11 @@ impl DecodeTiling {
     /// of the context (or window), at most `(64 / Hkv).clamp(8, 32)` runs per KV head (longer
     /// runs walk several chunks, and the merge reads fewer partial results), or `p.splits`.
     /// Only for heads with at least [`DECODE_MIN_KV_HEADS`] KV heads (or
-    /// `WGPU_LLM_ATTN_DECODE_MIN_KV`, a benchmark knob).
+    /// `WGPU_LLM_ATTN_DECODE_MIN_KV`, a benchmark knob), or heads [`DECODE_HEAD_DIM`] wide.
     pub fn choose(gpu: &Gpu, p: &AttnParams, rope: bool) -> Option<DecodeTiling> {
         if std::env::var("WGPU_LLM_ATTN_DECODE").is_ok_and(|v| v == "0")
             || p.n_tokens != 1
-            || p.kv_heads < decode_min_kv_heads()
+            || (p.kv_heads < decode_min_kv_heads() && p.head_dim != DECODE_HEAD_DIM)
         {
             return None;
         }

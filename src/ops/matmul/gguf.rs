@@ -523,6 +523,13 @@ impl QMatvecConfig {
             wg = 256;
             tpr = if s.n.div_ceil(8) <= 128 { 128 } else { 64 }.min(widest).max(min_tpr);
         }
+        // Q6_K rows of 128 units (8192 elements) or more that stage whole in 512 threads: 128-lane
+        // row groups, 16 rows a workgroup (the 1.5B's down, K = 8960: the step 1683 -> 1671 us
+        // against 256 threads of 64 lanes, BENCHMARKS run 67).
+        let w512 = gpu.limits.max_compute_invocations_per_workgroup >= 512 && whole(512);
+        if q6_whole && !vocab && dtype == DType::Q6_K && s.k > s.n && units >= 128 && w512 {
+            (wg, tpr) = (512, 128.min(widest).max(min_tpr));
+        }
         // And a v projection's few short rows (N <= 256, under 48 units) in 256-thread workgroups of
         // 32-lane row groups:
         // fewer, wider workgroups (Qwen2.5-1.5B's Q6_K v, 256 x 1536, 8 workgroups: the step 1889 ->
@@ -1486,6 +1493,8 @@ pub(crate) mod tests {
         MatvecDp4,
         /// The tiled matmul with a given tile, even for few tokens.
         Matmul(MatmulConfig),
+        /// matvec in workgroups of .0 threads of .1-lane row groups, DP4 (the row staged whole).
+        Wide(u32, u32),
     }
     const TILE4: MatmulConfig = MatmulConfig { tile: 4, bk: 32 };
     const TILE8: MatmulConfig = MatmulConfig { tile: 8, bk: 16 };
@@ -1535,6 +1544,11 @@ pub(crate) mod tests {
                 matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, QMatvecConfig { tpr, ..auto })
             }
             Path::Matmul(cfg) => matmul_quant(gpu, &x, &w, bias, &y, &s, opts, cfg),
+            Path::Wide(wg, tpr) => {
+                assert!(stages_whole(gpu, ty, k, wg), "{ty} K = {k} does not stage whole at {wg} threads");
+                let c = QMatvecConfig { wg, tpr, dp4: true, ..QMatvecConfig::new(gpu, ty, &s) };
+                matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, c)
+            }
         }
         .unwrap();
         gpu.run(&[&kern]).unwrap();
@@ -1549,6 +1563,7 @@ pub(crate) mod tests {
                 dp4_fits(gpu, ty, k, auto.wg, auto.tok)
             }
             Path::MatvecFloat | Path::Matmul(_) => false,
+            Path::Wide(..) => true,
         };
         let xs = if dp4 { cpu::stage_x16(&xv, k) } else { xv.clone() };
         let (want, tol) = reference(&xs, ty, &raw, k, with_bias.then_some(&bv[..]), &y0, accumulate);
@@ -2045,6 +2060,25 @@ pub(crate) mod tests {
         assert!(mixes(gpu, &wa, &wb, 1, input, &LinearOpts::default()), "Qwen2.5-1.5B's q/k/v");
     }
 
+    /// The wide one-token DP4 configurations the H100 rules pick (Q6_K down projections: 512
+    /// threads of 128 lanes; Q4_K rows of 1536: 256 threads of 64 lanes), at rows that stage
+    /// whole here.
+    #[test]
+    fn quant_matvec_wide_workgroups_match_cpu() {
+        for gpu in gpu_variants() {
+            if gpu.limits.max_compute_invocations_per_workgroup < 512 {
+                panic!("the device takes {} threads a workgroup", gpu.limits.max_compute_invocations_per_workgroup);
+            }
+            for (i, (ty, wg, tpr)) in
+                [(DType::Q6_K, 512, 128), (DType::Q4_K, 256, 64), (DType::Q6_K, 256, 64)].into_iter().enumerate()
+            {
+                for (n, bias, acc) in [(70, true, false), (1536 + 4, false, true)] {
+                    run_case(&gpu, ty, 1, n, 1536, bias, acc, Path::Wide(wg, tpr), 9100 + i as u64 + n as u64);
+                }
+            }
+        }
+    }
+
     #[test]
     fn quant_matvec_matches_cpu() {
         let mut worst = 0.0f32;
@@ -2474,7 +2508,11 @@ pub(crate) mod tests {
             }
             return;
         }
-        assert_eq!(pick(DType::Q6_K, 1536, 8960), (256, 64, true), "Qwen2.5-1.5B's Q6_K down");
+        // Q6_K rows of 8960: 512 threads where they stage whole there (the H100's 48 KiB, not 32).
+        let w512 =
+            gpu.limits.max_compute_invocations_per_workgroup >= 512 && stages_whole(&gpu, DType::Q6_K, 8960, 512);
+        let down = if w512 { (512, 128, true) } else { (256, 64, true) };
+        assert_eq!(pick(DType::Q6_K, 1536, 8960), down, "Qwen2.5-1.5B's Q6_K down");
         assert_eq!(pick(DType::Q6_K, 896, 4864), (256, 128, true), "Qwen2.5-0.5B's Q6_K down");
         assert_eq!(pick(DType::Q4_1, 576, 1536), (256, 64, true), "SmolLM2's Q4_1 down");
         assert_eq!(pick(DType::Q6_K, 256, 1536), (256, 32, true), "Qwen2.5-1.5B's Q6_K v");
@@ -2489,12 +2527,29 @@ pub(crate) mod tests {
         assert!(prefetch(DType::Q4_K, 43008, 5376) && prefetch(DType::Q6_K, 262144, 5376), "Gemma's gate_up, lm_head");
         assert!(!prefetch(DType::Q4_K, 17920, 1536) && !prefetch(DType::Q6_K, 1536, 8960), "Qwen2.5-1.5B's");
         assert_eq!(pick(DType::Q4_K, 17920, 1536), (128, 32, true), "Qwen2.5-1.5B's gate_up");
-        assert_eq!(pick(DType::Q4_K, 1536, 1536), (128, 32, true), "Qwen2.5-1.5B's o projection");
-        // The o rule is for a plain input: a fused norm's projection keeps its float sums.
-        let normed = QMatvecConfig::new(&gpu, DType::Q4_K, &shape(2048, 1536));
+        assert_eq!(pick(DType::Q4_K, 1536, 1536), (256, 64, true), "Qwen2.5-1.5B's o projection");
+        assert_eq!(pick(DType::Q4_K, 896, 896), (128, 32, true), "Qwen2.5-0.5B's o projection");
+        // Rows of 1536 through a fused norm likewise (the 1.5B's q/k/v); shorter ones keep their
+        // float sums.
         let g = gpu.upload_f32("g", &[1536], &[1.0; 1536]).unwrap();
         let norm = Input::Norm { weight: &g, eps: 1e-6 };
-        assert!(!normed.for_input(&gpu, DType::Q4_K, &shape(2048, 1536), norm).dp4, "qkv with its norm fused");
+        let normed = |n: usize, k: usize| {
+            let c =
+                QMatvecConfig::new(&gpu, DType::Q4_K, &shape(n, k)).for_input(&gpu, DType::Q4_K, &shape(n, k), norm);
+            (c.wg, c.tpr, c.dp4)
+        };
+        assert_eq!(normed(2048, 1536), (256, 64, true), "Qwen2.5-1.5B's q/k/v with its norm fused");
+        assert!(!normed(1152, 896).2, "Qwen2.5-0.5B-like q/k/v with its norm fused");
+        // The 1.5B's q/k (Q4_K) and Q6_K v mix, both DP4 in the q/k's configuration; the 0.5B's
+        // Q5_0 q/k and Q8_0 v, both float.
+        assert_eq!(
+            mix_config(&gpu, DType::Q4_K, DType::Q6_K, &shape(1792, 1536), norm).map(|(c, b)| (c.wg, c.tpr, c.dp4, b)),
+            Some((256, 64, true, true))
+        );
+        assert_eq!(
+            mix_config(&gpu, DType::Q5_0, DType::Q8_0, &shape(1024, 896), norm).map(|(c, b)| (c.dp4, b)),
+            Some((false, false))
+        );
     }
 
     #[test]
