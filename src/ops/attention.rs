@@ -495,7 +495,8 @@ impl DecodeTiling {
 
     /// The tiling for one decode token of `p`, or None where the kernel does not apply (the
     /// split attention kernel then runs; `WGPU_LLM_ATTN_DECODE=0` forces that, a benchmark knob):
-    /// chunks of 8192 elements where they fit the workgroup memory, else 4096; a run per chunk
+    /// chunks of 8192 elements where they fit the workgroup memory, else 4096 (or 4096 first with
+    /// `WGPU_LLM_ATTN_DECODE_CE=4096`, a benchmark knob); a run per chunk
     /// of the context (or window), at most `(64 / Hkv).clamp(8, 32)` runs per KV head (longer
     /// runs walk several chunks, and the merge reads fewer partial results), or `p.splits`.
     /// Only for heads with at least [`DECODE_MIN_KV_HEADS`] KV heads (or
@@ -510,7 +511,10 @@ impl DecodeTiling {
         let (d, g) = (p.head_dim, p.heads / p.kv_heads);
         let budget = (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10);
         let span = if p.window > 0 { p.max_ctx.min(p.window + 1) } else { p.max_ctx };
-        [8192, 4096].into_iter().filter(|ce| ce % d == 0).find_map(|ce| {
+        // (`WGPU_LLM_ATTN_DECODE_CE=4096`, a benchmark knob: the smaller chunks first.)
+        let small_first = std::env::var("WGPU_LLM_ATTN_DECODE_CE").is_ok_and(|v| v == "4096");
+        let sizes = if small_first { [4096, 8192] } else { [8192, 4096] };
+        sizes.into_iter().filter(|ce| ce % d == 0).find_map(|ce| {
             let ck = ce / d;
             let cap = (64 / p.kv_heads).clamp(8, 32);
             let nsplit = if p.splits > 0 { p.splits } else { span.div_ceil(ck).clamp(1, cap) };
