@@ -39,14 +39,14 @@
 // to the stack), meets them with x row s / p.spr and writes y row s. TOK = 1, p.t ignored.
 //
 // MIX (one token, x staged by the kernel whole or not at all, no EXPERTS / GLU / XG / PREFETCH):
-// two weights of different types in one
-// dispatch, writing different columns of y (a q/k/v projection whose v is Q6_K beside Q4_K q and
-// k): the workgroups before pb.wg0 compute the first weight's rows (columns 0 .. p.n), those from
-// pb.wg0 on the second's (pb.n rows, columns pb.col ..), with its type's functions (MIX_<type>:
-// include/quant.wgsl's b_ names) and its planes (include/quant_views.wgsl's q_part). Each output
-// is the sum the kernel computes for that weight alone. With DP4 both weights take the integer dot
-// products, or only the second with MIX_FLOAT_A (a Q4_K q/k whose float path is faster beside the
-// fused norm, with a Q6_K v whose float path is not).
+// two weights of different types in one dispatch, writing different columns of y (a q/k/v
+// projection whose v is Q6_K beside Q4_K q and k): the workgroups before pb.wg0 compute the first
+// weight's rows (columns 0 .. p.n), those from pb.wg0 on the second's (pb.n rows, columns pb.col
+// ..), with its type's functions (MIX_<type>: the b_ names below) and its planes (the accessors
+// below switch on q_part). Each weight's outputs are the sums this kernel computes for that weight
+// alone in the same workgroup shape. With DP4 both weights take the integer dot products, or only
+// the second with MIX_FLOAT_A (a first weight on its float path, e.g. Qwen2.5-0.5B-like Q5_0
+// beside a DP4 type).
 #define WG 256
 #define TPR 32
 #define TOK 1

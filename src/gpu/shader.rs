@@ -6,10 +6,11 @@
 //! Directives (each on its own line):
 //! - `#include "name"`: pastes `wgsl/include/name.wgsl` once (later includes of it are dropped);
 //! - `#include "name" as P`: pastes it (once per prefix) with every name it declares at top level
-//!   (`fn`, `struct`, `const`, `alias`, `var`) prefixed by `P`, and with the names earlier
-//!   includes `as P` declared prefixed too: a second copy of a family's functions beside the first
-//!   (the mixed-type matvec: `quant_q6_k` as `b_` gives `b_q_raw`, `b_QRaw`, ...). Names it uses
-//!   but does not declare stay shared (the includes it pastes itself are not prefixed);
+//!   (`fn`, `struct`, `const`, `alias`, `override`, `var`) prefixed by `P` wherever they appear as
+//!   names (not after a `.`: member accesses keep theirs), and with the names earlier includes
+//!   `as P` declared prefixed too: a second copy of a family's functions beside the first (the
+//!   mixed-type matvec: `quant_q6_k` as `b_` gives `b_q_raw`, `b_QRaw`, ...). Names it uses but
+//!   does not declare stay shared; it may not include other files itself;
 //! - `#ifdef X` / `#ifndef X` / `#else` / `#endif`: keep or drop lines by whether macro X is set;
 //! - `#define X value`: the default of X when the caller does not set it;
 //! - `{{X}}` anywhere in a line: replaced by X's value (an unset X is an error).
@@ -93,33 +94,40 @@ fn top_level_names(src: &str) -> Vec<String> {
                 }
             }
             let rest = l.strip_prefix("var")?;
-            let rest = if rest.starts_with('<') { &rest[rest.find('>')? + 1..] } else { rest };
+            let rest = match rest.chars().next()? {
+                '<' => &rest[rest.find('>')? + 1..],
+                c if c.is_whitespace() => rest,
+                _ => return None,
+            };
             ident(rest.trim_start())
         })
         .collect()
 }
 
-/// `src` with every identifier in `names` prefixed by `prefix`.
+/// `src` with every identifier in `names` prefixed by `prefix`, but after a `.` (a member).
 fn prefix_names(src: &str, names: &[String], prefix: &str) -> String {
     let mut out = String::with_capacity(src.len() + src.len() / 8);
     let mut word = String::new();
-    let flush = |word: &mut String, out: &mut String| {
-        if names.iter().any(|n| n == word) {
+    // (the character before the current word)
+    let mut before = ' ';
+    let flush = |word: &mut String, out: &mut String, before: char| {
+        if before != '.' && names.iter().any(|n| n == word) {
             out.push_str(prefix);
         }
         out.push_str(word);
         word.clear();
     };
     for c in src.chars() {
-        // (an identifier cannot start with a digit: "2u" is a literal, never a name)
+        // (a name never starts with a digit, and no name is all digits: "2u" stays a literal)
         if c.is_ascii_alphanumeric() || c == '_' {
             word.push(c);
         } else {
-            flush(&mut word, &mut out);
+            flush(&mut word, &mut out, before);
             out.push(c);
+            before = c;
         }
     }
-    flush(&mut word, &mut out);
+    flush(&mut word, &mut out, before);
     out
 }
 
@@ -172,7 +180,11 @@ fn expand(
                     None => expand(&key, src, defines, caller, included, out)?,
                     Some(p) => {
                         let mut text = String::new();
+                        let before = included.len();
                         expand(&key, src, defines, caller, included, &mut text)?;
+                        if included.len() != before {
+                            return Err(err(ln, format!("{key} is pasted as {p}: it may not include other files")));
+                        }
                         // The prefix's namespace: names declared by every include `as p` so far.
                         let ns = format!("namespace {p}");
                         let mut names: Vec<String> = defines
@@ -251,14 +263,26 @@ mod tests {
     #[test]
     fn prefixed_names() {
         let src = "const QU: u32 = 32u;\nstruct QRaw {\n    qs: u32,\n}\nvar<private> q_t: u32;\n\
-                   fn q_raw(i: u32) -> QRaw {\n    return QRaw(qw1(i) + QU + q_t);\n}\n";
+                   fn q_raw(i: u32) -> QRaw {\n    return QRaw(qw1(i) + QU + q_t);\n}\nvariant_of_nothing\n\
+                   const qs = 1u;\nfn f(r: QRaw) -> u32 {\n    return r.qs + qs;\n}\n";
         let names = top_level_names(src);
-        assert_eq!(names, ["QU", "QRaw", "q_t", "q_raw"]);
+        assert_eq!(names, ["QU", "QRaw", "q_t", "q_raw", "qs", "f"]);
         let out = prefix_names(src, &names, "b_");
         // Declared names renamed where declared and used; the undeclared accessor and fields stay.
         assert!(out.contains("fn b_q_raw(i: u32) -> b_QRaw {"), "{out}");
         assert!(out.contains("return b_QRaw(qw1(i) + b_QU + b_q_t);"), "{out}");
-        assert!(out.contains("    qs: u32,") && out.contains("var<private> b_q_t: u32;"), "{out}");
+        assert!(out.contains("var<private> b_q_t: u32;"), "{out}");
+        // A member access keeps its name where a declared name matches it (the field
+        // declaration itself is renamed, as any name: so no declared name may be a field's).
+        assert!(out.contains("return r.qs + b_qs;"), "{out}");
+        // An include pasted with a prefix may not include others.
+        let mut d = BTreeMap::new();
+        let caller = Macros::new();
+        let mut out = String::new();
+        let r = expand("t", "#include \"quant_views\" as b_\n", &mut d, &caller, &mut vec![], &mut out);
+        assert!(r.is_ok(), "{r:?}");
+        let r = expand("t", "#include \"quant\" as c_\n", &mut d, &caller, &mut vec![], &mut String::new());
+        assert!(r.is_err_and(|e| e.to_string().contains("may not include")));
         assert_eq!(parse_include(" \"quant_q6_k\" as b_").unwrap(), ("quant_q6_k", Some("b_")));
         assert_eq!(parse_include("\"quant\"").unwrap(), ("quant", None));
         assert!(parse_include("\"quant\" b_").is_err() && parse_include("quant").is_err());

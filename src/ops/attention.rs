@@ -451,7 +451,7 @@ pub const DECODE_MIN_KV_HEADS: usize = 8;
 pub const DECODE_HEAD_DIM: usize = 128;
 
 /// [`DECODE_MIN_KV_HEADS`], or `WGPU_LLM_ATTN_DECODE_MIN_KV` (a benchmark knob: e.g. 1 runs the
-/// kernel for Qwen2.5's 2 KV heads again).
+/// kernel for Qwen2.5-0.5B's 2 KV heads of 64).
 fn decode_min_kv_heads() -> usize {
     std::env::var("WGPU_LLM_ATTN_DECODE_MIN_KV").ok().and_then(|v| v.parse().ok()).unwrap_or(DECODE_MIN_KV_HEADS)
 }
@@ -1087,7 +1087,11 @@ mod tests {
         let gpu = gpu();
         let t =
             |h: usize, hkv: usize, d: usize, ctx: usize| DecodeTiling::choose(&gpu, &params(h, hkv, d, ctx, 0), true);
-        assert_eq!(t(12, 2, 128, 641), None, "2 KV heads: the split kernel and its merge");
+        // 2 KV heads: the one-dispatch kernel for heads of 128 (Qwen2.5-1.5B), else the split
+        // kernel and its merge (the 0.5B's 64).
+        assert_eq!(t(12, 2, 128, 641), Some(DecodeTiling { ck: 64, nsplit: 11 }), "Qwen2.5-1.5B");
+        assert_eq!(t(12, 2, 128, 4096), Some(DecodeTiling { ck: 64, nsplit: 32 }));
+        assert_eq!(t(14, 2, 64, 641), None, "Qwen2.5-0.5B");
         assert_eq!(t(64, 8, 128, 641), Some(DecodeTiling { ck: 32, nsplit: 8 }));
         assert_eq!(t(32, 16, 256, 640), Some(DecodeTiling { ck: 32, nsplit: 8 }));
         assert_eq!(t(32, 16, 256, 4096), Some(DecodeTiling { ck: 32, nsplit: 8 }));
