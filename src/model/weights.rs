@@ -114,7 +114,8 @@ impl Proj {
                 let n = w.shape()[0];
                 let yv = y.view(*col, &[t, n]);
                 let bv = bias.map(|b| b.view(*col, &[n]));
-                linear(gpu, x, input, w, bv.as_ref(), &yv, LinearOpts { ld_out: Some(self.n), ..opts })
+                let ld_out = Some(opts.ld_out.unwrap_or(self.n));
+                linear(gpu, x, input, w, bv.as_ref(), &yv, LinearOpts { ld_out, ..opts })
             })
             .collect()
     }
@@ -806,4 +807,64 @@ fn finite16(name: &str, data: Vec<f16>) -> Result<Vec<f16>> {
 
 fn finite32(name: &str, data: Vec<f32>) -> Result<Vec<f32>> {
     finite(name, data, |x| x.is_finite())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::tensor::test_util::{gpu, random};
+    use crate::ops::matmul::gguf::cpu;
+    use crate::ops::matmul::gguf::tests::{random_blocks, stage_steps16};
+
+    /// A projection of two quantized types writing a view of wider rows (a [q | k] whose layer's
+    /// cache takes v from k): each part lands in its columns of every row at the caller's row
+    /// stride, through one mixed dispatch (one token) or a dispatch per part (three tokens); the
+    /// columns past the view keep their values. Tolerance: the f32 sums' (4 eps sqrt(K) S) plus
+    /// x's 16-bit staging where a part takes the integer dot products (half a step d a term).
+    #[test]
+    fn mixed_format_parts_write_their_columns() {
+        let gpu = gpu();
+        let (k, na, nb, ld) = (256, 64, 32, 112);
+        let (ta, tb) = (DType::Q4_K, DType::Q6_K);
+        let (ra, rb) = (random_blocks(ta, na, k, 1), random_blocks(tb, nb, k, 2));
+        let wa = QuantWeight::new(&gpu, "a", ta, [na, k], &ra).unwrap();
+        let wb = QuantWeight::new(&gpu, "b", tb, [nb, k], &rb).unwrap();
+        let proj = Proj { parts: vec![(0, Linear::Quant(wa)), (na, Linear::Quant(wb))], n: na + nb, glu: false };
+        for t in [1usize, 3] {
+            let xv = random(t * k, 3 + t as u64, 1.0);
+            let y0 = random(t * ld, 7, 1.0);
+            let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
+            let buf = gpu.upload_f32("y", &[t, ld], &y0).unwrap();
+            let y = buf.view(0, &[t, na + nb]);
+            let opts = LinearOpts { ld_out: Some(ld), ..Default::default() };
+            let kernels = proj.linear(&gpu, &x, Input::Plain, None, &y, opts).unwrap();
+            assert_eq!(kernels.len(), if t == 1 { 1 } else { 2 }, "T = {t}: one mixed dispatch for one token");
+            gpu.run(&kernels.iter().collect::<Vec<_>>()).unwrap();
+            let got = gpu.read_f32(&buf).unwrap();
+            let d = stage_steps16(&xv);
+            for (ty, raw, c0, n) in [(ta, &ra, 0, na), (tb, &rb, na, nb)] {
+                let wf = crate::dtype::to_f32(ty, raw, n * k).unwrap();
+                let mut want = vec![0f32; t * n];
+                cpu::linear_quant(&xv, ty, raw, k, None, &mut want, false).unwrap();
+                for r in 0..t {
+                    for j in 0..n {
+                        let row = &wf[j * k..(j + 1) * k];
+                        let xr = &xv[r * k..(r + 1) * k];
+                        let s: f32 = row.iter().zip(xr).map(|(w, x)| (w * x).abs()).sum();
+                        let staging: f32 = row.iter().zip(&d[r * k..(r + 1) * k]).map(|(w, d)| w.abs() * d / 2.0).sum();
+                        let tol = 4.0 * f32::EPSILON / 2.0 * (k as f32).sqrt() * s + staging;
+                        let (g, w) = (got[r * ld + c0 + j], want[r * n + j]);
+                        assert!(
+                            (g - w).abs() <= tol,
+                            "T = {t}, {ty} row {r} column {}: {g} against {w} (tol {tol})",
+                            c0 + j
+                        );
+                    }
+                }
+            }
+            for r in 0..t {
+                assert_eq!(&got[r * ld + na + nb..(r + 1) * ld], &y0[r * ld + na + nb..(r + 1) * ld], "row {r}'s tail");
+            }
+        }
+    }
 }
