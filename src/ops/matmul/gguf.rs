@@ -910,9 +910,11 @@ fn matvec_quant_routed(
 /// Whether a projection of two quantized weights over the same x (the first writing columns
 /// 0 .. N₁ of y, the second the rest) runs as one mixed-type dispatch ([`matvec_quant_mixed`]) for
 /// `t` tokens read as `input`: one token, plain or normalized x, two different GGUF types (not
-/// the MLX affine ones), paths that go together ([`mix_config`]): a Q4_K_M file's q/k (Q4_K) and
-/// Q6_K v, two dispatches otherwise, each mostly its launch and latency on the H100.
-/// `WGPU_LLM_MIX=0` turns it off (for measuring).
+/// the MLX affine ones), rows of at most 1536 elements, paths that go together ([`mix_config`]):
+/// a Q4_K_M file's q/k (Q4_K) and Q6_K v, two dispatches otherwise, each mostly its launch and
+/// latency on the H100 (Qwen2.5-1.5B, K = 1536: +3.5 %, Qwen2.5-0.5B, K = 896: +6 %, BENCHMARKS
+/// runs 64-66; Qwen3.5-35B-A3B's rows of 2048 lost 1.7 %, run 71). `WGPU_LLM_MIX=0` turns it off
+/// (for measuring).
 pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input<'_>, opts: &LinearOpts) -> bool {
     let gguf = |d: DType| !matches!(d, DType::Affine { .. }) && is_supported(d);
     if std::env::var("WGPU_LLM_MIX").is_ok_and(|v| v == "0") {
@@ -920,6 +922,7 @@ pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input
     }
     let [na, k] = a.shape;
     let ok = t == 1
+        && k <= 1536
         && !opts.batch
         && opts.glu.is_none()
         && matches!(input, Input::Plain | Input::Norm { .. })
@@ -2061,6 +2064,12 @@ pub(crate) mod tests {
         let g = gpu.upload_f32("g", &[1536], &random(1536, 3, 1.0)).unwrap();
         let input = Input::Norm { weight: &g, eps: 1e-6 };
         assert!(mixes(gpu, &wa, &wb, 1, input, &LinearOpts::default()), "Qwen2.5-1.5B's q/k/v");
+        // Rows of 2048 (Qwen3.5-35B-A3B's attention) stay two dispatches.
+        let (wa, wb) = (
+            QuantWeight::new(gpu, "a", DType::Q4_K, [64, 2048], &random_blocks(DType::Q4_K, 64, 2048, 4)).unwrap(),
+            QuantWeight::new(gpu, "b", DType::Q6_K, [32, 2048], &random_blocks(DType::Q6_K, 32, 2048, 5)).unwrap(),
+        );
+        assert!(!mixes(gpu, &wa, &wb, 1, Input::Plain, &LinearOpts::default()), "rows of 2048");
     }
 
     /// The wide one-token DP4 configurations the H100 rules pick (Q6_K down projections: 512
