@@ -396,9 +396,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         sums *= li_norm_scales(vec4<u32>(0u), p.xk, p.eps, lid, 1u, 0u)[0];
 #endif
 #endif
-        if (lane < 4u && row0b + lane < pb.n) {
-            store(0u, pb.col + row0b + lane, sums[lane]);
-        }
+        // (columns pb.col + row0b .., below pb.col + pb.n)
+        mv_store(sums, lane, 0u, pb.col + row0b, pb.col + pb.n, 1u);
         return;
     }
 #endif

@@ -7,10 +7,9 @@
 //! - `#include "name"`: pastes `wgsl/include/name.wgsl` once (later includes of it are dropped);
 //! - `#include "name" as P`: pastes it (once per prefix) with every name it declares at top level
 //!   (`fn`, `struct`, `const`, `alias`, `override`, `var`) prefixed by `P` wherever they appear as
-//!   names (not after a `.`: member accesses keep theirs), and with the names earlier includes
-//!   `as P` declared prefixed too: a second copy of a family's functions beside the first (the
-//!   mixed-type matvec: `quant_q6_k` as `b_` gives `b_q_raw`, `b_QRaw`, ...). Names it uses but
-//!   does not declare stay shared; it may not include other files itself;
+//!   names (not after a `.`: member accesses keep theirs): a second copy of a family's functions
+//!   beside the first (the mixed-type matvec: `quant_q6_k` as `b_` gives `b_q_raw`, `b_QRaw`, ...).
+//!   Names it uses but does not declare stay shared; it may not include other files itself;
 //! - `#ifdef X` / `#ifndef X` / `#else` / `#endif`: keep or drop lines by whether macro X is set;
 //! - `#define X value`: the default of X when the caller does not set it;
 //! - `{{X}}` anywhere in a line: replaced by X's value (an unset X is an error).
@@ -185,15 +184,7 @@ fn expand(
                         if included.len() != before {
                             return Err(err(ln, format!("{key} is pasted as {p}: it may not include other files")));
                         }
-                        // The prefix's namespace: names declared by every include `as p` so far.
-                        let ns = format!("namespace {p}");
-                        let mut names: Vec<String> = defines
-                            .get(&ns)
-                            .map(|v| v.split(' ').filter(|n| !n.is_empty()).map(String::from).collect())
-                            .unwrap_or_default();
-                        names.extend(top_level_names(&text));
-                        out.push_str(&prefix_names(&text, &names, p));
-                        defines.insert(ns, names.join(" "));
+                        out.push_str(&prefix_names(&text, &top_level_names(&text), p));
                     }
                 }
             }

@@ -605,6 +605,22 @@ impl QMatvecConfig {
 }
 
 impl QMatvecConfig {
+    /// The macros of wgsl/matvec_quant.wgsl every dispatch of this configuration sets: the fused
+    /// input, the epilogue, W's type, where the norm weight binds, the workgroup shape and tokens a
+    /// pass (`SUBGROUP` cleared where the configuration reduces without subgroups).
+    fn macros(&self, gpu: &Gpu, dtype: DType, input: Input<'_>, bias: bool, opts: &LinearOpts) -> Macros {
+        let mut m = type_macros(glu_macros(input.macros(common_macros(gpu, bias, opts)), opts.glu), dtype)
+            .set("GB", if bias { 6 } else { 5 })
+            .set("WG", self.wg)
+            .set("TPR", self.tpr)
+            .set("TOK", self.tok)
+            .flag_if("TOK4", self.tok == 4);
+        if !self.subgroups {
+            m.0.remove("SUBGROUP");
+        }
+        m
+    }
+
     /// The configuration for x read as `input`: one-token Q4_K rows of at most 1536 elements
     /// over at most 4096 rows, read plain (an o projection) or through the fused norm (q/k/v),
     /// take DP4 where the row stages whole. Rows of 1536 (Qwen2.5-1.5B's) in 256-thread
@@ -861,13 +877,7 @@ fn matvec_quant_routed(
     assert!(matches!(cfg.tok, 1 | 4));
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
     assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
-    let mut macros =
-        type_macros(glu_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), opts.glu), w.dtype)
-            .set("GB", if bias.is_some() { 6 } else { 5 })
-            .set("WG", cfg.wg)
-            .set("TPR", cfg.tpr)
-            .set("TOK", cfg.tok)
-            .flag_if("TOK4", cfg.tok == 4);
+    let mut macros = cfg.macros(gpu, w.dtype, input, bias.is_some(), &opts);
     if let Input::Staged(_) = input {
         assert!(
             cfg.dp4 && cfg.tok == 1 && s.t == 1,
@@ -891,9 +901,6 @@ fn matvec_quant_routed(
             .flag_if("STAGE8", cfg.subgroups && gpu.caps.shuffles8())
             .flag_if("PREFETCH", cfg.prefetch && !chunked);
     }
-    if !cfg.subgroups {
-        macros.0.remove("SUBGROUP");
-    }
     #[cfg(test)]
     if !cfg.probe.is_empty() {
         macros = macros.flag(cfg.probe);
@@ -916,7 +923,8 @@ fn matvec_quant_routed(
 /// runs 64-66; Qwen3.5-35B-A3B's rows of 2048 lost 1.7 %, run 71). `WGPU_LLM_MIX=0` turns it off
 /// (for measuring).
 pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input<'_>, opts: &LinearOpts) -> bool {
-    let gguf = |d: DType| !matches!(d, DType::Affine { .. }) && is_supported(d);
+    // (A QuantWeight's type has kernels and its rows are whole blocks.)
+    let gguf = |d: DType| !matches!(d, DType::Affine { .. });
     if std::env::var("WGPU_LLM_MIX").is_ok_and(|v| v == "0") {
         return false;
     }
@@ -929,9 +937,7 @@ pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input
         && a.dtype != b.dtype
         && gguf(a.dtype)
         && gguf(b.dtype)
-        && b.shape[1] == k
-        && k % a.dtype.block_size() == 0
-        && k % b.dtype.block_size() == 0;
+        && b.shape[1] == k;
     ok && mix_config(gpu, a.dtype, b.dtype, &LinearShape { t: 1, n: na, k, ld_out: na, cols: na }, input).is_some()
 }
 
@@ -1021,10 +1027,8 @@ fn matvec_quant_mixed_with(
     let units_b = (k / unit_elems(b.dtype)) as u32;
     let pb = gpu.uniform("matvec_quant.mix", &[wg0, nb as u32, units_b, col as u32, b.planes[0], b.planes[1], 0, 0]);
     let mb = bindings.len();
-    let mut macros = type_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), a.dtype)
-        .set("GB", if bias.is_some() { 6 } else { 5 })
-        .set("WG", cfg.wg)
-        .set("TPR", cfg.tpr)
+    let mut macros = cfg
+        .macros(gpu, a.dtype, input, bias.is_some(), &opts)
         .flag("MIX")
         .flag(&format!("MIX_{}", type_flag(b.dtype)))
         .set("MB", mb)
@@ -1038,9 +1042,6 @@ fn matvec_quant_mixed_with(
             .flag_if("MIX_FLOAT_A", !cfg.dp4)
             .set("KC", k / 32)
             .flag_if("STAGE8", cfg.subgroups && gpu.caps.shuffles8());
-    }
-    if !cfg.subgroups {
-        macros.0.remove("SUBGROUP");
     }
     bindings.extend([b.buffer.as_entire_binding(), b.buffer.as_entire_binding(), pb.as_entire_binding()]);
     let [gx, gy, _] = grid(wg0 + (nb as u32).div_ceil(rows_per_wg));
@@ -1580,6 +1581,20 @@ pub(crate) mod tests {
         check(&got, &want, &tol, &what)
     }
 
+    /// x as a one-token matvec meets it behind the fused RMSNorm (weight `g`, eps 1e-6), row by
+    /// row of `k`: x ⊙ g, staged as 16-bit fixed point ([`cpu::stage_x16`]) where `staged` (DP4),
+    /// times the row's 1 / rms (the kernel scales its sums by it at the end).
+    pub(crate) fn norm_scaled_input(x: &[f32], g: &[f32], k: usize, staged: bool) -> Vec<f32> {
+        let mut out = Vec::with_capacity(x.len());
+        for row in x.chunks(k) {
+            let xg: Vec<f32> = row.iter().zip(g).map(|(a, b)| a * b).collect();
+            let r = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-6).sqrt();
+            let xg = if staged { cpu::stage_x16(&xg, k) } else { xg };
+            out.extend(xg.into_iter().map(|v| v * r));
+        }
+        out
+    }
+
     /// The 16-bit staging's step d at each element of `x` ([`cpu::stage_x16`]: 2^(E - 140) for its
     /// 32-element block's largest |x| of biased exponent E; the smallest normal below the floor):
     /// what one rounding flip in the staging moves an element by.
@@ -1666,10 +1681,7 @@ pub(crate) mod tests {
                         }
                     } else if dp4 {
                         // The kernel stages x ⊙ g and scales the sums by the norm's r at the end.
-                        let xg: Vec<f32> = xv.iter().zip(&gv).map(|(a, b)| a * b).collect();
-                        let ms = xv.iter().map(|v| v * v).sum::<f32>() / k as f32;
-                        let r = 1.0 / (ms + 1e-6).sqrt();
-                        xin = cpu::stage_x16(&xg, k).into_iter().map(|v| v * r).collect();
+                        xin = norm_scaled_input(&xv, &gv, k, true);
                     } else {
                         norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false);
                     }
@@ -1937,13 +1949,7 @@ pub(crate) mod tests {
                     let got = gpu.read_f32(&y).unwrap();
                     // The projection's input as the kernel meets it (see quant_fused_inputs_match_cpu_ops).
                     let xin: Vec<f32> = if norm {
-                        let xg: Vec<f32> = xv.iter().zip(gv.iter().cycle()).map(|(a, b)| a * b).collect();
-                        let staged = if dp4 { cpu::stage_x16(&xg, k) } else { xg };
-                        let r: Vec<f32> = xv
-                            .chunks(k)
-                            .map(|row| 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-6).sqrt())
-                            .collect();
-                        staged.iter().enumerate().map(|(i, v)| v * r[i / k]).collect()
+                        norm_scaled_input(&xv, &gv, k, dp4)
                     } else if dp4 {
                         cpu::stage_x16(&xv, k)
                     } else {
@@ -2026,13 +2032,8 @@ pub(crate) mod tests {
                         if norm {
                             norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false);
                         }
-                        let staged: Vec<f32> = if norm {
-                            let xg: Vec<f32> = xv.iter().zip(&gv).map(|(a, b)| a * b).collect();
-                            let r = 1.0 / (xv.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-6).sqrt();
-                            cpu::stage_x16(&xg, k).into_iter().map(|v| v * r).collect()
-                        } else {
-                            cpu::stage_x16(&xv, k)
-                        };
+                        let staged: Vec<f32> =
+                            if norm { norm_scaled_input(&xv, &gv, k, true) } else { cpu::stage_x16(&xv, k) };
                         let (xa, xb) = (if a_dp4 { &staged } else { &xin }, if b_dp4 { &staged } else { &xin });
                         for (ty, raw, c0, c1, xp) in [(ta, &ra, 0, na, xa), (tb, &rb, na, n, xb)] {
                             let (want, mut tol) = reference(xp, ty, raw, k, Some(&bv[c0..c1]), &y0[c0..c1], acc);
@@ -2489,9 +2490,7 @@ pub(crate) mod tests {
                 let mut xin = Vec::with_capacity(t * k);
                 for row in xv.chunks(k) {
                     if norm {
-                        let xg: Vec<f32> = row.iter().zip(&gv).map(|(a, b)| a * b).collect();
-                        let r = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-6).sqrt();
-                        xin.extend(cpu::stage_x16(&xg, k).into_iter().map(|v| v * r));
+                        xin.extend(norm_scaled_input(row, &gv, k, true));
                     } else {
                         xin.extend(cpu::stage_x16(row, k));
                     }
