@@ -24,10 +24,11 @@
 
 use crate::error::Result;
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
-use crate::model::config::Activation;
+use crate::ops::elementwise::Activation;
 
 pub mod gguf;
-pub use gguf::{linear_quant, linear_quant_in, QuantWeight};
+pub use crate::weights::QuantWeight;
+pub use gguf::{linear_quant, linear_quant_in};
 
 /// What the kernel meets W with: `x` itself, or the op before the projection fused in (matvec
 /// only: up to [`MATVEC_MAX_T`] tokens, K a multiple of 4; see [`fuses_input`]):
@@ -96,7 +97,7 @@ impl Input<'_> {
                 Some(weight.binding())
             }
             Input::Staged(xs) => {
-                let need = 4 * gguf::staged_x_words(1, k) as u64;
+                let need = 4 * staged_x_words(1, k) as u64;
                 assert!(
                     xs.size_bytes() >= need,
                     "linear: the staged x must hold {need} bytes for K = {k}, got {:?} {:?}",
@@ -115,6 +116,12 @@ impl Input<'_> {
             _ => 0.0,
         }
     }
+}
+
+/// u32 words of x staged by [`gguf::quantize_x16`] for `t` rows of `k` elements: five vec4 a 32-element
+/// block (wgsl/quantize_x16.wgsl).
+pub fn staged_x_words(t: usize, k: usize) -> usize {
+    t * k / 32 * 20
 }
 
 /// Whether a projection of `t` tokens with K = `k` can take a fused [`Input`] (otherwise run the
