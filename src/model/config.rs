@@ -59,13 +59,7 @@ pub enum LayerAttention {
     Sliding { window: u32 },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    /// silu(gate) * up
-    SiluGated,
-    /// gelu_tanh(gate) * up
-    GeluTanhGated,
-}
+pub use crate::ops::elementwise::Activation;
 
 /// RoPE of one attention layer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -134,44 +128,7 @@ impl AttentionSpec {
     }
 }
 
-/// Gated DeltaNet linear attention (Qwen3.5 / Qwen3-Next `linear_attention` layers): a causal
-/// depthwise conv over [q | k | v], then the gated delta rule with a per-head recurrent state,
-/// a gated RMSNorm and out_proj.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct DeltaNetSpec {
-    pub k_heads: usize,
-    pub v_heads: usize,
-    pub k_dim: usize,
-    pub v_dim: usize,
-    /// Taps of the causal conv (`linear_conv_kernel_dim`).
-    pub conv_kernel: usize,
-    /// Value head `h` reads key head `h % k_heads` (llama.cpp's GGUF order of the value heads,
-    /// tiled over the key heads) instead of `h / (v_heads / k_heads)` (transformers'
-    /// `repeat_interleave`).
-    pub kv_tiled: bool,
-}
-
-impl DeltaNetSpec {
-    /// Channels of the conv: [q | k | v].
-    pub fn conv_dim(&self) -> usize {
-        2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
-    }
-    /// The key head value head `h` reads.
-    pub fn k_head(&self, h: usize) -> usize {
-        if self.kv_tiled {
-            h % self.k_heads
-        } else {
-            h / (self.v_heads / self.k_heads)
-        }
-    }
-    pub fn value_dim(&self) -> usize {
-        self.v_heads * self.v_dim
-    }
-    /// Columns of the fused input projection: [qkv | z | b | a].
-    pub fn in_dim(&self) -> usize {
-        self.conv_dim() + self.value_dim() + 2 * self.v_heads
-    }
-}
+pub use crate::ops::deltanet::DeltaNetSpec;
 
 /// A layer's token mixer.
 #[derive(Clone, Copy, Debug, PartialEq)]

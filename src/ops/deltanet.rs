@@ -28,7 +28,45 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Macros, Tensor};
-use crate::model::config::DeltaNetSpec;
+
+/// Gated DeltaNet linear attention (Qwen3.5 / Qwen3-Next `linear_attention` layers): a causal
+/// depthwise conv over [q | k | v], then the gated delta rule with a per-head recurrent state,
+/// a gated RMSNorm and out_proj.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaNetSpec {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    /// Taps of the causal conv (`linear_conv_kernel_dim`).
+    pub conv_kernel: usize,
+    /// Value head `h` reads key head `h % k_heads` (llama.cpp's GGUF order of the value heads,
+    /// tiled over the key heads) instead of `h / (v_heads / k_heads)` (transformers'
+    /// `repeat_interleave`).
+    pub kv_tiled: bool,
+}
+
+impl DeltaNetSpec {
+    /// Channels of the conv: [q | k | v].
+    pub fn conv_dim(&self) -> usize {
+        2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+    }
+    /// The key head value head `h` reads.
+    pub fn k_head(&self, h: usize) -> usize {
+        if self.kv_tiled {
+            h % self.k_heads
+        } else {
+            h / (self.v_heads / self.k_heads)
+        }
+    }
+    pub fn value_dim(&self) -> usize {
+        self.v_heads * self.v_dim
+    }
+    /// Columns of the fused input projection: [qkv | z | b | a].
+    pub fn in_dim(&self) -> usize {
+        self.conv_dim() + self.value_dim() + 2 * self.v_heads
+    }
+}
 
 /// Most taps of the causal conv (the kernel keeps the window in registers).
 pub const MAX_CONV_TAPS: usize = 8;
@@ -266,7 +304,7 @@ pub fn rms_norm_gated(
 
 /// CPU twins, written like transformers' torch code (f64 where it accumulates).
 pub mod cpu {
-    use crate::model::config::DeltaNetSpec;
+    use super::DeltaNetSpec;
 
     fn silu(x: f64) -> f64 {
         x / (1.0 + (-x).exp())

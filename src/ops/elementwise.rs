@@ -3,7 +3,15 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
-use crate::model::config::Activation;
+
+/// The gated MLP activation: `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// silu(gate) * up
+    SiluGated,
+    /// gelu_tanh(gate) * up
+    GeluTanhGated,
+}
 
 /// `x += y` over all elements (f32).
 pub fn add(gpu: &Gpu, x: &Tensor, y: &Tensor) -> Result<Kernel> {
@@ -74,7 +82,7 @@ pub fn gated_act_in(gpu: &Gpu, gu: &Tensor, out: &Tensor, act: Activation, inter
 }
 
 pub mod cpu {
-    use crate::model::config::Activation;
+    use super::Activation;
 
     pub fn add(x: &mut [f32], y: &[f32]) {
         x.iter_mut().zip(y).for_each(|(a, b)| *a += b);

@@ -1,0 +1,77 @@
+//! The quantized matmuls of many tokens: tiled (`wgsl/matmul_quant.wgsl`) and on cooperative
+//! matrices (`wgsl/matmul_quant_coop.wgsl`).
+
+use super::matvec::quant_bindings;
+use crate::error::Result;
+use crate::gpu::{Gpu, Kernel, Tensor};
+use crate::ops::matmul::{common_macros, out_binding, LinearOpts, LinearShape, MatmulConfig};
+use crate::weights::{kernel_block, type_macros, QuantWeight};
+
+/// The uniform of both quantized matmuls (`Params`, wgsl/include/matmul_quant_params.wgsl).
+pub(super) fn matmul_quant_params(gpu: &Gpu, label: &str, w: &QuantWeight, s: &LinearShape) -> wgpu::Buffer {
+    let bpr = s.k / kernel_block(w.dtype);
+    gpu.uniform(label, &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32, w.planes[0], w.planes[1], bpr as u32, 0])
+}
+
+/// Records the matmul on cooperative matrices (`wgsl/matmul_quant_coop.wgsl`: tensor cores,
+/// x and W's values met as f16, f32 sums) where the device has them (`Caps::coop`).
+pub(super) fn matmul_quant_coop(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    matmul_quant_coop_flags(gpu, x, w, bias, y, s, opts, &[])
+}
+
+/// [`matmul_quant_coop`] with extra flags (the measurement probes of the tests).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matmul_quant_coop_flags(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+    flags: &[&str],
+) -> Result<Kernel> {
+    assert!(gpu.caps.coop, "matmul_quant_coop on a device without cooperative matrices");
+    let macros = flags.iter().fold(type_macros(common_macros(gpu, bias.is_some(), &opts), w.dtype), |m, f| m.flag(f));
+    let params = matmul_quant_params(gpu, "matmul_quant_coop.params", w, s);
+    let bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
+    let groups = [(s.n as u32).div_ceil(64), (s.t as u32).div_ceil(128), 1];
+    gpu.kernel("matmul_quant_coop", "main", &macros, &bindings, groups)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matmul_quant(
+    gpu: &Gpu,
+    x: &Tensor,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+    cfg: MatmulConfig,
+) -> Result<Kernel> {
+    let MatmulConfig { tile, bk } = cfg;
+    // Staging: 2 runs of 4 k per thread and slice; a slice never straddles a block (K is whole
+    // blocks of 32 or 256, and bk divides 32).
+    assert!(matches!(tile, 4 | 8) && 16 * tile * bk / 4 == 2 * 256 && 32 % bk == 0);
+    let macros = type_macros(common_macros(gpu, bias.is_some(), &opts), w.dtype)
+        .set("TILE", tile)
+        .flag_if("TILE8", tile == 8)
+        .set("BK", bk);
+    let params = matmul_quant_params(gpu, "matmul_quant.params", w, s);
+    let mut bindings =
+        vec![w.buffer.as_entire_binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
+    if let Some(b) = bias {
+        bindings.push(b.binding());
+    }
+    let groups = [(s.n as u32).div_ceil(16 * tile), (s.t as u32).div_ceil(16 * tile), 1];
+    gpu.kernel("matmul_quant", "main", &macros, &bindings, groups)
+}

@@ -1,0 +1,227 @@
+//! The quantized matvec (`wgsl/matvec_quant.wgsl`): one token or a few, routed expert slots, and
+//! the mixed-type dispatch of two weights; the staging of x apart (`wgsl/quantize_x16.wgsl`).
+
+use super::{dp4_chunk, has_dp4, mix_config, mixes, stages_whole, QMatvecConfig};
+use crate::error::Result;
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+use crate::ops::matmul::{check_operands, out_binding, staged_x_words, Input, LinearOpts, LinearShape, Route};
+use crate::weights::{type_flag, unit_elems, QuantWeight};
+
+/// Records x (f32 `[T, K]`, K a multiple of 32) staged as 16-bit fixed point into `xs` (any
+/// 4-byte element type, at least [`staged_x_words`]): wgsl/quantize_x16.wgsl, CPU twin
+/// [`cpu::quantize_x16`]. A quantized matvec then reads it as [`Input::Staged`].
+pub fn quantize_x16(gpu: &Gpu, x: &Tensor, xs: &Tensor) -> Result<Kernel> {
+    assert_eq!(x.ty, ElemType::F32, "quantize_x16: x must be f32, got {:?}", x.ty);
+    let (t, k) = match x.shape[..] {
+        [t, k] if k % 32 == 0 && t > 0 => (t, k),
+        _ => panic!("quantize_x16: x must be [T, K] with K a multiple of 32, got {:?}", x.shape),
+    };
+    let need = 4 * staged_x_words(t, k) as u64;
+    assert!(xs.size_bytes() >= need, "quantize_x16: xs must hold {need} bytes, got {:?} {:?}", xs.ty, xs.shape);
+    let blocks = (t * k / 32) as u32;
+    let params = gpu.uniform("quantize_x16.params", &[blocks, (k / 32) as u32, (k / 4) as u32, 0]);
+    // Eight threads a block where subgroups are at least 8 wide (a block's threads one aligned run).
+    let eight = gpu.caps.shuffles8();
+    let threads = if eight { 8 * blocks } else { blocks };
+    gpu.kernel(
+        "quantize_x16",
+        "main",
+        &gpu.macros().flag_if("STAGE8", eight),
+        &[x.binding(), xs.binding(), params.as_entire_binding()],
+        grid(threads.div_ceil(64)),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matvec_quant(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+    cfg: QMatvecConfig,
+) -> Result<Kernel> {
+    matvec_quant_routed(gpu, x, input, w, bias, y, s, opts, cfg, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matvec_quant_routed(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    w: &QuantWeight,
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    s: &LinearShape,
+    opts: LinearOpts,
+    cfg: QMatvecConfig,
+    route: Option<&Route<'_>>,
+) -> Result<Kernel> {
+    assert!(matches!(cfg.tok, 1 | 4));
+    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
+    assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
+    let mut macros = cfg.macros(gpu, w.dtype, input, bias.is_some(), &opts);
+    if let Input::Staged(_) = input {
+        assert!(
+            cfg.dp4 && cfg.tok == 1 && s.t == 1,
+            "linear_quant: x staged apart is one token's, DP4 ({cfg:?}, {s:?})"
+        );
+        assert!(route.is_none(), "linear_quant: no expert projection reads x staged apart");
+        assert!(has_dp4(w.dtype), "linear_quant: {} has no DP4 form", w.dtype);
+        macros = macros.flag("DP4").set("XB", if bias.is_some() { 6 } else { 5 }).flag_if("PREFETCH", cfg.prefetch);
+    } else if cfg.dp4 {
+        let kc = dp4_chunk(gpu, w.dtype, s.k, cfg.wg, cfg.tok);
+        let kc = kc.unwrap_or_else(|| panic!("DP4 for {} K = {} ({cfg:?})", w.dtype, s.k));
+        #[cfg(test)]
+        let kc = if cfg.max_kc > 0 { kc.min(cfg.max_kc) } else { kc };
+        // Chunks of whole 256-element super-blocks (the k-quants' units never straddle one).
+        assert!(kc as usize == s.k / 32 || kc % 8 == 0, "DP4 chunks of {kc} blocks");
+        let chunked = (kc as usize) < s.k / 32 || cfg.tok > 1;
+        macros = macros
+            .flag("DP4")
+            .set("KC", kc)
+            .flag_if("DP4X", chunked)
+            .flag_if("STAGE8", cfg.subgroups && gpu.caps.shuffles8())
+            .flag_if("PREFETCH", cfg.prefetch && !chunked);
+    }
+    #[cfg(test)]
+    if !cfg.probe.is_empty() {
+        macros = macros.flag(cfg.probe);
+    }
+    let rows_per_wg = 4 * cfg.wg / cfg.tpr;
+    let params = matvec_quant_params(gpu, "matvec_quant.params", &input, w, s, route);
+    let mut bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
+    bindings.extend(input.binding(s.k));
+    let (macros, z) = Route::apply(route, macros, &mut bindings, s.t);
+    let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
+    gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
+}
+
+/// Records `y (+)= input(x) · [A; B]ᵀ (+ bias)` for one token in one dispatch (`MIX` in
+/// wgsl/matvec_quant.wgsl): `a` writes columns 0 .. N_A of y, `b` columns `col` = N_A .. N,
+/// where y is `[1, N]` (row stride `opts.ld_out`) and the bias `[N]`. Each weight's columns are
+/// the sums of its float or DP4 path ([`mix_config`]) in the dispatch's workgroup shape: those of
+/// [`linear_quant_in`] for that weight alone in that shape ([`mixes`] says when it applies).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_quant_mixed(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    a: &QuantWeight,
+    b: (&QuantWeight, usize),
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+) -> Result<Kernel> {
+    let [na, k] = a.shape;
+    let sa = LinearShape { t: 1, n: na, k, ld_out: na, cols: na };
+    let (cfg, b_dp4) = mix_config(gpu, a.dtype, b.0.dtype, &sa, input).expect("mixes");
+    matvec_quant_mixed_with(gpu, x, input, a, b, bias, y, opts, cfg, b_dp4)
+}
+
+/// [`matvec_quant_mixed`] with its configuration given.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matvec_quant_mixed_with(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    a: &QuantWeight,
+    (b, col): (&QuantWeight, usize),
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+    cfg: QMatvecConfig,
+    b_dp4: bool,
+) -> Result<Kernel> {
+    let [na, k] = a.shape;
+    let nb = b.shape[0];
+    assert!(col == na && b.shape[1] == k, "linear_quant_mixed: parts {:?} at 0 and {:?} at {col}", a.shape, b.shape);
+    let s = check_operands("linear_quant_mixed", &input.checked_x(x, k), na + nb, k, bias, y, opts);
+    assert!(mixes(gpu, a, b, s.t, input, &opts), "linear_quant_mixed: {} + {} at {s:?} ({input:?})", a.dtype, b.dtype);
+    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0 && cfg.tpr >= 8, "{cfg:?}");
+    assert!(!b_dp4 || stages_whole(gpu, b.dtype, k, cfg.wg), "linear_quant_mixed: {} DP4 at K = {k}", b.dtype);
+    let sa = LinearShape { n: na, cols: na, ..s };
+    let params = matvec_quant_params(gpu, "matvec_quant.params", &input, a, &sa, None);
+    let mut bindings = quant_bindings(gpu, a, x, y, &s, &params, bias);
+    bindings.extend(input.binding(k));
+    let rows_per_wg = 4 * cfg.wg / cfg.tpr;
+    let wg0 = (na as u32).div_ceil(rows_per_wg);
+    let units_b = (k / unit_elems(b.dtype)) as u32;
+    let pb = gpu.uniform("matvec_quant.mix", &[wg0, nb as u32, units_b, col as u32, b.planes[0], b.planes[1], 0, 0]);
+    let mb = bindings.len();
+    let mut macros = cfg
+        .macros(gpu, a.dtype, input, bias.is_some(), &opts)
+        .flag("MIX")
+        .flag(&format!("MIX_{}", type_flag(b.dtype)))
+        .set("MB", mb)
+        .set("MB1", mb + 1)
+        .set("MB2", mb + 2);
+    // DP4 for the second weight, and the first unless MIX_FLOAT_A (never the first alone).
+    assert!(!cfg.dp4 || b_dp4, "linear_quant_mixed: DP4 for {} but not {}", a.dtype, b.dtype);
+    if b_dp4 {
+        macros = macros
+            .flag("DP4")
+            .flag_if("MIX_FLOAT_A", !cfg.dp4)
+            .set("KC", k / 32)
+            .flag_if("STAGE8", cfg.subgroups && gpu.caps.shuffles8());
+    }
+    bindings.extend([b.buffer.as_entire_binding(), b.buffer.as_entire_binding(), pb.as_entire_binding()]);
+    let [gx, gy, _] = grid(wg0 + (nb as u32).div_ceil(rows_per_wg));
+    gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, 1])
+}
+
+/// The uniform of both quantized matvecs (`Params`, wgsl/include/matvec_quant_params.wgsl): the
+/// shape, W's planes, the fused input and the routing.
+pub(super) fn matvec_quant_params(
+    gpu: &Gpu,
+    label: &str,
+    input: &Input<'_>,
+    w: &QuantWeight,
+    s: &LinearShape,
+    route: Option<&Route<'_>>,
+) -> wgpu::Buffer {
+    let units = s.k / unit_elems(w.dtype);
+    gpu.uniform(
+        label,
+        &[
+            s.n as u32,
+            units as u32,
+            s.t as u32,
+            s.ld_out as u32,
+            (s.k / 4) as u32,
+            w.planes[0],
+            w.planes[1],
+            route.map_or(0, |r| r.experts),
+            (input.x_cols(s.k) / 4) as u32,
+            (s.k / 4) as u32,
+            input.eps().to_bits(),
+            route.map_or(0, |r| r.slots_per_row),
+        ],
+    )
+}
+
+/// The bindings the quantized kernels that read both views of W share, in order: W's 16-byte
+/// and word views (wgsl/include/quant_views.wgsl), x, y, the uniform, then the bias where there
+/// is one.
+pub(super) fn quant_bindings<'a>(
+    gpu: &Gpu,
+    w: &'a QuantWeight,
+    x: &'a Tensor,
+    y: &'a Tensor,
+    s: &LinearShape,
+    params: &'a wgpu::Buffer,
+    bias: Option<&'a Tensor>,
+) -> Vec<wgpu::BindingResource<'a>> {
+    let mut bindings = vec![
+        w.buffer.as_entire_binding(),
+        w.buffer.as_entire_binding(),
+        x.binding(),
+        out_binding(gpu, y, s),
+        params.as_entire_binding(),
+    ];
+    bindings.extend(bias.map(Tensor::binding));
+    bindings
+}
