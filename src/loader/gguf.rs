@@ -17,7 +17,8 @@ use super::{
     DataFile, Fixup, StoredTensor, TokenizerSource,
 };
 use crate::error::{shown, Error, Result};
-use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
+use crate::model::arch::{self, Hyperparams};
+use crate::model::config::{Arch, LayerAttention, Mixer, MlpSpec, ModelConfig};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -771,11 +772,13 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
     check_tensors(&config, &tensors, path)?;
 
     let mut fixups = HashMap::new();
-    if config.arch == Arch::Llama {
+    if arch::gguf_permuted_qk(config.arch) {
         // llama.cpp's converter interleaves the rotary halves of Q and K rows (`permute`).
-        for i in 0..config.num_layers {
-            fixups.insert(format!("blk.{i}.attn_q.weight"), Fixup::UnpermuteRope { heads: config.num_heads });
-            fixups.insert(format!("blk.{i}.attn_k.weight"), Fixup::UnpermuteRope { heads: config.num_kv_heads });
+        for (i, spec) in config.layers.iter().enumerate() {
+            if let Mixer::Attention(a) = spec.mixer {
+                fixups.insert(format!("blk.{i}.attn_q.weight"), Fixup::UnpermuteRope { heads: a.heads });
+                fixups.insert(format!("blk.{i}.attn_k.weight"), Fixup::UnpermuteRope { heads: a.kv_heads });
+            }
         }
     }
 
@@ -1275,6 +1278,7 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
                 path.display()
             )))
         }
+        Some(Arch::Gemma4) => return Err(Error::Unsupported("gemma4 GGUF files".into())),
         Some(a) => a,
         None => return Err(Error::Unsupported(format!("architecture {} (in {})", shown(arch_name), path.display()))),
     };
@@ -1388,64 +1392,43 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
     let vocab_size = vocab_rows(g, Some(&tok), path)?;
     let eos_token_ids = stop_ids(&tok);
 
-    let attention_bias = g.tensor("blk.0.attn_q.bias").is_some();
-    let tie_word_embeddings = g.tensor("output.weight").is_none();
-    let mut config = ModelConfig {
+    // Gemma 3: llama.cpp's fixed pattern of sliding layers, its window from the metadata.
+    let layer_types = match arch::defaults(arch).sliding_window_pattern {
+        None => vec![LayerAttention::Full; num_layers],
+        Some(pattern) => {
+            let sw_key = m.key("attention.sliding_window");
+            let window = m.opt_u32(&sw_key)?.ok_or_else(|| m.missing(&sw_key))?;
+            if window == 0 {
+                return Err(mismatch(format!("{sw_key} is 0")));
+            }
+            (0..num_layers)
+                .map(|i| if (i + 1) % pattern == 0 { LayerAttention::Full } else { LayerAttention::Sliding { window } })
+                .collect()
+        }
+    };
+    let mut config = arch::model_config(&Hyperparams {
         arch,
         vocab_size,
         hidden_size: hidden,
         intermediate_size: intermediate,
-        num_layers,
-        num_heads,
-        num_kv_heads,
+        num_attention_heads: num_heads,
+        num_key_value_heads: num_kv_heads,
         head_dim,
         rms_norm_eps,
         rope_theta,
         rope_local_theta: None,
         rope_scaling_factor,
         max_position_embeddings: max_pos,
-        layer_attention: vec![LayerAttention::Full; num_layers],
-        tie_word_embeddings,
-        attention_bias,
-        qk_norm: false,
-        sandwich_norm: false,
-        activation: Activation::SiluGated,
-        embedding_scale: 1.0,
-        attention_scale: 1.0 / (head_dim as f32).sqrt(),
+        layer_types,
+        tie_word_embeddings: g.tensor("output.weight").is_none(),
+        attention_bias: g.tensor("blk.0.attn_q.bias").is_some(),
+        activation: arch::activation(arch::defaults(arch).activation).expect("a known default activation"),
+        query_pre_attn_scalar: None,
         final_logit_softcapping,
-        per_layer_input: None,
-        bos_token_id: tok.bos_token_id,
-        eos_token_ids,
-        add_bos: tok.add_bos_token,
-        layers: Vec::new(),
-    };
-    match arch {
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen35Moe => {}
-        Arch::Gemma4 => return Err(Error::Unsupported("gemma4 GGUF files".into())),
-        Arch::Qwen3 => config.qk_norm = true,
-        Arch::Gemma3 => {
-            config.qk_norm = true;
-            config.sandwich_norm = true;
-            config.activation = Activation::GeluTanhGated;
-            config.embedding_scale = (hidden as f32).sqrt();
-            // llama.cpp: query_pre_attn_scalar is head_dim except for the 27B model (62 layers),
-            // where it is hidden / heads.
-            let scalar = if num_layers == 62 { hidden / num_heads } else { head_dim };
-            config.attention_scale = 1.0 / (scalar as f32).sqrt();
-            config.rope_local_theta = Some(10_000.0);
-            let sw_key = m.key("attention.sliding_window");
-            let window = m.opt_u32(&sw_key)?.ok_or_else(|| m.missing(&sw_key))?;
-            if window == 0 {
-                return Err(mismatch(format!("{sw_key} is 0")));
-            }
-            // llama.cpp's hard-coded Gemma 3 pattern: every 6th layer is global.
-            for (i, a) in config.layer_attention.iter_mut().enumerate() {
-                if (i + 1) % 6 != 0 {
-                    *a = LayerAttention::Sliding { window };
-                }
-            }
-        }
-    }
+    });
+    config.bos_token_id = tok.bos_token_id;
+    config.eos_token_ids = eos_token_ids;
+    config.add_bos = tok.add_bos_token;
     validate_config(&config, path)?;
     Ok((config, tok))
 }
@@ -1456,11 +1439,7 @@ pub(crate) fn validate_config(c: &ModelConfig, path: &Path) -> Result<()> {
     for (what, v) in [
         ("vocab size", c.vocab_size),
         ("hidden size", c.hidden_size),
-        ("intermediate size", c.intermediate_size),
-        ("layer count", c.num_layers),
-        ("head count", c.num_heads),
-        ("kv head count", c.num_kv_heads),
-        ("head dimension", c.head_dim),
+        ("layer count", c.num_layers()),
         ("context length", c.max_position_embeddings),
     ] {
         if v == 0 {
@@ -1471,42 +1450,20 @@ pub(crate) fn validate_config(c: &ModelConfig, path: &Path) -> Result<()> {
     for (what, v, limit) in [
         ("vocab size", c.vocab_size, l::VOCAB),
         ("hidden size", c.hidden_size, l::HIDDEN),
-        ("intermediate size", c.intermediate_size, l::INTERMEDIATE),
-        ("layer count", c.num_layers, l::LAYERS),
-        ("head count", c.num_heads, l::HEADS),
-        ("kv head count", c.num_kv_heads, l::HEADS),
-        ("head dimension", c.head_dim, l::HEAD_DIM),
+        ("layer count", c.num_layers(), l::LAYERS),
         ("context length", c.max_position_embeddings, l::CONTEXT),
     ] {
         if v > limit {
             return bad(format!("{what} {v} is above the limit of {limit}"));
         }
     }
-    // The KV cache for the whole context, in f32 bytes, must be a representable size (the
-    // limits above guarantee it; this keeps the guarantee next to the use).
-    let kv_bytes = [2, c.num_layers as u64, c.max_position_embeddings as u64, c.kv_dim() as u64, 4]
-        .into_iter()
-        .try_fold(1u64, |a, b| a.checked_mul(b));
-    if kv_bytes.is_none() {
-        return bad("the KV cache size for the full context overflows".into());
-    }
-    if c.num_heads % c.num_kv_heads != 0 {
-        return bad(format!("{} attention heads are not a multiple of {} kv heads", c.num_heads, c.num_kv_heads));
-    }
-    if c.head_dim % 2 != 0 {
-        return bad(format!("head dimension {} is odd (RoPE needs pairs)", c.head_dim));
-    }
-    if c.num_heads.checked_mul(c.head_dim).is_none() || c.vocab_size.checked_mul(c.hidden_size).is_none() {
+    if c.vocab_size.checked_mul(c.hidden_size).is_none() {
         return bad("dimensions overflow".into());
     }
     if !(c.rms_norm_eps >= 0.0 && c.rms_norm_eps.is_finite()) {
         return bad(format!("rms norm epsilon {}", c.rms_norm_eps));
     }
     for (what, v) in [
-        ("rope theta", c.rope_theta),
-        ("local rope theta", c.rope_local_theta.unwrap_or(1.0)),
-        ("rope scaling factor", c.rope_scaling_factor),
-        ("attention scale", c.attention_scale),
         ("embedding scale", c.embedding_scale),
         ("final logit softcapping", c.final_logit_softcapping.unwrap_or(1.0)),
     ] {
@@ -1514,11 +1471,63 @@ pub(crate) fn validate_config(c: &ModelConfig, path: &Path) -> Result<()> {
             return bad(format!("{what} is {v}"));
         }
     }
-    if c.layer_attention.len() != c.num_layers {
-        return bad(format!("{} layer attention kinds for {} layers", c.layer_attention.len(), c.num_layers));
+    let mut kv_width = 0u64;
+    for (i, spec) in c.layers.iter().enumerate() {
+        let intermediate = match spec.mlp {
+            crate::model::config::MlpSpec::Dense { intermediate, .. } => intermediate,
+            crate::model::config::MlpSpec::Moe { intermediate, .. } => intermediate,
+        };
+        if intermediate == 0 {
+            return bad(format!("layer {i}: intermediate size is 0"));
+        }
+        if intermediate > l::INTERMEDIATE {
+            return bad(format!("layer {i}: intermediate size {intermediate} is above the limit of {}", l::INTERMEDIATE));
+        }
+        let Mixer::Attention(a) = spec.mixer else {
+            continue;
+        };
+        for (what, v, limit) in [
+            ("head count", a.heads, l::HEADS),
+            ("kv head count", a.kv_heads, l::HEADS),
+            ("head dimension", a.head_dim, l::HEAD_DIM),
+        ] {
+            if v == 0 {
+                return bad(format!("layer {i}: {what} is 0"));
+            }
+            if v > limit {
+                return bad(format!("layer {i}: {what} {v} is above the limit of {limit}"));
+            }
+        }
+        if a.heads % a.kv_heads != 0 {
+            return bad(format!("{} attention heads are not a multiple of {} kv heads", a.heads, a.kv_heads));
+        }
+        if a.head_dim % 2 != 0 {
+            return bad(format!("head dimension {} is odd (RoPE needs pairs)", a.head_dim));
+        }
+        if a.heads.checked_mul(a.head_dim).is_none() {
+            return bad("dimensions overflow".into());
+        }
+        for (what, v) in [
+            ("rope theta", a.rope.theta),
+            ("rope scaling factor", a.rope.scaling),
+            ("attention scale", a.scale),
+        ] {
+            if !(v > 0.0 && v.is_finite()) {
+                return bad(format!("{what} is {v}"));
+            }
+        }
+        if a.window == Some(0) {
+            return bad("sliding window of 0".into());
+        }
+        kv_width = kv_width.max(a.kv_dim() as u64);
     }
-    if c.layer_attention.contains(&LayerAttention::Sliding { window: 0 }) {
-        return bad("sliding window of 0".into());
+    // The KV cache for the whole context, in f32 bytes, must be a representable size (the
+    // limits above guarantee it; this keeps the guarantee next to the use).
+    let kv_bytes = [2, c.num_layers() as u64, c.max_position_embeddings as u64, kv_width, 4]
+        .into_iter()
+        .try_fold(1u64, |a, b| a.checked_mul(b));
+    if kv_bytes.is_none() {
+        return bad("the KV cache size for the full context overflows".into());
     }
     for id in c.bos_token_id.iter().chain(&c.eos_token_ids) {
         if *id as usize >= c.vocab_size {
@@ -1764,25 +1773,32 @@ impl GgufWriter {
     pub fn add_model_config(&mut self, cfg: &ModelConfig) -> &mut Self {
         let a = cfg.arch.name();
         let k = |s: &str| format!("{a}.{s}");
+        // A dense model's layers share their shape: the first full-attention layer says it.
+        let attn: Vec<_> = (0..cfg.num_layers()).filter_map(|l| cfg.attention(l).copied()).collect();
+        let full = attn.iter().find(|a| a.window.is_none()).or(attn.first()).copied();
+        let intermediate = cfg.layers.first().map_or(0, |s| match s.mlp {
+            MlpSpec::Dense { intermediate, .. } | MlpSpec::Moe { intermediate, .. } => intermediate,
+        });
         self.add_metadata("general.architecture", a);
         self.add_metadata(k("context_length"), cfg.max_position_embeddings as u32);
         self.add_metadata(k("embedding_length"), cfg.hidden_size as u32);
-        self.add_metadata(k("block_count"), cfg.num_layers as u32);
-        self.add_metadata(k("feed_forward_length"), cfg.intermediate_size as u32);
-        self.add_metadata(k("attention.head_count"), cfg.num_heads as u32);
-        self.add_metadata(k("attention.head_count_kv"), cfg.num_kv_heads as u32);
-        self.add_metadata(k("attention.key_length"), cfg.head_dim as u32);
-        self.add_metadata(k("attention.value_length"), cfg.head_dim as u32);
-        self.add_metadata(k("attention.layer_norm_rms_epsilon"), cfg.rms_norm_eps);
-        self.add_metadata(k("rope.freq_base"), cfg.rope_theta);
-        if cfg.rope_scaling_factor != 1.0 {
-            self.add_metadata(k("rope.scaling.type"), "linear");
-            self.add_metadata(k("rope.scaling.factor"), cfg.rope_scaling_factor);
+        self.add_metadata(k("block_count"), cfg.num_layers() as u32);
+        self.add_metadata(k("feed_forward_length"), intermediate as u32);
+        if let Some(f) = full {
+            self.add_metadata(k("attention.head_count"), f.heads as u32);
+            self.add_metadata(k("attention.head_count_kv"), f.kv_heads as u32);
+            self.add_metadata(k("attention.key_length"), f.head_dim as u32);
+            self.add_metadata(k("attention.value_length"), f.head_dim as u32);
         }
-        if let Some(w) = cfg.layer_attention.iter().find_map(|l| match l {
-            LayerAttention::Sliding { window } => Some(*window),
-            LayerAttention::Full => None,
-        }) {
+        self.add_metadata(k("attention.layer_norm_rms_epsilon"), cfg.rms_norm_eps);
+        if let Some(f) = full {
+            self.add_metadata(k("rope.freq_base"), f.rope.theta);
+            if f.rope.scaling != 1.0 {
+                self.add_metadata(k("rope.scaling.type"), "linear");
+                self.add_metadata(k("rope.scaling.factor"), f.rope.scaling);
+            }
+        }
+        if let Some(w) = attn.iter().find_map(|a| a.window) {
             self.add_metadata(k("attention.sliding_window"), w);
         }
         if let Some(c) = cfg.final_logit_softcapping {
@@ -1805,7 +1821,7 @@ impl GgufWriter {
     pub fn add_qwen35moe_config(&mut self, cfg: &ModelConfig) -> Result<&mut Self> {
         use crate::model::config::{Mixer, MlpSpec};
         let bad = || Error::InvalidArgument("add_qwen35moe_config: not a Qwen3.5-MoE config".into());
-        let specs: Vec<_> = (0..cfg.num_layers).map(|l| cfg.layer(l)).collect();
+        let specs: Vec<_> = (0..cfg.num_layers()).map(|l| cfg.layer(l)).collect();
         let full: Vec<bool> = specs.iter().map(|s| matches!(s.mixer, Mixer::Attention(_))).collect();
         let att = specs.iter().find_map(|s| match s.mixer {
             Mixer::Attention(a) => Some(a),
@@ -1823,7 +1839,7 @@ impl GgufWriter {
         let k = |s: &str| format!("qwen35moe.{s}");
         let u = |v: usize| GgufValue::U32(v as u32);
         self.add_metadata("general.architecture", "qwen35moe");
-        self.add_metadata(k("block_count"), u(cfg.num_layers));
+        self.add_metadata(k("block_count"), u(cfg.num_layers()));
         self.add_metadata(k("context_length"), u(cfg.max_position_embeddings));
         self.add_metadata(k("embedding_length"), u(cfg.hidden_size));
         self.add_metadata(k("vocab_size"), u(cfg.vocab_size));
@@ -1839,7 +1855,7 @@ impl GgufWriter {
         let pairs = (a.rope.rotary_dim / 2) as i32;
         let (s0, s1) = (pairs * 11 / 32, pairs * 11 / 32);
         self.add_metadata(k("rope.dimension_sections"), vec![s0, s1, pairs - s0 - s1, 0]);
-        match (1..=cfg.num_layers).find(|&n| full.iter().enumerate().all(|(i, &f)| f == ((i + 1) % n == 0))) {
+        match (1..=cfg.num_layers()).find(|&n| full.iter().enumerate().all(|(i, &f)| f == ((i + 1) % n == 0))) {
             Some(n) => self.add_metadata(k("full_attention_interval"), u(n)),
             None => self.add_metadata(
                 k("attention.recurrent_layers"),
@@ -1867,7 +1883,7 @@ impl GgufWriter {
     pub fn add_gemma4_config(&mut self, cfg: &ModelConfig) -> Result<Option<Vec<f32>>> {
         use crate::model::config::{AttentionSpec, Mixer, MlpSpec};
         let bad = |what: &str| Error::InvalidArgument(format!("add_gemma4_config: {what}"));
-        let att: Vec<AttentionSpec> = (0..cfg.num_layers)
+        let att: Vec<AttentionSpec> = (0..cfg.num_layers())
             .map(|l| match cfg.layer(l) {
                 spec if spec.output_scale && spec.sandwich_norm => match (spec.mixer, spec.mlp) {
                     (Mixer::Attention(a), MlpSpec::Dense { .. }) => Ok(a),
@@ -1881,17 +1897,17 @@ impl GgufWriter {
         let k = |s: &str| format!("gemma4.{s}");
         let u = |v: usize| GgufValue::U32(v as u32);
         self.add_metadata("general.architecture", "gemma4");
-        self.add_metadata(k("block_count"), u(cfg.num_layers));
+        self.add_metadata(k("block_count"), u(cfg.num_layers()));
         self.add_metadata(k("context_length"), u(cfg.max_position_embeddings));
         self.add_metadata(k("embedding_length"), u(cfg.hidden_size));
-        let ffn: Vec<usize> = (0..cfg.num_layers)
+        let ffn: Vec<usize> = (0..cfg.num_layers())
             .map(|l| match cfg.layer(l).mlp {
                 MlpSpec::Dense { intermediate, .. } => intermediate,
                 MlpSpec::Moe { .. } => 0,
             })
             .collect();
-        if ffn.iter().all(|&f| f == cfg.intermediate_size) {
-            self.add_metadata(k("feed_forward_length"), u(cfg.intermediate_size));
+        if ffn.iter().all(|&f| f == ffn[0]) {
+            self.add_metadata(k("feed_forward_length"), u(ffn[0]));
         } else {
             self.add_metadata(k("feed_forward_length"), GgufValue::Array(ffn.iter().map(|&f| u(f)).collect()));
         }

@@ -21,9 +21,10 @@ use super::{
     Checkpoint, DType, DataFile, Fixup, RowPick, StoredTensor, TokenizerSource,
 };
 use crate::error::{shown, Error, Result};
+use crate::model::arch::gemma4::{Gemma4Config, Gemma4Rope};
+use crate::model::arch::qwen3_5_moe::{self, Qwen35MoeConfig};
+use crate::model::arch::{self, gemma3, Hyperparams, TensorName};
 use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
-use crate::model::gemma4::{self, Gemma4Config, Gemma4Rope};
-use crate::model::qwen3_5_moe::{self, Qwen35MoeConfig, TensorName};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::path::Path;
@@ -202,8 +203,10 @@ pub fn open(dir: &Path) -> Result<Checkpoint> {
     // Fixups: Gemma's RMSNorm multiplies by (1 + w); fold the 1 in.
     let mut fixups = HashMap::new();
     if arch == Arch::Gemma3 {
-        for name in tensors.keys().filter(|n| n.ends_with("norm.weight")) {
-            fixups.insert(name.clone(), Fixup::AddConstant(1.0));
+        for name in tensors.keys() {
+            if let Some(c) = gemma3::hf_norm_offset(name) {
+                fixups.insert(name.clone(), Fixup::AddConstant(c));
+            }
         }
     }
     // Qwen3.5's (1 + w) norms, as transformers stores them; mlx-lm's conversion has added the 1
@@ -586,39 +589,13 @@ pub fn canonical_name(hf: &str, arch: Arch) -> Option<String> {
         return None;
     }
     let layer: usize = layer.parse().ok()?;
-    if arch == Arch::Gemma4 {
-        return gemma4::tensor_name(rest).map(|n| format!("blk.{layer}.{n}"));
+    // A tensor split in two by rows is named `a|b` until split_halves, an expert's `name#e` until
+    // stack_experts.
+    match arch::tensor_name(arch, rest)? {
+        TensorName::One(n) => Some(format!("blk.{layer}.{n}")),
+        TensorName::Halves(a, b) => Some(format!("blk.{layer}.{a}|{b}")),
+        TensorName::Expert(n, e) => Some(format!("blk.{layer}.{n}#{e}")),
     }
-    if arch == Arch::Qwen35Moe {
-        // A tensor split in two by rows is named `a|b` until split_halves.
-        return match qwen3_5_moe::tensor_name(rest)? {
-            TensorName::One(n) => Some(format!("blk.{layer}.{n}")),
-            TensorName::Halves(a, b) => Some(format!("blk.{layer}.{a}|{b}")),
-            TensorName::Expert(n, e) => Some(format!("blk.{layer}.{n}#{e}")),
-        };
-    }
-    let (module, suffix) = match rest.rsplit_once('.')? {
-        (m, s @ ("weight" | "bias")) => (m, s),
-        _ => return None,
-    };
-    let mapped = match module {
-        "input_layernorm" => "attn_norm",
-        "self_attn.q_proj" => "attn_q",
-        "self_attn.k_proj" => "attn_k",
-        "self_attn.v_proj" => "attn_v",
-        "self_attn.o_proj" => "attn_output",
-        "self_attn.q_norm" => "attn_q_norm",
-        "self_attn.k_norm" => "attn_k_norm",
-        "post_attention_layernorm" if arch == Arch::Gemma3 => "post_attention_norm",
-        "post_attention_layernorm" => "ffn_norm",
-        "pre_feedforward_layernorm" => "ffn_norm",
-        "post_feedforward_layernorm" => "post_ffw_norm",
-        "mlp.gate_proj" => "ffn_gate",
-        "mlp.up_proj" => "ffn_up",
-        "mlp.down_proj" => "ffn_down",
-        _ => return None,
-    };
-    Some(format!("blk.{layer}.{mapped}.{suffix}"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -775,7 +752,9 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
     if arch == Arch::Gemma4 {
         return build_gemma4(c, tensors);
     }
-    let gemma = arch == Arch::Gemma3;
+    let defaults = arch::defaults(arch);
+    // Gemma's keys: sliding_window_pattern, rope_local_base_freq, query_pre_attn_scalar.
+    let gemma = defaults.sliding_window_pattern.is_some();
     // The layer count first, against its limit and the tensors present, before anything is
     // sized by it.
     let num_layers = c.req_capped("num_hidden_layers", limits::LAYERS)?;
@@ -796,7 +775,7 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
     }
     let head_dim = match c.opt_capped("head_dim", limits::HEAD_DIM)? {
         Some(d) => d,
-        None if gemma => 256,
+        None if defaults.head_dim.is_some() => defaults.head_dim.unwrap_or_default(),
         None => {
             if hidden % num_heads != 0 {
                 return Err(Error::Mismatch(format!(
@@ -807,16 +786,12 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
             hidden / num_heads
         }
     };
-    let rms_norm_eps = c.opt_f32("rms_norm_eps")?.unwrap_or(if gemma { 1e-6 } else { 1e-5 });
-    let max_pos = c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(match arch {
-        Arch::Llama => 2048,
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen35Moe => 32768,
-        Arch::Gemma3 | Arch::Gemma4 => 131072,
-    });
+    let rms_norm_eps = c.opt_f32("rms_norm_eps")?.unwrap_or(defaults.rms_norm_eps);
+    let max_pos = c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(defaults.max_position_embeddings);
 
     // RoPE: rope_theta / rope_scaling (transformers 4.x) or rope_parameters (5.x, per layer kind
     // for Gemma 3).
-    let default_theta = if gemma || matches!(arch, Arch::Qwen2 | Arch::Qwen3) { 1_000_000.0 } else { 10_000.0 };
+    let default_theta = defaults.rope_theta;
     let (full_raw, local_raw) = match c.get("rope_parameters") {
         None => (None, None),
         Some(Value::Object(p)) if p.contains_key("full_attention") => {
@@ -839,10 +814,10 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
         None => full_factor,
     };
     let rope_local_theta = if gemma {
-        Some(match c.opt_f32("rope_local_base_freq")? {
-            Some(t) => t,
-            None => theta_of(local_params).map_or(10_000.0, |t| t as f32),
-        })
+        match c.opt_f32("rope_local_base_freq")? {
+            Some(t) => Some(t),
+            None => theta_of(local_params).map(|t| t as f32),
+        }
     } else {
         None
     };
@@ -872,13 +847,13 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
                 _ => Err(Error::Unsupported(format!("layer type {}", json_shown(t)))),
             })
             .collect::<Result<_>>()?
-    } else if gemma {
-        let pattern = c.opt_usize("sliding_window_pattern")?.unwrap_or(6).max(1);
+    } else if let Some(pattern) = defaults.sliding_window_pattern {
+        let pattern = c.opt_usize("sliding_window_pattern")?.unwrap_or(pattern).max(1);
         let w = window("sliding_attention")?;
         (0..num_layers)
             .map(|i| if (i + 1) % pattern == 0 { LayerAttention::Full } else { LayerAttention::Sliding { window: w } })
             .collect()
-    } else if matches!(arch, Arch::Qwen2 | Arch::Qwen3) && c.opt_bool("use_sliding_window")? == Some(true) {
+    } else if defaults.use_sliding_window && c.opt_bool("use_sliding_window")? == Some(true) {
         let from = c.opt_usize("max_window_layers")?.unwrap_or(num_layers);
         let w = window("sliding_attention")?;
         (0..num_layers)
@@ -888,9 +863,8 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
         vec![LayerAttention::Full; num_layers]
     };
 
-    let act_key = if gemma { "hidden_activation" } else { "hidden_act" };
-    let act = c.opt_str(act_key)?.or(c.opt_str("hidden_act")?);
-    let activation = match act.unwrap_or(if gemma { "gelu_pytorch_tanh" } else { "silu" }) {
+    let act = c.opt_str(defaults.activation_key)?.or(c.opt_str("hidden_act")?);
+    let activation = match act.unwrap_or(defaults.activation) {
         "silu" | "swish" => Activation::SiluGated,
         "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" => Activation::GeluTanhGated,
         other => return Err(Error::Unsupported(format!("activation {}", shown(other)))),
@@ -899,46 +873,37 @@ fn build_config(c: &Cfg, arch: Arch, tensors: &HashMap<String, StoredTensor>, di
         return Err(Error::Unsupported("MLP bias (mlp_bias = true)".into()));
     }
 
-    let tie_word_embeddings = c.opt_bool("tie_word_embeddings")?.unwrap_or(gemma);
-    let attention_scale = if gemma {
+    let tie_word_embeddings = c.opt_bool("tie_word_embeddings")?.unwrap_or(defaults.tie_word_embeddings);
+    let query_pre_attn_scalar = if gemma {
         let s = c.opt_f32("query_pre_attn_scalar")?.unwrap_or(head_dim as f32);
         if s.is_nan() || s <= 0.0 {
             return Err(Error::Mismatch(format!("{}: query_pre_attn_scalar {s}", dir.display())));
         }
-        1.0 / s.sqrt()
+        Some(s)
     } else {
-        1.0 / (head_dim as f32).sqrt()
+        None
     };
 
-    Ok(ModelConfig {
+    Ok(arch::model_config(&Hyperparams {
         arch,
         vocab_size,
         hidden_size: hidden,
         intermediate_size: intermediate,
-        num_layers,
-        num_heads,
-        num_kv_heads,
+        num_attention_heads: num_heads,
+        num_key_value_heads: num_kv_heads,
         head_dim,
         rms_norm_eps,
         rope_theta,
         rope_local_theta,
         rope_scaling_factor,
         max_position_embeddings: max_pos,
-        layer_attention,
+        layer_types: layer_attention,
         tie_word_embeddings,
         attention_bias: tensors.contains_key("blk.0.attn_q.bias"),
-        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
-        sandwich_norm: gemma,
         activation,
-        embedding_scale: if gemma { (hidden as f32).sqrt() } else { 1.0 },
-        attention_scale,
+        query_pre_attn_scalar,
         final_logit_softcapping: c.opt_f32("final_logit_softcapping")?.filter(|&x| x > 0.0),
-        per_layer_input: None,
-        bos_token_id: None,
-        eos_token_ids: Vec::new(),
-        add_bos: false,
-        layers: Vec::new(),
-    })
+    }))
 }
 
 /// `Qwen3_5MoeTextConfig` (the `text_config` of the multimodal model) into its layer specs.
@@ -1215,6 +1180,8 @@ pub(crate) fn split_halves(
     path: &Path,
 ) -> Result<()> {
     let joined: Vec<String> = tensors.keys().filter(|k| k.contains('|')).cloned().collect();
+    // The attention layers' head dim (one for the model).
+    let head_dim = (0..config.num_layers()).find_map(|l| config.attention(l)).map_or(0, |a| a.head_dim);
     for name in joined {
         let t = tensors.remove(&name).expect("listed");
         // `blk.{i}.` then `a|b`.
@@ -1224,7 +1191,7 @@ pub(crate) fn split_halves(
         let rows: usize = t.shape[..t.shape.len() - 1].iter().product();
         let (n, lead) = match t.shape.as_slice() {
             [e, two_i, k] => (two_i / 2, vec![*e, two_i / 2, *k]),
-            [r, k] => (config.head_dim, vec![r / 2, *k]),
+            [r, k] => (head_dim, vec![r / 2, *k]),
             _ => return Err(Error::Mismatch(format!("{}: tensor {name} has shape {:?}", path.display(), t.shape))),
         };
         if n == 0 || rows % (2 * n) != 0 {

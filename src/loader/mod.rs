@@ -597,12 +597,12 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
         out.push(("output.weight".into(), vec![v, h], Role::Matrix));
     }
     if let Some(ple) = c.per_layer_input {
-        let all = c.num_layers * ple.dim;
+        let all = c.num_layers() * ple.dim;
         out.push(("per_layer_token_embd.weight".into(), vec![ple.vocab, all], Role::Matrix));
         out.push(("per_layer_model_proj.weight".into(), vec![all, h], Role::Matrix));
         out.push(("per_layer_proj_norm.weight".into(), vec![ple.dim], Role::Vector));
     }
-    for i in 0..c.num_layers {
+    for i in 0..c.num_layers() {
         let spec = c.layer(i);
         let mut add = |s: &str, shape: Vec<usize>, role| out.push((format!("blk.{i}.{s}"), shape, role));
         add("attn_norm.weight", vec![h], Role::Vector);
@@ -693,7 +693,7 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
 /// (`_keys_to_ignore_on_load_unexpected`), as this does.
 pub(crate) fn drop_shared_kv_tensors(c: &ModelConfig, tensors: &mut HashMap<String, StoredTensor>) {
     use crate::model::config::Mixer;
-    for l in 0..c.num_layers {
+    for l in 0..c.num_layers() {
         if let Mixer::Attention(a) = c.layer(l).mixer {
             if a.kv_from.is_some() {
                 for t in ["attn_k.weight", "attn_v.weight", "attn_k_norm.weight", "attn_k.bias", "attn_v.bias"] {
