@@ -35,8 +35,9 @@ pub const PRESETS: [&str; 6] =
 /// Quantization recipes.
 pub const RECIPES: [&str; 10] = ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "mlx4", "mlx8"];
 
-/// The config of a preset (what the real checkpoint's metadata says).
-pub fn preset_config(name: &str) -> Result<ModelConfig> {
+/// The hyperparameters of a dense preset (`None` for the presets with their own config:
+/// Qwen3.5-MoE, Gemma 4), what the real checkpoint's metadata says.
+pub fn preset_hyperparams(name: &str) -> Option<Hyperparams> {
     let llama_like = |arch, vocab, hidden, ffn, layers, heads, kv, head_dim, theta, eps, ctx, tied, bias| Hyperparams {
         arch,
         vocab_size: vocab,
@@ -57,30 +58,10 @@ pub fn preset_config(name: &str) -> Result<ModelConfig> {
         query_pre_attn_scalar: None,
         final_logit_softcapping: None,
     };
-    Ok(match name {
-        "smollm2-135m" => {
-            arch::model_config(&llama_like(Arch::Llama, 49152, 576, 1536, 30, 9, 3, 64, 1e5, 1e-5, 8192, true, false))
-        }
-        "qwen2.5-0.5b" => {
-            arch::model_config(&llama_like(Arch::Qwen2, 151936, 896, 4864, 24, 14, 2, 64, 1e6, 1e-6, 32768, false, true))
-        }
-        "qwen2.5-1.5b" => arch::model_config(&llama_like(
-            Arch::Qwen2,
-            151936,
-            1536,
-            8960,
-            28,
-            12,
-            2,
-            128,
-            1e6,
-            1e-6,
-            32768,
-            false,
-            true,
-        )),
-        "qwen3.5-35b-a3b" => arch::qwen3_5_moe::Qwen35MoeConfig::qwen3_5_35b_a3b().model_config(),
-        "gemma-4-31b" => arch::gemma4::Gemma4Config::gemma_4_31b().model_config(),
+    Some(match name {
+        "smollm2-135m" => llama_like(Arch::Llama, 49152, 576, 1536, 30, 9, 3, 64, 1e5, 1e-5, 8192, true, false),
+        "qwen2.5-0.5b" => llama_like(Arch::Qwen2, 151936, 896, 4864, 24, 14, 2, 64, 1e6, 1e-6, 32768, false, true),
+        "qwen2.5-1.5b" => llama_like(Arch::Qwen2, 151936, 1536, 8960, 28, 12, 2, 128, 1e6, 1e-6, 32768, false, true),
         "gemma3-270m" => {
             let mut h = llama_like(Arch::Gemma3, 262144, 640, 2048, 18, 4, 1, 256, 1e6, 1e-6, 32768, true, false);
             h.rope_local_theta = Some(1e4);
@@ -90,8 +71,20 @@ pub fn preset_config(name: &str) -> Result<ModelConfig> {
                 .collect();
             h.activation = Activation::GeluTanhGated;
             h.query_pre_attn_scalar = Some(256.0);
-            arch::model_config(&h)
+            h
         }
+        _ => return None,
+    })
+}
+
+/// The config of a preset (what the real checkpoint's metadata says).
+pub fn preset_config(name: &str) -> Result<ModelConfig> {
+    if let Some(h) = preset_hyperparams(name) {
+        return Ok(arch::model_config(&h));
+    }
+    Ok(match name {
+        "qwen3.5-35b-a3b" => arch::qwen3_5_moe::Qwen35MoeConfig::qwen3_5_35b_a3b().model_config(),
+        "gemma-4-31b" => arch::gemma4::Gemma4Config::gemma_4_31b().model_config(),
         other => {
             return Err(Error::InvalidArgument(format!(
                 "unknown synthetic model {other:?}; choose one of {}",
