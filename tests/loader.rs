@@ -683,7 +683,7 @@ fn shape_mismatch_is_reported() {
 #[test]
 fn random_corruption_never_panics() {
     let bytes = tiny_gguf(&config_of(&Hyperparams { layer_types: vec![LayerAttention::Full], ..tiny_hp(Arch::Llama) }))
-    .to_bytes();
+        .to_bytes();
     let g = GgufFile::parse(&bytes, Path::new("m")).unwrap();
     let header = g.data_offset as usize;
     let mut rng = 0x9e3779b9u32;
