@@ -59,6 +59,6 @@ fn main() -> anyhow::Result<()> {
         }
     }
     w.write(std::path::Path::new(out))?;
-    eprintln!("wrote {out}: {} layers, vocabulary {}", c.num_layers, c.vocab_size);
+    eprintln!("wrote {out}: {} layers, vocabulary {}", c.num_layers(), c.vocab_size);
     Ok(())
 }

@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
     copy(&mut w, "token_embd.weight", "token_embd.weight")?;
     copy(&mut w, "output_norm.weight", "output_norm.weight")?;
     copy(&mut w, "output.weight", "output.weight")?;
-    for l in 0..c.num_layers {
+    for l in 0..c.num_layers() {
         let b = |s: &str| format!("blk.{l}.{s}");
         let spec = c.layer(l);
         copy(&mut w, &b("attn_norm.weight"), &b("attn_norm.weight"))?;
@@ -102,6 +102,6 @@ fn main() -> anyhow::Result<()> {
     }
     drop(ck);
     w.write(out.as_ref())?;
-    eprintln!("wrote {out}: qwen35moe, {} layers, {recipe}", c.num_layers);
+    eprintln!("wrote {out}: qwen35moe, {} layers, {recipe}", c.num_layers());
     Ok(())
 }

@@ -11,19 +11,20 @@ use wgpu_llm::decode::batch::{BatchEngine, BatchOptions, Event, Request, SeqId, 
 use wgpu_llm::decode::{generate_with, DecodeOptions, StopReason};
 use wgpu_llm::gpu::Gpu;
 use wgpu_llm::loader::synthetic;
+use wgpu_llm::model::arch;
 use wgpu_llm::model::config::{LayerAttention, ModelConfig};
 use wgpu_llm::model::Model;
 use wgpu_llm::sampling::{DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
 
 /// A real preset's layout, shrunk: 3 layers of width 64, 4 q / 2 kv heads of 16.
 fn tiny_config(preset: &str) -> ModelConfig {
-    let mut c = synthetic::preset_config(preset).unwrap();
-    (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers) = (1000, 64, 96, 3);
-    (c.num_heads, c.num_kv_heads, c.head_dim) = (4, 2, 16);
-    c.layer_attention = vec![LayerAttention::Full; c.num_layers];
-    c.attention_scale = 1.0 / (c.head_dim as f32).sqrt();
-    c.max_position_embeddings = 256;
-    c
+    let mut h = synthetic::preset_hyperparams(preset).unwrap();
+    (h.vocab_size, h.hidden_size, h.intermediate_size) = (1000, 64, 96);
+    (h.num_attention_heads, h.num_key_value_heads, h.head_dim) = (4, 2, 16);
+    h.layer_types = vec![LayerAttention::Full; 3];
+    h.query_pre_attn_scalar = Some(16.0);
+    h.max_position_embeddings = 256;
+    arch::model_config(&h)
 }
 
 /// Gemma 4's layout, shrunk: 5 layers (sliding, full, sliding, full, sliding), window 8, head

@@ -13,19 +13,20 @@ mod common;
 use wgpu_llm::decode::{generate_with, DecodeOptions, Stats, StopReason};
 use wgpu_llm::gpu::Gpu;
 use wgpu_llm::loader::synthetic;
-use wgpu_llm::model::config::{LayerAttention, ModelConfig};
+use wgpu_llm::model::arch;
+use wgpu_llm::model::config::{LayerAttention, Mixer, ModelConfig};
 use wgpu_llm::model::Model;
 use wgpu_llm::sampling::{DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
 
 /// SmolLM2's layout (llama, tied embeddings), shrunk: 3 layers of width 64, 4 q / 2 kv heads.
 fn tiny_config() -> ModelConfig {
-    let mut c = synthetic::preset_config("smollm2-135m").unwrap();
-    (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers) = (1000, 64, 96, 3);
-    (c.num_heads, c.num_kv_heads, c.head_dim) = (4, 2, 16);
-    c.layer_attention = vec![LayerAttention::Full; c.num_layers];
-    c.attention_scale = 1.0 / (c.head_dim as f32).sqrt();
-    c.max_position_embeddings = 256;
-    c
+    let mut h = synthetic::preset_hyperparams("smollm2-135m").unwrap();
+    (h.vocab_size, h.hidden_size, h.intermediate_size) = (1000, 64, 96);
+    (h.num_attention_heads, h.num_key_value_heads, h.head_dim) = (4, 2, 16);
+    h.layer_types = vec![LayerAttention::Full; 3];
+    h.query_pre_attn_scalar = Some(16.0);
+    h.max_position_embeddings = 256;
+    arch::model_config(&h)
 }
 
 fn model_of(gpu: &Gpu, config: &ModelConfig, ctx: usize) -> Model {
@@ -326,7 +327,11 @@ fn non_finite_logits_are_an_error_not_tokens() {
     let gpu = common::gpu();
     // Scores of q·k times 3e38 overflow to infinities and the softmax turns them into NaN.
     let mut config = tiny_config();
-    config.attention_scale = 3e38;
+    for layer in &mut config.layers {
+        if let Mixer::Attention(a) = &mut layer.mixer {
+            a.scale = 3e38;
+        }
+    }
     let mut model = model_of(&gpu, &config, 64);
     let mut device = DeviceSampler::new(&gpu).unwrap();
     for (sampler, depth) in [(&mut device as &mut dyn SamplingBackend, 3), (&mut HostSampler, 0)] {

@@ -36,7 +36,7 @@ fn tiny_checkpoint_layout() {
     let c = &ck.config;
     assert_eq!(c.arch, Arch::Gemma4);
     assert_eq!(c.final_logit_softcapping, Some(30.0));
-    let full: Vec<bool> = (0..c.num_layers)
+    let full: Vec<bool> = (0..c.num_layers())
         .map(|l| match c.layer(l).mixer {
             Mixer::Attention(a) => a.window.is_none(),
             Mixer::DeltaNet(_) => unreachable!(),
@@ -117,7 +117,7 @@ fn mlx4_staged_inputs_match_mlx_lm() {
     let count = |name: &str, flag: &str| {
         plan.iter().filter(|(n, v)| n == &format!("{name}:main") && v.split('+').any(|f| f == flag)).count()
     };
-    let layers = ck.config.num_layers;
+    let layers = ck.config.num_layers();
     // Each layer's q/k/v, o, gate_up and down; every pre-norm stages its rows: the first layer's
     // input norm by itself (rms_norm_staged), the others in the residual add before them.
     assert!(count("matvec_quant", "XG") >= 4 * layers, "{plan:?}");
@@ -213,7 +213,7 @@ fn staged_attention_output_matches_mlx_lm() {
         .filter(|&i| plan[i].0 == "attention_decode:main" && plan[i].1.split('+').any(|f| f == "STAGE8"))
         .collect();
     let eight = gpu.caps.shuffles8();
-    let layers = ck.config.num_layers;
+    let layers = ck.config.num_layers();
     assert_eq!(staged_attn.len(), if eight { layers } else { 0 }, "{plan:?}");
     for i in staged_attn {
         let next = &plan[i + 1];
@@ -233,7 +233,7 @@ fn per_layer_inputs_and_shared_kv_match_transformers() {
     let ck = Checkpoint::open(&dir).unwrap();
     let c = &ck.config;
     assert_eq!(c.per_layer_input.map(|p| (p.dim, p.vocab)), Some((8, 1024)));
-    let src: Vec<Option<usize>> = (0..c.num_layers)
+    let src: Vec<Option<usize>> = (0..c.num_layers())
         .map(|l| match c.layer(l).mixer {
             Mixer::Attention(a) => a.kv_from,
             Mixer::DeltaNet(_) => unreachable!(),

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use wgpu_llm::error::Error;
 use wgpu_llm::loader::gguf::{self, GgufFile, GgufTokenizerData, GgufValue, GgufWriter};
 use wgpu_llm::loader::{unpermute_rope_rows, Checkpoint, DType, TokenizerSource};
-use wgpu_llm::model::config::{Activation, Arch, LayerAttention, ModelConfig};
+use wgpu_llm::model::arch::{self, Hyperparams};
+use wgpu_llm::model::config::{Activation, Arch, AttentionSpec, LayerAttention, MlpSpec, ModelConfig};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -51,35 +52,88 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-fn tiny_config(arch: Arch) -> ModelConfig {
-    ModelConfig {
+fn tiny_hp(arch: Arch) -> Hyperparams {
+    Hyperparams {
         arch,
         vocab_size: 64,
         hidden_size: 32,
         intermediate_size: 64,
-        num_layers: 2,
-        num_heads: 4,
-        num_kv_heads: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
         head_dim: 8,
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
         rope_local_theta: None,
         rope_scaling_factor: 1.0,
         max_position_embeddings: 128,
-        layer_attention: vec![LayerAttention::Full; 2],
+        layer_types: vec![LayerAttention::Full; 2],
         tie_word_embeddings: true,
         attention_bias: false,
-        qk_norm: false,
-        sandwich_norm: false,
         activation: Activation::SiluGated,
-        embedding_scale: 1.0,
-        attention_scale: 1.0 / 8f32.sqrt(),
+        query_pre_attn_scalar: None,
         final_logit_softcapping: None,
-        per_layer_input: None,
-        bos_token_id: Some(1),
-        eos_token_ids: vec![2],
-        add_bos: false,
-        layers: Vec::new(),
+    }
+}
+
+/// The model `h` describes, with the tiny tokenizer's special tokens.
+fn config_of(h: &Hyperparams) -> ModelConfig {
+    ModelConfig { bos_token_id: Some(1), eos_token_ids: vec![2], ..arch::model_config(h) }
+}
+
+fn tiny_config(arch: Arch) -> ModelConfig {
+    config_of(&tiny_hp(arch))
+}
+
+/// A dense model's per-layer facts, read back from its layer specs.
+struct Dense {
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    intermediate_size: usize,
+    rope_theta: f32,
+    rope_local_theta: Option<f32>,
+    rope_scaling_factor: f32,
+    layer_attention: Vec<LayerAttention>,
+    attention_bias: bool,
+    qk_norm: bool,
+    sandwich_norm: bool,
+    activation: Activation,
+    attention_scale: f32,
+}
+
+impl Dense {
+    fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
+fn dense(c: &ModelConfig) -> Dense {
+    let att: Vec<AttentionSpec> = (0..c.num_layers()).map(|l| *c.attention(l).expect("attention layers")).collect();
+    let full = att.iter().find(|a| a.window.is_none()).unwrap_or(&att[0]);
+    let MlpSpec::Dense { intermediate, activation } = c.layer(0).mlp else { panic!("a dense MLP") };
+    Dense {
+        num_heads: full.heads,
+        num_kv_heads: full.kv_heads,
+        head_dim: full.head_dim,
+        intermediate_size: intermediate,
+        rope_theta: full.rope.theta,
+        rope_local_theta: att.iter().find(|a| a.window.is_some()).map(|a| a.rope.theta),
+        rope_scaling_factor: full.rope.scaling,
+        layer_attention: att
+            .iter()
+            .map(|a| match a.window {
+                Some(window) => LayerAttention::Sliding { window },
+                None => LayerAttention::Full,
+            })
+            .collect(),
+        attention_bias: full.bias,
+        qk_norm: full.qk_norm,
+        sandwich_norm: c.layer(0).sandwich_norm,
+        activation,
+        attention_scale: full.scale,
     }
 }
 
@@ -110,7 +164,8 @@ fn tiny_tokenizer(vocab: usize) -> GgufTokenizerData {
 
 /// The tensors of a model with `cfg` (f32 norms, f16 matrices, Q8_0 embedding), row-major.
 fn add_model_tensors(w: &mut GgufWriter, cfg: &ModelConfig) {
-    let (h, q, kv, f, v) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size, cfg.vocab_size);
+    let d = dense(cfg);
+    let (h, q, kv, f, v) = (cfg.hidden_size, d.q_dim(), d.kv_dim(), d.intermediate_size, cfg.vocab_size);
     // Q8_0 embedding: scale 1/64, quants counting up.
     let mut emb = Vec::new();
     for b in 0..v * h / 32 {
@@ -122,7 +177,7 @@ fn add_model_tensors(w: &mut GgufWriter, cfg: &ModelConfig) {
     if !cfg.tie_word_embeddings {
         w.add_f32_as_f16("output.weight", &[v, h], &values(v * h, 2)).unwrap();
     }
-    for i in 0..cfg.num_layers {
+    for i in 0..cfg.num_layers() {
         let s = 100 * (i as u32 + 1);
         w.add_f32(format!("blk.{i}.attn_norm.weight"), &[h], &values(h, s)).unwrap();
         w.add_f32_as_f16(format!("blk.{i}.attn_q.weight"), &[q, h], &values(q * h, s + 1)).unwrap();
@@ -133,17 +188,17 @@ fn add_model_tensors(w: &mut GgufWriter, cfg: &ModelConfig) {
         w.add_f32_as_f16(format!("blk.{i}.ffn_gate.weight"), &[f, h], &values(f * h, s + 6)).unwrap();
         w.add_f32_as_f16(format!("blk.{i}.ffn_up.weight"), &[f, h], &values(f * h, s + 7)).unwrap();
         w.add_f32_as_f16(format!("blk.{i}.ffn_down.weight"), &[h, f], &values(h * f, s + 8)).unwrap();
-        if cfg.attention_bias {
+        if d.attention_bias {
             w.add_f32(format!("blk.{i}.attn_q.bias"), &[q], &values(q, s + 9)).unwrap();
             w.add_f32(format!("blk.{i}.attn_k.bias"), &[kv], &values(kv, s + 10)).unwrap();
             w.add_f32(format!("blk.{i}.attn_v.bias"), &[kv], &values(kv, s + 11)).unwrap();
         }
-        if cfg.qk_norm {
-            let d = cfg.head_dim;
+        if d.qk_norm {
+            let d = d.head_dim;
             w.add_f32(format!("blk.{i}.attn_q_norm.weight"), &[d], &values(d, s + 12)).unwrap();
             w.add_f32(format!("blk.{i}.attn_k_norm.weight"), &[d], &values(d, s + 13)).unwrap();
         }
-        if cfg.sandwich_norm {
+        if d.sandwich_norm {
             w.add_f32(format!("blk.{i}.post_attention_norm.weight"), &[h], &values(h, s + 14)).unwrap();
             w.add_f32(format!("blk.{i}.post_ffw_norm.weight"), &[h], &values(h, s + 15)).unwrap();
         }
@@ -184,7 +239,7 @@ fn gguf_llama_round_trip() {
         other => panic!("{other:?}"),
     }
 
-    let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+    let (h, q, kv) = (cfg.hidden_size, dense(&cfg).q_dim(), dense(&cfg).kv_dim());
     assert!(!ck.has("output.weight"));
     assert_eq!(ck.f32("output_norm.weight", &[h]).unwrap(), values(h, 1));
     assert_eq!(ck.raw("blk.1.ffn_down.weight").unwrap().shape, vec![h, 64]);
@@ -210,7 +265,7 @@ fn gguf_llama_round_trip() {
 #[test]
 fn gguf_qwen2_qwen3_gemma3_configs() {
     // Qwen2: bias detected from blk.0.attn_q.bias; untied.
-    let cfg = ModelConfig { attention_bias: true, tie_word_embeddings: false, ..tiny_config(Arch::Qwen2) };
+    let cfg = config_of(&Hyperparams { attention_bias: true, tie_word_embeddings: false, ..tiny_hp(Arch::Qwen2) });
     let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("qwen2.gguf"))).unwrap();
     assert_eq!(ck.config, ModelConfig { eos_token_ids: vec![2, 3], ..cfg.clone() });
     let qb = ck.f32("blk.1.attn_q.bias", &[32]).unwrap();
@@ -220,33 +275,30 @@ fn gguf_qwen2_qwen3_gemma3_configs() {
     assert_eq!(q, rounded_f16(&values(32 * 32, 101)));
 
     // Qwen3: q/k norm; rope scaling and softcapping read back.
-    let cfg = ModelConfig {
-        qk_norm: true,
+    let cfg = config_of(&Hyperparams {
         head_dim: 16,
-        attention_scale: 0.25,
         rope_scaling_factor: 4.0,
         final_logit_softcapping: Some(30.0),
-        ..tiny_config(Arch::Qwen3)
-    };
+        ..tiny_hp(Arch::Qwen3)
+    });
+    // Qwen3's q/k norm, scores scaled by 1/sqrt(16).
+    assert!(dense(&cfg).qk_norm && dense(&cfg).attention_scale == 0.25);
     let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("qwen3.gguf"))).unwrap();
     assert_eq!(ck.config, ModelConfig { eos_token_ids: vec![2, 3], ..cfg.clone() });
     assert!(ck.f32("blk.0.attn_k_norm.weight", &[16]).is_ok());
 
     // Gemma 3: 8 layers, every 6th global; the rest implied by the architecture.
-    let mut cfg = tiny_config(Arch::Gemma3);
-    cfg.num_layers = 8;
-    cfg.head_dim = 16;
-    cfg.layer_attention =
+    let mut h = tiny_hp(Arch::Gemma3);
+    h.head_dim = 16;
+    h.layer_types =
         (0..8).map(|i| if i == 5 { LayerAttention::Full } else { LayerAttention::Sliding { window: 16 } }).collect();
-    cfg.qk_norm = true;
-    cfg.sandwich_norm = true;
-    cfg.activation = Activation::GeluTanhGated;
-    cfg.embedding_scale = 32f32.sqrt();
-    cfg.attention_scale = 0.25;
-    cfg.rope_local_theta = Some(10000.0);
-    cfg.rope_theta = 1e6;
-    cfg.rope_scaling_factor = 8.0;
-    cfg.add_bos = true;
+    h.activation = Activation::GeluTanhGated;
+    h.rope_theta = 1e6;
+    h.rope_scaling_factor = 8.0;
+    let cfg = ModelConfig { add_bos: true, ..config_of(&h) };
+    let d = dense(&cfg);
+    assert!(d.qk_norm && d.sandwich_norm && cfg.embedding_scale == 32f32.sqrt());
+    assert_eq!((d.attention_scale, d.rope_local_theta), (0.25, Some(10000.0)));
     let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("gemma3.gguf"))).unwrap();
     assert_eq!(ck.config, ModelConfig { eos_token_ids: vec![2, 3], ..cfg.clone() });
     // GGUF Gemma norms already include the +1: no fixup.
@@ -618,9 +670,10 @@ fn shape_mismatch_is_reported() {
     let cfg = tiny_config(Arch::Qwen2);
     let ck = Checkpoint::open(&tiny_gguf(&cfg).write_to(&scratch("shape.gguf"))).unwrap();
     // The config implies [ffn, hidden] for ffn_up; ask with a wrong config shape.
-    let e = err_of(ck.f16("blk.0.ffn_up.weight", &[cfg.intermediate_size + 1, cfg.hidden_size]));
+    let f = dense(&cfg).intermediate_size;
+    let e = err_of(ck.f16("blk.0.ffn_up.weight", &[f + 1, cfg.hidden_size]));
     assert!(matches!(&e, Error::Mismatch(m) if m.contains("blk.0.ffn_up.weight")), "{e}");
-    assert!(ck.f16("blk.0.ffn_up.weight", &[cfg.intermediate_size, cfg.hidden_size]).is_ok());
+    assert!(ck.f16("blk.0.ffn_up.weight", &[f, cfg.hidden_size]).is_ok());
     let e = err_of(ck.f32("blk.9.ffn_up.weight", &[1]));
     assert!(matches!(e, Error::Mismatch(_)), "{e}");
 }
@@ -629,12 +682,8 @@ fn shape_mismatch_is_reported() {
 /// Ok file's tensors all lie inside it.
 #[test]
 fn random_corruption_never_panics() {
-    let bytes = tiny_gguf(&ModelConfig {
-        num_layers: 1,
-        layer_attention: vec![LayerAttention::Full],
-        ..tiny_config(Arch::Llama)
-    })
-    .to_bytes();
+    let bytes = tiny_gguf(&config_of(&Hyperparams { layer_types: vec![LayerAttention::Full], ..tiny_hp(Arch::Llama) }))
+        .to_bytes();
     let g = GgufFile::parse(&bytes, Path::new("m")).unwrap();
     let header = g.data_offset as usize;
     let mut rng = 0x9e3779b9u32;
@@ -797,14 +846,15 @@ fn hf_gemma3_multimodal_folder() {
 
     let ck = Checkpoint::open(&dir).unwrap();
     let c = &ck.config;
+    let d = dense(c);
     assert_eq!(c.arch, Arch::Gemma3);
-    assert_eq!((c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (32, 2, 4, 2, 8));
-    assert_eq!(c.layer_attention, vec![LayerAttention::Sliding { window: 16 }, LayerAttention::Full]);
-    assert_eq!((c.rope_theta, c.rope_local_theta, c.rope_scaling_factor), (1e6, Some(1e4), 8.0));
-    assert_eq!(c.attention_scale, 0.25);
+    assert_eq!((c.hidden_size, c.num_layers(), d.num_heads, d.num_kv_heads, d.head_dim), (32, 2, 4, 2, 8));
+    assert_eq!(d.layer_attention, vec![LayerAttention::Sliding { window: 16 }, LayerAttention::Full]);
+    assert_eq!((d.rope_theta, d.rope_local_theta, d.rope_scaling_factor), (1e6, Some(1e4), 8.0));
+    assert_eq!(d.attention_scale, 0.25);
     assert_eq!(c.embedding_scale, 32f32.sqrt());
-    assert!(c.qk_norm && c.sandwich_norm && c.tie_word_embeddings && !c.attention_bias && c.add_bos);
-    assert_eq!(c.activation, Activation::GeluTanhGated);
+    assert!(d.qk_norm && d.sandwich_norm && c.tie_word_embeddings && !d.attention_bias && c.add_bos);
+    assert_eq!(d.activation, Activation::GeluTanhGated);
     assert_eq!(c.final_logit_softcapping, None);
     assert_eq!(c.bos_token_id, Some(2));
     assert_eq!(c.eos_token_ids, vec![1, 60, 50]);
@@ -866,10 +916,11 @@ fn hf_sharded_llama_folder() {
 
     let ck = Checkpoint::open(&dir).unwrap();
     let c = &ck.config;
+    let d = dense(c);
     assert_eq!(c.arch, Arch::Llama);
-    assert_eq!((c.head_dim, c.rope_theta, c.max_position_embeddings), (8, 1e5, 512));
-    assert!(!c.tie_word_embeddings && !c.qk_norm && !c.sandwich_norm);
-    assert_eq!(c.layer_attention, vec![LayerAttention::Full; 2]);
+    assert_eq!((d.head_dim, d.rope_theta, c.max_position_embeddings), (8, 1e5, 512));
+    assert!(!c.tie_word_embeddings && !d.qk_norm && !d.sandwich_norm);
+    assert_eq!(d.layer_attention, vec![LayerAttention::Full; 2]);
     assert_eq!(c.bos_token_id, Some(2));
     assert_eq!(c.eos_token_ids, vec![1, 7, 40]);
     // No add_bos_token anywhere: the tokenizer.json post-processor prepends <bos>.
@@ -915,10 +966,11 @@ fn hf_qwen2_folder() {
     let (dir, _) = qwen2_folder("hf-qwen2");
     let ck = Checkpoint::open(&dir).unwrap();
     let c = &ck.config;
+    let d = dense(c);
     assert_eq!(c.arch, Arch::Qwen2);
-    assert!(c.attention_bias && c.tie_word_embeddings && !c.add_bos);
-    assert_eq!(c.rope_theta, 1e6);
-    assert_eq!(c.layer_attention, vec![LayerAttention::Full; 2]);
+    assert!(d.attention_bias && c.tie_word_embeddings && !c.add_bos);
+    assert_eq!(d.rope_theta, 1e6);
+    assert_eq!(d.layer_attention, vec![LayerAttention::Full; 2]);
     assert_eq!(c.eos_token_ids, vec![1, 5]);
     assert_eq!(c.bos_token_id, None);
     assert_eq!(ck.f32("blk.0.attn_k.bias", &[16]).unwrap(), values(16, 7));
@@ -1324,10 +1376,11 @@ fn real_smollm2() {
     let path = common::model("smollm2");
     let ck = Checkpoint::open(&path).unwrap();
     let c = &ck.config;
+    let d = dense(c);
     assert_eq!(c.arch, Arch::Llama);
-    assert_eq!((c.num_layers, c.hidden_size, c.intermediate_size), (30, 576, 1536));
-    assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size), (9, 3, 64, 49152));
-    assert_eq!(c.rope_theta, 1e5);
+    assert_eq!((c.num_layers(), c.hidden_size, d.intermediate_size), (30, 576, 1536));
+    assert_eq!((d.num_heads, d.num_kv_heads, d.head_dim, c.vocab_size), (9, 3, 64, 49152));
+    assert_eq!(d.rope_theta, 1e5);
     assert!(c.tie_word_embeddings && !c.add_bos);
     assert_eq!(c.eos_token_ids[0], 2);
     assert_eq!(ck.eos_token.as_deref(), Some("<|im_end|>"));
@@ -1345,15 +1398,16 @@ fn real_gemma3() {
     let path = common::model("gemma3");
     let ck = Checkpoint::open(&path).unwrap();
     let c = &ck.config;
+    let d = dense(c);
     assert_eq!(c.arch, Arch::Gemma3);
-    assert_eq!((c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim), (18, 640, 4, 1, 256));
-    assert_eq!(c.layer_attention[0], LayerAttention::Sliding { window: 512 });
-    assert_eq!(c.layer_attention[5], LayerAttention::Full);
-    assert_eq!(c.layer_attention[11], LayerAttention::Full);
-    assert_eq!(c.layer_attention.iter().filter(|a| **a == LayerAttention::Full).count(), 3);
-    assert_eq!(c.rope_local_theta, Some(10000.0));
-    assert!(c.tie_word_embeddings && c.add_bos && c.qk_norm && c.sandwich_norm);
-    assert_eq!(c.attention_scale, 1.0 / 16.0);
+    assert_eq!((c.num_layers(), c.hidden_size, d.num_heads, d.num_kv_heads, d.head_dim), (18, 640, 4, 1, 256));
+    assert_eq!(d.layer_attention[0], LayerAttention::Sliding { window: 512 });
+    assert_eq!(d.layer_attention[5], LayerAttention::Full);
+    assert_eq!(d.layer_attention[11], LayerAttention::Full);
+    assert_eq!(d.layer_attention.iter().filter(|a| **a == LayerAttention::Full).count(), 3);
+    assert_eq!(d.rope_local_theta, Some(10000.0));
+    assert!(c.tie_word_embeddings && c.add_bos && d.qk_norm && d.sandwich_norm);
+    assert_eq!(d.attention_scale, 1.0 / 16.0);
     assert_eq!(ck.bos_token.as_deref(), Some("<bos>"));
     assert!(c.eos_token_ids.contains(&1) && c.eos_token_ids.contains(&106));
     finite_sample(&ck, "blk.0.attn_output.weight", DType::Q4_K);
@@ -1369,10 +1423,11 @@ fn real_qwen05() {
     let path = common::model("qwen05");
     let ck = Checkpoint::open(&path).unwrap();
     let c = &ck.config;
+    let d = dense(c);
     assert_eq!(c.arch, Arch::Qwen2);
-    assert_eq!((c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads), (24, 896, 14, 2));
-    assert!(c.attention_bias && !c.tie_word_embeddings);
-    assert_eq!(c.rope_theta, 1e6);
+    assert_eq!((c.num_layers(), c.hidden_size, d.num_heads, d.num_kv_heads), (24, 896, 14, 2));
+    assert!(d.attention_bias && !c.tie_word_embeddings);
+    assert_eq!(d.rope_theta, 1e6);
     assert!(c.eos_token_ids.contains(&151645));
     finite_sample(&ck, "blk.0.attn_q.bias", DType::F32);
     finite_sample(&ck, "blk.0.ffn_down.weight", DType::Q6_K);

@@ -32,7 +32,7 @@ fn tiny_checkpoint_layout() {
     let ck = Checkpoint::open(&tiny()).unwrap();
     let c = &ck.config;
     assert_eq!(c.arch, Arch::Qwen35Moe);
-    let kinds: Vec<bool> = (0..c.num_layers).map(|l| matches!(c.layer(l).mixer, Mixer::Attention(_))).collect();
+    let kinds: Vec<bool> = (0..c.num_layers()).map(|l| matches!(c.layer(l).mixer, Mixer::Attention(_))).collect();
     assert_eq!(kinds, [false, false, false, true, false, false, false, true]);
     assert!(matches!(
         c.layer(0).mlp,
@@ -175,7 +175,7 @@ fn tiny_as_gguf(path: &std::path::Path) {
     // writer chose full_attention_interval 4, which the reader also takes).
     w.remove_metadata("qwen35moe.full_attention_interval");
     let recurrent: Vec<GgufValue> =
-        (0..c.num_layers).map(|l| GgufValue::Bool(matches!(c.layer(l).mixer, Mixer::DeltaNet(_)))).collect();
+        (0..c.num_layers()).map(|l| GgufValue::Bool(matches!(c.layer(l).mixer, Mixer::DeltaNet(_)))).collect();
     w.add_metadata("qwen35moe.attention.recurrent_layers", GgufValue::Array(recurrent));
     w.add_metadata("tokenizer.ggml.model", "none");
     let put = |w: &mut GgufWriter, name: &str, (shape, v): (Vec<usize>, Vec<f32>)| {
@@ -186,7 +186,7 @@ fn tiny_as_gguf(path: &std::path::Path) {
             put(&mut w, name, f(name));
         }
     }
-    for l in 0..c.num_layers {
+    for l in 0..c.num_layers() {
         let b = |s: &str| format!("blk.{l}.{s}");
         put(&mut w, &b("attn_norm.weight"), f(&b("attn_norm.weight")));
         put(&mut w, &b("post_attention_norm.weight"), f(&b("ffn_norm.weight")));

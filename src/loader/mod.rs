@@ -495,6 +495,115 @@ pub(crate) fn fmt_shape<T: std::fmt::Display>(dims: &[T]) -> String {
 // Validation shared by both loaders
 // ---------------------------------------------------------------------------------------------
 
+/// Token strings that end a turn in the chat templates of the supported families; their ids
+/// (when in the vocabulary) join `eos_token_ids`.
+pub(crate) const END_OF_TURN_TOKENS: [&str; 4] = ["<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>"];
+
+/// Checks that a config is self-consistent (both loaders call this).
+pub(crate) fn validate_config(c: &ModelConfig, path: &Path) -> Result<()> {
+    let bad = |msg: String| Err(Error::Mismatch(format!("{}: {msg}", path.display())));
+    for (what, v) in [
+        ("vocab size", c.vocab_size),
+        ("hidden size", c.hidden_size),
+        ("layer count", c.num_layers()),
+        ("context length", c.max_position_embeddings),
+    ] {
+        if v == 0 {
+            return bad(format!("{what} is 0"));
+        }
+    }
+    use crate::model::config::{Mixer, MlpSpec};
+    use limits as l;
+    for (what, v, limit) in [
+        ("vocab size", c.vocab_size, l::VOCAB),
+        ("hidden size", c.hidden_size, l::HIDDEN),
+        ("layer count", c.num_layers(), l::LAYERS),
+        ("context length", c.max_position_embeddings, l::CONTEXT),
+    ] {
+        if v > limit {
+            return bad(format!("{what} {v} is above the limit of {limit}"));
+        }
+    }
+    if c.vocab_size.checked_mul(c.hidden_size).is_none() {
+        return bad("dimensions overflow".into());
+    }
+    if !(c.rms_norm_eps >= 0.0 && c.rms_norm_eps.is_finite()) {
+        return bad(format!("rms norm epsilon {}", c.rms_norm_eps));
+    }
+    for (what, v) in
+        [("embedding scale", c.embedding_scale), ("final logit softcapping", c.final_logit_softcapping.unwrap_or(1.0))]
+    {
+        if !(v > 0.0 && v.is_finite()) {
+            return bad(format!("{what} is {v}"));
+        }
+    }
+    let mut kv_width = 0u64;
+    for (i, spec) in c.layers.iter().enumerate() {
+        let intermediate = match spec.mlp {
+            MlpSpec::Dense { intermediate, .. } => intermediate,
+            MlpSpec::Moe { intermediate, .. } => intermediate,
+        };
+        if intermediate == 0 {
+            return bad(format!("layer {i}: intermediate size is 0"));
+        }
+        if intermediate > l::INTERMEDIATE {
+            return bad(format!(
+                "layer {i}: intermediate size {intermediate} is above the limit of {}",
+                l::INTERMEDIATE
+            ));
+        }
+        let Mixer::Attention(a) = spec.mixer else {
+            continue;
+        };
+        for (what, v, limit) in [
+            ("head count", a.heads, l::HEADS),
+            ("kv head count", a.kv_heads, l::HEADS),
+            ("head dimension", a.head_dim, l::HEAD_DIM),
+        ] {
+            if v == 0 {
+                return bad(format!("layer {i}: {what} is 0"));
+            }
+            if v > limit {
+                return bad(format!("layer {i}: {what} {v} is above the limit of {limit}"));
+            }
+        }
+        if a.heads % a.kv_heads != 0 {
+            return bad(format!("{} attention heads are not a multiple of {} kv heads", a.heads, a.kv_heads));
+        }
+        if a.head_dim % 2 != 0 {
+            return bad(format!("head dimension {} is odd (RoPE needs pairs)", a.head_dim));
+        }
+        if a.heads.checked_mul(a.head_dim).is_none() {
+            return bad("dimensions overflow".into());
+        }
+        for (what, v) in
+            [("rope theta", a.rope.theta), ("rope scaling factor", a.rope.scaling), ("attention scale", a.scale)]
+        {
+            if !(v > 0.0 && v.is_finite()) {
+                return bad(format!("{what} is {v}"));
+            }
+        }
+        if a.window == Some(0) {
+            return bad("sliding window of 0".into());
+        }
+        kv_width = kv_width.max(a.kv_dim() as u64);
+    }
+    // The KV cache for the whole context, in f32 bytes, must be a representable size (the
+    // limits above guarantee it; this keeps the guarantee next to the use).
+    let kv_bytes = [2, c.num_layers() as u64, c.max_position_embeddings as u64, kv_width, 4]
+        .into_iter()
+        .try_fold(1u64, |a, b| a.checked_mul(b));
+    if kv_bytes.is_none() {
+        return bad("the KV cache size for the full context overflows".into());
+    }
+    for id in c.bos_token_id.iter().chain(&c.eos_token_ids) {
+        if *id as usize >= c.vocab_size {
+            return bad(format!("special token id {id} is outside the vocabulary of {}", c.vocab_size));
+        }
+    }
+    Ok(())
+}
+
 /// Limits on config values, far above any real model, that keep every size computed from them
 /// (KV cache, activations, weights) well inside `u64` and refuse absurd values before anything
 /// is allocated. Each error names the field and the limit.
@@ -597,12 +706,12 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
         out.push(("output.weight".into(), vec![v, h], Role::Matrix));
     }
     if let Some(ple) = c.per_layer_input {
-        let all = c.num_layers * ple.dim;
+        let all = c.num_layers() * ple.dim;
         out.push(("per_layer_token_embd.weight".into(), vec![ple.vocab, all], Role::Matrix));
         out.push(("per_layer_model_proj.weight".into(), vec![all, h], Role::Matrix));
         out.push(("per_layer_proj_norm.weight".into(), vec![ple.dim], Role::Vector));
     }
-    for i in 0..c.num_layers {
+    for i in 0..c.num_layers() {
         let spec = c.layer(i);
         let mut add = |s: &str, shape: Vec<usize>, role| out.push((format!("blk.{i}.{s}"), shape, role));
         add("attn_norm.weight", vec![h], Role::Vector);
@@ -687,13 +796,53 @@ pub(crate) fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>, Role
     out
 }
 
+/// Splits each tensor named `a|b` (a [`TensorName::Halves`]) into `a` and `b`: row groups of
+/// `2n`, n = the experts' intermediate rows for a stacked [E, 2I, K] tensor, else the attention
+/// head dim (q_proj's [q_h | gate_h]).
+pub(crate) fn split_halves(
+    tensors: &mut HashMap<String, StoredTensor>,
+    config: &ModelConfig,
+    path: &Path,
+) -> Result<()> {
+    let joined: Vec<String> = tensors.keys().filter(|k| k.contains('|')).cloned().collect();
+    // The attention layers' head dim (one for the model).
+    let head_dim = (0..config.num_layers()).find_map(|l| config.attention(l)).map_or(0, |a| a.head_dim);
+    for name in joined {
+        let t = tensors.remove(&name).expect("listed");
+        // `blk.{i}.` then `a|b`.
+        let layer_end = name.strip_prefix("blk.").and_then(|r| r.find('.')).map_or(0, |i| "blk.".len() + i + 1);
+        let (prefix, pair) = name.split_at(layer_end);
+        let (a, b) = pair.split_once('|').expect("joined name");
+        let rows: usize = t.shape[..t.shape.len() - 1].iter().product();
+        let (n, lead) = match t.shape.as_slice() {
+            [e, two_i, k] => (two_i / 2, vec![*e, two_i / 2, *k]),
+            [r, k] => (head_dim, vec![r / 2, *k]),
+            _ => return Err(Error::Mismatch(format!("{}: tensor {name} has shape {:?}", path.display(), t.shape))),
+        };
+        if n == 0 || rows % (2 * n) != 0 {
+            return Err(Error::Mismatch(format!(
+                "{}: tensor {} has {rows} rows, not groups of 2 x {n}",
+                path.display(),
+                shown(&name)
+            )));
+        }
+        let len = t.len / 2;
+        for (half, start) in [(a, 0), (b, n)] {
+            let pick = RowPick { src_rows: rows, src_len: t.len, period: 2 * n, start, take: n };
+            let st = StoredTensor { len, shape: lead.clone(), pick: Some(pick), ..t.clone() };
+            tensors.insert(format!("{prefix}{half}"), st);
+        }
+    }
+    Ok(())
+}
+
 /// Drops the k and v projections (and k norms) of layers that read another layer's KV cache
 /// ([`crate::model::config::AttentionSpec::kv_from`]): Google's Gemma 4 E2B/E4B checkpoints ship
 /// them for every layer, and transformers ignores those of the shared layers
 /// (`_keys_to_ignore_on_load_unexpected`), as this does.
 pub(crate) fn drop_shared_kv_tensors(c: &ModelConfig, tensors: &mut HashMap<String, StoredTensor>) {
     use crate::model::config::Mixer;
-    for l in 0..c.num_layers {
+    for l in 0..c.num_layers() {
         if let Mixer::Attention(a) = c.layer(l).mixer {
             if a.kv_from.is_some() {
                 for t in ["attn_k.weight", "attn_v.weight", "attn_k_norm.weight", "attn_k.bias", "attn_v.bias"] {

@@ -21,6 +21,7 @@
 use super::dtype::{quantize, DType, QK_K};
 use super::{Checkpoint, DataFile, DataSource, Role, StoredTensor, TokenizerSource};
 use crate::error::{Error, Result};
+use crate::model::arch::{self, Hyperparams};
 use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
 use half::f16;
 use std::collections::HashMap;
@@ -34,57 +35,56 @@ pub const PRESETS: [&str; 6] =
 /// Quantization recipes.
 pub const RECIPES: [&str; 10] = ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "mlx4", "mlx8"];
 
-/// The config of a preset (what the real checkpoint's metadata says).
-pub fn preset_config(name: &str) -> Result<ModelConfig> {
-    let llama_like = |arch, vocab, hidden, ffn, layers, heads, kv, head_dim, theta, eps, ctx, tied, bias| ModelConfig {
+/// The hyperparameters of a dense preset (`None` for the presets with their own config:
+/// Qwen3.5-MoE, Gemma 4), what the real checkpoint's metadata says.
+pub fn preset_hyperparams(name: &str) -> Option<Hyperparams> {
+    let llama_like = |arch, vocab, hidden, ffn, layers, heads, kv, head_dim, theta, eps, ctx, tied, bias| Hyperparams {
         arch,
         vocab_size: vocab,
         hidden_size: hidden,
         intermediate_size: ffn,
-        num_layers: layers,
-        num_heads: heads,
-        num_kv_heads: kv,
+        num_attention_heads: heads,
+        num_key_value_heads: kv,
         head_dim,
         rms_norm_eps: eps,
         rope_theta: theta,
         rope_local_theta: None,
         rope_scaling_factor: 1.0,
         max_position_embeddings: ctx,
-        layer_attention: vec![LayerAttention::Full; layers],
+        layer_types: vec![LayerAttention::Full; layers],
         tie_word_embeddings: tied,
         attention_bias: bias,
-        qk_norm: false,
-        sandwich_norm: false,
         activation: Activation::SiluGated,
-        embedding_scale: 1.0,
-        attention_scale: 1.0 / (head_dim as f32).sqrt(),
+        query_pre_attn_scalar: None,
         final_logit_softcapping: None,
-        per_layer_input: None,
-        bos_token_id: None,
-        eos_token_ids: vec![],
-        add_bos: false,
-        layers: Vec::new(),
     };
-    Ok(match name {
+    Some(match name {
         "smollm2-135m" => llama_like(Arch::Llama, 49152, 576, 1536, 30, 9, 3, 64, 1e5, 1e-5, 8192, true, false),
         "qwen2.5-0.5b" => llama_like(Arch::Qwen2, 151936, 896, 4864, 24, 14, 2, 64, 1e6, 1e-6, 32768, false, true),
         "qwen2.5-1.5b" => llama_like(Arch::Qwen2, 151936, 1536, 8960, 28, 12, 2, 128, 1e6, 1e-6, 32768, false, true),
-        "qwen3.5-35b-a3b" => crate::model::qwen3_5_moe::Qwen35MoeConfig::qwen3_5_35b_a3b().model_config(),
-        "gemma-4-31b" => crate::model::gemma4::Gemma4Config::gemma_4_31b().model_config(),
         "gemma3-270m" => {
-            let mut c = llama_like(Arch::Gemma3, 262144, 640, 2048, 18, 4, 1, 256, 1e6, 1e-6, 32768, true, false);
-            c.rope_local_theta = Some(1e4);
+            let mut h = llama_like(Arch::Gemma3, 262144, 640, 2048, 18, 4, 1, 256, 1e6, 1e-6, 32768, true, false);
+            h.rope_local_theta = Some(1e4);
             // Five sliding-window layers, then a global one.
-            c.layer_attention = (0..18)
+            h.layer_types = (0..18)
                 .map(|l| if l % 6 == 5 { LayerAttention::Full } else { LayerAttention::Sliding { window: 512 } })
                 .collect();
-            c.qk_norm = true;
-            c.sandwich_norm = true;
-            c.activation = Activation::GeluTanhGated;
-            c.embedding_scale = (640f32).sqrt();
-            c.attention_scale = 1.0 / (256f32).sqrt();
-            c
+            h.activation = Activation::GeluTanhGated;
+            h.query_pre_attn_scalar = Some(256.0);
+            h
         }
+        _ => return None,
+    })
+}
+
+/// The config of a preset (what the real checkpoint's metadata says).
+pub fn preset_config(name: &str) -> Result<ModelConfig> {
+    if let Some(h) = preset_hyperparams(name) {
+        return Ok(arch::model_config(&h));
+    }
+    Ok(match name {
+        "qwen3.5-35b-a3b" => arch::qwen3_5_moe::Qwen35MoeConfig::qwen3_5_35b_a3b().model_config(),
+        "gemma-4-31b" => arch::gemma4::Gemma4Config::gemma_4_31b().model_config(),
         other => {
             return Err(Error::InvalidArgument(format!(
                 "unknown synthetic model {other:?}; choose one of {}",
@@ -180,7 +180,7 @@ fn weight_type(recipe: &str, name: &str, layer: Option<usize>, layers: usize, co
 /// initialized like a trained model's: matrices N(0, 1/fan-in), norms near 1, biases small, the
 /// Gated DeltaNet's decay parameters in their trained ranges.
 fn tensor_plans(c: &ModelConfig, recipe: &str) -> Vec<Plan> {
-    let (h, layers) = (c.hidden_size, c.num_layers);
+    let (h, layers) = (c.hidden_size, c.num_layers());
     let tied = c.tie_word_embeddings;
     super::expected_tensors(c)
         .into_iter()

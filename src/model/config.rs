@@ -17,11 +17,11 @@ pub enum Arch {
     Gemma3,
     /// Qwen3.5-MoE: Gated DeltaNet (linear attention) layers between gated full-attention
     /// layers, every MLP a sparse mixture of experts with a shared expert
-    /// ([`super::qwen3_5_moe`]).
+    /// ([`super::arch::qwen3_5_moe`]).
     Qwen35Moe,
     /// Gemma 4: sliding and full attention layers with their own head dims, KV heads and RoPE
     /// (proportional on full layers), keys as values on full layers, an unweighted norm on v,
-    /// a per-layer output scale, soft-capped logits ([`super::gemma4`]).
+    /// a per-layer output scale, soft-capped logits ([`super::arch::gemma4`]).
     Gemma4,
 }
 
@@ -176,38 +176,18 @@ pub struct LayerSpec {
     pub output_scale: bool,
 }
 
+/// The model-wide fields of a checkpoint and one [`LayerSpec`] per layer, built by the
+/// checkpoint's architecture module ([`super::arch`]) from its hyperparameters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     pub arch: Arch,
     pub vocab_size: usize,
     pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_layers: usize,
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
     pub rms_norm_eps: f32,
-    /// RoPE base of full-attention layers.
-    pub rope_theta: f32,
-    /// RoPE base of sliding-window layers (Gemma 3: 10k); `None` = same as `rope_theta`.
-    pub rope_local_theta: Option<f32>,
-    /// Linear RoPE scaling factor of full-attention layers (positions divided by it); 1 = none.
-    pub rope_scaling_factor: f32,
     pub max_position_embeddings: usize,
-    /// One entry per layer.
-    pub layer_attention: Vec<LayerAttention>,
     pub tie_word_embeddings: bool,
-    /// q/k/v projections carry a bias (Qwen2).
-    pub attention_bias: bool,
-    /// Per-head RMSNorm on q and k before RoPE (Qwen3, Gemma 3).
-    pub qk_norm: bool,
-    /// Gemma 3: extra RMSNorm after attention and after the MLP, before the residual add.
-    pub sandwich_norm: bool,
-    pub activation: Activation,
     /// Multiply the gathered embedding by this (Gemma: sqrt(hidden)); 1 otherwise.
     pub embedding_scale: f32,
-    /// Attention score scale; usually 1/sqrt(head_dim) (Gemma 3: query_pre_attn_scalar^-0.5).
-    pub attention_scale: f32,
     /// tanh soft-capping of the final logits (None = off).
     pub final_logit_softcapping: Option<f32>,
     /// Per-layer input embeddings (Gemma 4 E2B/E4B), when the model has them.
@@ -216,61 +196,34 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Whether the tokenizer prepends BOS to a prompt (Gemma: yes; SmolLM2/Qwen: no).
     pub add_bos: bool,
-    /// One spec per layer, set by architectures whose layers differ in more than their attention
-    /// span ([`super::qwen3_5_moe`]); empty = every layer has the shape the fields above describe.
-    /// The layer loop and the weight loader read layers through [`ModelConfig::layer`] only.
+    /// One spec per layer: what the layer loop runs and the weight loader loads for it.
     pub layers: Vec<LayerSpec>,
 }
 
 impl ModelConfig {
-    /// Layer `l`'s spec: from `layers` when an architecture module set them, else the one shape
-    /// the model-wide fields describe (Llama, Qwen2/3, Gemma 3: layers differ only in their
-    /// attention span and its RoPE base, from `layer_attention`).
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Layer `l`'s spec.
     pub fn layer(&self, l: usize) -> LayerSpec {
-        if let Some(spec) = self.layers.get(l) {
-            return *spec;
-        }
-        let window = match self.layer_attention[l] {
-            LayerAttention::Full => None,
-            LayerAttention::Sliding { window } => Some(window),
-        };
-        let rope = match window {
-            Some(_) => RopeSpec::full(self.rope_local_theta.unwrap_or(self.rope_theta), self.head_dim),
-            None => RopeSpec { scaling: self.rope_scaling_factor, ..RopeSpec::full(self.rope_theta, self.head_dim) },
-        };
-        LayerSpec {
-            mixer: Mixer::Attention(AttentionSpec {
-                heads: self.num_heads,
-                kv_heads: self.num_kv_heads,
-                head_dim: self.head_dim,
-                window,
-                rope,
-                scale: self.attention_scale,
-                bias: self.attention_bias,
-                qk_norm: self.qk_norm,
-                output_gate: false,
-                k_eq_v: false,
-                v_norm: false,
-                kv_from: None,
-            }),
-            mlp: MlpSpec::Dense { intermediate: self.intermediate_size, activation: self.activation },
-            sandwich_norm: self.sandwich_norm,
-            output_scale: false,
-        }
+        self.layers[l]
     }
 
     /// Every layer's spec.
     pub fn layer_specs(&self) -> Vec<LayerSpec> {
-        (0..self.num_layers).map(|l| self.layer(l)).collect()
+        self.layers.clone()
+    }
+
+    /// Layer `l`'s attention, if its mixer is softmax attention.
+    pub fn attention(&self, l: usize) -> Option<&AttentionSpec> {
+        match &self.layers[l].mixer {
+            Mixer::Attention(a) => Some(a),
+            Mixer::DeltaNet(_) => None,
+        }
     }
 
     pub fn layer_is_sliding(&self, layer: usize) -> bool {
-        matches!(self.layer_attention[layer], LayerAttention::Sliding { .. })
-    }
-    pub fn q_dim(&self) -> usize {
-        self.num_heads * self.head_dim
-    }
-    pub fn kv_dim(&self) -> usize {
-        self.num_kv_heads * self.head_dim
+        self.attention(layer).is_some_and(|a| a.window.is_some())
     }
 }

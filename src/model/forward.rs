@@ -97,7 +97,7 @@ impl Scratch {
         for name in ACTS {
             need(name, 1);
         }
-        for l in 0..c.num_layers {
+        for l in 0..c.num_layers() {
             let spec = c.layer(l);
             match spec.mixer {
                 Mixer::Attention(a) => {
@@ -131,8 +131,8 @@ impl Scratch {
             }
         }
         if let Some(ple) = c.per_layer_input {
-            need("ple_tok", c.num_layers * ple.dim);
-            need("ple_proj", c.num_layers * ple.dim);
+            need("ple_tok", c.num_layers() * ple.dim);
+            need("ple_proj", c.num_layers() * ple.dim);
             need("ple_act", ple.dim);
         }
         // The widest input a projection may read staged apart: a norm's rows, an MLP's or
@@ -144,7 +144,7 @@ impl Scratch {
             .map(|(name, n)| Ok((name, g.empty(name, &[rows, n], ElemType::F32)?)))
             .collect::<Result<Vec<_>>>()?;
         // (slots a token, experts in the stack): a shared expert of the experts' size is both.
-        let moe = (0..c.num_layers).filter_map(|l| match c.layer(l).mlp {
+        let moe = (0..c.num_layers()).filter_map(|l| match c.layer(l).mlp {
             MlpSpec::Moe { experts, top_k, intermediate, shared_intermediate, .. } => {
                 let stacked = usize::from(shared_intermediate == intermediate);
                 Some((top_k + stacked, experts + stacked))
@@ -167,7 +167,7 @@ impl Scratch {
                 None => None,
                 Some(ple) => {
                     let slot = per_layer_slot(rows, ple.dim);
-                    Some((g.empty("ple_slots", &[c.num_layers * slot], ElemType::F32)?, slot))
+                    Some((g.empty("ple_slots", &[c.num_layers() * slot], ElemType::F32)?, slot))
                 }
             },
         })
@@ -360,7 +360,7 @@ impl Model {
         }
         // What the attention and RoPE kernels take, before anything is uploaded: a file with other
         // head shapes gets an error here rather than a kernel's assert at the first step.
-        for l in 0..config.num_layers {
+        for l in 0..config.num_layers() {
             if let Mixer::Attention(a) = config.layer(l).mixer {
                 let (d, rot) = (a.head_dim, a.rope.rotary_dim);
                 if d % 16 != 0 || d > 512 || rot < 2 || rot % 2 != 0 || rot > d || a.heads % a.kv_heads.max(1) != 0 {
@@ -375,7 +375,7 @@ impl Model {
         // The KV cache is one f16 [Hkv, ctx, D] buffer per attention layer and K/V: check it
         // against the device's binding limit before the weights upload, in the user's terms.
         let max_bind = gpu.limits.max_storage_buffer_binding_size;
-        let per_pos = (0..config.num_layers)
+        let per_pos = (0..config.num_layers())
             .filter_map(|l| match config.layer(l).mixer {
                 Mixer::Attention(a) => Some((a.kv_heads * a.head_dim * 2) as u64),
                 Mixer::DeltaNet(_) => None,
@@ -392,7 +392,7 @@ impl Model {
             )));
         }
         let weights = weights::load(gpu, ck, format, progress)?;
-        let state = (0..config.num_layers)
+        let state = (0..config.num_layers())
             .map(|l| {
                 Ok(match config.layer(l).mixer {
                     Mixer::Attention(a) if a.kv_from.is_some() => {
@@ -702,7 +702,7 @@ impl Model {
         if n == self.slots {
             return Ok(());
         }
-        let moe = (0..self.config.num_layers).any(|l| matches!(self.config.layer(l).mlp, MlpSpec::Moe { .. }));
+        let moe = (0..self.config.num_layers()).any(|l| matches!(self.config.layer(l).mlp, MlpSpec::Moe { .. }));
         if n > 1 && (self.is_recurrent() || moe) {
             return Err(Error::Unsupported(
                 "decoding several sequences at once with recurrent (Gated DeltaNet) or mixture-of-experts layers"
@@ -893,7 +893,7 @@ impl Model {
         };
         // Per-layer inputs from the token embedding x0, before any layer changes x.
         if let (Some(ple), Some(pw), Some((slots, _))) = (c.per_layer_input, &w.per_layer_input, &s.ple_slots) {
-            let width = c.num_layers * ple.dim;
+            let width = c.num_layers() * ple.dim;
             let (tok, proj) = (lp.act("ple_tok", width), lp.act("ple_proj", width));
             for (row_start, chunk) in &pw.embed {
                 items.push(Item::Kernel(match chunk {
@@ -903,10 +903,10 @@ impl Model {
             }
             items.push(Item::Kernel(linear(g, &x, Input::Plain, &pw.model_proj, None, &proj, lp.opts())?));
             // norm(proj(x0) / sqrt(hidden)) is norm(proj(x0)) with eps * hidden: the scale folded in.
-            let rows = RowLayout::contiguous((t * c.num_layers) as u32, ple.dim as u32);
+            let rows = RowLayout::contiguous((t * c.num_layers()) as u32, ple.dim as u32);
             items.push(Item::Kernel(rms_norm_in_place(g, &proj, &pw.norm, rows, eps * h as f32)?));
             let scale = std::f32::consts::FRAC_1_SQRT_2;
-            items.push(Item::Kernel(per_layer_inputs(g, &proj, &tok, slots, (c.num_layers, ple.dim), scale)?));
+            items.push(Item::Kernel(per_layer_inputs(g, &proj, &tok, slots, (c.num_layers(), ple.dim), scale)?));
         }
         for (l, lw) in w.layers.iter().enumerate() {
             let spec = c.layer(l);

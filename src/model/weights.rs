@@ -444,7 +444,7 @@ pub fn load(
 ) -> Result<Weights> {
     let c: &ModelConfig = ck.config();
     let h = c.hidden_size;
-    let total = 3 + c.num_layers;
+    let total = 3 + c.num_layers();
     let norm =
         |name: &str, n: usize| -> Result<Tensor> { gpu.upload_f32(name, &[n], &finite32(name, ck.f32(name, &[n])?)?) };
 
@@ -493,7 +493,7 @@ pub fn load(
     let per_layer_input = match c.per_layer_input {
         None => None,
         Some(ple) => {
-            let all = c.num_layers * ple.dim;
+            let all = c.num_layers() * ple.dim;
             let name = "per_layer_token_embd.weight";
             let embed: Vec<(u32, Linear)> = match gpu_rows(ck, name, ple.vocab, all, format)? {
                 Some((dtype, raw)) => {
@@ -530,8 +530,8 @@ pub fn load(
     };
     progress(3, total);
 
-    let mut layers = Vec::with_capacity(c.num_layers);
-    for i in 0..c.num_layers {
+    let mut layers = Vec::with_capacity(c.num_layers());
+    for i in 0..c.num_layers() {
         let lw = load_layer(gpu, ck, i, format)?;
         bytes += lw.linears().iter().map(|w| w.gpu_bytes()).sum::<u64>();
         layers.push(lw);

@@ -69,19 +69,22 @@ pub fn run_tool(script: &str, args: &[&std::ffi::OsStr]) {
 
 /// transformers' config.json of a llama checkpoint with `c` (bf16 weights).
 pub fn llama_hf_config(c: &wgpu_llm::model::config::ModelConfig) -> serde_json::Value {
+    use wgpu_llm::model::config::MlpSpec;
+    let a = *c.attention(0).expect("an attention layer");
+    let MlpSpec::Dense { intermediate, .. } = c.layer(0).mlp else { panic!("a dense MLP") };
     serde_json::json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": c.num_layers(),
+        "num_attention_heads": a.heads,
+        "num_key_value_heads": a.kv_heads,
+        "head_dim": a.head_dim,
         "vocab_size": c.vocab_size,
         "max_position_embeddings": c.max_position_embeddings,
         "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
+        "rope_theta": a.rope.theta,
         "rope_scaling": null,
         "tie_word_embeddings": c.tie_word_embeddings,
         "hidden_act": "silu",
@@ -118,12 +121,14 @@ pub fn write_hf_folder(gguf: &Path, dir: &Path) {
     let tmp = dir.with_extension("partial");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).unwrap();
-    let (h, q, kv, f) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let a = *c.attention(0).expect("an attention layer");
+    let wgpu_llm::model::config::MlpSpec::Dense { intermediate: f, .. } = c.layer(0).mlp else { panic!("a dense MLP") };
+    let (h, q, kv) = (c.hidden_size, a.q_dim(), a.kv_dim());
     let mut names: Vec<(String, String, Vec<usize>)> = vec![
         ("model.embed_tokens.weight".into(), "token_embd.weight".into(), vec![c.vocab_size, h]),
         ("model.norm.weight".into(), "output_norm.weight".into(), vec![h]),
     ];
-    for i in 0..c.num_layers {
+    for i in 0..c.num_layers() {
         for (hf, gg, shape) in [
             ("input_layernorm", "attn_norm", vec![h]),
             ("self_attn.q_proj", "attn_q", vec![q, h]),

@@ -34,13 +34,15 @@ pub struct Base {
 
 /// transformers' names and shapes for a llama checkpoint with `c`.
 fn hf_tensors(c: &ModelConfig) -> Vec<(String, &'static str, Vec<u64>)> {
+    let a = *c.attention(0).expect("an attention layer");
+    let wgpu_llm::model::config::MlpSpec::Dense { intermediate, .. } = c.layer(0).mlp else { panic!("a dense MLP") };
     let (h, q, kv, f, v) =
-        (c.hidden_size as u64, c.q_dim() as u64, c.kv_dim() as u64, c.intermediate_size as u64, c.vocab_size as u64);
+        (c.hidden_size as u64, a.q_dim() as u64, a.kv_dim() as u64, intermediate as u64, c.vocab_size as u64);
     let mut t = vec![
         ("model.embed_tokens.weight".to_string(), "BF16", vec![v, h]),
         ("model.norm.weight".to_string(), "F32", vec![h]),
     ];
-    for i in 0..c.num_layers {
+    for i in 0..c.num_layers() {
         let p = |s: &str| format!("model.layers.{i}.{s}");
         t.push((p("input_layernorm.weight"), "F32", vec![h]));
         t.push((p("self_attn.q_proj.weight"), "BF16", vec![q, h]));

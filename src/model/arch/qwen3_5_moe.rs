@@ -25,8 +25,9 @@
 //! The engine reads this as one [`LayerSpec`] per layer ([`Qwen35MoeConfig::layers`]) and the
 //! tensors under the canonical names of [`tensor_name`].
 
-use super::config::{
-    Activation, Arch, AttentionSpec, DeltaNetSpec, LayerAttention, LayerSpec, Mixer, MlpSpec, ModelConfig, RopeSpec,
+pub use super::TensorName;
+use crate::model::config::{
+    Activation, Arch, AttentionSpec, DeltaNetSpec, LayerSpec, Mixer, MlpSpec, ModelConfig, RopeSpec,
 };
 
 /// The fields of `Qwen3_5MoeTextConfig` the engine uses.
@@ -104,24 +105,10 @@ impl Qwen35MoeConfig {
             arch: Arch::Qwen35Moe,
             vocab_size: self.vocab_size,
             hidden_size: self.hidden_size,
-            intermediate_size: self.moe_intermediate_size,
-            num_layers: layers.len(),
-            num_heads: self.num_attention_heads,
-            num_kv_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
             rms_norm_eps: self.rms_norm_eps,
-            rope_theta: self.rope_theta,
-            rope_local_theta: None,
-            rope_scaling_factor: 1.0,
             max_position_embeddings: self.max_position_embeddings,
-            layer_attention: vec![LayerAttention::Full; layers.len()],
             tie_word_embeddings: self.tie_word_embeddings,
-            attention_bias: self.attention_bias,
-            qk_norm: true,
-            sandwich_norm: false,
-            activation: Activation::SiluGated,
             embedding_scale: 1.0,
-            attention_scale: 1.0 / (self.head_dim as f32).sqrt(),
             final_logit_softcapping: None,
             per_layer_input: None,
             bos_token_id: None,
@@ -176,20 +163,6 @@ impl Qwen35MoeConfig {
             })
             .collect()
     }
-}
-
-/// How a checkpoint tensor of a layer becomes the engine's: its canonical name (`blk.{i}.` +
-/// this), or a tensor split in two by rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TensorName {
-    One(&'static str),
-    /// Rows in groups of `2 n` (n = `per_group(shape)`): the first n of each group are `.0`, the
-    /// rest `.1`. `q_proj` = [q_h | gate_h] per head; transformers' fused
-    /// `experts.gate_up_proj` = [gate_e | up_e] per expert.
-    Halves(&'static str, &'static str),
-    /// One expert's matrix of a stack (`experts.{e}.gate_proj` in transformers' checkpoints):
-    /// stacked in expert order into the canonical `[E, rows, cols]` tensor.
-    Expert(&'static str, usize),
 }
 
 /// The canonical name of a layer tensor by its module path after `model.layers.{i}.`, in

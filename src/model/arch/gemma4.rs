@@ -40,8 +40,8 @@
 //! tensors under the canonical names of [`tensor_name`]. Not supported yet (refused with a clear
 //! error by the loaders): the MoE block (`enable_moe_block`, 26B-A4B).
 
-use super::config::{
-    Activation, Arch, AttentionSpec, LayerAttention, LayerSpec, Mixer, MlpSpec, ModelConfig, PerLayerInput, RopeSpec,
+use crate::model::config::{
+    Activation, Arch, AttentionSpec, LayerSpec, Mixer, MlpSpec, ModelConfig, PerLayerInput, RopeSpec,
 };
 
 /// RoPE of one layer type (`rope_parameters[layer_type]`).
@@ -194,45 +194,18 @@ impl Gemma4Config {
         }
     }
 
-    /// The engine's description: the model-wide fields (those of the sliding layers), and one
-    /// spec per layer.
+    /// The engine's description: the model-wide fields and one spec per layer.
     pub fn model_config(&self) -> ModelConfig {
         let layers = self.layers();
         ModelConfig {
             arch: Arch::Gemma4,
             vocab_size: self.vocab_size,
             hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
-            num_layers: layers.len(),
-            num_heads: self.num_attention_heads,
-            num_kv_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
             rms_norm_eps: self.rms_norm_eps,
-            rope_theta: self.rope_full.theta,
-            rope_local_theta: Some(self.rope_sliding.theta),
-            rope_scaling_factor: 1.0,
             max_position_embeddings: self.max_position_embeddings,
-            layer_attention: self
-                .full_attention
-                .iter()
-                .map(
-                    |&full| {
-                        if full {
-                            LayerAttention::Full
-                        } else {
-                            LayerAttention::Sliding { window: self.sliding_window }
-                        }
-                    },
-                )
-                .collect(),
             tie_word_embeddings: self.tie_word_embeddings,
-            attention_bias: self.attention_bias,
-            qk_norm: true,
-            sandwich_norm: true,
-            activation: Activation::GeluTanhGated,
             // Gemma4TextScaledWordEmbedding: embed_scale = hidden_size ** 0.5.
             embedding_scale: (self.hidden_size as f32).sqrt(),
-            attention_scale: 1.0,
             final_logit_softcapping: self.final_logit_softcapping,
             per_layer_input: (self.hidden_size_per_layer_input > 0).then_some(PerLayerInput {
                 dim: self.hidden_size_per_layer_input,
