@@ -170,7 +170,7 @@ fn bad_input_is_an_error() {
 
     let mut engine = engine();
     // Sampling parameters out of range.
-    let e = engine.generate("hi").temperature(-1.0).run().err().expect("temperature < 0 is an error");
+    let e = engine.generate("hi").temperature(-1.0).run().expect_err("temperature < 0 is an error");
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     let m = message(e);
     assert!(m.contains("temperature must be a finite number >= 0") && m.contains("got -1"), "{m}");
@@ -181,14 +181,14 @@ fn bad_input_is_an_error() {
         (Sampling { min_p: 1.0, ..d }, "min_p must be"),
     ] {
         let req = Request { sampling, ..Request::new("hi") };
-        let e = engine.run(&req, &mut |_| Ok(true)).err().expect("out-of-range sampling is an error");
+        let e = engine.run(&req, &mut |_| Ok(true)).expect_err("out-of-range sampling is an error");
         assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
         let m = message(e);
         assert!(m.contains(needle), "{m}");
     }
     // A prompt longer than the context (4096 positions by default).
     let long = "word ".repeat(5000);
-    let e = engine.generate(long).max_tokens(4).run().err().expect("a prompt beyond the context is an error");
+    let e = engine.generate(long).max_tokens(4).run().expect_err("a prompt beyond the context is an error");
     let m = message(e);
     assert!(m.contains("context holds 4096"), "{m}");
     drop(engine);
@@ -199,7 +199,7 @@ fn bad_input_is_an_error() {
     assert!(m.contains("context length 100000"), "{m}");
     // Chat with a model that ships no template (Gemma 3 270m's GGUF), refused before a GPU is used.
     let opened = Engine::builder(common::model("gemma3")).open().unwrap();
-    let e = opened.prompt_ids(&Request { chat: true, ..Request::new("hi") }).err().expect("no template");
+    let e = opened.prompt_ids(&Request { chat: true, ..Request::new("hi") }).expect_err("no template");
     assert!(matches!(e, Error::Template(_)), "{e:?}");
     let m = message(e);
     assert!(m.contains("no chat template"), "{m}");
