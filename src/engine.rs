@@ -111,24 +111,28 @@ impl From<SamplingParams> for Sampling {
     }
 }
 
+/// A conversation for the model's chat template: a system message and earlier turns, before the
+/// request's prompt as the user's message.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chat {
+    pub system: Option<String>,
+    pub messages: Vec<Message>,
+}
+
 /// One generation's input and settings; [`Engine::generate`] builds one with [`Generate`]'s
 /// methods, [`Engine::run`] takes one as it is.
-#[derive(Clone, Debug)]
+///
+/// With `chat`, the model's chat template renders the conversation (its `system` message, its
+/// `messages`, then `prompt` as the user's message, left out when empty) and the header of the
+/// assistant's turn; without, `prompt` is the text to continue. `max_tokens` counts the
+/// end-of-sequence token.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Request {
-    /// The text to continue; with chat, the user's message (left out when empty).
     pub prompt: String,
-    /// Render the conversation through the model's chat template: `system` (if any), then
-    /// `messages`, then `prompt` as the user's message, then the header of the assistant's turn.
-    /// A `system` or `messages` implies it.
-    pub chat: bool,
-    pub system: Option<String>,
-    /// Earlier turns of the conversation.
-    pub messages: Vec<Message>,
-    /// Generated tokens at most (the end-of-sequence token included).
+    pub chat: Option<Chat>,
     pub max_tokens: usize,
     pub sampling: Sampling,
     pub sampler: SamplerChoice,
-    pub decode: DecodeOptions,
 }
 
 impl Default for Request {
@@ -136,13 +140,10 @@ impl Default for Request {
     fn default() -> Self {
         Self {
             prompt: String::new(),
-            chat: false,
-            system: None,
-            messages: Vec::new(),
+            chat: None,
             max_tokens: 256,
             sampling: Sampling::default(),
             sampler: SamplerChoice::Device,
-            decode: DecodeOptions::default(),
         }
     }
 }
@@ -153,37 +154,32 @@ impl Request {
         Self { prompt: prompt.into(), ..Self::default() }
     }
 
-    /// Whether the prompt goes through the chat template.
-    pub fn is_chat(&self) -> bool {
-        self.chat || self.system.is_some() || !self.messages.is_empty()
-    }
-
-    /// The conversation the chat template renders.
-    pub fn conversation(&self) -> Vec<Message> {
-        let mut msgs = Vec::with_capacity(self.messages.len() + 2);
-        if let Some(s) = &self.system {
+    /// The conversation the chat template renders (`None` without chat).
+    pub fn conversation(&self) -> Option<Vec<Message>> {
+        let chat = self.chat.as_ref()?;
+        let mut msgs = Vec::with_capacity(chat.messages.len() + 2);
+        if let Some(s) = &chat.system {
             msgs.push(Message::system(s));
         }
-        msgs.extend(self.messages.iter().cloned());
+        msgs.extend(chat.messages.iter().cloned());
         if !self.prompt.is_empty() || msgs.is_empty() {
             msgs.push(Message::user(&self.prompt));
         }
-        msgs
+        Some(msgs)
     }
 }
 
-/// What a generation produced.
+/// What a generation produced: the text (special tokens left out; the streamed pieces,
+/// concatenated), every sampled token in order (the end-of-sequence token included where one
+/// ended it), the seed used (drawn at random where the request gave none), and the timings,
+/// counts and why generation ended ([`decode::StopReason`]; the prompt's length is
+/// `stats.prompt_tokens`, its tokens [`Engine::prompt_ids`]).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Generation {
-    /// The generated text (special tokens left out): the streamed pieces, concatenated.
     pub text: String,
-    /// Every sampled token in order, the end-of-sequence token included where one ended it.
     pub tokens: Vec<u32>,
-    /// The prompt's tokens (after the chat template and the BOS token).
-    pub prompt_tokens: Vec<u32>,
-    /// The seed used (drawn at random where the request gave none).
     pub seed: u64,
-    /// Timings, counts and why generation ended ([`decode::StopReason`]).
     pub stats: Stats,
 }
 
@@ -218,7 +214,10 @@ impl Text {
     }
 
     fn prompt_ids(&self, req: &Request) -> Result<Vec<u32>> {
-        let text = if req.is_chat() { self.render(&req.conversation())? } else { req.prompt.clone() };
+        let text = match req.conversation() {
+            Some(msgs) => self.render(&msgs)?,
+            None => req.prompt.clone(),
+        };
         // Adds BOS only where the model wants one and the text (a rendered template) lacks it.
         self.tokenizer.encode(&text, true)
     }
@@ -230,6 +229,7 @@ pub struct EngineBuilder<'p> {
     gpu: GpuOptions,
     ctx: Option<usize>,
     weights: WeightFormat,
+    decode: DecodeOptions,
     progress: Option<Box<dyn FnMut(usize, usize) + 'p>>,
 }
 
@@ -257,6 +257,12 @@ impl<'p> EngineBuilder<'p> {
     /// The type linear weights take on the GPU (default: the checkpoint's own).
     pub fn weights(mut self, format: WeightFormat) -> Self {
         self.weights = format;
+        self
+    }
+    /// How the decode loop runs (submissions in flight, steps a submission; default
+    /// [`DecodeOptions::default`]).
+    pub fn decode_options(mut self, opts: DecodeOptions) -> Self {
+        self.decode = opts;
         self
     }
     /// Called with (groups done, groups in all) as the weights upload.
@@ -319,7 +325,7 @@ impl<'p> Opened<'p> {
             None => &mut none,
         };
         let model = Model::load_with(gpu, &self.ck, b.ctx, b.weights, progress)?;
-        Ok(Engine { model, text: self.text, device_sampler: None })
+        Ok(Engine { model, text: self.text, decode: b.decode, device_sampler: None })
     }
 }
 
@@ -327,6 +333,7 @@ impl<'p> Opened<'p> {
 pub struct Engine {
     model: Model,
     text: Text,
+    decode: DecodeOptions,
     /// Made at the first generation that samples on the device, kept for the next.
     device_sampler: Option<DeviceSampler>,
 }
@@ -345,6 +352,7 @@ impl Engine {
             gpu: GpuOptions::default(),
             ctx: None,
             weights: WeightFormat::Native,
+            decode: DecodeOptions::default(),
             progress: None,
         }
     }
@@ -395,13 +403,13 @@ impl Engine {
                 }
                 Ok(true)
             },
-            req.decode,
+            self.decode,
         )?;
         if let Some(rest) = stream.finish()? {
             text.push_str(&rest);
             on_piece(&rest)?;
         }
-        Ok(Generation { text, tokens, prompt_tokens, seed: params.seed, stats })
+        Ok(Generation { text, tokens, seed: params.seed, stats })
     }
 
     /// The prompt tokens `req` gives: its text, or its conversation through the chat template.
@@ -437,6 +445,10 @@ impl Engine {
     pub fn has_chat_template(&self) -> bool {
         self.text.template.is_some()
     }
+    /// How the decode loop runs ([`EngineBuilder::decode_options`]).
+    pub fn set_decode_options(&mut self, opts: DecodeOptions) {
+        self.decode = opts;
+    }
     /// The context length: prompt plus generated tokens at most.
     pub fn max_ctx(&self) -> usize {
         self.model.max_ctx
@@ -451,65 +463,52 @@ pub struct Generate<'e> {
     req: Request,
 }
 
+/// Builder methods that set one field of the request each.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($ty:ty) => $($field:ident).+;)*) => {
+        $($(#[$doc])* pub fn $name(mut self, value: $ty) -> Self {
+            self.req.$($field).+ = value;
+            self
+        })*
+    };
+}
+
 impl Generate<'_> {
-    /// Wrap the prompt as a user message in the model's chat template.
+    setters! {
+        /// Generated tokens at most (default 256).
+        max_tokens(usize) => max_tokens;
+        /// 0 = greedy (default 0.8).
+        temperature(f32) => sampling.temperature;
+        /// 0 = off (default 40).
+        top_k(u32) => sampling.top_k;
+        /// 1 = off (default 0.95).
+        top_p(f32) => sampling.top_p;
+        /// 0 = off (default 0.05).
+        min_p(f32) => sampling.min_p;
+        /// All sampling parameters at once.
+        sampling(Sampling) => sampling;
+        /// Where sampling runs (default: the device).
+        sampler(SamplerChoice) => sampler;
+    }
+    /// Wrap the prompt as a user message in the model's chat template (false: plain text, and
+    /// any system message or earlier turns dropped).
     pub fn chat(mut self, on: bool) -> Self {
-        self.req.chat = on;
+        self.req.chat = on.then(|| self.req.chat.take().unwrap_or_default());
         self
     }
     /// A system message (implies chat).
     pub fn system(mut self, text: impl Into<String>) -> Self {
-        self.req.system = Some(text.into());
+        self.req.chat.get_or_insert_with(Chat::default).system = Some(text.into());
         self
     }
     /// Earlier turns, before the prompt (implies chat).
     pub fn messages(mut self, messages: &[Message]) -> Self {
-        self.req.messages = messages.to_vec();
-        self
-    }
-    /// Generated tokens at most (default 256).
-    pub fn max_tokens(mut self, n: usize) -> Self {
-        self.req.max_tokens = n;
-        self
-    }
-    /// 0 = greedy (default 0.8).
-    pub fn temperature(mut self, t: f32) -> Self {
-        self.req.sampling.temperature = t;
-        self
-    }
-    /// 0 = off (default 40).
-    pub fn top_k(mut self, k: u32) -> Self {
-        self.req.sampling.top_k = k;
-        self
-    }
-    /// 1 = off (default 0.95).
-    pub fn top_p(mut self, p: f32) -> Self {
-        self.req.sampling.top_p = p;
-        self
-    }
-    /// 0 = off (default 0.05).
-    pub fn min_p(mut self, p: f32) -> Self {
-        self.req.sampling.min_p = p;
+        self.req.chat.get_or_insert_with(Chat::default).messages = messages.to_vec();
         self
     }
     /// The RNG seed (default: a random one, reported in [`Generation::seed`]).
     pub fn seed(mut self, seed: u64) -> Self {
         self.req.sampling.seed = Some(seed);
-        self
-    }
-    /// All sampling parameters at once.
-    pub fn sampling(mut self, sampling: Sampling) -> Self {
-        self.req.sampling = sampling;
-        self
-    }
-    /// Where sampling runs (default: the device).
-    pub fn sampler(mut self, sampler: SamplerChoice) -> Self {
-        self.req.sampler = sampler;
-        self
-    }
-    /// How the decode loop runs (submissions in flight, steps a submission).
-    pub fn decode_options(mut self, opts: DecodeOptions) -> Self {
-        self.req.decode = opts;
         self
     }
     /// The request as configured so far.

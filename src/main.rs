@@ -9,7 +9,7 @@ use wgpu_llm::decode::batch::{BatchEngine, BatchOptions, Event, Request};
 use wgpu_llm::decode::{
     generate_with, DecodeOptions, Stats, StepTiming, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT, DEFAULT_SUBMISSIONS,
 };
-use wgpu_llm::engine::{Engine, SamplerChoice, Sampling};
+use wgpu_llm::engine::{Chat, Engine, SamplerChoice, Sampling};
 use wgpu_llm::gpu::{list_adapters, BackendChoice, Gpu, GpuOptions};
 use wgpu_llm::loader::{Checkpoint, DType};
 use wgpu_llm::model::{Model, WeightFormat};
@@ -369,18 +369,19 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     let params = a.sampling.params()?;
     let req = wgpu_llm::engine::Request {
         prompt,
-        chat: a.chat,
-        system: if a.chat { a.system.clone() } else { None },
+        chat: a.chat.then(|| Chat { system: a.system.clone(), messages: vec![] }),
         max_tokens: a.max_tokens,
         sampling: Sampling::from(params),
         sampler: a.sampling.sampler,
-        decode: a.sampling.decode()?,
-        ..Default::default()
     };
     // The checkpoint, its tokenizer and the prompt are checked before the GPU is touched: bad
     // input gets its error at once, on any machine.
     let t_load = std::time::Instant::now();
-    let opened = Engine::builder(&a.model).ctx(a.ctx).weights(a.gpu.weight_format()).open()?;
+    let opened = Engine::builder(&a.model)
+        .ctx(a.ctx)
+        .weights(a.gpu.weight_format())
+        .decode_options(a.sampling.decode()?)
+        .open()?;
     opened.prompt_ids(&req)?;
     let arch = opened.checkpoint().config.arch.name();
     let gpu = a.gpu.open()?;

@@ -9,7 +9,7 @@ mod common;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use wgpu_llm::chat::{apply_chat_template, Message};
 use wgpu_llm::decode::{generate_with, DecodeOptions, StopReason};
-use wgpu_llm::engine::{Request, SamplerChoice, Sampling};
+use wgpu_llm::engine::{Chat, Request, SamplerChoice, Sampling};
 use wgpu_llm::loader::Checkpoint;
 use wgpu_llm::sampling::{DeviceSampler, SamplingParams};
 use wgpu_llm::tokenizer::Tokenizer;
@@ -50,7 +50,8 @@ fn greedy_chat_answer_is_the_cli_answer() {
     )
     .unwrap();
     let ids = tok.encode(&text, true).unwrap();
-    assert_eq!(answer.prompt_tokens, ids);
+    assert_eq!(engine.prompt_ids(&Request { chat: Some(Chat::default()), ..Request::new(QUESTION) }).unwrap(), ids);
+    assert_eq!(answer.stats.prompt_tokens, ids.len());
     let mut sampler = DeviceSampler::new(engine.gpu()).unwrap();
     let mut tokens = Vec::new();
     let eos = ck.config.eos_token_ids.clone();
@@ -95,10 +96,11 @@ fn streamed_pieces_make_the_text() {
     let kept: Vec<u32> = answer.tokens.iter().copied().filter(|t| !stop.contains(t)).collect();
     assert_eq!(engine.tokenizer().decode_skip_special(&kept).unwrap(), answer.text);
     // The system message went through the template.
-    let req = Request { system: Some("You are a storyteller.".into()), ..Request::new("Tell me a story about a cat.") };
-    assert!(req.is_chat());
-    assert_eq!(engine.prompt_ids(&req).unwrap(), answer.prompt_tokens);
-    assert!(engine.tokenizer().decode(&answer.prompt_tokens).unwrap().contains("You are a storyteller."));
+    let chat = Chat { system: Some("You are a storyteller.".into()), messages: vec![] };
+    let req = Request { chat: Some(chat), ..Request::new("Tell me a story about a cat.") };
+    let prompt = engine.prompt_ids(&req).unwrap();
+    assert_eq!(prompt.len(), answer.stats.prompt_tokens);
+    assert!(engine.tokenizer().decode(&prompt).unwrap().contains("You are a storyteller."));
 
     // Returning false stops: the pieces so far are the text.
     let mut first = Vec::new();
@@ -138,15 +140,13 @@ fn seeded_sampling_repeats() {
     assert_eq!(c.tokens, d.tokens);
     let e = run(None);
     assert_ne!(c.seed, e.seed, "two random seeds");
-    // The same request through Engine::run and the host sampler: a greedy answer is the same.
+    // A request through Engine::run and the host sampler: the greedy answer.
     let req = Request {
         prompt: QUESTION.into(),
-        chat: true,
+        chat: Some(Chat::default()),
         max_tokens: 8,
         sampling: Sampling::greedy(),
         sampler: SamplerChoice::Host,
-        decode: DecodeOptions::depth(0),
-        ..Default::default()
     };
     let host = engine.run(&req, &mut |_| Ok(true)).unwrap();
     assert!(host.text.starts_with("The answer is"), "{}", host.text);
@@ -199,7 +199,7 @@ fn bad_input_is_an_error() {
     assert!(m.contains("context length 100000"), "{m}");
     // Chat with a model that ships no template (Gemma 3 270m's GGUF), refused before a GPU is used.
     let opened = Engine::builder(common::model("gemma3")).open().unwrap();
-    let e = opened.prompt_ids(&Request { chat: true, ..Request::new("hi") }).expect_err("no template");
+    let e = opened.prompt_ids(&Request { chat: Some(Chat::default()), ..Request::new("hi") }).expect_err("no template");
     assert!(matches!(e, Error::Template(_)), "{e:?}");
     let m = message(e);
     assert!(m.contains("no chat template"), "{m}");
