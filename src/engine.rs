@@ -207,9 +207,7 @@ impl Text {
         match &self.template {
             Some(Ok(t)) => t.render(messages, true),
             Some(Err(m)) => Err(Error::Template(m.clone())),
-            None => Err(Error::Template(
-                "this model ships no chat template; send the prompt as plain text (run without --chat)".into(),
-            )),
+            None => Err(crate::chat::no_template_error()),
         }
     }
 
