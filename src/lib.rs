@@ -10,19 +10,27 @@
 //! - [`sampling`]: the [`sampling::SamplingBackend`] trait with its host and device implementations.
 //! - [`tokenizer`], [`chat`]: text in and out.
 //! - [`decode`]: the decode loops, one sequence ([`decode::generate`]) or many ([`decode::batch`]).
-//! - [`serve`]: the OpenAI-compatible HTTP server over the batching engine.
+//! - [`engine`]: what a program embedding the engine starts from: [`Engine::load`] (model,
+//!   tokenizer, chat template and stop tokens in one call), then [`Engine::generate`]'s builder,
+//!   streaming text as it comes.
+//! - `serve` (feature `serve`, on by default): the OpenAI-compatible HTTP server over the
+//!   batching engine, on tokio and axum. A library user who needs neither the server nor the
+//!   command line builds with `default-features = false` and compiles neither tokio, axum nor clap.
 
 pub mod chat;
 pub mod decode;
 pub mod dtype;
+pub mod engine;
 pub mod error;
 pub mod gpu;
 pub mod loader;
 pub mod model;
 pub mod ops;
 pub mod sampling;
+#[cfg(feature = "serve")]
 pub mod serve;
 pub mod tokenizer;
 pub mod weights;
 
+pub use engine::{Engine, Generation};
 pub use error::{Error, Result};

@@ -5,16 +5,15 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use wgpu_llm::chat::{apply_chat_template, Message};
 use wgpu_llm::decode::batch::{BatchEngine, BatchOptions, Event, Request};
 use wgpu_llm::decode::{
     generate_with, DecodeOptions, Stats, StepTiming, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT, DEFAULT_SUBMISSIONS,
 };
+use wgpu_llm::engine::{Chat, Engine, SamplerChoice, Sampling};
 use wgpu_llm::gpu::{list_adapters, BackendChoice, Gpu, GpuOptions};
 use wgpu_llm::loader::{Checkpoint, DType};
 use wgpu_llm::model::{Model, WeightFormat};
-use wgpu_llm::sampling::{random_seed, DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
-use wgpu_llm::tokenizer::{StreamDecoder, Tokenizer};
+use wgpu_llm::sampling::{SamplingBackend, SamplingParams};
 
 #[derive(Parser)]
 #[command(name = "wgpu-llm", version, about = "LLM inference in WGSL compute shaders through wgpu")]
@@ -34,6 +33,7 @@ enum Cmd {
     },
     /// Measure prefill and decode throughput.
     Bench(BenchArgs),
+    #[cfg(feature = "serve")]
     /// Serve the model over HTTP with the OpenAI API (chat and text completions, streamed or
     /// not), many requests decoded together.
     Serve(ServeArgs),
@@ -85,23 +85,19 @@ impl GpuArgs {
         }
     }
 
-    fn open(&self) -> Result<Gpu> {
-        Ok(Gpu::new(&GpuOptions {
+    fn options(&self) -> GpuOptions {
+        GpuOptions {
             backend: self.backend,
             adapter: self.adapter,
             disable_f16: self.no_f16,
             disable_subgroups: self.no_subgroups,
             disable_coop: self.no_coop,
-        })?)
+        }
     }
-}
 
-#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
-enum SamplerChoice {
-    /// WGSL sampling head: logits never leave the GPU.
-    Device,
-    /// Read logits back and sample on the CPU (reference).
-    Host,
+    fn open(&self) -> Result<Gpu> {
+        Ok(Gpu::new(&self.options())?)
+    }
 }
 
 #[derive(Args, Clone, Copy)]
@@ -136,16 +132,16 @@ struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// The parameters, a random seed where none was given, every range checked.
     fn params(&self) -> Result<SamplingParams> {
-        let p = SamplingParams {
+        let s = Sampling {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
-            seed: self.seed.unwrap_or_else(random_seed),
+            seed: self.seed,
         };
-        p.validate()?;
-        Ok(p)
+        Ok(s.resolve()?)
     }
     fn decode(&self) -> Result<DecodeOptions> {
         let depth = self.pipeline.unwrap_or(DEFAULT_SUBMISSIONS);
@@ -243,6 +239,7 @@ struct BenchArgs {
     gpu: GpuArgs,
 }
 
+#[cfg(feature = "serve")]
 #[derive(Args)]
 struct ServeArgs {
     /// A GGUF file or a Hugging Face folder.
@@ -302,6 +299,7 @@ fn main() -> ExitCode {
         Cmd::Devices { backend } => devices(backend),
         Cmd::Generate(a) => run_generate(a),
         Cmd::Bench(a) => run_bench(a),
+        #[cfg(feature = "serve")]
         Cmd::Serve(a) => run_serve(a),
     };
     match r {
@@ -325,30 +323,36 @@ fn devices(backend: BackendChoice) -> Result<()> {
 }
 
 fn sampler(choice: SamplerChoice, gpu: &Gpu) -> Result<Box<dyn SamplingBackend + Send>> {
-    Ok(match choice {
-        SamplerChoice::Host => Box::new(HostSampler),
-        SamplerChoice::Device => Box::new(DeviceSampler::new(gpu)?),
-    })
+    Ok(choice.backend(gpu)?)
+}
+
+/// A progress bar on stderr for loading `ck` onto `gpu` (hidden when `quiet`).
+fn load_bar(ck: &Checkpoint, gpu: &Gpu, quiet: bool) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let b = indicatif::ProgressBar::new(1);
+    b.set_style(
+        indicatif::ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors groups ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    b.set_message(format!("{} on {}", ck.config.arch.name(), gpu.info.name));
+    b
+}
+
+/// The progress callback that moves `bar`.
+fn progress(bar: &indicatif::ProgressBar) -> impl FnMut(usize, usize) + '_ {
+    |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    }
 }
 
 /// Uploads a checkpoint's weights with a progress bar on stderr.
 fn load(ck: &Checkpoint, gpu: &Gpu, ctx: Option<usize>, format: WeightFormat, quiet: bool) -> Result<Model> {
-    let bar = if quiet {
-        indicatif::ProgressBar::hidden()
-    } else {
-        let b = indicatif::ProgressBar::new(1);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors groups ({elapsed})")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        b.set_message(format!("{} on {}", ck.config.arch.name(), gpu.info.name));
-        b
-    };
-    let model = Model::load_with(gpu, ck, ctx, format, &mut |done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-    })?;
+    let bar = load_bar(ck, gpu, quiet);
+    let model = Model::load_with(gpu, ck, ctx, format, &mut progress(&bar))?;
     bar.finish_and_clear();
     Ok(model)
 }
@@ -363,74 +367,56 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         }
     };
     let params = a.sampling.params()?;
-    let opts = a.sampling.decode()?;
+    let req = wgpu_llm::engine::Request {
+        prompt,
+        chat: a.chat.then(|| Chat { system: a.system.clone(), messages: vec![] }),
+        max_tokens: a.max_tokens,
+        sampling: Sampling::from(params),
+        sampler: a.sampling.sampler,
+    };
     // The checkpoint, its tokenizer and the prompt are checked before the GPU is touched: bad
     // input gets its error at once, on any machine.
     let t_load = std::time::Instant::now();
-    let ck = Checkpoint::open(&a.model)?;
-    let tok = Tokenizer::from_source(&ck.tokenizer, ck.config.add_bos, ck.config.bos_token_id)?;
-    let text = if a.chat {
-        let template = ck.chat_template.as_deref().context("this model ships no chat template; run without --chat")?;
-        let mut msgs = Vec::new();
-        if let Some(s) = &a.system {
-            msgs.push(Message::new("system", s));
-        }
-        msgs.push(Message::new("user", &prompt));
-        apply_chat_template(template, &msgs, true, ck.bos_token.as_deref(), ck.eos_token.as_deref())?
-    } else {
-        prompt
-    };
-    // encode adds BOS only where the model wants one and the text (a rendered template) lacks it.
-    let ids = tok.encode(&text, true)?;
+    let opened = Engine::builder(&a.model)
+        .ctx(a.ctx)
+        .weights(a.gpu.weight_format())
+        .decode_options(a.sampling.decode()?)
+        .open()?;
+    opened.prompt_ids(&req)?;
+    let arch = opened.checkpoint().config.arch.name();
     let gpu = a.gpu.open()?;
-    let mut model = load(&ck, &gpu, a.ctx, a.gpu.weight_format(), a.quiet)?;
+    let bar = load_bar(opened.checkpoint(), &gpu, a.quiet);
+    let mut engine = opened.progress(progress(&bar)).load_on(&gpu)?;
+    bar.finish_and_clear();
     if a.sampling.seed.is_none() && !params.is_greedy() {
         eprintln!("seed: {}", params.seed);
     }
     let load_s = t_load.elapsed().as_secs_f64();
-    let mut sampler = sampler(a.sampling.sampler, &gpu)?;
-    let mut stream = StreamDecoder::new(&tok);
     let mut out = std::io::stdout().lock();
-    let eos = ck.config.eos_token_ids.clone();
     // A closed pipe (`| head`) ends generation quietly; any other write error (a full disk) is an
     // error.
-    let closed = std::cell::Cell::new(false);
-    let emit = |out: &mut std::io::StdoutLock, text: &str| -> wgpu_llm::Result<bool> {
+    let mut closed = false;
+    let mut emit = |text: &str| -> wgpu_llm::Result<bool> {
+        if closed {
+            return Ok(false);
+        }
         match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                closed.set(true);
+                closed = true;
                 Ok(false)
             }
             Err(e) => Err(wgpu_llm::Error::io("standard output", e)),
         }
     };
-    let stats = generate_with(
-        &mut model,
-        sampler.as_mut(),
-        &ids,
-        a.max_tokens,
-        &params,
-        &eos,
-        &mut |t| {
-            if !eos.contains(&t) {
-                if let Some(piece) = stream.push(t)? {
-                    return emit(&mut out, &piece);
-                }
-            }
-            Ok(true)
-        },
-        opts,
-    )?;
-    let rest = stream.finish()?.unwrap_or_default();
-    if !closed.get() {
-        emit(&mut out, &format!("{rest}\n"))?;
-    }
+    let stats = engine.run(&req, &mut emit)?.stats;
+    emit("\n")?;
     if !a.quiet {
+        let model = engine.model();
         eprintln!(
             "[{} on {} | load {:.2}s, weights {:.0} MB ({}) | prompt {} tokens, prefill {:.1} tok/s | generated {} tokens, decode {:.1} tok/s | sampler {:?} | stop: {:?}]",
-            ck.config.arch.name(),
-            gpu.info.name,
+            arch,
+            model.gpu.info.name,
             load_s,
             model.weights.bytes as f64 / 1e6,
             model.weights.summary(),
@@ -445,8 +431,10 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "serve")]
 fn run_serve(a: ServeArgs) -> Result<()> {
     use wgpu_llm::serve::{worker::Worker, ServerState};
+    use wgpu_llm::tokenizer::Tokenizer;
     if a.sampling.seed.is_some() {
         anyhow::bail!("serve takes no --seed: each request has its own (`seed`), or a random one");
     }
@@ -515,6 +503,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
 }
 
 /// Ctrl-C, or SIGTERM on Unix.
+#[cfg(feature = "serve")]
 async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 
 /// Which graphics API to run on.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum BackendChoice {
     /// Vulkan or Metal, whichever the platform has. Never GL: probing it starts EGL (Mesa then
     /// prints `XDG_RUNTIME_DIR is invalid` on a headless machine) and its shader compiler can
