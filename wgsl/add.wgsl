@@ -1,5 +1,6 @@
 // add: x += y, elementwise over n f32 values (the residual add).
 // Grid: 1-D over ceil(n / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/elementwise.rs add
 #define WG 256
 
 struct Params {

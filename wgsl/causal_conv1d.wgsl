@@ -11,6 +11,7 @@
 // Grid: one thread per channel, ceil(C / WG) workgroups, 2-D folded (gpu/kernel.rs); each thread
 // walks the pass's tokens with the window in registers, so the state slot it reads and the one it
 // writes (possibly the same) are its own. Macros: K (taps, <= 8), WG.
+// Rust: src/ops/deltanet.rs causal_conv1d
 #define WG 64
 #define K 4
 

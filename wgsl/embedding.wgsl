@@ -3,6 +3,7 @@
 // untouched (another chunk's dispatch writes them; an id >= vocab is written by none).
 // The table is f16 stored packed two per u32 (element 2i in the low half), any column count.
 // Grid: 1-D over ceil(n_tokens * cols / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/embedding.rs embedding
 #define WG 256
 
 struct Params {

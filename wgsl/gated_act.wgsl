@@ -4,6 +4,7 @@
 //   layout of a GLU projection's weight: src/ops/matmul/mod.rs `LinearOpts::glu`)
 // act: include/activation.wgsl (SiLU, or GELU-tanh with the macro GELU_TANH), NaN-free.
 // Grid: 1-D over ceil(n_tokens * F / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/elementwise.rs gated_act_in
 #define WG 256
 #include "activation"
 

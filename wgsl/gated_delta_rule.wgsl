@@ -18,6 +18,7 @@
 // a decode step spreads the state over many workgroups. The column sums S^T k and S^T q add the RG
 // row groups' partial sums in workgroup memory. Macros: DK, DV, CB (columns per workgroup, divides
 // DV), RG (row groups), ROWS (= ceil(DK / RG)).
+// Rust: src/ops/deltanet.rs gated_delta_rule, record_delta
 #define DK 16
 #define DV 16
 #define CB 16

@@ -37,6 +37,7 @@
 //
 // Macros: DK, DV, CB (columns per workgroup, divides DV), RG (row groups), ROWS (= ceil(DK / RG)),
 // C (tokens per chunk); flag KV_TILED (k head h % Hk, llama.cpp's order; else h / (Hv / Hk)).
+// Rust: src/ops/deltanet.rs gated_delta_rule, record_delta
 #define DK 16
 #define DV 16
 #define CB 16

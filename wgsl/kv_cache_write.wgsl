@@ -4,6 +4,7 @@
 // f32 -> f16 is done in integer arithmetic with round-to-nearest-even (as torch's .half()), so the
 // stored bits are the same on every device (drivers may round pack2x16float either way).
 // Grid: ceil(T * Hkv * D/2 / WG) workgroups, 2-D folded (gpu/kernel.rs).
+// Rust: src/ops/attention.rs kv_cache_write
 #define WG 256
 
 // BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.

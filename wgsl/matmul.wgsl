@@ -20,6 +20,7 @@
 // 16.5 KiB for TILE 8, BK 16 (128×128 tile).
 // Grid: (ceil(N / BN), ceil(T / BM)).
 // TILE is 4 or 8 (with the flag TILE8 set for 8).
+// Rust: src/ops/matmul/mod.rs matmul
 #define TILE 4
 #define BK 32
 

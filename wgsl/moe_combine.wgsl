@@ -6,6 +6,7 @@
 // strided column of another buffer (e.g. the router's logits, whose column E holds it: a view
 // there would break the 256-byte storage offset alignment). Sums in f32, in the order written.
 // One thread per element of x; grid 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/moe.rs moe_combine
 #define WG 256
 
 struct Params {

@@ -21,6 +21,7 @@
 //   from workgroup memory (double-buffered by round, so one barrier a round; subgroups are
 //   contiguous runs of local_invocation_index, their size divides WG); without, a tree through
 //   workgroup memory. Thread j < k keeps round j's winner.
+// Rust: src/ops/moe.rs router
 #define WG 256
 
 struct Params {

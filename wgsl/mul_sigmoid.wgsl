@@ -2,6 +2,7 @@
 // `attn_output * torch.sigmoid(gate)` before o_proj). sigmoid as 1 / (1 + exp(-g)): exp overflows
 // to +inf for g < -88, giving exactly 0, never NaN.
 // Grid: 1-D over ceil(n / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/elementwise.rs mul_sigmoid
 #define WG 256
 
 struct Params {

@@ -5,6 +5,7 @@
 // gate projection fills the first half, and the next projection reads the row as a gated input
 // (act(gate) * input). Layer slots start at multiples of 64 floats (storage view alignment).
 // Grid: 1-D over ceil(T * L * P / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/embedding.rs per_layer_inputs
 #define WG 256
 
 struct Params {

@@ -22,6 +22,7 @@
 // elements held in registers, RV vec4 a thread. Sum of squares: per-thread partial sums, then a
 // workgroup reduction (subgroupAdd per subgroup + shared memory under SUBGROUP, a shared-memory
 // tree otherwise).
+// Rust: src/ops/norm.rs rms_norm_with, rms_norm_in_place
 #define WG 256
 #define RV 1
 // STAGE: the binding number of xs (6 with NEXT, else 4).

@@ -3,6 +3,7 @@
 // (w plain, not 1 + w). z is read from its columns of the in_proj output (row stride ld_z).
 // Grid: one workgroup per (token, head), T * H workgroups, 2-D folded (gpu/kernel.rs); rows
 // t >= step.n_tokens are skipped. Macros: WG (threads, a power of two).
+// Rust: src/ops/deltanet.rs rms_norm_gated
 #define WG 64
 
 // BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.

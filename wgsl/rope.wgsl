@@ -22,6 +22,7 @@
 // rows t >= step.n_tokens are skipped. Macros: D (head dim, even), ROT (rotated dims, even, <= D),
 // WG (threads); with KV_WRITE,
 // KC and VC (binding numbers of the caches).
+// Rust: src/ops/rope.rs record
 #define WG 64
 // Defaults for validation; src/ops/rope.rs sets them.
 #define D 64

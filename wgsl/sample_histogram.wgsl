@@ -15,6 +15,7 @@
 // Slots inside a bucket come from atomics, so their order varies between runs; every consumer
 // is order-independent (integer sums, lowest-index tie-breaks), so the tokens do not.
 // Grid: rows * groups workgroups, 2-D folded (see gpu/kernel.rs), as in sample_stats.
+// Rust: src/sampling/device.rs pipelines_for, bind
 #include "sample_common"
 #include "sample_reduce"
 #include "philox"

@@ -7,6 +7,7 @@
 // Also zeroes the row's global bin histogram for sample_histogram (sampling rows).
 // Grid: rows * groups workgroups, 2-D folded (see gpu/kernel.rs); workgroup w is chunk
 // w % groups of row w / groups; each thread reads 4 consecutive logits.
+// Rust: src/sampling/device.rs pipelines_for, bind
 #include "sample_common"
 #include "sample_reduce"
 
