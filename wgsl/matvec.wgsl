@@ -140,12 +140,8 @@ fn dot4(u0: WF, u1: WF, u2: WF, u3: WF, row: u32, o: u32) -> vec4<f32> {
 
 #include "linear_store"
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-#ifdef SUBGROUP
-        @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32,
-#endif
-        @builtin(local_invocation_index) lid: u32) {
+// Entry point (opened by the include: wid, nwg, lid; sg_size, sg_lane with SUBGROUP):
+#include "entry_subgroup"
     let wg = wid.x + wid.y * nwg.x;
     let grp = lid / {{TPR}}u;
     let lane = lid % {{TPR}}u;

@@ -324,12 +324,8 @@ fn dot4(r0: QRaw, r1: QRaw, r2: QRaw, r3: QRaw, u: u32, xr: u32) -> vec4<f32> {
 
 #include "linear_store"
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-#ifdef SUBGROUP
-        @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32,
-#endif
-        @builtin(local_invocation_index) lid: u32) {
+// Entry point (opened by the include: wid, nwg, lid; sg_size, sg_lane with SUBGROUP):
+#include "entry_subgroup"
     // Q4_K and Q5_K read only the 16-byte view: a (never taken) use keeps the word view in the
     // bind group layout for every type (p.n > 0).
     if (p.n == 0u) {

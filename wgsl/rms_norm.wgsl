@@ -246,12 +246,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
 #ifdef NEXT
-    let total2 = row_sum(s2, lid
-#ifdef SUBGROUP
-        , sg_lane, sg_id, sg_count
-#endif
-        );
-    let scale2 = inverseSqrt(total2 / f32(n) + p.eps);
+#include "rms_norm_next_scale"
     for (var j = 0u; j < {{RV}}u; j++) {
         let i = 4u * (lid + j * {{WG}}u);
         let v2 = xv[j] * scale2 * w2v[j];
@@ -328,12 +323,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 #ifdef NEXT
     // The updated row, normalized: each thread rereads the elements it wrote.
-    let total2 = row_sum(s2, lid
-#ifdef SUBGROUP
-        , sg_lane, sg_id, sg_count
-#endif
-        );
-    let scale2 = inverseSqrt(total2 / f32(n) + p.eps);
+#include "rms_norm_next_scale"
     let step = select(1u, 4u, quad);
     for (var i0 = step * lid; i0 < n; i0 += step * {{WG}}u) {
         for (var j = 0u; j < step; j++) {
