@@ -91,14 +91,6 @@ fn x_at(row: u32, i: u32, half: u32) -> XVec {
     return x[row + i];
 }
 #else
-fn li_x(i: u32) -> vec4<f32> {
-    return x[i];
-}
-#ifdef NORM
-fn li_g(i: u32) -> vec4<f32> {
-    return g[i];
-}
-#endif
 #include "linear_input"
 fn x_at(row: u32, i: u32, half: u32) -> XVec {
     return li_load(row, i, half);

@@ -146,15 +146,6 @@ fn q_planes() -> vec2<u32> {
 #include "quant_views"
 #endif
 
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;    // (T, K)
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
-@group(0) @binding(4) var<uniform> p: Params;
-#ifdef BIAS
-@group(0) @binding(5) var<storage, read> bias: array<f32>;       // (N)
-#endif
-#ifdef NORM
-@group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
-#endif
 #ifdef EXPERTS
 @group(0) @binding({{EB}}) var<storage, read> ids: array<u32>;   // (slots) the expert of each slot
 #endif
@@ -166,14 +157,6 @@ fn q_planes() -> vec2<u32> {
 // token's row start (vec4), set before each token's dot products.
 var<private> q_row: u32;
 
-fn li_x(i: u32) -> vec4<f32> {
-    return x[i];
-}
-#ifdef NORM
-fn li_g(i: u32) -> vec4<f32> {
-    return g[i];
-}
-#endif
 #include "linear_input"
 
 fn qx4(i: u32) -> vec4<f32> {
