@@ -17,7 +17,10 @@ fn collect(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("wgsl");
+    // The manifest folder of this build, read when the script runs: `env!` would bake in the folder where the
+    // script was first compiled, and a build script is reused across checkouts that share a target folder
+    // (worktrees, a moved checkout), which then embedded another tree's shaders.
+    let root = Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap()).join("wgsl");
     println!("cargo:rerun-if-changed={}", root.display());
     let mut files = Vec::new();
     collect(&root, &root, &mut files);

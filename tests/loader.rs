@@ -1306,21 +1306,8 @@ fn messages_are_short_single_lines() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Real checkpoints (fetched by tools/fetch-model.sh into $WGPU_LLM_MODELS)
+// Real checkpoints (fetched by tools/fetch-model.sh into $WGPU_LLM_MODELS on first use)
 // ---------------------------------------------------------------------------------------------
-
-fn real_model(rel: &str) -> Option<PathBuf> {
-    let Some(dir) = std::env::var_os("WGPU_LLM_MODELS") else {
-        eprintln!("skipping: WGPU_LLM_MODELS is not set");
-        return None;
-    };
-    let p = PathBuf::from(dir).join(rel);
-    if !p.is_file() {
-        eprintln!("skipping: {} is missing (tools/fetch-model.sh fetches it)", p.display());
-        return None;
-    }
-    Some(p)
-}
 
 fn finite_sample(ck: &Checkpoint, name: &str, dtype: DType) {
     let v = ck.raw(name).unwrap();
@@ -1334,9 +1321,7 @@ fn finite_sample(ck: &Checkpoint, name: &str, dtype: DType) {
 
 #[test]
 fn real_smollm2() {
-    let Some(path) = real_model("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") else {
-        return;
-    };
+    let path = common::model("smollm2");
     let ck = Checkpoint::open(&path).unwrap();
     let c = &ck.config;
     assert_eq!(c.arch, Arch::Llama);
@@ -1357,9 +1342,7 @@ fn real_smollm2() {
 
 #[test]
 fn real_gemma3() {
-    let Some(path) = real_model("gemma3/gemma-3-270m-q4_k_m.gguf") else {
-        return;
-    };
+    let path = common::model("gemma3");
     let ck = Checkpoint::open(&path).unwrap();
     let c = &ck.config;
     assert_eq!(c.arch, Arch::Gemma3);
@@ -1383,9 +1366,7 @@ fn real_gemma3() {
 
 #[test]
 fn real_qwen05() {
-    let Some(path) = real_model("qwen05/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
-        return;
-    };
+    let path = common::model("qwen05");
     let ck = Checkpoint::open(&path).unwrap();
     let c = &ck.config;
     assert_eq!(c.arch, Arch::Qwen2);

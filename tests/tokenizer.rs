@@ -1,11 +1,13 @@
 //! Tokenizer and chat-template tests.
 //!
-//! - Real models (GGUF under `$WGPU_LLM_MODELS`, else `~/.cache/wgpu-llm/models`; each test skips
-//!   with a message when its file is missing): ids, decoded text, BOS handling and chat rendering
+//! - Real models (GGUF fetched by `tools/fetch-model.sh` on first use into `$WGPU_LLM_MODELS`, else
+//!   `~/.cache/wgpu-llm/models`; a test fails when its file cannot be fetched): ids, decoded text, BOS handling and chat rendering
 //!   against `tests/fixtures/tokenizer/{model}.json`, written by `tools/make_tokenizer_fixtures.py`
 //!   from Hugging Face transformers/tokenizers (and sentencepiece for Gemma).
 //! - Tiny hand-made vocabularies (no files): the byte-level and sentencepiece builders, and the
 //!   stream decoder.
+
+mod common;
 
 use std::path::PathBuf;
 use wgpu_llm::chat::{apply_chat_template, apply_model_chat_template, Message};
@@ -15,16 +17,6 @@ use wgpu_llm::Error;
 
 // ---------------------------------------------------------------------------------------------
 // Real models against fixtures
-
-fn models_dir() -> PathBuf {
-    match std::env::var_os("WGPU_LLM_MODELS") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-            home.join(".cache/wgpu-llm/models")
-        }
-    }
-}
 
 fn fixture(name: &str) -> serde_json::Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer").join(format!("{name}.json"));
@@ -62,11 +54,8 @@ fn load(path: &std::path::Path) -> Loaded {
 
 fn check_model(name: &str) {
     let fx = fixture(name);
-    let path = models_dir().join(fx["gguf"].as_str().unwrap());
-    if !path.exists() {
-        eprintln!("skipped: {} not found", path.display());
-        return;
-    }
+    let path = common::model(name);
+    assert!(path.ends_with(fx["gguf"].as_str().unwrap()), "{} is not the fixture's {}", path.display(), fx["gguf"]);
     let m = load(&path);
     let tok = &m.tokenizer;
     let mut failures = Vec::new();
