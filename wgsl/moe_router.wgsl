@@ -87,14 +87,10 @@ fn q_exp(x: f32) -> f32 {
 
 // Sum over the workgroup of v (every thread gets it; call from uniform control flow).
 fn wg_sum(v: f32, lid: u32) -> f32 {
-    red_v[lid] = v;
-    workgroupBarrier();
-    for (var h = {{WG}}u / 2u; h > 0u; h >>= 1u) {
-        if (lid < h) {
-            red_v[lid] += red_v[lid + h];
-        }
-        workgroupBarrier();
-    }
+#define TREE red_v
+#define TREE_V v
+#define TREE_H h
+#include "tree_sum"
     let s = red_v[0];
     workgroupBarrier();
     return s;

@@ -86,14 +86,10 @@ fn row_sum(s: f32, lid: u32
     }
     return total;
 #else
-    partial[lid] = s;
-    workgroupBarrier();
-    for (var stride = {{WG}}u / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            partial[lid] += partial[lid + stride];
-        }
-        workgroupBarrier();
-    }
+#define TREE partial
+#define TREE_V s
+#define TREE_H stride
+#include "tree_sum"
     return partial[0];
 #endif
 }

@@ -44,14 +44,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let v = x[base + i];
         ss += v * v;
     }
-    red[lid] = ss;
-    workgroupBarrier();
-    for (var s = {{WG}}u / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
+#define TREE red
+#define TREE_V ss
+#define TREE_H s
+#include "tree_sum"
     let r = inverseSqrt(red[0] / f32(p.dim) + p.eps);
     let zb = t * p.ld_z + p.z_col + h * p.dim;
     for (var i = lid; i < p.dim; i += {{WG}}u) {

@@ -63,14 +63,10 @@ var<workgroup> red: array<f32, {{WG}}>;
 // The sum over the workgroup of each thread's `v` (every thread gets it).
 fn workgroup_sum(lid: u32, v: f32) -> f32 {
     workgroupBarrier();
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = {{WG}}u / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
+#define TREE red
+#define TREE_V v
+#define TREE_H s
+#include "tree_sum"
     return red[0];
 }
 #ifdef KV_WRITE

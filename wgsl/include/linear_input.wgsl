@@ -69,14 +69,10 @@ fn li_norm_scales(rows: vec4<u32>, k4: u32, eps: f32, lid: u32, sg_size: u32, sg
         total += li_red[i];
     }
 #else
-    li_red[lid] = s;
-    workgroupBarrier();
-    for (var h = {{WG}}u / 2u; h > 0u; h >>= 1u) {
-        if (lid < h) {
-            li_red[lid] += li_red[lid + h];
-        }
-        workgroupBarrier();
-    }
+#define TREE li_red
+#define TREE_V s
+#define TREE_H h
+#include "tree_sum"
     let total = li_red[0];
 #endif
     workgroupBarrier();
