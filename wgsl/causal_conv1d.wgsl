@@ -33,9 +33,7 @@ struct Params {
 @group(0) @binding(4) var<uniform> step: Step;
 @group(0) @binding(5) var<uniform> p: Params;
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+#include "entry"
     let c = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
     if (c >= p.channels) {
         return;

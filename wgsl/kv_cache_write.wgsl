@@ -30,10 +30,7 @@ struct Params {
 
 #include "attention_f16"
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
+#include "entry_thread"
     let per_token = p.kv_heads * p.half_dim;
     let t = i / per_token;
     let r = i % per_token;

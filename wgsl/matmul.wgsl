@@ -32,12 +32,9 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;          // (N, K) f16 packed, K/2 words per row
-@group(0) @binding(1) var<storage, read> x: array<vec2<f32>>;    // (T, K)
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
-@group(0) @binding(3) var<uniform> p: Params;
-#ifdef BIAS
-@group(0) @binding(4) var<storage, read> bias: array<f32>;       // (N)
-#endif
+#define LIN_B 1
+#define LIN_X vec2<f32>
+#include "linear_bindings"
 
 const BM: u32 = 16u * {{TILE}}u;
 const BN: u32 = 16u * {{TILE}}u;

@@ -26,12 +26,9 @@
 #include "matmul_quant_params"
 
 @group(0) @binding(0) var<storage, read> ww: array<u32>;         // the planes
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;    // (T, K)
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
-@group(0) @binding(3) var<uniform> p: Params;
-#ifdef BIAS
-@group(0) @binding(4) var<storage, read> bias: array<f32>;       // (N)
-#endif
+#define LIN_B 1
+#define LIN_X vec4<f32>
+#include "linear_bindings"
 
 // quant.wgsl's accessors: q_run reads words only.
 

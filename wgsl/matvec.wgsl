@@ -72,12 +72,9 @@ const XPL: u32 = 1u;
 #endif
 
 @group(0) @binding(0) var<storage, read> w: array<WVec>;         // (N, K) f16 packed, K / (2·VEC) loads per row
-@group(0) @binding(1) var<storage, read> x: array<XVec>;         // (T, K)
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
-@group(0) @binding(3) var<uniform> p: Params;
-#ifdef BIAS
-@group(0) @binding(4) var<storage, read> bias: array<f32>;       // (N)
-#endif
+#define LIN_B 1
+#define LIN_X XVec
+#include "linear_bindings"
 #ifdef NORM
 @group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
 #endif

@@ -119,9 +119,7 @@ fn norm_scales(lid: u32) {
 var<workgroup> pair: array<f32, {{WG}}>;
 #endif
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+#include "entry"
     // Q4_K and Q5_K read only the 16-byte view: a (never taken) use keeps the word view in the
     // bind group layout for every type (p.n > 0).
     if (p.n == 0u) {

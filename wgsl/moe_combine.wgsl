@@ -29,10 +29,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read> gate: array<f32>;       // (T, gate_ld)
 #endif
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
+#include "entry_thread"
     if (i >= p.t * p.h) {
         return;
     }

@@ -29,9 +29,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> xs: array<u32>;        // (T, K / 32, 20)
 @group(0) @binding(2) var<uniform> p: Params;
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+#include "entry"
     // (STAGE8 only acts with SUBGROUP, which the host sets with it.)
 #ifdef SUBGROUP
 #ifdef STAGE8

@@ -29,9 +29,7 @@ struct Params {
 
 var<workgroup> red: array<f32, {{WG}}>;
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+#include "entry"
     let idx = wid.x + wid.y * nwg.x;
     let t = idx / p.heads;
     let h = idx % p.heads;

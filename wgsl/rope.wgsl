@@ -81,9 +81,7 @@ var<workgroup> row_v: array<f32, {{D}}>; // the value head as written to the cac
 
 #include "sincos"
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+#include "entry"
     let idx = wid.x + wid.y * nwg.x;
     let t = idx / p.heads;
     let head = idx % p.heads;

@@ -12,7 +12,9 @@
 //!   Names it uses but does not declare stay shared; it may not include other files itself;
 //! - `#ifdef X` / `#ifndef X` / `#else` / `#endif`: keep or drop lines by whether macro X is set;
 //! - `#define X value`: the default of X when the caller does not set it;
-//! - `{{X}}` anywhere in a line: replaced by X's value (an unset X is an error).
+//! - `{{X}}` anywhere in a line: replaced by X's value (an unset X is an error); `{{X+n}}`: by X's
+//!   value plus n, both integers (the consecutive bindings of an include, from its first: `{{B+1}}`).
+//!   With `#define`, a kernel passes an include its parameters: set before the `#include` line.
 //!
 //! Standard macros set by [`crate::gpu::Gpu::macros`]: `F16` (shader-f16 is enabled: the kernel
 //! may use `f16` arithmetic) and `SUBGROUP` (subgroup operations are enabled). Kernels must work
@@ -223,9 +225,20 @@ fn substitute(line: &str, defines: &BTreeMap<String, String>, out: &mut String) 
         out.push_str(&rest[..i]);
         let after = &rest[i + 2..];
         let j = after.find("}}").ok_or("unclosed {{")?;
-        let key = after[..j].trim();
+        // `{{X}}`, or `{{X+n}}`: X's value (an integer) plus n.
+        let (key, add) = match after[..j].split_once('+') {
+            Some((k, n)) => (k.trim(), Some(n.trim())),
+            None => (after[..j].trim(), None),
+        };
         let v = defines.get(key).ok_or_else(|| format!("macro {key} is not set"))?;
-        out.push_str(v);
+        match add {
+            None => out.push_str(v),
+            Some(n) => {
+                let sum = v.parse::<u64>().ok().zip(n.parse::<u64>().ok()).map(|(v, n)| v + n);
+                let sum = sum.ok_or_else(|| format!("{{{{{key}+{n}}}}}: {key} = {v:?} and {n:?} must be integers"))?;
+                out.push_str(&sum.to_string());
+            }
+        }
         rest = &after[j + 2..];
     }
     out.push_str(rest);
@@ -246,6 +259,20 @@ mod tests {
         let mut out = String::new();
         expand("t", src, &mut d, &caller, &mut vec![], &mut out).unwrap();
         assert_eq!(out, "a4\nnb\nm2\n");
+        let mut out = String::new();
+        expand(
+            "t",
+            "#define B 3\n@binding({{B}}) @binding({{B+1}}) @binding({{ B + 2 }})",
+            &mut d,
+            &caller,
+            &mut vec![],
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out, "@binding(3) @binding(4) @binding(5)\n");
+        // (not an integer; unset)
+        assert!(expand("t", "{{B+x}}", &mut d, &caller, &mut vec![], &mut String::new()).is_err());
+        assert!(expand("t", "{{Q+1}}", &mut d, &caller, &mut vec![], &mut String::new()).is_err());
         let mut out = String::new();
         assert!(expand("t", "{{Q}}", &mut d, &caller, &mut vec![], &mut out).is_err());
         assert!(expand("t", "#ifdef A\n", &mut d, &caller, &mut vec![], &mut out).is_err());

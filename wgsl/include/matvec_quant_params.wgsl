@@ -17,12 +17,9 @@ struct Params {
     spr: u32,     // EXPERTS: slots per x row
 }
 
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;    // (T, K) (GATED: (T, 2K))
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
-@group(0) @binding(4) var<uniform> p: Params;
-#ifdef BIAS
-@group(0) @binding(5) var<storage, read> bias: array<f32>;       // (N)
-#endif
+#define LIN_B 2
+#define LIN_X vec4<f32>
+#include "linear_bindings"
 #ifdef NORM
 @group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
 #endif
