@@ -82,7 +82,8 @@ fn placeholders(srcs: &[(String, &str)]) -> BTreeSet<String> {
                 let after = &rest[i + 2..];
                 match after.find("}}") {
                     Some(j) => {
-                        out.insert(after[..j].trim().to_string());
+                        // ({{X+n}}: X plus n, see src/gpu/shader.rs)
+                        out.insert(after[..j].split('+').next().unwrap_or_default().trim().to_string());
                         rest = &after[j + 2..];
                     }
                     None => break,

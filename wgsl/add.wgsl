@@ -1,5 +1,6 @@
 // add: x += y, elementwise over n f32 values (the residual add).
 // Grid: 1-D over ceil(n / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/elementwise.rs add
 #define WG 256
 
 struct Params {
@@ -10,10 +11,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> y: array<f32>;        // (T, C)
 @group(0) @binding(2) var<uniform> p: Params;
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
+#include "entry_thread"
     if (i < p.n) {
         x[i] = x[i] + y[i];
     }

@@ -41,6 +41,7 @@
 // Macros: D (multiple of 16, <= 512; above 256 with Q_F16), G, BQ, LPR, WG (= BQ * LPR), BK (= KPL * LPR), KPL, NW
 // (= ceil(D / 4 / LPR)), LD (= ceil(BK * D / 8 / WG)), QL (= ceil(BQ * D / 4 / WG)), NSPLIT.
 // All <= 8 where slots are used.
+// Rust: src/ops/attention.rs attention_with
 
 // Defaults (a valid tiling for D = 64, G = 3) for validation; src/ops/attention.rs sets every one.
 #define D 64

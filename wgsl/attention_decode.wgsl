@@ -48,6 +48,7 @@
 // Macros: D (16 .. 256, dividing CE), G (<= 8), CK (= CE / D), KP (= 256 / CK), KL (= D / KP / 8
 // = CE / 2048: 4 or 2), VL (= KL), NP (= ceil(G * D / 4 / 256) <= 2), NSPLIT, PB and RB (binding
 // numbers of `part` and of the rope table), XB (of xs).
+// Rust: src/ops/attention.rs attention_decode
 
 #define D 128
 #define G 6

@@ -11,6 +11,7 @@
 // Grid: one thread per channel, ceil(C / WG) workgroups, 2-D folded (gpu/kernel.rs); each thread
 // walks the pass's tokens with the window in registers, so the state slot it reads and the one it
 // writes (possibly the same) are its own. Macros: K (taps, <= 8), WG.
+// Rust: src/ops/deltanet.rs causal_conv1d
 #define WG 64
 #define K 4
 
@@ -32,9 +33,7 @@ struct Params {
 @group(0) @binding(4) var<uniform> step: Step;
 @group(0) @binding(5) var<uniform> p: Params;
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+#include "entry"
     let c = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
     if (c >= p.channels) {
         return;

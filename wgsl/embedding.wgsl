@@ -3,6 +3,7 @@
 // untouched (another chunk's dispatch writes them; an id >= vocab is written by none).
 // The table is f16 stored packed two per u32 (element 2i in the low half), any column count.
 // Grid: 1-D over ceil(n_tokens * cols / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/embedding.rs embedding
 #define WG 256
 
 struct Params {
@@ -21,10 +22,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;  // (n_tokens, cols)
 @group(0) @binding(3) var<uniform> p: Params;
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
+#include "entry_thread"
     if (i >= p.n_tokens * p.cols) {
         return;
     }

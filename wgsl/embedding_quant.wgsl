@@ -4,6 +4,7 @@
 // [row_start, row_start + chunk_rows). Other tokens' rows of out are left untouched (another
 // chunk's dispatch writes them; an id >= vocab is written by none). A thread writes 4 columns.
 // Grid: 1-D over ceil(n_tokens * cols / 4 / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/embedding.rs embedding_quant
 #define WG 256
 
 #include "quant"
@@ -30,9 +31,7 @@ fn qx4(i: u32) -> vec4<f32> {
     return vec4<f32>(0.0);
 }
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+#include "entry"
     // Some types read only one of the two views: a (never taken) use keeps both bound.
     if (p.n_tokens == 0u) {
         out[0] = vec4<f32>(bitcast<f32>(ww[0])) + bitcast<vec4<f32>>(wv[0]);

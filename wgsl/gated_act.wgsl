@@ -4,6 +4,7 @@
 //   layout of a GLU projection's weight: src/ops/matmul/mod.rs `LinearOpts::glu`)
 // act: include/activation.wgsl (SiLU, or GELU-tanh with the macro GELU_TANH), NaN-free.
 // Grid: 1-D over ceil(n_tokens * F / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/elementwise.rs gated_act_in
 #define WG 256
 #include "activation"
 
@@ -18,10 +19,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;  // (T, F)
 @group(0) @binding(2) var<uniform> p: Params;
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
+#include "entry_thread"
     if (i >= p.n_tokens * p.f) {
         return;
     }

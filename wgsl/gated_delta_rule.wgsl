@@ -18,6 +18,7 @@
 // a decode step spreads the state over many workgroups. The column sums S^T k and S^T q add the RG
 // row groups' partial sums in workgroup memory. Macros: DK, DV, CB (columns per workgroup, divides
 // DV), RG (row groups), ROWS (= ceil(DK / RG)).
+// Rust: src/ops/deltanet.rs gated_delta_rule, record_delta
 #define DK 16
 #define DV 16
 #define CB 16
@@ -31,22 +32,8 @@ var<workgroup> qs: array<f32, {{DK}}>;
 var<workgroup> ks: array<f32, {{DK}}>;
 var<workgroup> red: array<vec2<f32>, WG>;
 
-@compute @workgroup_size({{CB}}, {{RG}}, 1)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) lid3: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let sh = share_of(wid, nwg, lid3);
-    if (sh.h >= p.v_heads) {
-        return;  // uniform across the workgroup
-    }
-    let h = sh.h;
-    let kh = sh.kh;
-    let c = lid3.x;
-    let r = lid3.y;
-    let j = sh.j;
-    let i0 = sh.i0;
-    let n = sh.n;
-    var s = load_state(sh);
-    let decay_rate = -exp(a_log[h]);
+// Entry point (opened by the include: this thread's share, its state rows in s), continued here.
+#include "gated_delta_rule_entry"
     let q_scale = inverseSqrt(f32({{DK}}u));
     let k_off = p.k_heads * {{DK}}u;
     let v_off = 2u * k_off;

@@ -37,6 +37,7 @@
 //
 // Macros: DK, DV, CB (columns per workgroup, divides DV), RG (row groups), ROWS (= ceil(DK / RG)),
 // C (tokens per chunk); flag KV_TILED (k head h % Hk, llama.cpp's order; else h / (Hv / Hk)).
+// Rust: src/ops/deltanet.rs gated_delta_rule, record_delta
 #define DK 16
 #define DV 16
 #define CB 16
@@ -61,22 +62,8 @@ var<workgroup> part: array<vec2<f32>, {{C}} * WG>;  // (C, RG, CB) row groups' p
 var<workgroup> ys: array<f32, {{C}} * {{CB}}>;      // (C, CB) y, then v_new
 var<workgroup> qo: array<f32, {{C}} * {{CB}}>;      // (C, CB) exp(G_t) S^T q^_t
 
-@compute @workgroup_size({{CB}}, {{RG}}, 1)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) lid3: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let sh = share_of(wid, nwg, lid3);
-    if (sh.h >= p.v_heads) {
-        return;  // uniform across the workgroup
-    }
-    let h = sh.h;
-    let kh = sh.kh;
-    let c = lid3.x;
-    let r = lid3.y;
-    let j = sh.j;
-    let i0 = sh.i0;
-    let n = sh.n;
-    var s = load_state(sh);
-    let decay_rate = -exp(a_log[h]);
+// Entry point (opened by the include: this thread's share, its state rows in s), continued here.
+#include "gated_delta_rule_entry"
     let bias = dt_bias[h];
     let q_scale = inverseSqrt(f32({{DK}}u));
     let q_col = kh * {{DK}}u;

@@ -4,6 +4,7 @@
 // f32 -> f16 is done in integer arithmetic with round-to-nearest-even (as torch's .half()), so the
 // stored bits are the same on every device (drivers may round pack2x16float either way).
 // Grid: ceil(T * Hkv * D/2 / WG) workgroups, 2-D folded (gpu/kernel.rs).
+// Rust: src/ops/attention.rs kv_cache_write
 #define WG 256
 
 // BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
@@ -29,10 +30,7 @@ struct Params {
 
 #include "attention_f16"
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
+#include "entry_thread"
     let per_token = p.kv_heads * p.half_dim;
     let t = i / per_token;
     let r = i % per_token;

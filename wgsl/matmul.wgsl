@@ -20,6 +20,7 @@
 // 16.5 KiB for TILE 8, BK 16 (128×128 tile).
 // Grid: (ceil(N / BN), ceil(T / BM)).
 // TILE is 4 or 8 (with the flag TILE8 set for 8).
+// Rust: src/ops/matmul/mod.rs matmul
 #define TILE 4
 #define BK 32
 
@@ -31,12 +32,9 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;          // (N, K) f16 packed, K/2 words per row
-@group(0) @binding(1) var<storage, read> x: array<vec2<f32>>;    // (T, K)
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
-@group(0) @binding(3) var<uniform> p: Params;
-#ifdef BIAS
-@group(0) @binding(4) var<storage, read> bias: array<f32>;       // (N)
-#endif
+#define LIN_B 1
+#define LIN_X vec2<f32>
+#include "linear_bindings"
 
 const BM: u32 = 16u * {{TILE}}u;
 const BN: u32 = 16u * {{TILE}}u;

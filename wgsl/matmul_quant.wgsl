@@ -17,6 +17,7 @@
 // Workgroup memory: BK · (BM + 4 + BN + 4) f32 words: 17 KiB for TILE 4, BK 32 (64×64 tile);
 // 16.5 KiB for TILE 8, BK 16 (128×128 tile).
 // Grid: (ceil(N / BN), ceil(T / BM)). TILE is 4 or 8 (with the flag TILE8 set for 8).
+// Rust: src/ops/matmul/gguf.rs matmul_quant
 #define TILE 4
 #define BK 32
 
@@ -25,12 +26,9 @@
 #include "matmul_quant_params"
 
 @group(0) @binding(0) var<storage, read> ww: array<u32>;         // the planes
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;    // (T, K)
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
-@group(0) @binding(3) var<uniform> p: Params;
-#ifdef BIAS
-@group(0) @binding(4) var<storage, read> bias: array<f32>;       // (N)
-#endif
+#define LIN_B 1
+#define LIN_X vec4<f32>
+#include "linear_bindings"
 
 // quant.wgsl's accessors: q_run reads words only.
 

@@ -20,6 +20,7 @@
 // Grid: (ceil(N / BN), ceil(T / BM)).
 // Measurement probes (tests only, `bench_coop`): PROBE_NOX, PROBE_NOW leave x's or W's loads
 // out, PROBE_NOMMA the tensor-core ops.
+// Rust: src/ops/matmul/gguf.rs matmul_quant_coop_flags
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -29,12 +30,9 @@ enable wgpu_cooperative_matrix;
 
 #include "quant_views"
 
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;    // (T, K)
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
-@group(0) @binding(4) var<uniform> p: Params;
-#ifdef BIAS
-@group(0) @binding(5) var<storage, read> bias: array<f32>;       // (N)
-#endif
+#define LIN_B 2
+#define LIN_X vec4<f32>
+#include "linear_bindings"
 
 fn qx4(i: u32) -> vec4<f32> {
     return x[i];

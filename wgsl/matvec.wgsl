@@ -30,6 +30,7 @@
 // per (token, chosen expert)): the workgroups of slot s read expert ids[s]'s rows (an id past the
 // stack is clamped to its last expert), meet them with x row s / p.spr (spr: slots per x row) and
 // write y row s. One token a pass (TOK = 1, p.t ignored): only the chosen experts' rows are read.
+// Rust: src/ops/matmul/mod.rs matvec_routed
 #define WG 256
 #define TPR 64
 #define TOK 1
@@ -71,12 +72,9 @@ const XPL: u32 = 1u;
 #endif
 
 @group(0) @binding(0) var<storage, read> w: array<WVec>;         // (N, K) f16 packed, K / (2·VEC) loads per row
-@group(0) @binding(1) var<storage, read> x: array<XVec>;         // (T, K)
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
-@group(0) @binding(3) var<uniform> p: Params;
-#ifdef BIAS
-@group(0) @binding(4) var<storage, read> bias: array<f32>;       // (N)
-#endif
+#define LIN_B 1
+#define LIN_X XVec
+#include "linear_bindings"
 #ifdef NORM
 @group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
 #endif
@@ -90,14 +88,6 @@ fn x_at(row: u32, i: u32, half: u32) -> XVec {
     return x[row + i];
 }
 #else
-fn li_x(i: u32) -> vec4<f32> {
-    return x[i];
-}
-#ifdef NORM
-fn li_g(i: u32) -> vec4<f32> {
-    return g[i];
-}
-#endif
 #include "linear_input"
 fn x_at(row: u32, i: u32, half: u32) -> XVec {
     return li_load(row, i, half);
@@ -139,12 +129,8 @@ fn dot4(u0: WF, u1: WF, u2: WF, u3: WF, row: u32, o: u32) -> vec4<f32> {
 
 #include "linear_store"
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-#ifdef SUBGROUP
-        @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32,
-#endif
-        @builtin(local_invocation_index) lid: u32) {
+// Entry point (opened by the include: wid, nwg, lid; sg_size, sg_lane with SUBGROUP):
+#include "entry_subgroup"
     let wg = wid.x + wid.y * nwg.x;
     let grp = lid / {{TPR}}u;
     let lane = lid % {{TPR}}u;

@@ -47,6 +47,7 @@
 // alone in the same workgroup shape. With DP4 both weights take the integer dot products, or only
 // the second with MIX_FLOAT_A (a first weight on its float path, e.g. Qwen2.5-0.5B-like Q5_0
 // beside a DP4 type).
+// Rust: src/ops/matmul/gguf.rs matvec_quant_routed, matvec_quant_mixed_with
 #define WG 256
 #define TPR 32
 #define TOK 1
@@ -145,15 +146,6 @@ fn q_planes() -> vec2<u32> {
 #include "quant_views"
 #endif
 
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;    // (T, K)
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
-@group(0) @binding(4) var<uniform> p: Params;
-#ifdef BIAS
-@group(0) @binding(5) var<storage, read> bias: array<f32>;       // (N)
-#endif
-#ifdef NORM
-@group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
-#endif
 #ifdef EXPERTS
 @group(0) @binding({{EB}}) var<storage, read> ids: array<u32>;   // (slots) the expert of each slot
 #endif
@@ -165,14 +157,6 @@ fn q_planes() -> vec2<u32> {
 // token's row start (vec4), set before each token's dot products.
 var<private> q_row: u32;
 
-fn li_x(i: u32) -> vec4<f32> {
-    return x[i];
-}
-#ifdef NORM
-fn li_g(i: u32) -> vec4<f32> {
-    return g[i];
-}
-#endif
 #include "linear_input"
 
 fn qx4(i: u32) -> vec4<f32> {
@@ -323,12 +307,8 @@ fn dot4(r0: QRaw, r1: QRaw, r2: QRaw, r3: QRaw, u: u32, xr: u32) -> vec4<f32> {
 
 #include "linear_store"
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-#ifdef SUBGROUP
-        @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32,
-#endif
-        @builtin(local_invocation_index) lid: u32) {
+// Entry point (opened by the include: wid, nwg, lid; sg_size, sg_lane with SUBGROUP):
+#include "entry_subgroup"
     // Q4_K and Q5_K read only the 16-byte view: a (never taken) use keeps the word view in the
     // bind group layout for every type (p.n > 0).
     if (p.n == 0u) {

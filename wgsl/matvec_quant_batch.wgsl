@@ -24,6 +24,7 @@
 // (moe_group.wgsl's table), and z is a tile of at most TB slots of one expert: its expert's rows,
 // x row slot / p.spr per slot, y row slot; the tiles past the pass's count return at once. A
 // slot's sums are the batch kernel's for its x row, whatever its tile (batch invariance).
+// Rust: src/ops/matmul/gguf.rs matvec_quant_batch
 #define WG 256
 #define RW 32
 #define TB 8
@@ -36,15 +37,6 @@
 
 #include "quant_views"
 
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;    // (T, K) (GATED: (T, 2K))
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;    // (T, ld_out), columns [0, N) written
-@group(0) @binding(4) var<uniform> p: Params;
-#ifdef BIAS
-@group(0) @binding(5) var<storage, read> bias: array<f32>;       // (N)
-#endif
-#ifdef NORM
-@group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
-#endif
 #ifdef GROUPED
 @group(0) @binding({{EB}}) var<storage, read> groups: array<u32>;  // (S + 3 tiles): the slots by expert, then the tiles (expert, first, count)
 var<workgroup> tile: vec3<u32>;                 // this workgroup's (expert, first, count)
@@ -80,14 +72,6 @@ const C4: u32 = S * QU / 4u;         // a token's chunk of x, in vec4
 // (TB, C4) the chunk of x as the weights meet it; reused for the slices' partial sums.
 var<workgroup> xs: array<vec4<f32>, {{TB}} * C4>;
 
-fn li_x(i: u32) -> vec4<f32> {
-    return x[i];
-}
-#ifdef NORM
-fn li_g(i: u32) -> vec4<f32> {
-    return g[i];
-}
-#endif
 #include "linear_input"
 
 // x of the staged chunk: q_x(u, j · C4) reads token j's values of chunk unit u.
@@ -135,9 +119,7 @@ fn norm_scales(lid: u32) {
 var<workgroup> pair: array<f32, {{WG}}>;
 #endif
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+#include "entry"
     // Q4_K and Q5_K read only the 16-byte view: a (never taken) use keeps the word view in the
     // bind group layout for every type (p.n > 0).
     if (p.n == 0u) {

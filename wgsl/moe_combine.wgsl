@@ -6,6 +6,7 @@
 // strided column of another buffer (e.g. the router's logits, whose column E holds it: a view
 // there would break the 256-byte storage offset alignment). Sums in f32, in the order written.
 // One thread per element of x; grid 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/moe.rs moe_combine
 #define WG 256
 
 struct Params {
@@ -28,10 +29,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read> gate: array<f32>;       // (T, gate_ld)
 #endif
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
+#include "entry_thread"
     if (i >= p.t * p.h) {
         return;
     }

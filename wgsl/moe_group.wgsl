@@ -14,6 +14,7 @@
 // and of the tiles per expert (each thread a run of ceil(E / 256) experts, then a scan over the
 // 256 runs), the tile table, then the scatter. Workgroup memory: 3 · ME + 2 · 256 words
 // (14 KiB).
+// Rust: src/ops/moe.rs moe_group
 #define TB 8
 #define ME 1024
 

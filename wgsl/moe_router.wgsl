@@ -21,6 +21,7 @@
 //   from workgroup memory (double-buffered by round, so one barrier a round; subgroups are
 //   contiguous runs of local_invocation_index, their size divides WG); without, a tree through
 //   workgroup memory. Thread j < k keeps round j's winner.
+// Rust: src/ops/moe.rs router
 #define WG 256
 
 struct Params {
@@ -86,25 +87,17 @@ fn q_exp(x: f32) -> f32 {
 
 // Sum over the workgroup of v (every thread gets it; call from uniform control flow).
 fn wg_sum(v: f32, lid: u32) -> f32 {
-    red_v[lid] = v;
-    workgroupBarrier();
-    for (var h = {{WG}}u / 2u; h > 0u; h >>= 1u) {
-        if (lid < h) {
-            red_v[lid] += red_v[lid + h];
-        }
-        workgroupBarrier();
-    }
+#define TREE red_v
+#define TREE_V v
+#define TREE_H h
+#include "tree_sum"
     let s = red_v[0];
     workgroupBarrier();
     return s;
 }
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-#ifdef SUBGROUP
-        @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32,
-#endif
-        @builtin(local_invocation_index) lid: u32) {
+// Entry point (opened by the include: wid, nwg, lid; sg_size, sg_lane with SUBGROUP):
+#include "entry_subgroup"
     let t = wid.x + wid.y * nwg.x;
     if (t >= p.t) {
         return;

@@ -2,6 +2,7 @@
 // `attn_output * torch.sigmoid(gate)` before o_proj). sigmoid as 1 / (1 + exp(-g)): exp overflows
 // to +inf for g < -88, giving exactly 0, never NaN.
 // Grid: 1-D over ceil(n / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/elementwise.rs mul_sigmoid
 #define WG 256
 
 struct Params {
@@ -12,10 +13,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> g: array<f32>;        // (T, C) gate logits
 @group(0) @binding(2) var<uniform> p: Params;
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
+#include "entry_thread"
     if (i < p.n) {
         x[i] = x[i] / (1.0 + exp(-g[i]));
     }

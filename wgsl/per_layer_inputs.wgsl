@@ -5,6 +5,7 @@
 // gate projection fills the first half, and the next projection reads the row as a gated input
 // (act(gate) * input). Layer slots start at multiples of 64 floats (storage view alignment).
 // Grid: 1-D over ceil(T * L * P / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/ops/embedding.rs per_layer_inputs
 #define WG 256
 
 struct Params {
@@ -23,10 +24,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;  // (L, slot): per layer (T, 2P) [gate | input]
 @group(0) @binding(3) var<uniform> p: Params;
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * {{WG}}u + lid;
+#include "entry_thread"
     let per_token = p.layers * p.dim;
     if (i >= p.n_tokens * per_token) {
         return;

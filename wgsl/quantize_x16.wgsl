@@ -12,6 +12,7 @@
 // threads a block, a vec4 each, the block's maximum and sums by shuffles (include/stage_x16.wgsl
 // stage_lanes8): the same words. Grid: ceil(T · K / 32 / WG) workgroups (STAGE8: 8 times as many
 // threads), 2-D folded (see gpu/kernel.rs). CPU twin: src/ops/matmul/gguf.rs `cpu::quantize_x16`.
+// Rust: src/ops/matmul/gguf.rs quantize_x16
 #define WG 64
 
 #define XS_STORE
@@ -28,9 +29,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> xs: array<u32>;        // (T, K / 32, 20)
 @group(0) @binding(2) var<uniform> p: Params;
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+#include "entry"
     // (STAGE8 only acts with SUBGROUP, which the host sets with it.)
 #ifdef SUBGROUP
 #ifdef STAGE8

@@ -22,6 +22,7 @@
 // elements held in registers, RV vec4 a thread. Sum of squares: per-thread partial sums, then a
 // workgroup reduction (subgroupAdd per subgroup + shared memory under SUBGROUP, a shared-memory
 // tree otherwise).
+// Rust: src/ops/norm.rs rms_norm_with, rms_norm_in_place
 #define WG 256
 #define RV 1
 // STAGE: the binding number of xs (6 with NEXT, else 4).
@@ -85,14 +86,10 @@ fn row_sum(s: f32, lid: u32
     }
     return total;
 #else
-    partial[lid] = s;
-    workgroupBarrier();
-    for (var stride = {{WG}}u / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            partial[lid] += partial[lid + stride];
-        }
-        workgroupBarrier();
-    }
+#define TREE partial
+#define TREE_V s
+#define TREE_H stride
+#include "tree_sum"
     return partial[0];
 #endif
 }
@@ -245,12 +242,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
 #ifdef NEXT
-    let total2 = row_sum(s2, lid
-#ifdef SUBGROUP
-        , sg_lane, sg_id, sg_count
-#endif
-        );
-    let scale2 = inverseSqrt(total2 / f32(n) + p.eps);
+#include "rms_norm_next_scale"
     for (var j = 0u; j < {{RV}}u; j++) {
         let i = 4u * (lid + j * {{WG}}u);
         let v2 = xv[j] * scale2 * w2v[j];
@@ -327,12 +319,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 #ifdef NEXT
     // The updated row, normalized: each thread rereads the elements it wrote.
-    let total2 = row_sum(s2, lid
-#ifdef SUBGROUP
-        , sg_lane, sg_id, sg_count
-#endif
-        );
-    let scale2 = inverseSqrt(total2 / f32(n) + p.eps);
+#include "rms_norm_next_scale"
     let step = select(1u, 4u, quad);
     for (var i0 = step * lid; i0 < n; i0 += step * {{WG}}u) {
         for (var j = 0u; j < step; j++) {

@@ -3,6 +3,7 @@
 // (w plain, not 1 + w). z is read from its columns of the in_proj output (row stride ld_z).
 // Grid: one workgroup per (token, head), T * H workgroups, 2-D folded (gpu/kernel.rs); rows
 // t >= step.n_tokens are skipped. Macros: WG (threads, a power of two).
+// Rust: src/ops/deltanet.rs rms_norm_gated
 #define WG 64
 
 // BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
@@ -28,9 +29,7 @@ struct Params {
 
 var<workgroup> red: array<f32, {{WG}}>;
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+#include "entry"
     let idx = wid.x + wid.y * nwg.x;
     let t = idx / p.heads;
     let h = idx % p.heads;
@@ -43,14 +42,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let v = x[base + i];
         ss += v * v;
     }
-    red[lid] = ss;
-    workgroupBarrier();
-    for (var s = {{WG}}u / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
+#define TREE red
+#define TREE_V ss
+#define TREE_H s
+#include "tree_sum"
     let r = inverseSqrt(red[0] / f32(p.dim) + p.eps);
     let zb = t * p.ld_z + p.z_col + h * p.dim;
     for (var i = lid; i < p.dim; i += {{WG}}u) {

@@ -22,6 +22,7 @@
 // rows t >= step.n_tokens are skipped. Macros: D (head dim, even), ROT (rotated dims, even, <= D),
 // WG (threads); with KV_WRITE,
 // KC and VC (binding numbers of the caches).
+// Rust: src/ops/rope.rs record
 #define WG 64
 // Defaults for validation; src/ops/rope.rs sets them.
 #define D 64
@@ -62,14 +63,10 @@ var<workgroup> red: array<f32, {{WG}}>;
 // The sum over the workgroup of each thread's `v` (every thread gets it).
 fn workgroup_sum(lid: u32, v: f32) -> f32 {
     workgroupBarrier();
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = {{WG}}u / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
+#define TREE red
+#define TREE_V v
+#define TREE_H s
+#include "tree_sum"
     return red[0];
 }
 #ifdef KV_WRITE
@@ -84,9 +81,7 @@ var<workgroup> row_v: array<f32, {{D}}>; // the value head as written to the cac
 
 #include "sincos"
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+#include "entry"
     let idx = wid.x + wid.y * nwg.x;
     let t = idx / p.heads;
     let head = idx % p.heads;

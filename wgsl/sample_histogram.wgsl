@@ -15,6 +15,7 @@
 // Slots inside a bucket come from atomics, so their order varies between runs; every consumer
 // is order-independent (integer sums, lowest-index tie-breaks), so the tokens do not.
 // Grid: rows * groups workgroups, 2-D folded (see gpu/kernel.rs), as in sample_stats.
+// Rust: src/sampling/device.rs pipelines_for, bind
 #include "sample_common"
 #include "sample_reduce"
 #include "philox"
@@ -39,15 +40,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let ln = lanes(ids);
     let lid = ln.lid;
     fr_zero = info.zero;
-    let w = wid.x + wid.y * nwg.x;
-    let groups = info.groups;
-    if (w >= info.rows * groups) {
-        return;
-    }
-    let row = w / groups;
-    let g = w - row * groups;
-    let p = params[row];
-    let sampling = p.mode != MODE_GREEDY;
+#include "sample_row_group"
 
     // Issue this thread's loads (and its Philox block, pure arithmetic) before the row
     // reduction, so their latency overlaps it.

@@ -3,6 +3,7 @@
 // gumbel(bits_to_unit(bits[j])), exactly what the sampler's draw uses (include/philox.wgsl), so
 // tests can compare them with src/sampling/philox.rs bit for bit.
 // Grid: 1-D over ceil(n / WG) workgroups, 2-D folded (see gpu/kernel.rs).
+// Rust: src/sampling/device.rs philox_bits
 #include "philox"
 
 const WG: u32 = 256u;

@@ -17,6 +17,7 @@
 // Selection inside a bin: with n <= WG entries, every entry counts / weighs the entries at or
 // above it (no rounds); otherwise a 4 x 8-bit radix select (MSD first).
 // Grid: one workgroup per row, 2-D folded (see gpu/kernel.rs).
+// Rust: src/sampling/device.rs pipelines_for, pipelines_logged, bind
 #include "sample_common"
 #include "sample_reduce"
 #include "philox"

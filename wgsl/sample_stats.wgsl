@@ -7,6 +7,7 @@
 // Also zeroes the row's global bin histogram for sample_histogram (sampling rows).
 // Grid: rows * groups workgroups, 2-D folded (see gpu/kernel.rs); workgroup w is chunk
 // w % groups of row w / groups; each thread reads 4 consecutive logits.
+// Rust: src/sampling/device.rs pipelines_for, bind
 #include "sample_common"
 #include "sample_reduce"
 
@@ -20,15 +21,7 @@
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, ids: LaneIds) {
     let ln = lanes(ids);
     let lid = ln.lid;
-    let w = wid.x + wid.y * nwg.x;
-    let groups = info.groups;
-    if (w >= info.rows * groups) {
-        return;
-    }
-    let row = w / groups;
-    let g = w - row * groups;
-    let p = params[row];
-    let sampling = p.mode != MODE_GREEDY;
+#include "sample_row_group"
     let vocab = info.vocab;
     let base = row * vocab;
     let i0 = g * CHUNK + lid * 4u;

@@ -9,10 +9,13 @@
 //!   (`fn`, `struct`, `const`, `alias`, `override`, `var`) prefixed by `P` wherever they appear as
 //!   names (not after a `.`: member accesses keep theirs): a second copy of a family's functions
 //!   beside the first (the mixed-type matvec: `quant_q6_k` as `b_` gives `b_q_raw`, `b_QRaw`, ...).
-//!   Names it uses but does not declare stay shared; it may not include other files itself;
+//!   Names it uses but does not declare stay shared. The files it includes (plainly) are part of
+//!   the paste: pasted once per prefix, their names prefixed too (`quant_q4_1`'s `quant_nibble_vals`);
 //! - `#ifdef X` / `#ifndef X` / `#else` / `#endif`: keep or drop lines by whether macro X is set;
 //! - `#define X value`: the default of X when the caller does not set it;
-//! - `{{X}}` anywhere in a line: replaced by X's value (an unset X is an error).
+//! - `{{X}}` anywhere in a line: replaced by X's value (an unset X is an error); `{{X+n}}`: by X's
+//!   value plus n, both integers (the consecutive bindings of an include, from its first: `{{B+1}}`).
+//!   With `#define`, a kernel passes an include its parameters: set before the `#include` line.
 //!
 //! Standard macros set by [`crate::gpu::Gpu::macros`]: `F16` (shader-f16 is enabled: the kernel
 //! may use `f16` arithmetic) and `SUBGROUP` (subgroup operations are enabled). Kernels must work
@@ -73,7 +76,7 @@ pub fn preprocess(name: &str, macros: &Macros) -> Result<String> {
     let mut defines = macros.0.clone();
     let mut included = Vec::new();
     let mut out = String::new();
-    expand(name, source(name)?, &mut defines, macros, &mut included, &mut out)?;
+    expand(name, source(name)?, &mut defines, macros, &mut included, &mut out, None)?;
     Ok(out)
 }
 
@@ -137,6 +140,7 @@ fn expand(
     caller: &Macros,
     included: &mut Vec<String>,
     out: &mut String,
+    paste: Option<&str>,
 ) -> Result<()> {
     let err = |line: usize, msg: String| Error::Gpu(format!("wgsl/{file}.wgsl:{}: {msg}", line + 1));
     // Stack of (this branch active, some branch of this #if taken, parent active).
@@ -167,8 +171,13 @@ fn expand(
             }
         } else if let Some(rest) = t.strip_prefix("#include ") {
             let (inc, prefix) = parse_include(rest).map_err(|m| err(ln, m))?;
+            if let (Some(p), Some(outer)) = (prefix, paste) {
+                return Err(err(ln, format!("#include as {p} inside a file pasted as {outer}")));
+            }
             let key = format!("include/{inc}");
-            let once = match prefix {
+            // Inside a file pasted as P, a plain include is a part of that paste: pasted once per
+            // prefix, its names prefixed with the rest of the paste's.
+            let once = match prefix.or(paste) {
                 Some(p) => format!("{key} as {p}"),
                 None => key.clone(),
             };
@@ -176,14 +185,10 @@ fn expand(
                 included.push(once);
                 let src = source(&key).map_err(|e| err(ln, e.to_string()))?;
                 match prefix {
-                    None => expand(&key, src, defines, caller, included, out)?,
+                    None => expand(&key, src, defines, caller, included, out, paste)?,
                     Some(p) => {
                         let mut text = String::new();
-                        let before = included.len();
-                        expand(&key, src, defines, caller, included, &mut text)?;
-                        if included.len() != before {
-                            return Err(err(ln, format!("{key} is pasted as {p}: it may not include other files")));
-                        }
+                        expand(&key, src, defines, caller, included, &mut text, Some(p))?;
                         out.push_str(&prefix_names(&text, &top_level_names(&text), p));
                     }
                 }
@@ -223,9 +228,20 @@ fn substitute(line: &str, defines: &BTreeMap<String, String>, out: &mut String) 
         out.push_str(&rest[..i]);
         let after = &rest[i + 2..];
         let j = after.find("}}").ok_or("unclosed {{")?;
-        let key = after[..j].trim();
+        // `{{X}}`, or `{{X+n}}`: X's value (an integer) plus n.
+        let (key, add) = match after[..j].split_once('+') {
+            Some((k, n)) => (k.trim(), Some(n.trim())),
+            None => (after[..j].trim(), None),
+        };
         let v = defines.get(key).ok_or_else(|| format!("macro {key} is not set"))?;
-        out.push_str(v);
+        match add {
+            None => out.push_str(v),
+            Some(n) => {
+                let sum = v.parse::<u64>().ok().zip(n.parse::<u64>().ok()).map(|(v, n)| v + n);
+                let sum = sum.ok_or_else(|| format!("{{{{{key}+{n}}}}}: {key} = {v:?} and {n:?} must be integers"))?;
+                out.push_str(&sum.to_string());
+            }
+        }
         rest = &after[j + 2..];
     }
     out.push_str(rest);
@@ -244,11 +260,26 @@ mod tests {
         let src =
             "#define N 9\n#define M 2\n#ifdef A\na{{N}}\n#ifndef B\nnb\n#else\nb\n#endif\n#else\nnot_a\n#endif\nm{{M}}";
         let mut out = String::new();
-        expand("t", src, &mut d, &caller, &mut vec![], &mut out).unwrap();
+        expand("t", src, &mut d, &caller, &mut vec![], &mut out, None).unwrap();
         assert_eq!(out, "a4\nnb\nm2\n");
         let mut out = String::new();
-        assert!(expand("t", "{{Q}}", &mut d, &caller, &mut vec![], &mut out).is_err());
-        assert!(expand("t", "#ifdef A\n", &mut d, &caller, &mut vec![], &mut out).is_err());
+        expand(
+            "t",
+            "#define B 3\n@binding({{B}}) @binding({{B+1}}) @binding({{ B + 2 }})",
+            &mut d,
+            &caller,
+            &mut vec![],
+            &mut out,
+            None,
+        )
+        .unwrap();
+        assert_eq!(out, "@binding(3) @binding(4) @binding(5)\n");
+        // (not an integer; unset)
+        assert!(expand("t", "{{B+x}}", &mut d, &caller, &mut vec![], &mut String::new(), None).is_err());
+        assert!(expand("t", "{{Q+1}}", &mut d, &caller, &mut vec![], &mut String::new(), None).is_err());
+        let mut out = String::new();
+        assert!(expand("t", "{{Q}}", &mut d, &caller, &mut vec![], &mut out, None).is_err());
+        assert!(expand("t", "#ifdef A\n", &mut d, &caller, &mut vec![], &mut out, None).is_err());
     }
 
     #[test]
@@ -266,14 +297,23 @@ mod tests {
         // A member access keeps its name where a declared name matches it (the field
         // declaration itself is renamed, as any name: so no declared name may be a field's).
         assert!(out.contains("return r.qs + b_qs;"), "{out}");
-        // An include pasted with a prefix may not include others.
         let mut d = BTreeMap::new();
         let caller = Macros::new();
         let mut out = String::new();
-        let r = expand("t", "#include \"quant_views\" as b_\n", &mut d, &caller, &mut vec![], &mut out);
+        let r = expand("t", "#include \"quant_views\" as b_\n", &mut d, &caller, &mut vec![], &mut out, None);
         assert!(r.is_ok(), "{r:?}");
-        let r = expand("t", "#include \"quant\" as c_\n", &mut d, &caller, &mut vec![], &mut String::new());
-        assert!(r.is_err_and(|e| e.to_string().contains("may not include")));
+        // The files a prefixed paste includes are part of it, prefixed too (once per prefix), and
+        // may not paste with another prefix themselves.
+        let mut inc = vec![];
+        let mut out = String::new();
+        let src = "#include \"quant_q4_1\"\n#include \"quant_q4_1\" as b_\n";
+        expand("t", src, &mut d, &caller, &mut inc, &mut out, None).unwrap();
+        assert_eq!(out.matches("fn q_vals(r: QRaw) -> QV {").count(), 1, "{out}");
+        assert_eq!(out.matches("fn b_q_vals(r: b_QRaw) -> b_QV {").count(), 1, "{out}");
+        assert!(out.contains("alias b_QV = QV32;") && out.contains("return b_q_dot_v(r, b_q_vals(r), v);"), "{out}");
+        assert!(inc.contains(&"include/quant_nibble_vals as b_".to_string()), "{inc:?}");
+        let r = expand("t", "#include \"quant\" as c_\n", &mut d, &caller, &mut vec![], &mut String::new(), Some("b_"));
+        assert!(r.as_ref().is_err_and(|e| e.to_string().contains("inside a file pasted as b_")), "{r:?}");
         assert_eq!(parse_include(" \"quant_q6_k\" as b_").unwrap(), ("quant_q6_k", Some("b_")));
         assert_eq!(parse_include("\"quant\"").unwrap(), ("quant", None));
         assert!(parse_include("\"quant\" b_").is_err() && parse_include("quant").is_err());

@@ -7,10 +7,21 @@
 //           nothing waits for the reduction).
 //   GATED:  act(x[t, k]) · x[t, K + k]              x: (T, 2K) = [gate | up] per row
 //           (act: include/activation.wgsl), the gated activation fused into the down projection.
-// K must be a multiple of 4. The including kernel defines WG and the accessors
-//   fn li_x(i: u32) -> vec4<f32>    x's vec4 number i
-//   fn li_g(i: u32) -> vec4<f32>    g's vec4 number i (NORM)
+// K must be a multiple of 4. The including kernel defines WG and the bindings
+//   x: array<vec4<f32>>    the input, read through li_x
+//   g: array<vec4<f32>>    the norm's weight (NORM), read through li_g
 // and passes the up half's offset (K / 4, GATED) to li_load.
+
+// x's vec4 number i.
+fn li_x(i: u32) -> vec4<f32> {
+    return x[i];
+}
+#ifdef NORM
+// g's vec4 number i.
+fn li_g(i: u32) -> vec4<f32> {
+    return g[i];
+}
+#endif
 #include "activation"
 
 // Input vec4 number i (< K / 4) of the token row starting at vec4 `row`.
@@ -58,14 +69,10 @@ fn li_norm_scales(rows: vec4<u32>, k4: u32, eps: f32, lid: u32, sg_size: u32, sg
         total += li_red[i];
     }
 #else
-    li_red[lid] = s;
-    workgroupBarrier();
-    for (var h = {{WG}}u / 2u; h > 0u; h >>= 1u) {
-        if (lid < h) {
-            li_red[lid] += li_red[lid + h];
-        }
-        workgroupBarrier();
-    }
+#define TREE li_red
+#define TREE_V s
+#define TREE_H h
+#include "tree_sum"
     let total = li_red[0];
 #endif
     workgroupBarrier();

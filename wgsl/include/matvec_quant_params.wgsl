@@ -1,5 +1,7 @@
 // matvec_quant_params: the uniform of both quantized matvecs (matvec_quant, matvec_quant_batch),
-// built by src/ops/matmul/gguf.rs `matvec_quant_params`. The batch kernel reads no routing.
+// built by src/ops/matmul/gguf.rs `matvec_quant_params` (the batch kernel reads no routing), and
+// the bindings they share: x, y, p, BIAS's bias and NORM's g (at binding GB, which the kernel
+// defines); the weight's views (bindings 0, 1) come from include/quant_views.wgsl.
 struct Params {
     n: u32,       // N, output rows
     units: u32,   // units per row: K / QU
@@ -14,3 +16,10 @@ struct Params {
     eps: f32,     // NORM: the RMSNorm epsilon
     spr: u32,     // EXPERTS: slots per x row
 }
+
+#define LIN_B 2
+#define LIN_X vec4<f32>
+#include "linear_bindings"
+#ifdef NORM
+@group(0) @binding({{GB}}) var<storage, read> g: array<vec4<f32>>; // (K) the RMSNorm weight
+#endif

@@ -23,13 +23,7 @@ fn q_x(u: u32, xr: u32) -> QX {
     return q_x_b32(u, xr);
 }
 
-alias QV = QV32;
-
-fn q_vals(r: QRaw) -> QV {
-    let c = vec4<f32>(Q_2P23);
-    return QV(mat4x4<f32>(q_lo(r.qs.x) - c, q_lo(r.qs.y) - c, q_lo(r.qs.z) - c, q_lo(r.qs.w) - c),
-              mat4x4<f32>(q_hi(r.qs.x) - c, q_hi(r.qs.y) - c, q_hi(r.qs.z) - c, q_hi(r.qs.w) - c));
-}
+#include "quant_nibble_vals"
 
 fn q_dot_v(r: QRaw, w: QV, v: QX) -> f32 {
     let s = q_fma32(w, v.l, v.h);
