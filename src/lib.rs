@@ -23,5 +23,6 @@ pub mod ops;
 pub mod sampling;
 pub mod serve;
 pub mod tokenizer;
+pub mod tuning;
 
 pub use error::{Error, Result};

@@ -92,6 +92,7 @@ impl GpuArgs {
             disable_f16: self.no_f16,
             disable_subgroups: self.no_subgroups,
             disable_coop: self.no_coop,
+            emulate: None,
         })?)
     }
 }
@@ -320,6 +321,13 @@ fn devices(backend: BackendChoice) -> Result<()> {
     }
     for a in list {
         println!("{a}");
+        // The tuning profile and the rule table's rows that apply (src/tuning, TUNING.md).
+        let t = a.tuning();
+        println!("{}", t.profile);
+        println!("    tuning rules (op [family] shape: choice (where measured; citation)):");
+        for r in t.applicable() {
+            println!("      {r}");
+        }
     }
     Ok(())
 }

@@ -442,10 +442,10 @@ impl Model {
             scratch: None,
             pos: 0,
             prefill_chunk: PREFILL_CHUNK,
-            stage_apart: StageApart::rule(),
+            stage_apart: StageApart::rule(gpu),
             // WGPU_LLM_NORMS_APART=1: a measurement knob (short rows' norms apart, and staging
             // the projections' input where StageApart's free rule takes them).
-            norms_apart: std::env::var("WGPU_LLM_NORMS_APART").is_ok_and(|v| v == "1"),
+            norms_apart: gpu.tuning().knobs.norms_apart,
         })
     }
 
@@ -662,7 +662,7 @@ impl Model {
             }
             let mut p = self.record(t, false)?;
             if t == 1 {
-                probe_drop(&mut p.items);
+                probe_drop(&self.gpu, &mut p.items);
             }
             self.plans.insert(t, p);
         }
@@ -1016,9 +1016,11 @@ fn mlp_readers(m: &MlpWeights) -> Vec<&Linear> {
 /// (the name with or without its entry point) leaves the one-token plan's dispatches of that
 /// kernel name and exact variant out, so a step's GPU time without them tells what they cost
 /// inside the step.
-fn probe_drop(items: &mut Vec<Item>) {
-    let Ok(v) = std::env::var("WGPU_LLM_PROBE_DROP") else { return };
-    let drop: Vec<(&str, &str)> = v.split(',').filter_map(|e| e.rsplit_once(':')).collect();
+fn probe_drop(gpu: &Gpu, items: &mut Vec<Item>) {
+    let drop = &gpu.tuning().knobs.probe_drop;
+    if drop.is_empty() {
+        return;
+    }
     let named = |k: &Kernel, n: &str| k.name == n || k.name.split(':').next() == Some(n);
     items.retain(|it| match it {
         Item::Kernel(k) => !drop.iter().any(|(n, var)| named(k, n) && k.variant == *var),

@@ -24,9 +24,17 @@ pub fn has_flag(variant: &str, flag: &str) -> bool {
 /// The kernels (name, variant) of the one-token plan of the model at `path` with `setup` applied:
 /// loaded (64 positions), a two-token prompt and one decode step run.
 pub fn one_token_plan(path: &std::path::Path, setup: &dyn Fn(&mut Model)) -> Vec<(String, String)> {
-    let gpu = super::gpu();
+    one_token_plan_on(&super::gpu(), path, setup)
+}
+
+/// [`one_token_plan`] on `gpu` (e.g. the shared device with other tuning knobs).
+pub fn one_token_plan_on(
+    gpu: &wgpu_llm::gpu::Gpu,
+    path: &std::path::Path,
+    setup: &dyn Fn(&mut Model),
+) -> Vec<(String, String)> {
     let ck = Checkpoint::open(path).unwrap();
-    let mut model = Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
+    let mut model = Model::load(gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
     setup(&mut model);
     model.forward(&[2, 3]).unwrap();
     model.forward(&[4]).unwrap();
@@ -71,6 +79,18 @@ pub fn check_path_in(
     c: Check,
     setup: &dyn Fn(&mut Model),
 ) -> f32 {
+    check_path_on(&super::gpu(), model_path, dir, fixture, c, setup)
+}
+
+/// [`check_path_in`] on `gpu` (e.g. a device emulating another family, or with other knobs).
+pub fn check_path_on(
+    gpu: &wgpu_llm::gpu::Gpu,
+    model_path: &std::path::Path,
+    dir: &std::path::Path,
+    fixture: &str,
+    c: Check,
+    setup: &dyn Fn(&mut Model),
+) -> f32 {
     let (steps, max_abs) = (c.steps, c.max_abs);
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{fixture}.json"))).unwrap()).unwrap();
@@ -86,9 +106,8 @@ pub fn check_path_in(
     let bytes = std::fs::read(dir.join(format!("{fixture}.logits.f32"))).unwrap();
     let want: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
 
-    let gpu = super::gpu();
     let ck = Checkpoint::open(model_path).unwrap();
-    let mut model = Model::load(&gpu, &ck, Some(ids.len() + 32), &mut |_, _| {}).unwrap();
+    let mut model = Model::load(gpu, &ck, Some(ids.len() + 32), &mut |_, _| {}).unwrap();
     if let Some(chunk) = c.prefill_chunk {
         model.prefill_chunk = chunk;
     }
