@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::reference::{check_path_on, has_flag, one_token_plan_on, Check};
+use common::reference::{as_is, check_path_on, has_flag, one_token_plan_on, Check};
 use wgpu_llm::gpu::{Gpu, GpuOptions};
 use wgpu_llm::tuning::Family;
 
@@ -32,9 +32,9 @@ fn apple() -> Gpu {
 fn check(gpu: &Gpu, model: &str, fixture: &str, steps: usize) {
     let dir = common::fixture_dir().join("reference");
     let c = Check { max_abs: MAX_ABS, steps, prefill_chunk: None };
-    check_path_on(gpu, &common::model(model), &dir, fixture, c, &|_| {});
+    check_path_on(gpu, &common::model(model), &dir, fixture, c, &as_is);
     // The one-token step takes none of the integer-dot-product paths.
-    let plan = one_token_plan_on(gpu, &common::model(model), &|_| {});
+    let plan = one_token_plan_on(gpu, &common::model(model), &as_is);
     assert!(plan.iter().all(|(_, v)| !has_flag(v, "DP4") && !has_flag(v, "XG")), "{plan:?}");
     assert!(!plan.iter().any(|(n, _)| n == "quantize_x16:main"), "{plan:?}");
 }

@@ -323,9 +323,10 @@ pub struct Model {
     /// Tokens already in the KV cache.
     pub pos: usize,
     pub prefill_chunk: usize,
-    /// Which one-token projections read x staged apart ([`StageApart::rule`] by default).
+    /// Which one-token projections read x staged apart (the device tuning's [`StageApart::rule`]).
     stage_apart: StageApart,
-    /// The layers' norms run as dispatches of their own even where they would fuse.
+    /// The layers' norms run as dispatches of their own even where they would fuse (the device
+    /// tuning's `norms_apart` knob: tests run that path, which long rows take, on small models).
     norms_apart: bool,
 }
 
@@ -461,23 +462,6 @@ impl Model {
                 })
                 .collect()
         })
-    }
-
-    /// Runs the layers' norms as dispatches of their own even where [`fuses_norm`] would fuse them
-    /// into the next projection (what long rows do: tests run that path on small models); the
-    /// plans are recorded again.
-    pub fn set_norms_apart(&mut self, apart: bool) {
-        self.norms_apart = apart;
-        self.plans.clear();
-        self.batch_plans.clear();
-    }
-
-    /// Sets which one-token quantized projections read x staged apart ([`StageApart`]); the plans
-    /// are recorded again.
-    pub fn set_stage_apart(&mut self, rule: StageApart) {
-        self.stage_apart = rule;
-        self.plans.clear();
-        self.batch_plans.clear();
     }
 
     /// Forgets the sequence (the KV cache is overwritten from position 0).
@@ -1057,9 +1041,9 @@ struct LayerPass<'a> {
     /// The activation whose rows the dispatch that wrote them also staged into the scratch's xs16,
     /// for the next projection that reads it ([`LayerPass::staged`]; taken by the first reader).
     xs_of: std::cell::RefCell<Option<Tensor>>,
-    /// [`Model::set_stage_apart`].
+    /// The model's (the tuning's [`StageApart::rule`]).
     stage_apart: StageApart,
-    /// [`Model::set_norms_apart`].
+    /// The model's (the tuning's `norms_apart` knob).
     norms_apart: bool,
 }
 
@@ -1086,7 +1070,7 @@ impl<'a> LayerPass<'a> {
     }
 
     /// Whether the layers' norms are fused into the projections after them ([`fuses_norm`], unless
-    /// [`Model::set_norms_apart`]).
+    /// the tuning's `norms_apart` knob).
     fn fuses_norm(&self) -> bool {
         fuses_norm(self.t, self.x.shape[1]) && !self.norms_apart
     }

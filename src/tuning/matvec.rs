@@ -52,6 +52,10 @@ impl MatvecQuery<'_> {
     pub fn dp4_ok(&self) -> bool {
         (self.fits)(self.max_wg, 1) && self.int_dot
     }
+    /// The adapter takes workgroups of `wg` threads and one token's row stages whole in them.
+    pub fn stages_in(&self, wg: u32) -> bool {
+        self.max_invocations >= wg && (self.whole)(wg)
+    }
     pub fn plain(&self) -> bool {
         self.input == InputKind::Plain
     }

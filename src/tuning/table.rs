@@ -250,14 +250,7 @@ pub static RULES: &[Rule] = &[
         family: Fam::Any,
         op: Op::Matvec,
         shape: "those Q6_K rows of 128+ units (K > N) that stage whole in 512 threads",
-        when: Some(|q, s| {
-            q6_whole_rows(s)
-                && q.dtype == DType::Q6_K
-                && q.k > q.n
-                && q.units >= 128
-                && q.max_invocations >= 512
-                && (q.whole)(512)
-        }),
+        when: Some(|q, s| q6_whole_rows(s) && q.dtype == DType::Q6_K && q.k > q.n && q.units >= 128 && q.stages_in(512)),
         act: Act::Shape { wg: 512, tpr: Lanes::Clamped(128) },
         measured: H100,
         cite: "BENCHMARKS run 67",
@@ -286,15 +279,7 @@ pub static RULES: &[Rule] = &[
         family: Fam::Any,
         op: Op::Matvec,
         shape: "the wide rows, DP4, Q4_K over 12288 or more, staging whole in 1024 threads",
-        when: Some(|q, s| {
-            s.wide_rows
-                && s.dp4
-                && !s.vocab
-                && q.dtype == DType::Q4_K
-                && q.n >= 12288
-                && q.max_invocations >= 1024
-                && (q.whole)(1024)
-        }),
+        when: Some(|q, s| s.wide_rows && s.dp4 && !s.vocab && q.dtype == DType::Q4_K && q.n >= 12288 && q.stages_in(1024)),
         act: Act::Shape { wg: 1024, tpr: Lanes::Fixed(32) },
         measured: H100,
         cite: "BENCHMARKS run 40",
@@ -461,11 +446,16 @@ impl Op {
 }
 
 impl std::fmt::Display for Rule {
+    /// One line: op, family, shape, choice, citation (and why, for a row measured nowhere).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let fam = match self.family {
             Fam::Any => "any".to_string(),
             Fam::Only(g) => format!("{g:?}"),
         };
-        write!(f, "{:?} [{fam}] {}: {:?} (measured on {}; {})", self.op, self.shape, self.act, self.measured, self.cite)
+        write!(f, "{:?} [{fam}] {}: {:?} ({})", self.op, self.shape, self.act, self.cite)?;
+        if !self.measured.starts_with("H100") {
+            write!(f, " (measured {})", self.measured)?;
+        }
+        Ok(())
     }
 }
