@@ -152,6 +152,12 @@ pub static RULES: &[Rule] = &[
         cite: "BENCHMARKS run 22",
     },
     // ---- The quantized matvec (QMatvecConfig::new) ----
+    // About 256k lanes (a full H100's worth of resident threads), each on units of 4 rows; never
+    // wider than a row's units (rounded up to a power of two), nor than the workgroup. Measured on
+    // the H100 (`bench_quant`, every type): K = 1536 (48 units) wants 64 lanes per row group at
+    // N = 2048 and 17920 (5-10% over 32), 32 at N = 151936 (10-40% over 64); K = 8960 (280 units) at
+    // N = 1536 wants 256. Software-pipelined loads (the next unit's issued before this one's math)
+    // were 5-40% slower everywhere (registers), but for the wide DP4 rows below (`Prefetch`).
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -159,8 +165,13 @@ pub static RULES: &[Rule] = &[
         when: None,
         act: Act::LanesFor(262144),
         measured: H100,
-        cite: "bench_quant on the H100, every type (no BENCHMARKS run: the comment in QMatvecConfig::new)",
+        cite: "bench_quant on the H100, every type (isolated kernels; no BENCHMARKS run)",
     },
+    // Gemma-4-31B's shapes on the H100 (`bench_quant` with QSHAPES): rows of 4096 to 8192 elements
+    // over 4096 rows or more run best as 32-lane row groups with the integer dot products (N = 5376,
+    // K = 8192: Q4_K 17.5 us against 20.7 at 256 lanes, Q6_K 23.4 against 30.0; N = 16384, K = 5376:
+    // 29.9 / 43.6 against 34.7 / 56.5 at 64 lanes) (measured with 256-thread workgroups: 32 rows
+    // each, which the staging pays off on).
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -170,6 +181,7 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "bench_quant with QSHAPES, Gemma-4-31B's shapes (isolated kernels; no BENCHMARKS run)",
     },
+    // Q6_K rows of 16384 or more want 64 lanes (N = 5376, K = 21504: 71.5 us against 88.4 at 256).
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -179,6 +191,9 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "bench_quant with QSHAPES (N = 5376, K = 21504: 71.5 us against 88.4; isolated kernels, no BENCHMARKS run)",
     },
+    // Few rows (a v or o projection): smaller workgroups, so that more of them spread over the GPU
+    // (N = 256, 32 lanes a row group: 8 workgroups of 256 threads, or 64 of 32), down to one row
+    // group, or 32 threads, a workgroup.
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -188,6 +203,13 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "bench_quant (v and o projections; no BENCHMARKS run)",
     },
+    // Integer dot products where the backend compiles them to instructions (the IntDot rows). The
+    // staging (K elements a workgroup) pays off from 16 rows a workgroup on (measured on the H100:
+    // 1.2-1.8x at 32 rows, 1.15-1.3x at 16, slower at 4). Passes of 4 tokens (a short prompt; batch
+    // steps run matvec_quant_batch) stage 4 rows of x a pass: worth it for Q6_K only (H100,
+    // `bench_quant_batch`, N = 17920, K = 1536 at 32 tokens: Q6_K 279 us against 457 float, Q4_K 380
+    // against 324). One token a pass: only rows that stage whole (chunked one-token DP4 ran at half
+    // the float kernel's speed on Gemma 4's K = 21504 rows: `bench_quant`, W cold).
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -204,6 +226,11 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "bench_quant, bench_quant_batch (1.2-1.8x at 32 rows; Q6_K 279 us against 457 at 32 tokens)",
     },
+    // One-token Q6_K and Q4_1 rows that stage whole: DP4 in 128-thread workgroups of 32-lane row
+    // groups whatever N (the float Q6_K path costs 2-3x its isolated time inside a step; H100, a
+    // Qwen2.5-1.5B Q4_K_M step: v (N = 256) 20.7 -> 14.7 us, down (K = 8960) 28.1 -> 23.1, the step
+    // 2177 -> 1969 us; SmolLM2-135M Q4_1: the step 1100 -> 945 us). Not Q4_K (the 1.5B step 1960 ->
+    // 2013 us, the 0.5B 1373 -> 1418: BENCHMARKS run 22). Rows that would stage in chunks stay float.
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -219,6 +246,9 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "BENCHMARKS run 22",
     },
+    // A vocabulary's rows (lm_head) with DP4 likewise (Gemma-4-31B's Q6_K lm_head, N = 262144,
+    // K = 5376: 593 us with 256 threads against 519 in the step; Qwen2.5's, N = 151936, K = 1536:
+    // 159 -> 100 us).
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -228,6 +258,12 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "BENCHMARKS run 31 (the lm_head, call 6) and run 22",
     },
+    // Of those, rows of 48 units or more, longer than they are many (the down projections; not a v
+    // projection's 24-unit rows) take 256 threads, with 128-lane row groups where that keeps to 128
+    // workgroups, else 64-lane (H100, inside the step, `WGPU_LLM_QMV`: Qwen2.5-1.5B's Q6_K down,
+    // N = 1536, K = 8960, 64 lanes: the step 1946 -> 1905 us, 128 lanes 1936; the 0.5B's, N = 896,
+    // K = 4864, 128 lanes: 1369 -> 1329, 64 lanes 1347; SmolLM2's Q4_1 down, N = 576, K = 1536, 64
+    // lanes: 945 -> 928).
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -246,6 +282,9 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "WGPU_LLM_QMV inside the step (Qwen2.5-1.5B's down 1946 -> 1905 us; BENCHMARKS run 31)",
     },
+    // Q6_K rows of 128 units (8192 elements) or more that stage whole in 512 threads: 128-lane row
+    // groups, 16 rows a workgroup (the 1.5B's down, K = 8960: the step 1683 -> 1671 us against 256
+    // threads of 64 lanes, BENCHMARKS run 67).
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -255,6 +294,10 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "BENCHMARKS run 67",
     },
+    // A v projection's few short rows (N <= 256, under 48 units) in 256-thread workgroups of 32-lane
+    // row groups: fewer, wider workgroups (Qwen2.5-1.5B's Q6_K v, 256 x 1536, 8 workgroups: the step
+    // 1889 -> 1846 us against 16 workgroups of 128 threads, 1877 with 64-lane row groups; the 0.5B's
+    // 128 x 896 the same).
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -264,6 +307,9 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "WGPU_LLM_QMV inside the step (Qwen2.5-1.5B's v 1889 -> 1846 us; BENCHMARKS run 31)",
     },
+    // Q4_K rows of at most 1536 elements (48 units) over many rows, integer dot products (the gate_up
+    // projections): 128 threads of 32-lane row groups (Qwen2.5-1.5B's 17920 x 1536: the step 1946 ->
+    // 1931 us against 256 threads of 64 lanes; the 0.5B's 9728 x 896 the same).
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -275,6 +321,10 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "WGPU_LLM_QMV inside the step (Qwen2.5-1.5B's gate_up 1946 -> 1931 us; BENCHMARKS run 31)",
     },
+    // Q4_K rows of 4096-8192 elements over 12288 rows or more (Gemma-4-31B's gate_up and qkv) in
+    // 1024-thread workgroups where the device takes them and the row stages whole there: x staged once
+    // for 128 rows instead of 32 (H100, BENCHMARKS run 40, the step 14979 -> 14764 us: gate_up 78.6 ->
+    // 75.6 us, qkv 32.4 -> 29.7 and 37.9 -> 34.4; 512 threads: no gain).
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
@@ -284,6 +334,10 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "BENCHMARKS run 40",
     },
+    // Those rows of 4096-8192 elements over 4096 or more (Gemma-4-31B's gate_up, qkv, o and lm_head)
+    // with each unit's loads issued an iteration early: the step 14848 -> 14728, 14774 -> 14678 and
+    // 14766 -> 14662 us in three calls (H100, BENCHMARKS run 43, session 14); the other shapes keep
+    // the plain loop (slower on Qwen2.5's in `bench_quant`).
     Rule {
         family: Fam::Any,
         op: Op::Matvec,
