@@ -169,8 +169,13 @@ impl Tuning {
         if let Ok(path) = std::env::var("WGPU_LLM_TUNING") {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| Error::InvalidArgument(format!("WGPU_LLM_TUNING={path}: {e}")))?;
-            self.override_from_toml(&text)
-                .map_err(|e| Error::InvalidArgument(format!("WGPU_LLM_TUNING={path}: {e}")))?;
+            self.override_from_toml(&text).map_err(|e| {
+                let why = match e {
+                    Error::InvalidArgument(m) => m,
+                    other => other.to_string(),
+                };
+                Error::InvalidArgument(format!("WGPU_LLM_TUNING={path}: {why}"))
+            })?;
         }
         for name in KNOBS {
             if let Ok(v) = std::env::var(format!("WGPU_LLM_{name}")) {
