@@ -30,6 +30,7 @@ pub mod sampling;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod tokenizer;
+pub mod tuning;
 pub mod weights;
 
 pub use engine::{Engine, Generation};

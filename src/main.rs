@@ -92,6 +92,7 @@ impl GpuArgs {
             disable_f16: self.no_f16,
             disable_subgroups: self.no_subgroups,
             disable_coop: self.no_coop,
+            emulate: None,
         }
     }
 
@@ -318,6 +319,25 @@ fn devices(backend: BackendChoice) -> Result<()> {
     }
     for a in list {
         println!("{a}");
+        // The tuning profile and the rule table's rows that apply (src/tuning, TUNING.md), with the
+        // knobs the environment or WGPU_LLM_TUNING set.
+        let t = a.tuning().override_from_env()?;
+        println!("{}", t.profile);
+        let measured = if t.profile.family == wgpu_llm::tuning::Family::NvidiaHopper {
+            "measured on this family (H100)".to_string()
+        } else {
+            format!(
+                "the rows were measured on the H100 only: {:?} is measured nowhere else and takes them as H100 defaults",
+                t.profile.family
+            )
+        };
+        println!("    tuning rules (op [family] shape: choice (citation)), {measured}:");
+        for r in t.applicable() {
+            println!("      {r}");
+        }
+        if t.knobs != Default::default() {
+            println!("    knobs set: {:?}", t.knobs);
+        }
     }
     Ok(())
 }

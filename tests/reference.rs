@@ -44,15 +44,11 @@ fn qwen05_chat() {
 /// the matvec's XG variant on x staged apart), against the same transformers fixture.
 #[test]
 fn smollm2_chat_norms_staged() {
-    use wgpu_llm::model::Model;
     use wgpu_llm::ops::matmul::gguf::StageApart;
     // (SmolLM2's Q4_1 rows take the integer dot products; Qwen2.5-0.5B's Q5_0 / Q8_0 ones do not.)
     let path = common::model("smollm2");
     let rule = StageApart { k: usize::MAX, free_k: 32, free_n: 0 };
-    let setup = |m: &mut Model| {
-        m.set_stage_apart(rule);
-        m.set_norms_apart(true);
-    };
+    let setup = |g: &wgpu_llm::gpu::Gpu| common::reference::staged(g, rule);
     common::reference::check_path_with(
         &path,
         "smollm2_chat",

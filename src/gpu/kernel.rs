@@ -61,12 +61,12 @@ pub fn grid(n: u32) -> [u32; 3] {
     }
 }
 
-/// Kernels compiled without wgpu's bounds checks, every variant (see [`Gpu::pipeline`]): the
-/// quantized matvec, its input staging, the norms, the rotation (prefill's and batches' too) and
-/// the decode attention. The last two index the KV caches by the pass's positions and slots, which
-/// the model checks against the caches before every pass (`Model::check_room`, `prefill_slot`,
-/// `stage_batch`); a caller of `ops::rope` / `ops::attention` directly owns that check.
-const UNCHECKED: [&str; 5] = ["matvec_quant", "quantize_x16", "rms_norm", "rope", "attention_decode"];
+// Kernels compiled without wgpu's bounds checks, every variant (see [`Gpu::pipeline`]): the
+// tuning table's `Unchecked` row (src/tuning/table.rs) names them: the quantized matvec, its input
+// staging, the norms, the rotation (prefill's and batches' too) and the decode attention. The last
+// two index the KV caches by the pass's positions and slots, which the model checks against the
+// caches before every pass (`Model::check_room`, `prefill_slot`, `stage_batch`); a caller of
+// `ops::rope` / `ops::attention` directly owns that check.
 
 impl Gpu {
     /// The compute pipeline of `entry` in `wgsl/<shader>.wgsl` under `macros`, compiled once.
@@ -80,7 +80,7 @@ impl Gpu {
         let pipeline = self.scoped(&format!("compiling {label}"), || {
             let desc =
                 wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(code.into()) };
-            // Bounds checks stay on but for UNCHECKED (a wrong index reads a clamped element,
+            // Bounds checks stay on but for the tuning's unchecked kernels (a wrong index reads a clamped element,
             // never another allocation); the loop-bounding guard wgpu adds for untrusted web content is off:
             // every loop in wgsl/ is bounded by its own condition, and the guard (a 64-bit
             // counter checked on every iteration) keeps drivers from unrolling and scheduling
@@ -90,19 +90,15 @@ impl Gpu {
             checks.force_loop_bounding = false;
             // wgpu's injected bounds checks (naga clamps every index into a fixed-size array,
             // workgroup memory included, and buffer indices where the driver lacks robust access)
-            // are left out of the kernels in UNCHECKED (every variant: the one-token decode path's
+            // are left out of the kernels the tuning names (every variant: the one-token decode path's
             // and also prefill's few-token matvec, the experts', every rms_norm), whose every index
             // is in range by construction (rows and tokens clamped or guarded, workgroup arrays
             // indexed by the thread and the sizes they were declared with, row layouts checked on
             // the host; the suite runs them so): the
             // Gemma-4-31B step 13,182 -> 13,030 us on the H100 with none checked (BENCHMARKS
             // session 15), as llama.cpp turns robustness off for its mul_mat_vec. Knob:
-            // WGPU_LLM_BOUNDS_CHECKS=1 checks every kernel, =0 none (measurement).
-            checks.bounds_checks = match std::env::var("WGPU_LLM_BOUNDS_CHECKS").as_deref() {
-                Ok("0") => false,
-                Ok("1") => true,
-                _ => !UNCHECKED.contains(&shader_name),
-            };
+            // WGPU_LLM_BOUNDS_CHECKS=1 checks every kernel, =0 none (measurement; TUNING.md).
+            checks.bounds_checks = self.tuning().bounds_checked(shader_name);
             // SAFETY: this crate's own shaders, whose loops terminate; those compiled without
             // bounds checks index inside their arrays and bindings by construction (above), which
             // the test suite runs (and runs with every kernel unchecked: the knob).

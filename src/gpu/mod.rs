@@ -10,6 +10,7 @@ pub use shader::Macros;
 pub use tensor::{ElemType, Tensor};
 
 use crate::error::{Error, Result};
+use crate::tuning::{DeviceProfile, Family, Tuning};
 use std::sync::{Arc, Mutex};
 
 /// Which graphics API to run on.
@@ -49,6 +50,11 @@ pub struct GpuOptions {
     pub disable_subgroups: bool,
     /// Do not use cooperative matrices (tensor cores) even where present.
     pub disable_coop: bool,
+    /// Run as this family would (tests): its profile's facts forced on the adapter (Apple's:
+    /// the device is requested with 32 KiB of workgroup memory, 31 storage bindings a stage,
+    /// bindings under 4 GiB, buffers of at most 4 GiB, no integer dot products) and its rows of
+    /// the rule table chosen. The kernels still run at the adapter's real subgroup size.
+    pub emulate: Option<Family>,
 }
 
 /// Optional capabilities in use on this device.
@@ -82,6 +88,13 @@ pub struct AdapterReport {
     /// The adapter's cooperative-matrix (tensor core) configurations, as wgpu reports them
     /// (Vulkan: `vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR`); empty where it has none.
     pub cooperative_matrices: Vec<wgpu::CooperativeMatrixProperties>,
+}
+
+impl AdapterReport {
+    /// The adapter's profile and tuning (no knobs read): what `wgpu-llm devices` prints below it.
+    pub fn tuning(&self) -> Tuning {
+        Tuning::new(DeviceProfile::new(&self.info, self.features, &self.limits, &self.cooperative_matrices))
+    }
 }
 
 impl std::fmt::Display for AdapterReport {
@@ -167,6 +180,8 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     pub caps: Caps,
+    /// The profile, the rule table's choices for it and the knobs ([`Gpu::tuning`]).
+    tuning: Arc<Tuning>,
     pipelines: Arc<PipelineCache>,
     /// First uncaptured device error (validation, out of memory, device lost), if any.
     failure: Arc<Mutex<Option<String>>>,
@@ -196,6 +211,11 @@ impl Gpu {
         };
         let info = adapter.get_info();
         let have = adapter.features();
+        let profile = DeviceProfile::new(&info, have, &adapter.limits(), &adapter.cooperative_matrix_properties());
+        let profile = match opts.emulate {
+            Some(family) => profile.emulating(family),
+            None => profile,
+        };
         let mut features = wgpu::Features::empty();
         let f16 = have.contains(wgpu::Features::SHADER_F16) && !opts.disable_f16;
         let subgroups = have.contains(wgpu::Features::SUBGROUP) && !opts.disable_subgroups;
@@ -203,8 +223,8 @@ impl Gpu {
         let coop = f16
             && subgroups
             && !opts.disable_coop
-            && info.subgroup_min_size == 32
-            && info.subgroup_max_size == 32
+            && profile.subgroup_min_size == 32
+            && profile.subgroup_max_size == 32
             && have.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
             && adapter.cooperative_matrix_properties().iter().any(|c| {
                 use wgpu::CooperativeScalarType as S;
@@ -224,7 +244,9 @@ impl Gpu {
                 features |= f;
             }
         }
-        let limits = adapter.limits();
+        // The profile's limits (Apple's: storage bindings under 4 GiB whatever the adapter reports),
+        // requested as such, so that wgpu refuses a binding past them.
+        let limits = profile.clamp_limits(&adapter.limits());
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("wgpu-llm"),
             required_features: features,
@@ -252,11 +274,38 @@ impl Gpu {
             f16,
             subgroups,
             timestamps,
-            subgroup_min_size: info.subgroup_min_size,
-            subgroup_max_size: info.subgroup_max_size,
+            subgroup_min_size: profile.subgroup_min_size,
+            subgroup_max_size: profile.subgroup_max_size,
             coop,
         };
-        Ok(Gpu { device, queue, info, limits, caps, pipelines: Arc::new(PipelineCache::default()), failure })
+        let tuning = Arc::new(Tuning::new(profile).override_from_env()?);
+        Ok(Gpu { device, queue, info, limits, caps, tuning, pipelines: Arc::new(PipelineCache::default()), failure })
+    }
+
+    /// The device's tuning: its profile, the rule table's choices for it, the knobs.
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+
+    /// The same device with another tuning (a test's knobs, without the environment).
+    pub fn with_tuning(&self, tuning: Tuning) -> Gpu {
+        Gpu { tuning: Arc::new(tuning), ..self.clone() }
+    }
+
+    /// The same device choosing kernels as `profile`'s would (tests of the table: an H100's
+    /// choices on lavapipe): its limits and subgroup sizes for the choices, its rows. Its kernels
+    /// must not run: the device has none of those limits.
+    #[cfg(test)]
+    pub(crate) fn choosing_as(&self, profile: DeviceProfile) -> Gpu {
+        let mut g = self.with_tuning(Tuning::new(profile.clone()));
+        g.limits.max_compute_workgroup_storage_size = profile.workgroup_memory;
+        g.limits.max_compute_invocations_per_workgroup = profile.max_invocations;
+        g.limits.max_compute_workgroup_size_x = g.limits.max_compute_workgroup_size_x.max(profile.max_invocations);
+        g.limits.max_storage_buffer_binding_size = profile.max_storage_binding;
+        g.caps.subgroup_min_size = profile.subgroup_min_size;
+        g.caps.subgroup_max_size = profile.subgroup_max_size;
+        g.info.backend = profile.backend;
+        g
     }
 
     /// The standard macros for this device (`F16`, `SUBGROUP`), to extend per kernel.

@@ -323,9 +323,10 @@ pub struct Model {
     /// Tokens already in the KV cache.
     pub pos: usize,
     pub prefill_chunk: usize,
-    /// Which one-token projections read x staged apart ([`StageApart::rule`] by default).
+    /// Which one-token projections read x staged apart (the device tuning's [`StageApart::rule`]).
     stage_apart: StageApart,
-    /// The layers' norms run as dispatches of their own even where they would fuse.
+    /// The layers' norms run as dispatches of their own even where they would fuse (the device
+    /// tuning's `norms_apart` knob: tests run that path, which long rows take, on small models).
     norms_apart: bool,
 }
 
@@ -442,10 +443,10 @@ impl Model {
             scratch: None,
             pos: 0,
             prefill_chunk: PREFILL_CHUNK,
-            stage_apart: StageApart::rule(),
+            stage_apart: StageApart::rule(gpu),
             // WGPU_LLM_NORMS_APART=1: a measurement knob (short rows' norms apart, and staging
             // the projections' input where StageApart's free rule takes them).
-            norms_apart: std::env::var("WGPU_LLM_NORMS_APART").is_ok_and(|v| v == "1"),
+            norms_apart: gpu.tuning().knobs.norms_apart,
         })
     }
 
@@ -461,23 +462,6 @@ impl Model {
                 })
                 .collect()
         })
-    }
-
-    /// Runs the layers' norms as dispatches of their own even where [`fuses_norm`] would fuse them
-    /// into the next projection (what long rows do: tests run that path on small models); the
-    /// plans are recorded again.
-    pub fn set_norms_apart(&mut self, apart: bool) {
-        self.norms_apart = apart;
-        self.plans.clear();
-        self.batch_plans.clear();
-    }
-
-    /// Sets which one-token quantized projections read x staged apart ([`StageApart`]); the plans
-    /// are recorded again.
-    pub fn set_stage_apart(&mut self, rule: StageApart) {
-        self.stage_apart = rule;
-        self.plans.clear();
-        self.batch_plans.clear();
     }
 
     /// Forgets the sequence (the KV cache is overwritten from position 0).
@@ -662,7 +646,7 @@ impl Model {
             }
             let mut p = self.record(t, false)?;
             if t == 1 {
-                probe_drop(&mut p.items);
+                probe_drop(&self.gpu, &mut p.items);
             }
             self.plans.insert(t, p);
         }
@@ -1016,9 +1000,11 @@ fn mlp_readers(m: &MlpWeights) -> Vec<&Linear> {
 /// (the name with or without its entry point) leaves the one-token plan's dispatches of that
 /// kernel name and exact variant out, so a step's GPU time without them tells what they cost
 /// inside the step.
-fn probe_drop(items: &mut Vec<Item>) {
-    let Ok(v) = std::env::var("WGPU_LLM_PROBE_DROP") else { return };
-    let drop: Vec<(&str, &str)> = v.split(',').filter_map(|e| e.rsplit_once(':')).collect();
+fn probe_drop(gpu: &Gpu, items: &mut Vec<Item>) {
+    let drop = &gpu.tuning().knobs.probe_drop;
+    if drop.is_empty() {
+        return;
+    }
     let named = |k: &Kernel, n: &str| k.name == n || k.name.split(':').next() == Some(n);
     items.retain(|it| match it {
         Item::Kernel(k) => !drop.iter().any(|(n, var)| named(k, n) && k.variant == *var),
@@ -1055,9 +1041,9 @@ struct LayerPass<'a> {
     /// The activation whose rows the dispatch that wrote them also staged into the scratch's xs16,
     /// for the next projection that reads it ([`LayerPass::staged`]; taken by the first reader).
     xs_of: std::cell::RefCell<Option<Tensor>>,
-    /// [`Model::set_stage_apart`].
+    /// The model's (the tuning's [`StageApart::rule`]).
     stage_apart: StageApart,
-    /// [`Model::set_norms_apart`].
+    /// The model's (the tuning's `norms_apart` knob).
     norms_apart: bool,
 }
 
@@ -1084,7 +1070,7 @@ impl<'a> LayerPass<'a> {
     }
 
     /// Whether the layers' norms are fused into the projections after them ([`fuses_norm`], unless
-    /// [`Model::set_norms_apart`]).
+    /// the tuning's `norms_apart` knob).
     fn fuses_norm(&self) -> bool {
         fuses_norm(self.t, self.x.shape[1]) && !self.norms_apart
     }

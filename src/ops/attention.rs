@@ -215,9 +215,9 @@ impl Tiling {
         // full span: where the span is too short for that, smaller tiles make more splits (H100,
         // Qwen2.5-1.5B decode at 641 positions: 16-key tiles, 41 splits, 8.4 us a layer against
         // 12.3 us with 64-key tiles and 11 splits; -4.5 % a step). Otherwise the largest tile that
-        // fits. WGPU_LLM_ATTN_BK caps the tile (a tuning knob for benchmarks).
+        // fits, at most the tuning's key tile (64; WGPU_LLM_ATTN_BK caps it, a knob for benchmarks).
         let target = 512usize.div_ceil(blocks);
-        let bk_cap = std::env::var("WGPU_LLM_ATTN_BK").ok().and_then(|v| v.parse().ok()).unwrap_or(64usize);
+        let bk_cap = gpu.tuning().attn_key_tile();
         let fits = |bk: usize| bk <= bk_cap && Tiling { bq, lpr, bk, nsplit: 1 }.valid(d, budget);
         let short = blocks < 128 && p.splits == 0 && span.div_ceil(64) < target;
         let bk = if short {
@@ -437,24 +437,19 @@ fn sg32(gpu: &Gpu) -> bool {
     gpu.caps.subgroups && gpu.caps.subgroup_min_size == 32 && gpu.caps.subgroup_max_size == 32
 }
 
-/// Fewest KV heads [`attention_decode`] is chosen for (but see [`DECODE_HEAD_DIM`]). Measured
-/// on the H100 (BENCHMARKS runs 30 and 36): with 2 or 3 KV heads (Qwen2.5, SmolLM2) the in-kernel
-/// merge cost what the merge dispatch it replaces did (the Qwen2.5-1.5B step 1952 us against
-/// 1950); alone the kernel wins from 8 KV heads on at 1-4k positions (Llama-3-8B's shape at 1024:
-/// 8.0 us against 18.1).
+/// Fewest KV heads [`attention_decode`] is chosen for (but see [`DECODE_HEAD_DIM`]): the tuning
+/// table's `AttnDecodeMinKv` row (src/tuning/table.rs), which this names. Measured on the H100
+/// (BENCHMARKS runs 30 and 36): with 2 or 3 KV heads (Qwen2.5, SmolLM2) the in-kernel merge cost
+/// what the merge dispatch it replaces did (the Qwen2.5-1.5B step 1952 us against 1950); alone the
+/// kernel wins from 8 KV heads on at 1-4k positions (Llama-3-8B's shape at 1024: 8.0 us against 18.1).
 pub const DECODE_MIN_KV_HEADS: usize = 8;
 
-/// Heads this wide take [`attention_decode`] whatever their KV heads: once the rest of the
-/// Qwen2.5-1.5B step had shrunk, its 2 KV heads of 128 won there (the step 1683 -> 1659 us,
-/// BENCHMARKS runs 67-68), while the 0.5B's heads of 64 still lost (1236 -> 1253 us). Wider heads
-/// (Qwen3.5's and Gemma 4's 256 and 512) keep the rule above: not measured.
+/// Heads this wide take [`attention_decode`] whatever their KV heads (the table's
+/// `AttnDecodeHeadDim` row): once the rest of the Qwen2.5-1.5B step had shrunk, its 2 KV heads of
+/// 128 won there (the step 1683 -> 1659 us, BENCHMARKS runs 67-68), while the 0.5B's heads of 64
+/// still lost (1236 -> 1253 us). Wider heads (Qwen3.5's and Gemma 4's 256 and 512) keep the rule
+/// above: not measured.
 pub const DECODE_HEAD_DIM: usize = 128;
-
-/// [`DECODE_MIN_KV_HEADS`], or `WGPU_LLM_ATTN_DECODE_MIN_KV` (a benchmark knob: e.g. 1 runs the
-/// kernel for Qwen2.5-0.5B's 2 KV heads of 64).
-fn decode_min_kv_heads() -> usize {
-    std::env::var("WGPU_LLM_ATTN_DECODE_MIN_KV").ok().and_then(|v| v.parse().ok()).unwrap_or(DECODE_MIN_KV_HEADS)
-}
 
 /// How [`attention_decode`] cuts one decode token's keys (see `wgsl/attention_decode.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -502,19 +497,15 @@ impl DecodeTiling {
     /// Only for heads with at least [`DECODE_MIN_KV_HEADS`] KV heads (or
     /// `WGPU_LLM_ATTN_DECODE_MIN_KV`, a benchmark knob), or heads [`DECODE_HEAD_DIM`] wide.
     pub fn choose(gpu: &Gpu, p: &AttnParams, rope: bool) -> Option<DecodeTiling> {
-        if std::env::var("WGPU_LLM_ATTN_DECODE").is_ok_and(|v| v == "0")
-            || p.n_tokens != 1
-            || (p.kv_heads < decode_min_kv_heads() && p.head_dim != DECODE_HEAD_DIM)
-        {
+        let (min_kv, wide) = gpu.tuning().decode_attention()?;
+        if p.n_tokens != 1 || (p.kv_heads < min_kv && p.head_dim != wide) {
             return None;
         }
         let (d, g) = (p.head_dim, p.heads / p.kv_heads);
         let budget = (gpu.limits.max_compute_workgroup_storage_size as usize).min(32 << 10);
         let span = if p.window > 0 { p.max_ctx.min(p.window + 1) } else { p.max_ctx };
         // (`WGPU_LLM_ATTN_DECODE_CE=4096`, a benchmark knob: the smaller chunks first.)
-        let small_first = std::env::var("WGPU_LLM_ATTN_DECODE_CE").is_ok_and(|v| v == "4096");
-        let sizes = if small_first { [4096, 8192] } else { [8192, 4096] };
-        sizes.into_iter().filter(|ce| ce % d == 0).find_map(|ce| {
+        gpu.tuning().decode_chunks().into_iter().filter(|ce| ce % d == 0).find_map(|ce| {
             let ck = ce / d;
             let cap = (64 / p.kv_heads).clamp(8, 32);
             let nsplit = if p.splits > 0 { p.splits } else { span.div_ceil(ck).clamp(1, cap) };

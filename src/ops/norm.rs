@@ -221,13 +221,9 @@ const NORM_WG: u32 = 256;
 /// limits; measurement).
 fn norm_wg(gpu: &Gpu, n: u32) -> u32 {
     let l = &gpu.limits;
-    let fits = |wg: u32| wg <= l.max_compute_invocations_per_workgroup && wg <= l.max_compute_workgroup_size_x;
-    let knob = std::env::var("WGPU_LLM_NORM_WG").ok().and_then(|v| v.parse::<u32>().ok());
-    match knob.filter(|&wg| matches!(wg, 256 | 512 | 1024) && fits(wg)) {
-        Some(wg) => wg,
-        None if n > 4096 && fits(512) => 512,
-        None => NORM_WG,
-    }
+    // (the tuning table's `NormWideRows` row)
+    gpu.tuning()
+        .norm_wg(n, NORM_WG, |wg| wg <= l.max_compute_invocations_per_workgroup && wg <= l.max_compute_workgroup_size_x)
 }
 
 /// `rms_norm`'s workgroup size for rows of `n` ([`norm_wg`]) and, where it holds the rows in

@@ -4,15 +4,36 @@
 //! top-1/top-2 margin is within the error bound (a near-tie), which is reported.
 
 use serde_json::Value;
+use wgpu_llm::gpu::Gpu;
 use wgpu_llm::loader::Checkpoint;
 use wgpu_llm::model::Model;
+use wgpu_llm::ops::matmul::gguf::StageApart;
 use wgpu_llm::sampling::host::argmax;
+
+/// A setup: the device a model is loaded on, made from the shared one (for [`check_path_with`],
+/// [`one_token_plan`]).
+pub type Setup<'a> = &'a dyn Fn(&Gpu) -> Gpu;
+
+/// No setup: the device as it is.
+pub fn as_is(gpu: &Gpu) -> Gpu {
+    gpu.clone()
+}
 
 /// A setup (for [`check_path_with`], [`one_token_plan`]): the layers' norms run apart and every
 /// one-token projection of whole 32-element blocks reads x staged apart ([`StageApart::EVERY`]).
-pub fn stage_every_row(m: &mut Model) {
-    m.set_stage_apart(wgpu_llm::ops::matmul::gguf::StageApart::EVERY);
-    m.set_norms_apart(true);
+pub fn stage_every_row(gpu: &Gpu) -> Gpu {
+    staged(gpu, StageApart::EVERY)
+}
+
+/// `gpu` with its tuning's knobs set so that the layers' norms run apart and the one-token
+/// projections `rule` takes read x staged apart (TUNING.md: `norms_apart`, `xg_k`, `xg_free_k`,
+/// `xg_free_n`).
+pub fn staged(gpu: &Gpu, rule: StageApart) -> Gpu {
+    let mut t = gpu.tuning().clone();
+    t.knobs.norms_apart = true;
+    (t.knobs.xg_off, t.knobs.xg_k, t.knobs.xg_free_k, t.knobs.xg_free_n) =
+        (false, Some(rule.k), Some(rule.free_k), Some(rule.free_n));
+    gpu.with_tuning(t)
 }
 
 /// Whether a kernel's variant (its flags joined by '+', as `Model::plan_kernels` gives them) has
@@ -21,13 +42,17 @@ pub fn has_flag(variant: &str, flag: &str) -> bool {
     variant.split('+').any(|f| f == flag)
 }
 
-/// The kernels (name, variant) of the one-token plan of the model at `path` with `setup` applied:
-/// loaded (64 positions), a two-token prompt and one decode step run.
-pub fn one_token_plan(path: &std::path::Path, setup: &dyn Fn(&mut Model)) -> Vec<(String, String)> {
-    let gpu = super::gpu();
+/// The kernels (name, variant) of the one-token plan of the model at `path` loaded on the device
+/// `setup` makes (64 positions), a two-token prompt and one decode step run.
+pub fn one_token_plan(path: &std::path::Path, setup: Setup) -> Vec<(String, String)> {
+    one_token_plan_on(&super::gpu(), path, setup)
+}
+
+/// [`one_token_plan`] from `gpu` instead of the shared device.
+pub fn one_token_plan_on(gpu: &wgpu_llm::gpu::Gpu, path: &std::path::Path, setup: Setup) -> Vec<(String, String)> {
+    let gpu = setup(gpu);
     let ck = Checkpoint::open(path).unwrap();
     let mut model = Model::load(&gpu, &ck, Some(64), &mut |_, _| {}).unwrap();
-    setup(&mut model);
     model.forward(&[2, 3]).unwrap();
     model.forward(&[4]).unwrap();
     model.plan_kernels(1).expect("the one-token plan")
@@ -55,11 +80,11 @@ fn top5(v: &[f32]) -> Vec<u32> {
 /// prefill and the window; their decode steps cost lavapipe minutes and add nothing new).
 /// Checks the engine on `model_path` against fixture `fixture`; returns the max |logit error|.
 pub fn check_path(model_path: &std::path::Path, fixture: &str, c: Check) -> f32 {
-    check_path_with(model_path, fixture, c, &|_| {})
+    check_path_with(model_path, fixture, c, &as_is)
 }
 
-/// [`check_path`] with `setup` applied to the model after it loads.
-pub fn check_path_with(model_path: &std::path::Path, fixture: &str, c: Check, setup: &dyn Fn(&mut Model)) -> f32 {
+/// [`check_path`] on the device `setup` makes from the shared one.
+pub fn check_path_with(model_path: &std::path::Path, fixture: &str, c: Check, setup: Setup) -> f32 {
     check_path_in(model_path, &super::fixture_dir().join("reference"), fixture, c, setup)
 }
 
@@ -69,7 +94,19 @@ pub fn check_path_in(
     dir: &std::path::Path,
     fixture: &str,
     c: Check,
-    setup: &dyn Fn(&mut Model),
+    setup: Setup,
+) -> f32 {
+    check_path_on(&super::gpu(), model_path, dir, fixture, c, setup)
+}
+
+/// [`check_path_in`] from `gpu` (e.g. a device emulating another family) instead of the shared device.
+pub fn check_path_on(
+    gpu: &wgpu_llm::gpu::Gpu,
+    model_path: &std::path::Path,
+    dir: &std::path::Path,
+    fixture: &str,
+    c: Check,
+    setup: Setup,
 ) -> f32 {
     let (steps, max_abs) = (c.steps, c.max_abs);
     let meta: Value =
@@ -86,13 +123,12 @@ pub fn check_path_in(
     let bytes = std::fs::read(dir.join(format!("{fixture}.logits.f32"))).unwrap();
     let want: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
 
-    let gpu = super::gpu();
+    let gpu = setup(gpu);
     let ck = Checkpoint::open(model_path).unwrap();
     let mut model = Model::load(&gpu, &ck, Some(ids.len() + 32), &mut |_, _| {}).unwrap();
     if let Some(chunk) = c.prefill_chunk {
         model.prefill_chunk = chunk;
     }
-    setup(&mut model);
     let logits = model.forward(&ids).unwrap();
     let got = gpu.read_f32(&logits).unwrap();
     assert_eq!(got.len(), want.len());

@@ -76,6 +76,7 @@ use super::{common_macros, glu_macros, Input, LinearOpts, LinearShape, MATVEC_WG
 use crate::dtype::DType;
 use crate::gpu::{Gpu, Macros};
 use crate::weights::{type_macros, unit_elems};
+use crate::tuning::{InputKind, MatvecQuery, MatvecState};
 
 /// How matvec_quant runs for one shape on one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,165 +106,97 @@ struct QMatvecConfig {
 }
 
 impl QMatvecConfig {
+    /// The shape the tuning table's [`Op::Matvec`](crate::tuning::Op) rows choose for `dtype`
+    /// and `s` on this device (src/tuning/table.rs: each rule with the measurement that chose it,
+    /// e.g. Q6_K down projections of 128+ units in 512 threads, BENCHMARKS run 67), then the knobs.
     fn new(gpu: &Gpu, dtype: DType, s: &LinearShape) -> Self {
-        let units = (s.k / unit_elems(dtype)) as u32;
         let sg_max = gpu.caps.subgroup_max_size.max(1).next_power_of_two();
         let subgroups = gpu.caps.subgroups && sg_max <= MATVEC_WG;
         let tok = if s.t >= 2 { 4 } else { 1 };
-        // As the f16 matvec: every output of a pass (4 rows × tok tokens) has a storing lane, the
-        // reduction without subgroups folds 8 lanes first, a row group covers whole subgroups.
+        let st = Self::query(gpu, dtype, s, tok, subgroups, InputKind::Plain, |q| gpu.tuning().matvec(q));
+        Self::from_state(st).knob(gpu, dtype, s)
+    }
+
+    /// Runs `f` on what the tuning table's rows see of this projection ([`MatvecQuery`]): the
+    /// type's units, the narrowest and widest row groups a pass allows (as the f16 matvec: every
+    /// output of a pass, 4 rows x `tok` tokens, has a storing lane, the reduction without
+    /// subgroups folds 8 lanes first, a row group covers whole subgroups), whether a row stages
+    /// whole for DP4 ([`stages_whole`], [`dp4_fits`]).
+    #[allow(clippy::too_many_arguments)]
+    fn query<R>(
+        gpu: &Gpu,
+        dtype: DType,
+        s: &LinearShape,
+        tok: u32,
+        subgroups: bool,
+        input: InputKind,
+        f: impl FnOnce(&MatvecQuery) -> R,
+    ) -> R {
+        let sg_max = gpu.caps.subgroup_max_size.max(1).next_power_of_two();
         let min_tpr = (4 * tok).max(8).max(if subgroups { sg_max } else { 1 });
-        // About 256k lanes (a full H100's worth of resident threads), each on units of 4 rows;
-        // never wider than a row's units (rounded up to a power of two), nor than the workgroup.
-        // Measured on the H100 (`bench_quant`, every type): K = 1536 (48 units) wants 64 lanes
-        // per row group at N = 2048 and 17920 (5-10% over 32), 32 at N = 151936 (10-40% over
-        // 64); K = 8960 (280 units) at N = 1536 wants 256. Software-pipelined loads (the next
-        // unit's issued before this one's math) were 5-40% slower everywhere (registers), but
-        // for the wide DP4 rows below (`prefetch`).
-        let groups = s.n.div_ceil(4) as u32;
-        let want = 262144u32.div_ceil(groups).next_power_of_two();
-        let widest = units.next_power_of_two().min(MATVEC_WG).max(min_tpr);
-        let mut tpr = want.clamp(min_tpr.max(16).min(widest), widest);
-        // Gemma-4-31B's shapes on the H100 (`bench_quant` with QSHAPES): rows of 4096 to 8192
-        // elements over 4096 rows or more run best as 32-lane row groups with the integer dot
-        // products (N = 5376, K = 8192: Q4_K 17.5 us against 20.7 at 256 lanes, Q6_K 23.4 against
-        // 30.0; N = 16384, K = 5376: 29.9 / 43.6 against 34.7 / 56.5 at 64 lanes); Q6_K rows of
-        // 16384 or more want 64 lanes (N = 5376, K = 21504: 71.5 us against 88.4 at 256).
-        let dp4_ok = dp4_fits(gpu, dtype, s.k, MATVEC_WG, 1) && gpu.info.backend == wgpu::Backend::Vulkan;
-        // (measured with 256-thread workgroups: 32 rows each, which the staging pays off on).
-        let wide_rows = tok == 1 && dp4_ok && (4096..=8192).contains(&s.k) && s.n >= 4096;
-        if wide_rows {
-            tpr = min_tpr.max(32);
-        } else if tok == 1 && dtype == DType::Q6_K && s.k >= 16384 {
-            tpr = tpr.min(64).max(min_tpr);
-        }
-        // Few rows (a v or o projection): smaller workgroups, so that more of them spread over
-        // the GPU (N = 256, 32 lanes a row group: 8 workgroups of 256 threads, or 64 of 32),
-        // down to one row group, or 32 threads, a workgroup.
-        let mut wg = MATVEC_WG;
-        while !wide_rows && wg / 2 >= tpr.max(32) && (s.n as u32).div_ceil(4 * wg / tpr) < 512 {
-            wg /= 2;
-        }
-        // Integer dot products where the backend compiles them to instructions: Vulkan (SPIR-V
-        // 1.6's OpSDot/OpUDot; naga writes a bit-field polyfill where the device lacks them),
-        // not Metal or GL, where naga always writes the polyfill (slower than the float path).
-        // The staging (K elements a workgroup) pays off from 16 rows a workgroup on (measured on
-        // the H100: 1.2-1.8x at 32 rows, 1.15-1.3x at 16, slower at 4).
-        // Passes of 4 tokens (a short prompt; batch steps run matvec_quant_batch) stage 4 rows
-        // of x a pass: worth it for Q6_K only (H100, `bench_quant_batch`, N = 17920, K = 1536 at
-        // 32 tokens: Q6_K 279 us against 457 float, Q4_K 380 against 324).
-        // One token a pass: only rows that stage whole (chunked one-token DP4 ran at half the
-        // float kernel's speed on Gemma 4's K = 21504 rows: `bench_quant`, W cold).
+        let units = (s.k / unit_elems(dtype)) as u32;
         let whole = |wg: u32| stages_whole(gpu, dtype, s.k, wg);
-        let dp4 = 4 * wg / tpr >= 16
-            && (if tok == 1 { whole(wg) } else { dtype == DType::Q6_K && dp4_fits(gpu, dtype, s.k, wg, tok) })
-            && gpu.info.backend == wgpu::Backend::Vulkan;
-        // One-token Q6_K and Q4_1 rows that stage whole: DP4 in 128-thread workgroups of 32-lane
-        // row groups whatever N (the float Q6_K path costs 2-3x its isolated time inside a step;
-        // H100, a Qwen2.5-1.5B Q4_K_M step: v (N = 256) 20.7 -> 14.7 us, down (K = 8960) 28.1 ->
-        // 23.1, the step 2177 -> 1969 us; SmolLM2-135M Q4_1: the step 1100 -> 945 us). Not Q4_K
-        // (the 1.5B step 1960 -> 2013 us, the 0.5B 1373 -> 1418: BENCHMARKS run 22). Rows that
-        // would stage in chunks stay float (Gemma 4's K = 21504 down projections: chunked DP4 ran
-        // at half the float kernel's speed).
-        // (Both rules: 128 threads of 32-lane row groups, 16 rows a workgroup, where a row group
-        // of 32 lanes covers whole subgroups.)
-        let narrow = min_tpr <= 32;
-        let q6_whole = tok == 1
-            && narrow
-            && matches!(dtype, DType::Q6_K | DType::Q4_1)
-            && gpu.info.backend == wgpu::Backend::Vulkan
-            && whole(128);
-        let dp4 = dp4 || q6_whole;
-        // A vocabulary's rows (lm_head) with DP4 likewise (Gemma-4-31B's Q6_K lm_head, N = 262144,
-        // K = 5376: 593 us with 256 threads against 519 in the step; Qwen2.5's, N = 151936,
-        // K = 1536: 159 -> 100 us).
-        let vocab = dp4 && tok == 1 && narrow && s.n >= 131072 && whole(128);
-        let (mut wg, mut tpr) = if q6_whole || vocab { (128, 32) } else { (wg, tpr) };
-        // Of those, rows of 48 units or more, longer than they are many (the down projections; not a
-        // v projection's 24-unit rows) take 256 threads, with
-        // 128-lane row groups where that keeps to 128 workgroups, else 64-lane (H100, inside the
-        // step, `WGPU_LLM_QMV`: Qwen2.5-1.5B's Q6_K down, N = 1536, K = 8960, 64 lanes: the step
-        // 1946 -> 1905 us, 128 lanes 1936; the 0.5B's, N = 896, K = 4864, 128 lanes: 1369 ->
-        // 1329, 64 lanes 1347; SmolLM2's Q4_1 down, N = 576, K = 1536, 64 lanes: 945 -> 928).
-        if q6_whole && !vocab && s.k > s.n && units >= 48 && whole(256) {
-            wg = 256;
-            tpr = if s.n.div_ceil(8) <= 128 { 128 } else { 64 }.min(widest).max(min_tpr);
-        }
-        // Q6_K rows of 128 units (8192 elements) or more that stage whole in 512 threads: 128-lane
-        // row groups, 16 rows a workgroup (the 1.5B's down, K = 8960: the step 1683 -> 1671 us
-        // against 256 threads of 64 lanes, BENCHMARKS run 67).
-        let w512 = gpu.limits.max_compute_invocations_per_workgroup >= 512 && whole(512);
-        if q6_whole && !vocab && dtype == DType::Q6_K && s.k > s.n && units >= 128 && w512 {
-            (wg, tpr) = (512, 128.min(widest).max(min_tpr));
-        }
-        // And a v projection's few short rows (N <= 256, under 48 units) in 256-thread workgroups of
-        // 32-lane row groups:
-        // fewer, wider workgroups (Qwen2.5-1.5B's Q6_K v, 256 x 1536, 8 workgroups: the step 1889 ->
-        // 1846 us against 16 workgroups of 128 threads, 1877 with 64-lane row groups; the 0.5B's
-        // 128 x 896 the same).
-        if q6_whole && !vocab && s.n <= 256 && units < 48 && whole(256) {
-            (wg, tpr) = (256, 32);
-        }
-        // Q4_K rows of at most 1536 elements (48 units) over many rows, integer dot products (the
-        // gate_up projections): 128 threads of 32-lane row groups (Qwen2.5-1.5B's 17920 x 1536:
-        // the step 1946 -> 1931 us against 256 threads of 64 lanes; the 0.5B's 9728 x 896 the same).
-        if dp4 && tok == 1 && dtype == DType::Q4_K && s.k <= 1536 && s.n >= 8192 && narrow && whole(128) {
-            (wg, tpr) = (128, 32);
-        }
-        // Q4_K rows of 4096-8192 elements over 12288 rows or more (Gemma-4-31B's gate_up and qkv)
-        // in 1024-thread workgroups where the device takes them and the row stages whole there:
-        // x staged once for 128 rows instead of 32 (H100, BENCHMARKS run 40, the step 14979 ->
-        // 14764 us: gate_up 78.6 -> 75.6 us, qkv 32.4 -> 29.7 and 37.9 -> 34.4; 512 threads: no
-        // gain).
-        let wide = gpu.limits.max_compute_invocations_per_workgroup >= 1024 && whole(1024);
-        if wide_rows && dp4 && !vocab && dtype == DType::Q4_K && s.n >= 12288 && wide {
-            (wg, tpr) = (1024, 32);
-        }
-        // Those rows of 4096-8192 elements over 4096 or more (Gemma-4-31B's gate_up, qkv, o and
-        // lm_head) with each unit's loads issued an iteration early: the step 14848 -> 14728,
-        // 14774 -> 14678 and 14766 -> 14662 us in three calls (H100, BENCHMARKS session 14); the
-        // other shapes keep the plain loop (see above: slower on Qwen2.5's).
-        let prefetch = wide_rows && dp4;
-        QMatvecConfig {
-            wg,
-            tpr,
+        let fits = |wg: u32, tok: u32| dp4_fits(gpu, dtype, s.k, wg, tok);
+        f(&MatvecQuery {
+            dtype,
+            n: s.n,
+            k: s.k,
             tok,
+            units,
+            min_tpr,
+            widest: units.next_power_of_two().min(MATVEC_WG).max(min_tpr),
+            max_wg: MATVEC_WG,
             subgroups,
-            dp4,
-            prefetch,
+            subgroup_max_size: gpu.caps.subgroup_max_size,
+            max_invocations: gpu.limits.max_compute_invocations_per_workgroup,
+            int_dot: gpu.tuning().int_dot(),
+            input,
+            whole: &whole,
+            fits: &fits,
+        })
+    }
+
+    fn from_state(st: MatvecState) -> Self {
+        QMatvecConfig {
+            wg: st.wg,
+            tpr: st.tpr,
+            tok: st.tok,
+            subgroups: st.subgroups,
+            dp4: st.dp4,
+            prefetch: st.prefetch,
             #[cfg(test)]
             probe: "",
             #[cfg(test)]
             max_kc: 0,
         }
-        .knob(gpu, dtype, s)
     }
 
-    /// A benchmark knob: WGPU_LLM_QMV="TYPE:N:K:wg:tpr:dp4,..." (TYPE as `Q4_K`, or `any`) sets
-    /// one-token configurations by type and shape, for measuring them inside a step. Applied
-    /// last, over every rule (a shape it names takes its configuration, the others their rules).
-    /// WGPU_LLM_QMV_PF=0 / 1 turns `prefetch` off / on wherever a row stages whole.
+    fn state(&self) -> MatvecState {
+        let (wg, tpr, tok, subgroups, dp4, prefetch) =
+            (self.wg, self.tpr, self.tok, self.subgroups, self.dp4, self.prefetch);
+        MatvecState { wg, tpr, tok, subgroups, dp4, prefetch, ..Default::default() }
+    }
+
+    /// The measurement knobs (TUNING.md): `WGPU_LLM_QMV="TYPE:N:K:wg:tpr:dp4,..."` (TYPE as `Q4_K`,
+    /// or `any`) sets one-token configurations by type and shape, for measuring them inside a
+    /// step. Applied last, over every rule (a shape it names takes its configuration, the others
+    /// their rules). `WGPU_LLM_QMV_PF=0` / `1` turns `prefetch` off / on wherever a row stages whole.
     fn knob(self, gpu: &Gpu, dtype: DType, s: &LinearShape) -> Self {
-        let pf = std::env::var("WGPU_LLM_QMV_PF").ok();
-        let mut cfg = match pf.as_deref() {
-            Some("0") => QMatvecConfig { prefetch: false, ..self },
-            Some("1") => QMatvecConfig { prefetch: self.dp4 && self.tok == 1, ..self },
-            _ => self,
+        let knobs = &gpu.tuning().knobs;
+        let mut cfg = match knobs.qmv_pf {
+            Some(false) => QMatvecConfig { prefetch: false, ..self },
+            Some(true) => QMatvecConfig { prefetch: self.dp4 && self.tok == 1, ..self },
+            None => self,
         };
-        let Ok(v) = std::env::var("WGPU_LLM_QMV") else { return cfg };
         if cfg.tok != 1 {
             return cfg;
         }
-        for e in v.split(',') {
-            let ty = e.split(':').next().unwrap_or_default();
-            let f: Vec<usize> = e.split(':').skip(1).filter_map(|x| x.parse().ok()).collect();
-            let ty_ok = ty == "any" || ty == format!("{dtype:?}");
-            if let [n, k, w, t, d] = f[..] {
-                if ty_ok && n == s.n && k == s.k && (d == 0 || stages_whole(gpu, dtype, s.k, w as u32)) {
-                    let dp4 = d == 1 && gpu.info.backend == wgpu::Backend::Vulkan;
-                    let prefetch = dp4 && pf.as_deref() == Some("1");
-                    cfg = QMatvecConfig { wg: w as u32, tpr: t as u32, dp4, prefetch, ..cfg };
-                }
+        for e in &knobs.qmv {
+            let ty_ok = e.ty == "any" || e.ty == format!("{dtype:?}");
+            if ty_ok && e.n == s.n && e.k == s.k && (e.dp4 == 0 || stages_whole(gpu, dtype, s.k, e.wg)) {
+                let dp4 = e.dp4 == 1 && gpu.tuning().int_dot();
+                let prefetch = dp4 && knobs.qmv_pf == Some(true);
+                cfg = QMatvecConfig { wg: e.wg, tpr: e.tpr, dp4, prefetch, ..cfg };
             }
         }
         cfg
@@ -300,18 +233,12 @@ impl QMatvecConfig {
         if matches!(input, Input::Staged(_)) {
             return self.staged(gpu, dtype, s);
         }
-        let plain = matches!(input, Input::Plain);
-        let norm = matches!(input, Input::Norm { .. });
-        let vulkan = gpu.info.backend == wgpu::Backend::Vulkan;
-        let narrow = !self.subgroups || gpu.caps.subgroup_max_size <= 32;
-        let q4k_short = vulkan && narrow && self.tok == 1 && !self.dp4 && dtype == DType::Q4_K && s.n <= 4096;
-        if q4k_short && s.k == 1536 && (plain || norm) && stages_whole(gpu, dtype, s.k, 256) {
-            return QMatvecConfig { wg: 256, tpr: 64, dp4: true, prefetch: false, ..self }.knob(gpu, dtype, s);
+        let kind = if matches!(input, Input::Norm { .. }) { InputKind::Norm } else { InputKind::Plain };
+        match Self::query(gpu, dtype, s, self.tok, self.subgroups, kind, |q| gpu.tuning().matvec_input(q, self.state()))
+        {
+            Some(st) => Self::from_state(st).knob(gpu, dtype, s),
+            None => self,
         }
-        if q4k_short && plain && s.k <= 1536 && stages_whole(gpu, dtype, s.k, 128) {
-            return QMatvecConfig { wg: 128, tpr: 32, dp4: true, prefetch: false, ..self }.knob(gpu, dtype, s);
-        }
-        self
     }
 }
 
@@ -321,32 +248,47 @@ impl QMatvecConfig {
     /// lanes) in workgroups of one row group, at least 64 threads (`WGPU_LLM_XG_CFG="wg:tpr:prefetch"`
     /// sets it for measurement).
     fn staged(self, gpu: &Gpu, dtype: DType, s: &LinearShape) -> Self {
-        let sg = if self.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
-        // About 2-4 units a lane, 32 to 128 lanes. H100, `bench_quant` (W cold, the staging apart
-        // not counted), Gemma-4-31B's rows of 16384 and 21504 over 5376: Q4_K (32-element units)
-        // 26.5 / 35.9 us at 128 lanes (30.0 / 39.0 at 64, 41.3 / 53.5 at 32; the kernel staging in
-        // workgroup memory: 38.3 / 48.3), Q6_K (64-element units) 35.5 / 45.9 at 64 lanes (34.9 /
-        // 44.2 at 32; before: 48.9 / 64.5).
-        let units = (s.k / unit_elems(dtype)) as u32;
-        let tpr = (1u32 << (units / 2).max(1).ilog2()).clamp(32, 128);
-        let wg = tpr.max(64);
-        let (mut wg, mut tpr, mut prefetch) = (wg.max(sg), tpr.max(sg), false);
-        if let Ok(v) = std::env::var("WGPU_LLM_XG_CFG") {
-            let f: Vec<u32> = v.split(':').filter_map(|x| x.parse().ok()).collect();
-            if let [w, t, pf] = f[..] {
-                let t = t.max(sg);
-                (wg, tpr, prefetch) = (w.max(t), t, pf == 1);
-            }
+        // (The table's row: H100, `bench_quant` (W cold, the staging apart not counted),
+        // Gemma-4-31B's rows of 16384 and 21504 over 5376: Q4_K (32-element units) 26.5 / 35.9 us
+        // at 128 lanes (30.0 / 39.0 at 64, 41.3 / 53.5 at 32; the kernel staging in workgroup
+        // memory: 38.3 / 48.3), Q6_K (64-element units) 35.5 / 45.9 at 64 lanes (34.9 / 44.2 at
+        // 32; before: 48.9 / 64.5).)
+        let st = Self::query(gpu, dtype, s, self.tok, self.subgroups, InputKind::Staged, |q| {
+            gpu.tuning().matvec_staged(q, self.state())
+        });
+        let mut cfg = Self::from_state(st);
+        if let Some([w, t, pf]) = gpu.tuning().knobs.xg_cfg {
+            let sg = if self.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
+            let t = t.max(sg);
+            (cfg.wg, cfg.tpr, cfg.prefetch) = (w.max(t), t, pf == 1);
         }
-        QMatvecConfig { wg, tpr, dp4: true, prefetch, ..self }
+        cfg
     }
+}
+
+/// The matvec's (wg, tpr, dp4, prefetch) for `dtype` over `t` tokens of an N x K weight, x read
+/// plain or through the fused norm (`norm`): what the tuning table's tests check.
+#[cfg(test)]
+pub(crate) fn tuned_matvec(
+    gpu: &Gpu,
+    dtype: DType,
+    t: usize,
+    n: usize,
+    k: usize,
+    norm: bool,
+) -> (u32, u32, bool, bool) {
+    let s = LinearShape { t, n, k, ld_out: n, cols: n };
+    let g = gpu.upload_f32("g", &[k], &vec![1.0; k]).unwrap();
+    let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
+    let c = QMatvecConfig::new(gpu, dtype, &s).for_input(gpu, dtype, &s, input);
+    (c.wg, c.tpr, c.dp4, c.prefetch)
 }
 
 /// Whether a one-token projection of `dtype` over rows of `k` reads x staged apart
 /// ([`quantize_x16`] then [`Input::Staged`]): DP4 types on Vulkan, rows of `min_k` or more
 /// ([`StageApart`]).
 pub fn stages_apart(gpu: &Gpu, dtype: DType, t: usize, k: usize, min_k: usize) -> bool {
-    t == 1 && k >= min_k && k % 32 == 0 && gpu.info.backend == wgpu::Backend::Vulkan && has_dp4(dtype)
+    t == 1 && k >= min_k && k % 32 == 0 && gpu.tuning().int_dot() && has_dp4(dtype)
 }
 
 /// Which one-token quantized projections read x staged apart ([`stages_apart`], [`Input::Staged`]).
@@ -373,18 +315,13 @@ impl StageApart {
     /// Every projection whose rows are whole 32-element blocks stages apart (tests: every path).
     pub const EVERY: StageApart = StageApart { k: 32, free_k: 32, free_n: 0 };
 
-    /// The rule (see the type), with the measurement knobs: `WGPU_LLM_XG=0` ([`Self::NEVER`]),
-    /// `WGPU_LLM_XG_K`, `WGPU_LLM_XG_FREE_K` and `WGPU_LLM_XG_FREE_N` for the three fields.
-    pub fn rule() -> StageApart {
-        let knob =
-            |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-        if std::env::var("WGPU_LLM_XG").is_ok_and(|v| v == "0") {
-            return StageApart::NEVER;
-        }
-        StageApart {
-            k: knob("WGPU_LLM_XG_K", 16384),
-            free_k: knob("WGPU_LLM_XG_FREE_K", 4096),
-            free_n: knob("WGPU_LLM_XG_FREE_N", 0),
+    /// The rule (see the type): the tuning table's [`Op::StageApart`](crate::tuning::Op) row for
+    /// `gpu`, with the measurement knobs: `WGPU_LLM_XG=0` ([`Self::NEVER`]), `WGPU_LLM_XG_K`,
+    /// `WGPU_LLM_XG_FREE_K` and `WGPU_LLM_XG_FREE_N` for the three fields.
+    pub fn rule(gpu: &Gpu) -> StageApart {
+        match gpu.tuning().stage_apart() {
+            Some((k, free_k, free_n)) => StageApart { k, free_k, free_n },
+            None => StageApart::NEVER,
         }
     }
 }
@@ -455,12 +392,10 @@ pub(crate) fn experts_use_dp4(gpu: &Gpu, dtype: DType, s: &LinearShape) -> bool 
 pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input<'_>, opts: &LinearOpts) -> bool {
     // (A QuantWeight's type has kernels and its rows are whole blocks.)
     let gguf = |d: DType| !matches!(d, DType::Affine { .. });
-    if std::env::var("WGPU_LLM_MIX").is_ok_and(|v| v == "0") {
-        return false;
-    }
+    let Some(max_k) = gpu.tuning().mix_max_k() else { return false };
     let [na, k] = a.shape;
     let ok = t == 1
-        && k <= 1536
+        && k <= max_k
         && !opts.batch
         && opts.glu.is_none()
         && matches!(input, Input::Plain | Input::Norm { .. })
@@ -481,26 +416,24 @@ pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input
 /// workgroups, run 64). `WGPU_LLM_MIX_CFG="wg:tpr:b_dp4:a_dp4"` sets it for measuring.
 fn mix_config(gpu: &Gpu, a: DType, b: DType, s: &LinearShape, input: Input<'_>) -> Option<(QMatvecConfig, bool)> {
     let cfg = QMatvecConfig::new(gpu, a, &super::tuned_shape(s, &LinearOpts::default())).for_input(gpu, a, s, input);
-    let vulkan = gpu.info.backend == wgpu::Backend::Vulkan;
-    let dp4 = |t: DType, wg: u32| has_dp4(t) && vulkan && stages_whole(gpu, t, s.k, wg);
-    if let Ok(v) = std::env::var("WGPU_LLM_MIX_CFG") {
-        let f: Vec<u32> = v.split(':').filter_map(|x| x.parse().ok()).collect();
-        if let [wg, tpr, bd, ad] = f[..] {
-            // (row groups of whole subgroups, whole row groups a workgroup)
-            let tpr = tpr.max(cfg.tpr.min(gpu.caps.subgroup_max_size.max(8))).next_power_of_two();
-            let wg = wg.max(tpr).next_multiple_of(tpr);
-            let b_dp4 = bd == 1 && dp4(b, wg);
-            let a_dp4 = ad == 1 && b_dp4 && dp4(a, wg);
-            return Some((QMatvecConfig { wg, tpr, dp4: a_dp4, prefetch: false, ..cfg }, b_dp4));
-        }
+    let int_dot = gpu.tuning().int_dot();
+    let dp4 = |t: DType, wg: u32| has_dp4(t) && int_dot && stages_whole(gpu, t, s.k, wg);
+    if let Some([wg, tpr, bd, ad]) = gpu.tuning().knobs.mix_cfg {
+        // (row groups of whole subgroups, whole row groups a workgroup)
+        let tpr = tpr.max(cfg.tpr.min(gpu.caps.subgroup_max_size.max(8))).next_power_of_two();
+        let wg = wg.max(tpr).next_multiple_of(tpr);
+        let b_dp4 = bd == 1 && dp4(b, wg);
+        let a_dp4 = ad == 1 && b_dp4 && dp4(a, wg);
+        return Some((QMatvecConfig { wg, tpr, dp4: a_dp4, prefetch: false, ..cfg }, b_dp4));
     }
     if cfg.dp4 {
         // (a whole row staged: no chunks, no prefetch, one token)
         let whole = cfg.tok == 1 && !cfg.prefetch && dp4(a, cfg.wg);
         return (whole && dp4(b, cfg.wg)).then_some((cfg, true));
     }
-    if !dp4(b, 256) || 256 % cfg.tpr != 0 {
+    let wg = gpu.tuning().mix_float_wg();
+    if !dp4(b, wg) || wg % cfg.tpr != 0 {
         return Some((cfg, dp4(b, cfg.wg)));
     }
-    Some((QMatvecConfig { wg: 256, ..cfg }, true))
+    Some((QMatvecConfig { wg, ..cfg }, true))
 }
