@@ -116,6 +116,8 @@ struct MixParams {
     col: u32,     // the column of y its row 0 writes
     o1: u32,      // first word of its plane 1
     o2: u32,      // first word of its plane 2
+    _pad0: u32,
+    _pad1: u32,
 }
 @group(0) @binding(0) var<storage, read> wv: array<vec4<u32>>;          // the first weight's planes (16-byte view)
 @group(0) @binding(1) var<storage, read> ww: array<u32>;                // the same buffer (word view)
