@@ -81,8 +81,11 @@ fn parse(kernel: &str, macros: &Macros) -> Result<naga::Module, String> {
     naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))
 }
 
-/// The uniform globals of a parsed kernel: (struct name, members (name, offset), span).
-fn uniforms(module: &naga::Module) -> Vec<(String, Vec<(String, u32)>, u32)> {
+/// A uniform global of a parsed kernel: (struct name, members (name, offset), span).
+type Uniform = (String, Vec<(String, u32)>, u32);
+
+/// The uniform globals of a parsed kernel.
+fn uniforms(module: &naga::Module) -> Vec<Uniform> {
     module
         .global_variables
         .iter()
