@@ -5,6 +5,9 @@
 
 struct Params {
     n: u32,
+    _pad0: u32,  // the host writes 16 bytes (Rust: the struct's twin, checked by a test)
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;  // (T, C) residual stream, updated in place

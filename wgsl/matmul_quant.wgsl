@@ -17,7 +17,7 @@
 // Workgroup memory: BK · (BM + 4 + BN + 4) f32 words: 17 KiB for TILE 4, BK 32 (64×64 tile);
 // 16.5 KiB for TILE 8, BK 16 (128×128 tile).
 // Grid: (ceil(N / BN), ceil(T / BM)). TILE is 4 or 8 (with the flag TILE8 set for 8).
-// Rust: src/ops/matmul/gguf.rs matmul_quant
+// Rust: src/ops/matmul/gguf/matmul.rs matmul_quant
 #define TILE 4
 #define BK 32
 

@@ -47,7 +47,7 @@
 // alone in the same workgroup shape. With DP4 both weights take the integer dot products, or only
 // the second with MIX_FLOAT_A (a first weight on its float path, e.g. Qwen2.5-0.5B-like Q5_0
 // beside a DP4 type).
-// Rust: src/ops/matmul/gguf.rs matvec_quant_routed, matvec_quant_mixed_with
+// Rust: src/ops/matmul/gguf/matvec.rs matvec_quant_routed, matvec_quant_mixed_with
 #define WG 256
 #define TPR 32
 #define TOK 1
@@ -116,6 +116,8 @@ struct MixParams {
     col: u32,     // the column of y its row 0 writes
     o1: u32,      // first word of its plane 1
     o2: u32,      // first word of its plane 2
+    _pad0: u32,
+    _pad1: u32,
 }
 @group(0) @binding(0) var<storage, read> wv: array<vec4<u32>>;          // the first weight's planes (16-byte view)
 @group(0) @binding(1) var<storage, read> ww: array<u32>;                // the same buffer (word view)

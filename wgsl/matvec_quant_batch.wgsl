@@ -24,7 +24,7 @@
 // (moe_group.wgsl's table), and z is a tile of at most TB slots of one expert: its expert's rows,
 // x row slot / p.spr per slot, y row slot; the tiles past the pass's count return at once. A
 // slot's sums are the batch kernel's for its x row, whatever its tile (batch invariance).
-// Rust: src/ops/matmul/gguf.rs matvec_quant_batch
+// Rust: src/ops/matmul/gguf/batch.rs matvec_quant_batch
 #define WG 256
 #define RW 32
 #define TB 8

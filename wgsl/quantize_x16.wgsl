@@ -12,7 +12,7 @@
 // threads a block, a vec4 each, the block's maximum and sums by shuffles (include/stage_x16.wgsl
 // stage_lanes8): the same words. Grid: ceil(T · K / 32 / WG) workgroups (STAGE8: 8 times as many
 // threads), 2-D folded (see gpu/kernel.rs). CPU twin: src/ops/matmul/gguf.rs `cpu::quantize_x16`.
-// Rust: src/ops/matmul/gguf.rs quantize_x16
+// Rust: src/ops/matmul/gguf/matvec.rs quantize_x16
 #define WG 64
 
 #define XS_STORE

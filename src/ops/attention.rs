@@ -42,20 +42,33 @@ pub struct AttnParams {
     pub splits: usize,
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/include/attention_params.wgsl` (attention, attention_decode).
+    pub(crate) struct AttentionUniform = "Params" {
+        heads: u32,
+        kv_heads: u32,
+        max_ctx: u32,
+        window: u32,
+        scale: f32,
+        n_rows: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
 impl AttnParams {
     /// The uniform of both attention kernels (`Params` in `wgsl/attention.wgsl` and
     /// `wgsl/attention_decode.wgsl`).
     fn uniform(&self, gpu: &Gpu, label: &str) -> wgpu::Buffer {
-        let params: [u32; 8] = [
-            self.heads as u32,
-            self.kv_heads as u32,
-            self.max_ctx as u32,
-            self.window as u32,
-            self.scale.to_bits(),
-            self.n_tokens as u32,
-            0,
-            0,
-        ];
+        let params = AttentionUniform {
+            heads: self.heads as u32,
+            kv_heads: self.kv_heads as u32,
+            max_ctx: self.max_ctx as u32,
+            window: self.window as u32,
+            scale: self.scale,
+            n_rows: self.n_tokens as u32,
+            ..Default::default()
+        };
         gpu.uniform(label, &params)
     }
 
@@ -106,6 +119,20 @@ pub fn kv_cache(gpu: &Gpu, label: &str, p: &AttnParams, slots: usize) -> Result<
     ))
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/kv_cache_write.wgsl`.
+    pub(crate) struct KvCacheWriteUniform = "Params" {
+        kv_heads: u32,
+        half_dim: u32,
+        q_dim: u32,
+        row_stride: u32,
+        max_ctx: u32,
+        n_rows: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
 /// Records the copy of the k and v parts of `qkv` rows `t < step.n_tokens` into the caches at
 /// positions `step.pos + t`, rounded to f16 (nearest even, the same bits on every device).
 /// Positions at or past `max_ctx` are dropped: the caller keeps `pos + n_tokens <= max_ctx`.
@@ -119,16 +146,15 @@ pub fn kv_cache_write(
 ) -> Result<Kernel> {
     p.check(qkv, k_cache, v_cache);
     let half = p.head_dim / 2;
-    let params: [u32; 8] = [
-        p.kv_heads as u32,
-        half as u32,
-        (p.heads * p.head_dim) as u32,
-        p.row_stride() as u32,
-        p.max_ctx as u32,
-        p.n_tokens as u32,
-        0,
-        0,
-    ];
+    let params = KvCacheWriteUniform {
+        kv_heads: p.kv_heads as u32,
+        half_dim: half as u32,
+        q_dim: (p.heads * p.head_dim) as u32,
+        row_stride: p.row_stride() as u32,
+        max_ctx: p.max_ctx as u32,
+        n_rows: p.n_tokens as u32,
+        ..Default::default()
+    };
     let params = gpu.uniform("kv_cache_write.params", &params);
     let threads = (p.n_tokens * p.kv_heads * half) as u32;
     gpu.kernel(

@@ -84,6 +84,16 @@ fn f32_check(what: &str, t: &Tensor, need: usize) -> Result<()> {
     Ok(())
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/causal_conv1d.wgsl`.
+    pub(crate) struct CausalConv1dUniform = "Params" {
+        channels: u32,
+        ld_x: u32,
+        n_rows: u32,
+        ring: u32,
+    }
+}
+
 /// Records the causal conv (+ SiLU) over the first `C = weight.shape[0]` columns of the rows
 /// `t < step.n_tokens` of `x` (f32 `(T, ld_x)`, T = `n_tokens`), taps `weight` f32 `(C, K)`, the
 /// state ring f32 `(R, K-1, C)`, into `out` f32 `(T, C)`. `step`: the
@@ -113,7 +123,10 @@ pub fn causal_conv1d(
     f32_check("weight", weight, c * k)?;
     f32_check("state", state, ring * (k - 1) * c)?;
     f32_check("out", out, n_tokens * c)?;
-    let params = gpu.uniform("causal_conv1d.params", &[c as u32, ld_x as u32, n_tokens as u32, ring as u32]);
+    let params = gpu.uniform(
+        "causal_conv1d.params",
+        &CausalConv1dUniform { channels: c as u32, ld_x: ld_x as u32, n_rows: n_tokens as u32, ring: ring as u32 },
+    );
     let wg = 64;
     gpu.kernel(
         "causal_conv1d",
@@ -223,6 +236,20 @@ fn delta_shader(base: Macros, d: &DeltaNetSpec, form: DeltaForm) -> (&'static st
     }
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/include/gated_delta_rule_io.wgsl` (gated_delta_rule, gated_delta_rule_chunked).
+    pub(crate) struct GatedDeltaRuleUniform = "Params" {
+        k_heads: u32,
+        v_heads: u32,
+        ld_qkv: u32,
+        ld_mix: u32,
+        b_col: u32,
+        a_col: u32,
+        n_rows: u32,
+        ring: u32,
+    }
+}
+
 fn record_delta(gpu: &Gpu, a: &DeltaRuleArgs<'_>, form: DeltaForm) -> Result<Kernel> {
     let d = &a.spec;
     let (hk, hv, dk, dv, t) = (d.k_heads, d.v_heads, d.k_dim, d.v_dim, a.n_tokens);
@@ -242,8 +269,16 @@ fn record_delta(gpu: &Gpu, a: &DeltaRuleArgs<'_>, form: DeltaForm) -> Result<Ker
     f32_check("dt_bias", a.dt_bias, hv)?;
     f32_check("state", a.state, a.ring * hv * dk * dv)?;
     f32_check("out", a.out, t * hv * dv)?;
-    let params: [u32; 8] =
-        [hk as u32, hv as u32, ld_qkv as u32, a.ld_mix as u32, a.b_col as u32, a.a_col as u32, t as u32, a.ring as u32];
+    let params = GatedDeltaRuleUniform {
+        k_heads: hk as u32,
+        v_heads: hv as u32,
+        ld_qkv: ld_qkv as u32,
+        ld_mix: a.ld_mix as u32,
+        b_col: a.b_col as u32,
+        a_col: a.a_col as u32,
+        n_rows: t as u32,
+        ring: a.ring as u32,
+    };
     let params = gpu.uniform("gated_delta_rule.params", &params);
     let (shader, macros) = delta_shader(gpu.macros(), d, form);
     let cb = delta_tiling(dk, dv).0;
@@ -263,6 +298,20 @@ fn record_delta(gpu: &Gpu, a: &DeltaRuleArgs<'_>, form: DeltaForm) -> Result<Ker
         ],
         grid((hv * dv / cb) as u32),
     )
+}
+
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/rms_norm_gated.wgsl`.
+    pub(crate) struct RmsNormGatedUniform = "Params" {
+        heads: u32,
+        dim: u32,
+        ld_z: u32,
+        z_col: u32,
+        n_rows: u32,
+        eps: f32,
+        _pad0: u32,
+        _pad1: u32,
+    }
 }
 
 /// Records `Qwen3_5MoeRMSNormGated` in place over the rows `t < step.n_tokens` of `x` f32
@@ -290,7 +339,15 @@ pub fn rms_norm_gated(
     f32_check("x", x, n_tokens * heads * d)?;
     f32_check("z", z, (n_tokens - 1) * ld_z + z_col + heads * d)?;
     f32_check("w", w, d)?;
-    let params: [u32; 8] = [heads as u32, d as u32, ld_z as u32, z_col as u32, n_tokens as u32, eps.to_bits(), 0, 0];
+    let params = RmsNormGatedUniform {
+        heads: heads as u32,
+        dim: d as u32,
+        ld_z: ld_z as u32,
+        z_col: z_col as u32,
+        n_rows: n_tokens as u32,
+        eps,
+        ..Default::default()
+    };
     let params = gpu.uniform("rms_norm_gated.params", &params);
     let wg = d.next_power_of_two().clamp(32, 128);
     gpu.kernel(

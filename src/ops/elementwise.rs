@@ -13,11 +13,16 @@ pub enum Activation {
     GeluTanhGated,
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/add.wgsl`.
+    pub(crate) struct AddUniform = "Params" { n: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
+}
+
 /// `x += y` over all elements (f32).
 pub fn add(gpu: &Gpu, x: &Tensor, y: &Tensor) -> Result<Kernel> {
     assert_eq!(x.numel(), y.numel());
     let n = x.numel() as u32;
-    let params = gpu.uniform("add.params", &[n, 0, 0, 0]);
+    let params = gpu.uniform("add.params", &AddUniform { n, ..Default::default() });
     gpu.kernel(
         "add",
         "main",
@@ -25,6 +30,11 @@ pub fn add(gpu: &Gpu, x: &Tensor, y: &Tensor) -> Result<Kernel> {
         &[x.binding(), y.binding(), params.as_entire_binding()],
         grid(n.div_ceil(256)),
     )
+}
+
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/mul_sigmoid.wgsl`.
+    pub(crate) struct MulSigmoidUniform = "Params" { n: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
 }
 
 /// `x *= sigmoid(g)` over all elements (f32): the output gate of Qwen3.5's attention.
@@ -36,7 +46,7 @@ pub fn mul_sigmoid(gpu: &Gpu, x: &Tensor, g: &Tensor) -> Result<Kernel> {
         )));
     }
     let n = x.numel() as u32;
-    let params = gpu.uniform("mul_sigmoid.params", &[n, 0, 0, 0]);
+    let params = gpu.uniform("mul_sigmoid.params", &MulSigmoidUniform { n, ..Default::default() });
     gpu.kernel(
         "mul_sigmoid",
         "main",
@@ -54,6 +64,11 @@ pub fn gated_act(gpu: &Gpu, gu: &Tensor, out: &Tensor, act: Activation) -> Resul
     gated_act_in(gpu, gu, out, act, false)
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/gated_act.wgsl`.
+    pub(crate) struct GatedActUniform = "Params" { n_tokens: u32, f: u32, _pad0: u32, _pad1: u32 }
+}
+
 /// [`gated_act`]; `interleaved`: gu's rows are (gate, up) pairs (a GLU weight's output after a
 /// matmul), not `[gate | up]`.
 pub fn gated_act_in(gpu: &Gpu, gu: &Tensor, out: &Tensor, act: Activation, interleaved: bool) -> Result<Kernel> {
@@ -66,7 +81,8 @@ pub fn gated_act_in(gpu: &Gpu, gu: &Tensor, out: &Tensor, act: Activation, inter
         )));
     }
     let n = out.numel() as u32;
-    let params = gpu.uniform("gated_act.params", &[n_tokens as u32, f as u32, 0, 0]);
+    let params = gpu
+        .uniform("gated_act.params", &GatedActUniform { n_tokens: n_tokens as u32, f: f as u32, ..Default::default() });
     let macros = match act {
         Activation::SiluGated => gpu.macros().flag("SILU"),
         Activation::GeluTanhGated => gpu.macros().flag("GELU_TANH"),

@@ -15,16 +15,18 @@ use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
 pub use crate::weights::{plan_row_chunks, upload_row_chunks, upload_row_chunks_max, CHUNK_ROW_ALIGN};
 use crate::weights::{type_macros, QuantWeight};
 
-/// WGSL twin: `struct Params` of `wgsl/embedding.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    n_tokens: u32,
-    cols: u32,
-    row_start: u32,
-    chunk_rows: u32,
-    scale: f32,
-    _pad: [u32; 3],
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/embedding.wgsl`.
+    pub(crate) struct EmbeddingUniform = "Params" {
+        n_tokens: u32,
+        cols: u32,
+        row_start: u32,
+        chunk_rows: u32,
+        scale: f32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
 
 /// Gathers rows of one table chunk: for every token `t` with
@@ -60,13 +62,13 @@ pub fn embedding(
     }
     let p = gpu.uniform(
         "embedding.params",
-        &Params {
+        &EmbeddingUniform {
             n_tokens: n_tokens as u32,
             cols: cols as u32,
             row_start,
             chunk_rows: chunk_rows as u32,
             scale,
-            _pad: [0; 3],
+            ..Default::default()
         },
     );
     gpu.kernel(
@@ -78,17 +80,18 @@ pub fn embedding(
     )
 }
 
-/// WGSL twin: `struct Params` of `wgsl/embedding_quant.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct QuantParams {
-    n_tokens: u32,
-    cols: u32,
-    row_start: u32,
-    chunk_rows: u32,
-    scale: f32,
-    planes: [u32; 2],
-    _pad: u32,
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/embedding_quant.wgsl`.
+    pub(crate) struct EmbeddingQuantUniform = "Params" {
+        n_tokens: u32,
+        cols: u32,
+        row_start: u32,
+        chunk_rows: u32,
+        scale: f32,
+        o1: u32,
+        o2: u32,
+        _pad: u32,
+    }
 }
 
 /// [`embedding`] from a table chunk kept in a GGUF quantized type (`wgsl/embedding_quant.wgsl`,
@@ -117,13 +120,14 @@ pub fn embedding_quant(
     }
     let p = gpu.uniform(
         "embedding_quant.params",
-        &QuantParams {
+        &EmbeddingQuantUniform {
             n_tokens: n_tokens as u32,
             cols: cols as u32,
             row_start,
             chunk_rows: chunk_rows as u32,
             scale,
-            planes: table_chunk.planes,
+            o1: table_chunk.planes[0],
+            o2: table_chunk.planes[1],
             _pad: 0,
         },
     );
@@ -137,16 +141,18 @@ pub fn embedding_quant(
     )
 }
 
-/// WGSL twin: `struct Params` of `wgsl/per_layer_inputs.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct PleParams {
-    n_tokens: u32,
-    layers: u32,
-    dim: u32,
-    slot: u32,
-    scale: f32,
-    _pad: [u32; 3],
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/per_layer_inputs.wgsl`.
+    pub(crate) struct PerLayerInputsUniform = "Params" {
+        n_tokens: u32,
+        layers: u32,
+        dim: u32,
+        slot: u32,
+        scale: f32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
 
 /// Floats per layer slot of [`per_layer_inputs`]' output for `rows` tokens of width `dim`: `rows`
@@ -185,13 +191,13 @@ pub fn per_layer_inputs(
     }
     let p = gpu.uniform(
         "per_layer_inputs.params",
-        &PleParams {
+        &PerLayerInputsUniform {
             n_tokens: n_tokens as u32,
             layers: layers as u32,
             dim: dim as u32,
             slot: slot as u32,
             scale,
-            _pad: [0; 3],
+            ..Default::default()
         },
     );
     gpu.kernel(

@@ -100,6 +100,16 @@ pub fn groups_slots(slots: usize, experts: usize) -> bool {
     slots >= 4 * experts
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/moe_group.wgsl`.
+    pub(crate) struct MoeGroupUniform = "Params" {
+        slots: u32,
+        stack: u32,
+        max_tiles: u32,
+        _pad: u32,
+    }
+}
+
 /// Records the grouping of `ids` (u32, S slots, each an expert of `experts`; an id past the
 /// stack counts as its last expert, as [`linear_experts`] reads it) into `groups` (u32,
 /// [`groups_len`] elements): the slots ordered by expert, then the tiles (expert, first place,
@@ -118,7 +128,10 @@ pub fn moe_group(gpu: &Gpu, ids: &Tensor, experts: usize, groups: &Tensor) -> Re
     if tiles > gpu.limits.max_compute_workgroups_per_dimension as usize {
         return Err(invalid(format!("{OP}: {tiles} tiles exceed the grid's z limit")));
     }
-    let params = gpu.uniform("moe_group.params", &[slots as u32, experts as u32, tiles as u32, 0]);
+    let params = gpu.uniform(
+        "moe_group.params",
+        &MoeGroupUniform { slots: slots as u32, stack: experts as u32, max_tiles: tiles as u32, _pad: 0 },
+    );
     gpu.kernel(
         "moe_group",
         "main",
@@ -207,6 +220,16 @@ pub fn moe_router_shared(
 /// and no rounds); above, it takes k rounds of a workgroup arg-max.
 const RANK_MAX_EXPERTS: usize = 256;
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/moe_router.wgsl`.
+    pub(crate) struct MoeRouterUniform = "Params" {
+        t: u32,
+        ld: u32,
+        e: u32,
+        k: u32,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn router(
     gpu: &Gpu,
@@ -238,7 +261,10 @@ fn router(
     check_tensor(gpu, OP, "ids", ids, ElemType::U32, slots)?;
     check_tensor(gpu, OP, "weights", weights, ElemType::F32, slots)?;
     check_tensor(gpu, OP, "logits", logits, ElemType::F32, (t - 1) * ld + experts + usize::from(shared_slot))?;
-    let params = gpu.uniform("moe_router.params", &[t as u32, ld as u32, experts as u32, top_k as u32]);
+    let params = gpu.uniform(
+        "moe_router.params",
+        &MoeRouterUniform { t: t as u32, ld: ld as u32, e: experts as u32, k: top_k as u32 },
+    );
     gpu.kernel(
         "moe_router",
         "main",
@@ -383,6 +409,20 @@ pub struct SharedExpert<'a> {
     pub gate_col: usize,
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/moe_combine.wgsl`.
+    pub(crate) struct MoeCombineUniform = "Params" {
+        t: u32,
+        h: u32,
+        k: u32,
+        gate_ld: u32,
+        gate_col: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
 /// Records `x[t, :] += Σ_j weights[t, j] · y[t·k + j, :] (+ sigmoid(gate_t) · shared.out[t, :])`
 /// with x f32 `(T, H)` (the residual stream), y f32 `(T·k, H)` ([`linear_experts`]' down output),
 /// weights f32 `(T, k)` ([`moe_router`]'s), k = weights.numel() / T.
@@ -410,8 +450,17 @@ pub fn moe_combine(
     }
     let (gate_ld, gate_col) = shared.map_or((0, 0), |s| (s.gate_ld, s.gate_col));
     let mut bindings = vec![x.binding(), y.binding(), weights.binding()];
-    let params =
-        gpu.uniform("moe_combine.params", &[t as u32, h as u32, k as u32, gate_ld as u32, gate_col as u32, 0, 0, 0]);
+    let params = gpu.uniform(
+        "moe_combine.params",
+        &MoeCombineUniform {
+            t: t as u32,
+            h: h as u32,
+            k: k as u32,
+            gate_ld: gate_ld as u32,
+            gate_col: gate_col as u32,
+            ..Default::default()
+        },
+    );
     bindings.push(params.as_entire_binding());
     if let Some(s) = shared {
         check_tensor(gpu, OP, "the shared expert's output", s.out, ElemType::F32, t * h)?;

@@ -31,17 +31,18 @@ impl RowLayout {
     }
 }
 
-/// WGSL twin: `struct Params` of `wgsl/rms_norm.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    rows: u32,
-    n: u32,
-    x_stride: u32,
-    out_stride: u32,
-    eps: f32,
-    out_scale: f32,
-    _pad: [u32; 2],
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/rms_norm.wgsl`.
+    pub(crate) struct RmsNormUniform = "Params" {
+        rows: u32,
+        n: u32,
+        x_stride: u32,
+        out_stride: u32,
+        eps: f32,
+        out_scale: f32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
 
 fn check(gpu: &Gpu, what: &str, t: &Tensor, rows: u32, n: u32, stride: u32) -> Result<()> {
@@ -80,7 +81,15 @@ fn checks(gpu: &Gpu, x: &Tensor, w: &Tensor, out: Option<&Tensor>, l: &RowLayout
 fn params(gpu: &Gpu, l: &RowLayout, eps: f32, out_scale: f32) -> wgpu::Buffer {
     gpu.uniform(
         "rms_norm.params",
-        &Params { rows: l.rows, n: l.n, x_stride: l.x_stride, out_stride: l.out_stride, eps, out_scale, _pad: [0; 2] },
+        &RmsNormUniform {
+            rows: l.rows,
+            n: l.n,
+            x_stride: l.x_stride,
+            out_stride: l.out_stride,
+            eps,
+            out_scale,
+            ..Default::default()
+        },
     )
 }
 

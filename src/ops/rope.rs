@@ -146,6 +146,20 @@ pub fn rope_batch(
     record(gpu, qkv, step, p, qk_norm, None, Some(seqs))
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/rope.wgsl`.
+    pub(crate) struct RopeUniform = "Params" {
+        heads: u32,
+        q_heads: u32,
+        row_stride: u32,
+        n_rows: u32,
+        eps: f32,
+        max_ctx: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
 fn record(
     gpu: &Gpu,
     qkv: &Tensor,
@@ -174,8 +188,15 @@ fn record(
     let table = gpu.upload_f32("rope.inv_freq", &[rot / 2], &table)?;
     let eps = qk_norm.map_or(0.0, |n| n.2);
     let max_ctx = cache.map_or(0, |(k, _)| cache_dims(k).2);
-    let params: [u32; 8] =
-        [heads as u32, p.heads as u32, row as u32, p.n_tokens as u32, eps.to_bits(), max_ctx as u32, 0, 0];
+    let params = RopeUniform {
+        heads: heads as u32,
+        q_heads: p.heads as u32,
+        row_stride: row as u32,
+        n_rows: p.n_tokens as u32,
+        eps,
+        max_ctx: max_ctx as u32,
+        ..Default::default()
+    };
     let params = gpu.uniform("rope.params", &params);
     // One pair per thread where possible: D/2 threads, clamped to 32..=128.
     let wg = (d / 2).next_power_of_two().clamp(32, 128);

@@ -489,10 +489,10 @@ impl DeviceSampler {
         groups: usize,
     ) -> Result<Bound> {
         use wgpu::util::DeviceExt;
-        let info_words = [key.rows as u32, key.vocab as u32, groups as u32, 0u32];
+        let info_words = SampleInfo { rows: key.rows as u32, vocab: key.vocab as u32, groups: groups as u32, zero: 0 };
         let info = gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("sampler info"),
-            contents: bytemuck::cast_slice(&info_words),
+            contents: bytemuck::bytes_of(&info_words),
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::STORAGE,
         });
         let make = |pipeline: &wgpu::ComputePipeline, name: &str, res: Vec<wgpu::BindingResource<'_>>| {
@@ -613,6 +613,16 @@ impl SamplingBackend for DeviceSampler {
 
     fn as_device(&mut self) -> Option<&mut DeviceSampler> {
         Some(self)
+    }
+}
+
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Info` of `wgsl/include/sample_common.wgsl` (the uniform of sample_stats, read as storage by sample_histogram and sample_select).
+    pub(crate) struct SampleInfo = "Info" {
+        rows: u32,
+        vocab: u32,
+        groups: u32,
+        zero: u32,
     }
 }
 

@@ -1,11 +1,11 @@
-// The per-pass uniform: Rust's `ops::StepParams` (its layout is checked against this struct by a
-// test in src/ops/mod.rs). One sequence per pass: token t of the pass is at position pos + t of
+// The per-pass uniform: Rust's `ops::StepParams` (its layout is checked against this struct by the
+// test in src/ops/uniform_registry.rs). One sequence per pass: token t of the pass is at position pos + t of
 // KV-cache slot `slot`.
 struct Step {
     pos: u32,      // position of the pass's first token
     n_tokens: u32, // tokens in the pass (T); kernels were recorded for at most this many
     slot: u32,     // the sequence's KV-cache slot
-    _pad0: u32,
+    _pad: u32,
 }
 
 #ifdef BATCH

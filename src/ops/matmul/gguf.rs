@@ -61,6 +61,11 @@ mod linear;
 mod matmul;
 mod matvec;
 #[cfg(test)]
+pub(crate) use {
+    matmul::MatmulQuantUniform,
+    matvec::{MatvecQuantMixUniform, MatvecQuantUniform, QuantizeX16Uniform},
+};
+#[cfg(test)]
 pub(crate) mod tests;
 #[cfg(test)]
 mod timing;

@@ -450,6 +450,24 @@ pub(crate) fn matvec_experts(
     matvec_routed(gpu, x, input, w, None, y, s, opts, cfg, Some(&route))
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/matvec.wgsl`.
+    pub(crate) struct MatvecUniform = "Params" {
+        n: u32,
+        kv: u32,
+        t: u32,
+        ld_out: u32,
+        xs: u32,
+        half: u32,
+        eps: f32,
+        k4: u32,
+        experts: u32,
+        spr: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn matvec_routed(
     gpu: &Gpu,
@@ -487,20 +505,19 @@ fn matvec_routed(
     let (experts, spr) = route.map_or((0, 0), |r| (r.experts, r.slots_per_row));
     let params = gpu.uniform(
         "matvec.params",
-        &[
-            s.n as u32,
-            loads,
-            s.t as u32,
-            s.ld_out as u32,
+        &MatvecUniform {
+            n: s.n as u32,
+            kv: loads,
+            t: s.t as u32,
+            ld_out: s.ld_out as u32,
             xs,
-            row,
-            input.eps().to_bits(),
-            (s.k / 4) as u32,
+            half: row,
+            eps: input.eps(),
+            k4: (s.k / 4) as u32,
             experts,
             spr,
-            0,
-            0,
-        ],
+            ..Default::default()
+        },
     );
     let mut bindings = vec![w.binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
     if let Some(b) = bias {
@@ -534,6 +551,16 @@ impl MatmulConfig {
     }
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/matmul.wgsl`.
+    pub(crate) struct MatmulUniform = "Params" {
+        t: u32,
+        n: u32,
+        k: u32,
+        ld_out: u32,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn matmul(
     gpu: &Gpu,
@@ -549,7 +576,10 @@ fn matmul(
     // Staging: every thread loads 4 K pairs of each tile, and a K slice is whole groups of 4.
     assert!(matches!(tile, 4 | 8) && bk % 8 == 0 && 16 * tile * bk / 2 == 4 * 256);
     let macros = common_macros(gpu, bias.is_some(), &opts).set("TILE", tile).flag_if("TILE8", tile == 8).set("BK", bk);
-    let params = gpu.uniform("matmul.params", &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32]);
+    let params = gpu.uniform(
+        "matmul.params",
+        &MatmulUniform { t: s.t as u32, n: s.n as u32, k: s.k as u32, ld_out: s.ld_out as u32 },
+    );
     let mut bindings = vec![w.binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
     if let Some(b) = bias {
         bindings.push(b.binding());

@@ -7,10 +7,34 @@ use crate::gpu::{Gpu, Kernel, Tensor};
 use crate::ops::matmul::{common_macros, out_binding, LinearOpts, LinearShape, MatmulConfig};
 use crate::weights::{kernel_block, type_macros, QuantWeight};
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/include/matmul_quant_params.wgsl` (matmul_quant, matmul_quant_coop).
+    pub(crate) struct MatmulQuantUniform = "Params" {
+        t: u32,
+        n: u32,
+        k: u32,
+        ld_out: u32,
+        o1: u32,
+        o2: u32,
+        bpr: u32,
+        _pad: u32,
+    }
+}
+
 /// The uniform of both quantized matmuls (`Params`, wgsl/include/matmul_quant_params.wgsl).
 pub(super) fn matmul_quant_params(gpu: &Gpu, label: &str, w: &QuantWeight, s: &LinearShape) -> wgpu::Buffer {
     let bpr = s.k / kernel_block(w.dtype);
-    gpu.uniform(label, &[s.t as u32, s.n as u32, s.k as u32, s.ld_out as u32, w.planes[0], w.planes[1], bpr as u32, 0])
+    let params = MatmulQuantUniform {
+        t: s.t as u32,
+        n: s.n as u32,
+        k: s.k as u32,
+        ld_out: s.ld_out as u32,
+        o1: w.planes[0],
+        o2: w.planes[1],
+        bpr: bpr as u32,
+        _pad: 0,
+    };
+    gpu.uniform(label, &params)
 }
 
 /// Records the matmul on cooperative matrices (`wgsl/matmul_quant_coop.wgsl`: tensor cores,

@@ -7,6 +7,16 @@ use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
 use crate::ops::matmul::{check_operands, out_binding, staged_x_words, Input, LinearOpts, LinearShape, Route};
 use crate::weights::{type_flag, unit_elems, QuantWeight};
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/quantize_x16.wgsl`.
+    pub(crate) struct QuantizeX16Uniform = "Params" {
+        blocks: u32,
+        bpr: u32,
+        xs: u32,
+        pad: u32,
+    }
+}
+
 /// Records x (f32 `[T, K]`, K a multiple of 32) staged as 16-bit fixed point into `xs` (any
 /// 4-byte element type, at least [`staged_x_words`]): wgsl/quantize_x16.wgsl, CPU twin
 /// [`cpu::quantize_x16`]. A quantized matvec then reads it as [`Input::Staged`].
@@ -19,7 +29,10 @@ pub fn quantize_x16(gpu: &Gpu, x: &Tensor, xs: &Tensor) -> Result<Kernel> {
     let need = 4 * staged_x_words(t, k) as u64;
     assert!(xs.size_bytes() >= need, "quantize_x16: xs must hold {need} bytes, got {:?} {:?}", xs.ty, xs.shape);
     let blocks = (t * k / 32) as u32;
-    let params = gpu.uniform("quantize_x16.params", &[blocks, (k / 32) as u32, (k / 4) as u32, 0]);
+    let params = gpu.uniform(
+        "quantize_x16.params",
+        &QuantizeX16Uniform { blocks, bpr: (k / 32) as u32, xs: (k / 4) as u32, pad: 0 },
+    );
     // Eight threads a block where subgroups are at least 8 wide (a block's threads one aligned run).
     let eight = gpu.caps.shuffles8();
     let threads = if eight { 8 * blocks } else { blocks };
@@ -122,6 +135,20 @@ pub fn matvec_quant_mixed(
     matvec_quant_mixed_with(gpu, x, input, a, b, bias, y, opts, cfg, b_dp4)
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct MixParams` of `wgsl/matvec_quant.wgsl` (MIX: the second weight).
+    pub(crate) struct MatvecQuantMixUniform = "MixParams" {
+        wg0: u32,
+        n: u32,
+        units: u32,
+        col: u32,
+        o1: u32,
+        o2: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
 /// [`matvec_quant_mixed`] with its configuration given.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn matvec_quant_mixed_with(
@@ -150,7 +177,18 @@ pub(super) fn matvec_quant_mixed_with(
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
     let wg0 = (na as u32).div_ceil(rows_per_wg);
     let units_b = (k / unit_elems(b.dtype)) as u32;
-    let pb = gpu.uniform("matvec_quant.mix", &[wg0, nb as u32, units_b, col as u32, b.planes[0], b.planes[1], 0, 0]);
+    let pb = gpu.uniform(
+        "matvec_quant.mix",
+        &MatvecQuantMixUniform {
+            wg0,
+            n: nb as u32,
+            units: units_b,
+            col: col as u32,
+            o1: b.planes[0],
+            o2: b.planes[1],
+            ..Default::default()
+        },
+    );
     let mb = bindings.len();
     let mut macros = cfg
         .macros(gpu, a.dtype, input, bias.is_some(), &opts)
@@ -173,6 +211,24 @@ pub(super) fn matvec_quant_mixed_with(
     gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, 1])
 }
 
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/include/matvec_quant_params.wgsl` (matvec_quant, matvec_quant_batch).
+    pub(crate) struct MatvecQuantUniform = "Params" {
+        n: u32,
+        units: u32,
+        t: u32,
+        ld_out: u32,
+        xk: u32,
+        o1: u32,
+        o2: u32,
+        experts: u32,
+        xs: u32,
+        half: u32,
+        eps: f32,
+        spr: u32,
+    }
+}
+
 /// The uniform of both quantized matvecs (`Params`, wgsl/include/matvec_quant_params.wgsl): the
 /// shape, W's planes, the fused input and the routing.
 pub(super) fn matvec_quant_params(
@@ -186,20 +242,20 @@ pub(super) fn matvec_quant_params(
     let units = s.k / unit_elems(w.dtype);
     gpu.uniform(
         label,
-        &[
-            s.n as u32,
-            units as u32,
-            s.t as u32,
-            s.ld_out as u32,
-            (s.k / 4) as u32,
-            w.planes[0],
-            w.planes[1],
-            route.map_or(0, |r| r.experts),
-            (input.x_cols(s.k) / 4) as u32,
-            (s.k / 4) as u32,
-            input.eps().to_bits(),
-            route.map_or(0, |r| r.slots_per_row),
-        ],
+        &MatvecQuantUniform {
+            n: s.n as u32,
+            units: units as u32,
+            t: s.t as u32,
+            ld_out: s.ld_out as u32,
+            xk: (s.k / 4) as u32,
+            o1: w.planes[0],
+            o2: w.planes[1],
+            experts: route.map_or(0, |r| r.experts),
+            xs: (input.x_cols(s.k) / 4) as u32,
+            half: (s.k / 4) as u32,
+            eps: input.eps(),
+            spr: route.map_or(0, |r| r.slots_per_row),
+        },
     )
 }
 
