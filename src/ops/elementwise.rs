@@ -16,15 +16,7 @@ pub enum Activation {
 /// `x += y` over all elements (f32).
 pub fn add(gpu: &Gpu, x: &Tensor, y: &Tensor) -> Result<Kernel> {
     assert_eq!(x.numel(), y.numel());
-    let n = x.numel() as u32;
-    let params = gpu.uniform("add.params", &[n, 0, 0, 0]);
-    gpu.kernel(
-        "add",
-        "main",
-        &gpu.macros(),
-        &[x.binding(), y.binding(), params.as_entire_binding()],
-        grid(n.div_ceil(256)),
-    )
+    in_place("add", gpu, x, y)
 }
 
 /// `x *= sigmoid(g)` over all elements (f32): the output gate of Qwen3.5's attention.
@@ -35,13 +27,19 @@ pub fn mul_sigmoid(gpu: &Gpu, x: &Tensor, g: &Tensor) -> Result<Kernel> {
             x.ty, x.shape, g.ty, g.shape
         )));
     }
+    in_place("mul_sigmoid", gpu, x, g)
+}
+
+/// Kernel `name` updating `x` in place from `y`, element by element (`x` and `y` of one size;
+/// uniform: the element count).
+fn in_place(name: &str, gpu: &Gpu, x: &Tensor, y: &Tensor) -> Result<Kernel> {
     let n = x.numel() as u32;
-    let params = gpu.uniform("mul_sigmoid.params", &[n, 0, 0, 0]);
+    let params = gpu.uniform(&format!("{name}.params"), &[n, 0, 0, 0]);
     gpu.kernel(
-        "mul_sigmoid",
+        name,
         "main",
         &gpu.macros(),
-        &[x.binding(), g.binding(), params.as_entire_binding()],
+        &[x.binding(), y.binding(), params.as_entire_binding()],
         grid(n.div_ceil(256)),
     )
 }
