@@ -23,6 +23,7 @@
 
 use std::time::Instant;
 use wgpu_llm::gpu::{ElemType, Gpu, GpuOptions, Tensor};
+use wgpu_llm::sampling::device::PassLog;
 use wgpu_llm::sampling::{DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
 
 /// LLM-like logits: a normal bulk (σ = 2.5) and a few dozen boosted tokens, so that top-p 0.9
@@ -92,7 +93,7 @@ impl Timer {
                     end_of_pass_write_index: Some(1),
                 }),
             });
-            s.encode_pass(gpu, &mut pass, logits, 1, out, None).expect("encode");
+            s.encode_pass(gpu, &mut pass, logits, 1, out, PassLog::Nothing).expect("encode");
         }
         self.finish(gpu, enc, 2)[0]
     }
@@ -112,7 +113,7 @@ impl Timer {
                 label: Some("sampling (batch)"),
                 timestamp_writes: writes,
             });
-            s.encode_pass(gpu, &mut pass, logits, 1, out, None).expect("encode");
+            s.encode_pass(gpu, &mut pass, logits, 1, out, PassLog::Nothing).expect("encode");
         }
         self.finish(gpu, enc, 2)[0] / n as f64
     }
@@ -131,7 +132,7 @@ impl Timer {
                 }),
             });
             for _ in 0..n {
-                s.encode_pass(gpu, &mut pass, logits, 1, out, None).expect("encode");
+                s.encode_pass(gpu, &mut pass, logits, 1, out, PassLog::Nothing).expect("encode");
             }
         }
         self.finish(gpu, enc, 2)[0] / n as f64
@@ -146,7 +147,7 @@ impl Timer {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            s.encode_pass_profiled(gpu, &mut pass, logits, 1, out, (&self.set, 0)).expect("encode");
+            s.encode_pass(gpu, &mut pass, logits, 1, out, PassLog::Timestamps(&self.set, 0)).expect("encode");
         }
         Some(self.finish(gpu, enc, s.dispatches() as u32 + 1))
     }

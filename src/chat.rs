@@ -372,6 +372,34 @@ impl JsonWriter {
         out.push('"');
     }
 
+    /// A list or an object: `open`, then `item` of each of `items` (separated, each on its own
+    /// line at `level + 1` where indenting), then `close` on a line at `level`; `[]` / `{}` when
+    /// empty.
+    fn items(
+        &self,
+        items: &[Value],
+        [open, close]: [char; 2],
+        level: usize,
+        out: &mut String,
+        mut item: impl FnMut(&Value, &mut String) -> std::result::Result<(), minijinja::Error>,
+    ) -> std::result::Result<(), minijinja::Error> {
+        out.push(open);
+        if items.is_empty() {
+            out.push(close);
+            return Ok(());
+        }
+        for (i, it) in items.iter().enumerate() {
+            if i > 0 {
+                out.push_str(&self.item_sep);
+            }
+            self.newline(level + 1, out);
+            item(it, out)?;
+        }
+        self.newline(level, out);
+        out.push(close);
+        Ok(())
+    }
+
     fn write(&self, v: &Value, level: usize, out: &mut String) -> std::result::Result<(), minijinja::Error> {
         match v.kind() {
             ValueKind::Undefined | ValueKind::None => out.push_str("null"),
@@ -390,45 +418,21 @@ impl JsonWriter {
             ValueKind::Bytes => self.string(&v.to_string(), out),
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = v.try_iter()?.collect();
-                if items.is_empty() {
-                    out.push_str("[]");
-                    return Ok(());
-                }
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(&self.item_sep);
-                    }
-                    self.newline(level + 1, out);
-                    self.write(item, level + 1, out)?;
-                }
-                self.newline(level, out);
-                out.push(']');
+                self.items(&items, ['[', ']'], level, out, |item, out| self.write(item, level + 1, out))?;
             }
             ValueKind::Map => {
                 let mut keys: Vec<Value> = v.try_iter()?.collect();
                 if self.sort_keys {
                     keys.sort();
                 }
-                if keys.is_empty() {
-                    out.push_str("{}");
-                    return Ok(());
-                }
-                out.push('{');
-                for (i, k) in keys.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(&self.item_sep);
-                    }
-                    self.newline(level + 1, out);
+                self.items(&keys, ['{', '}'], level, out, |k, out| {
                     match k.as_str() {
                         Some(s) => self.string(s, out),
                         None => self.string(&k.to_string(), out),
                     }
                     out.push_str(&self.key_sep);
-                    self.write(&v.get_item(k)?, level + 1, out)?;
-                }
-                self.newline(level, out);
-                out.push('}');
+                    self.write(&v.get_item(k)?, level + 1, out)
+                })?;
             }
             _ => self.string(&v.to_string(), out),
         }

@@ -467,15 +467,9 @@ fn dequant_block(t: DType, b: &[u8], y: &mut [f32]) {
         DType::Q4_K => {
             let b: &[u8; 144] = b.try_into().unwrap();
             let y: &mut [f32; 256] = y.try_into().unwrap();
-            let d = rd_f16(b, 0);
-            let dmin = rd_f16(b, 2);
-            let scales: &[u8; 12] = b[4..16].try_into().unwrap();
             let qs = &b[16..144];
             for g in 0..4 {
-                let (sc1, m1) = scale_min_k4(2 * g, scales);
-                let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
-                let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
-                let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
+                let [(d1, m1), (d2, m2)] = k4_group(b, g);
                 let q = &qs[32 * g..32 * g + 32];
                 let out = &mut y[64 * g..64 * g + 64];
                 for l in 0..32 {
@@ -487,16 +481,10 @@ fn dequant_block(t: DType, b: &[u8], y: &mut [f32]) {
         DType::Q5_K => {
             let b: &[u8; 176] = b.try_into().unwrap();
             let y: &mut [f32; 256] = y.try_into().unwrap();
-            let d = rd_f16(b, 0);
-            let dmin = rd_f16(b, 2);
-            let scales: &[u8; 12] = b[4..16].try_into().unwrap();
             let qh = &b[16..48];
             let qs = &b[48..176];
             for g in 0..4 {
-                let (sc1, m1) = scale_min_k4(2 * g, scales);
-                let (sc2, m2) = scale_min_k4(2 * g + 1, scales);
-                let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
-                let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
+                let [(d1, m1), (d2, m2)] = k4_group(b, g);
                 let (u1, u2) = (1u8 << (2 * g), 2u8 << (2 * g));
                 let q = &qs[32 * g..32 * g + 32];
                 let out = &mut y[64 * g..64 * g + 64];
@@ -633,6 +621,17 @@ pub fn quantize_affine(t: DType, data: &[f32]) -> Result<Vec<u8>> {
 
 /// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block.
 #[inline(always)]
+/// The (scale, min) of both 32-element halves of group `g` (of 4) of a Q4_K or Q5_K super-block
+/// `b`: its f16 `d` and `dmin`, times the group's 6-bit scales and mins.
+fn k4_group(b: &[u8], g: usize) -> [(f32, f32); 2] {
+    let (d, dmin) = (rd_f16(b, 0), rd_f16(b, 2));
+    let scales: &[u8; 12] = b[4..16].try_into().unwrap();
+    [2 * g, 2 * g + 1].map(|j| {
+        let (sc, m) = scale_min_k4(j, scales);
+        (d * sc as f32, dmin * m as f32)
+    })
+}
+
 fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)

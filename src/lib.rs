@@ -9,7 +9,7 @@
 //!   weights through [`model::source::TensorSource`], which [`loader::Checkpoint`] implements.
 //! - [`sampling`]: the [`sampling::SamplingBackend`] trait with its host and device implementations.
 //! - [`tokenizer`], [`chat`]: text in and out.
-//! - [`decode`]: the decode loops, one sequence ([`decode::generate`]) or many ([`decode::batch`]).
+//! - [`decode`]: the decode loops, one sequence ([`decode::generate_with`]) or many ([`decode::batch`]).
 //! - [`engine`]: what a program embedding the engine starts from: [`Engine::load`] (model,
 //!   tokenizer, chat template and stop tokens in one call), then [`Engine::generate`]'s builder,
 //!   streaming text as it comes.

@@ -639,37 +639,32 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     if a.json {
         println!(
             "{}",
-            serde_json::json!({
-                "model": source,
-                "arch": ck.config.arch.name(),
-                "adapter": gpu.info.name,
-                "backend": format!("{:?}", gpu.info.backend),
-                "weights_bytes": model.weights.bytes,
-                "weights_formats": model.weights.summary(),
-                "prompt_tokens": a.prompt_tokens,
-                "gen_tokens": a.gen_tokens,
-                "reps": a.reps,
-                "sampler": format!("{:?}", a.sampling.sampler),
-                "temperature": params.temperature,
-                "top_k": params.top_k,
-                "top_p": params.top_p,
-                "min_p": params.min_p,
-                "seed": params.seed,
-                "pipeline_depth": last.depth,
-                "steps_per_submit": last.steps_per_submit,
-                "prefill_tok_s": pp,
-                "decode_tok_s": tg,
-                "prefill_tok_s_all": runs.iter().map(Stats::prefill_tok_s).collect::<Vec<_>>(),
-                "decode_tok_s_all": runs.iter().map(Stats::decode_tok_s).collect::<Vec<_>>(),
-                "decode_step": {
-                    "dispatches": last.dispatches_per_step,
-                    "submits": last.submits_per_step,
-                    "blocking_waits": last.waits_per_step,
-                    "median": steps,
-                },
-                "logits_finite": true,
-                "profile": profile,
-            })
+            with_run(
+                &a,
+                &params,
+                serde_json::json!({
+                    "model": source,
+                    "arch": ck.config.arch.name(),
+                    "adapter": gpu.info.name,
+                    "backend": format!("{:?}", gpu.info.backend),
+                    "weights_bytes": model.weights.bytes,
+                    "weights_formats": model.weights.summary(),
+                    "pipeline_depth": last.depth,
+                    "steps_per_submit": last.steps_per_submit,
+                    "prefill_tok_s": pp,
+                    "decode_tok_s": tg,
+                    "prefill_tok_s_all": runs.iter().map(Stats::prefill_tok_s).collect::<Vec<_>>(),
+                    "decode_tok_s_all": runs.iter().map(Stats::decode_tok_s).collect::<Vec<_>>(),
+                    "decode_step": {
+                        "dispatches": last.dispatches_per_step,
+                        "submits": last.submits_per_step,
+                        "blocking_waits": last.waits_per_step,
+                        "median": steps,
+                    },
+                    "logits_finite": true,
+                    "profile": profile,
+                }),
+            )
         );
     } else {
         let f = |k: &str| steps[k].as_f64().map_or("n/a".to_string(), |v| format!("{v:.0}"));
@@ -724,6 +719,26 @@ fn run_bench(a: BenchArgs) -> Result<()> {
 }
 
 /// `bench --streams N`: N requests submitted at once, each `gen_tokens` long (no eos).
+/// A benchmark's JSON `report` with the run's shape and sampling parameters added (both
+/// benchmarks report them alike).
+fn with_run(a: &BenchArgs, params: &SamplingParams, mut report: serde_json::Value) -> serde_json::Value {
+    let run = serde_json::json!({
+        "prompt_tokens": a.prompt_tokens,
+        "gen_tokens": a.gen_tokens,
+        "reps": a.reps,
+        "sampler": format!("{:?}", a.sampling.sampler),
+        "temperature": params.temperature,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "seed": params.seed,
+    });
+    if let (Some(report), serde_json::Value::Object(run)) = (report.as_object_mut(), run) {
+        report.extend(run);
+    }
+    report
+}
+
 fn bench_streams(
     a: &BenchArgs,
     mut engine: BatchEngine,
@@ -793,33 +808,28 @@ fn bench_streams(
     if a.json {
         println!(
             "{}",
-            serde_json::json!({
-                "model": source,
-                "arch": arch,
-                "adapter": gpu.info.name,
-                "backend": format!("{:?}", gpu.info.backend),
-                "streams": n,
-                "batched": engine.is_batched(),
-                "prompt_tokens": a.prompt_tokens,
-                "gen_tokens": a.gen_tokens,
-                "reps": a.reps,
-                "sampler": format!("{:?}", a.sampling.sampler),
-                "temperature": params.temperature,
-                "top_k": params.top_k,
-                "top_p": params.top_p,
-                "min_p": params.min_p,
-                "seed": params.seed,
-                "pipeline_depth": a.sampling.batch_depth()?,
-                "decode_tok_s_total": decode,
-                "tok_s_total_with_prefill": total,
-                "decode_tok_s_per_stream": decode / n as f64,
-                "ttft_ms_median": ttft,
-                "ttft_ms_max": ttft_max,
-                "inter_token_ms_median": itl,
-                "decode_tok_s_all": reps.iter().map(|r| r.decode_tok_s).collect::<Vec<_>>(),
-                "wall_s_all": reps.iter().map(|r| r.wall_s).collect::<Vec<_>>(),
-                "logits_finite": true,
-            })
+            with_run(
+                a,
+                params,
+                serde_json::json!({
+                    "model": source,
+                    "arch": arch,
+                    "adapter": gpu.info.name,
+                    "backend": format!("{:?}", gpu.info.backend),
+                    "streams": n,
+                    "batched": engine.is_batched(),
+                    "pipeline_depth": a.sampling.batch_depth()?,
+                    "decode_tok_s_total": decode,
+                    "tok_s_total_with_prefill": total,
+                    "decode_tok_s_per_stream": decode / n as f64,
+                    "ttft_ms_median": ttft,
+                    "ttft_ms_max": ttft_max,
+                    "inter_token_ms_median": itl,
+                    "decode_tok_s_all": reps.iter().map(|r| r.decode_tok_s).collect::<Vec<_>>(),
+                    "wall_s_all": reps.iter().map(|r| r.wall_s).collect::<Vec<_>>(),
+                    "logits_finite": true,
+                }),
+            )
         );
     } else {
         println!(

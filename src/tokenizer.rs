@@ -141,22 +141,12 @@ impl Tokenizer {
         if v.tokens.is_empty() {
             return Err(Error::Tokenizer("GGUF has no tokenizer.ggml.tokens".into()));
         }
-        if let Some(t) = v.token_types {
-            if t.len() != v.tokens.len() {
-                return Err(Error::Tokenizer(format!(
-                    "tokenizer.ggml.token_type has {} entries for {} tokens",
-                    t.len(),
-                    v.tokens.len()
-                )));
-            }
-        }
-        if let Some(s) = v.scores {
-            if s.len() != v.tokens.len() {
-                return Err(Error::Tokenizer(format!(
-                    "tokenizer.ggml.scores has {} entries for {} tokens",
-                    s.len(),
-                    v.tokens.len()
-                )));
+        for (key, len) in [
+            ("tokenizer.ggml.token_type", v.token_types.map(<[_]>::len)),
+            ("tokenizer.ggml.scores", v.scores.map(<[_]>::len)),
+        ] {
+            if let Some(len) = len.filter(|&n| n != v.tokens.len()) {
+                return Err(Error::Tokenizer(format!("{key} has {len} entries for {} tokens", v.tokens.len())));
             }
         }
         let inner = match v.model {

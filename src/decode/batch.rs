@@ -8,9 +8,10 @@
 //! A request's tokens depend only on its prompt, its parameters and its seed: the sampler's
 //! counter is keyed by the request's own step, never by its row in the batch.
 
-use super::StopReason;
+use super::common::{non_finite_error, stop_after, StopReason};
 use crate::error::{Error, Result};
 use crate::model::Model;
+use crate::sampling::device::PassLog;
 use crate::sampling::{Draw, RowKey, SamplingBackend, SamplingParams};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -148,7 +149,7 @@ pub struct BatchEngine {
 impl BatchEngine {
     /// An engine over `model`, decoding up to `opts.max_batch` sequences together (the model's
     /// KV caches are re-made for that many). With the device sampler, `depth` decode steps are
-    /// in flight ([`super::DEFAULT_DEPTH`] is a good value; 0 or the host sampler: one at a
+    /// in flight ([`DEFAULT_DEPTH`](super::DEFAULT_DEPTH) is a good value; 0 or the host sampler: one at a
     /// time, read back each step). Models with recurrent or mixture-of-experts layers run one
     /// request at a time (the others wait in the queue).
     pub fn new(
@@ -444,7 +445,7 @@ impl BatchEngine {
             let mut pass = enc
                 .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("batch step"), timestamp_writes: None });
             plan.encode_pass(&mut pass);
-            device.encode_pass(&gpu, &mut pass, &plan.logits, rows.len(), &plan.ids, None)?;
+            device.encode_pass(&gpu, &mut pass, &plan.logits, rows.len(), &plan.ids, PassLog::Nothing)?;
         }
         let status = device.status().ok_or_else(|| Error::Gpu("the sampler's status buffer is missing".into()))?;
         let (buf, state) = &self.ring.buffers[ring];
@@ -484,7 +485,7 @@ impl BatchEngine {
 }
 
 /// Delivers `token`, the next of `s`, unless it stopped; stops it at eos, its budget or
-/// non-finite logits (the same rule as the one-sequence loops: [`super::stop_after`]).
+/// non-finite logits (the same rule as the one-sequence loops: [`stop_after`]).
 fn deliver(s: &mut Seq, token: u32, non_finite: bool, max_ctx: usize, sink: &mut dyn FnMut(SeqId, Event)) {
     if s.stopped {
         return;
@@ -492,14 +493,14 @@ fn deliver(s: &mut Seq, token: u32, non_finite: bool, max_ctx: usize, sink: &mut
     let prompt = s.req.prompt.len();
     if non_finite {
         s.stopped = true;
-        sink(s.id, Event::Failed(super::non_finite_error(s.delivered as u32, prompt + s.delivered - 1)));
+        sink(s.id, Event::Failed(non_finite_error(s.delivered as u32, prompt + s.delivered - 1)));
         return;
     }
     s.delivered += 1;
     s.last = token;
     sink(s.id, Event::Token(token));
     let room = max_ctx - prompt + 1;
-    if let Some(reason) = super::stop_after(token, s.delivered, s.req.max_tokens, room, &s.req.stop_ids) {
+    if let Some(reason) = stop_after(token, s.delivered, s.req.max_tokens, room, &s.req.stop_ids) {
         s.stopped = true;
         sink(s.id, Event::Finished { reason, prompt_tokens: prompt, generated_tokens: s.delivered });
     }

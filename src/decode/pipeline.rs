@@ -17,10 +17,11 @@
 //! position is rolled back to where the step-by-step loop would have left it (the KV entries they
 //! wrote lie past it and are overwritten by later passes); after an error the model is reset.
 
-use super::{non_finite_error, room, stop_after, Stats, StepTiming, StopReason};
+use super::common::{non_finite_error, room, stop_after, Job, Stats, StepTiming, StopReason};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::model::Model;
+use crate::sampling::device::PassLog;
 use crate::sampling::{DeviceSampler, SamplingParams};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -144,19 +145,16 @@ struct Read {
 }
 
 /// Runs the loop; `model` was reset and `stats` has the prompt length.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     model: &mut Model,
     sampler: &mut DeviceSampler,
-    prompt: &[u32],
-    max_tokens: usize,
-    params: &SamplingParams,
-    eos: &[u32],
+    job: Job,
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     depth: usize,
     steps: usize,
     mut stats: Stats,
 ) -> Result<Stats> {
+    let Job { prompt, max_tokens, params, eos } = job;
     let gpu = model.gpu.clone();
     let steps = steps.max(1);
     // A readback slot and a region of uniforms per submission in flight.
@@ -184,7 +182,7 @@ pub(super) fn run(
             label: Some("sample prompt"),
             timestamp_writes: ring.timestamp_writes(slot, 0),
         });
-        sampler.encode_pass(&gpu, &mut pass, &logits, 1, &ids, Some(steps))?;
+        sampler.encode_pass(&gpu, &mut pass, &logits, 1, &ids, PassLog::Steps(steps))?;
     }
     ring.record_readback(&mut enc, slot, 1, sampler.step_log()?);
     submit_steps(&gpu, &ring, &mut in_flight, enc, slot, &[0], te)?;
@@ -316,7 +314,7 @@ fn submit_decode(
             timestamp_writes: ring.timestamp_writes(slot, index),
         });
         plan.encode_pass(&mut pass);
-        sampler.encode_pass(&gpu, &mut pass, &plan.logits, 1, &plan.ids, Some(steps))?;
+        sampler.encode_pass(&gpu, &mut pass, &plan.logits, 1, &plan.ids, PassLog::Steps(steps))?;
     }
     ring.record_readback(&mut enc, slot, n, sampler.step_log()?);
     gpu.queue.write_buffer(&uniforms.buffer, uniforms.at(region, 0), &bytes);

@@ -382,20 +382,8 @@ mod tests {
     #[test]
     fn pools_have_the_asked_scale() {
         let mut rng = Rng(7);
-        for dtype in [
-            DType::F32,
-            DType::F16,
-            DType::Q8_0,
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q5_0,
-            DType::Q5_1,
-            DType::Q4_K,
-            DType::Q5_K,
-            DType::Q6_K,
-            DType::Affine { bits: 4, group: 64, bf16: true },
-            DType::Affine { bits: 8, group: 64, bf16: true },
-        ] {
+        let affine = [4, 8].map(|bits| DType::Affine { bits, group: 64, bf16: true });
+        for dtype in DType::ALL.into_iter().filter(|&t| t != DType::BF16).chain(affine) {
             let std = 0.03f32;
             let pool = block_pool(dtype, std, &mut rng).unwrap();
             let n = pool.len() / dtype.byte_size(dtype.block_size().max(1)).unwrap() * dtype.block_size();

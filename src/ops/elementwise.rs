@@ -14,27 +14,14 @@ pub enum Activation {
 }
 
 crate::ops::uniform::uniform_struct! {
-    /// WGSL twin: `struct Params` of `wgsl/add.wgsl`.
-    pub(crate) struct AddUniform = "Params" { n: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
+    /// WGSL twin: `struct Params` of `wgsl/add.wgsl` and `wgsl/mul_sigmoid.wgsl` (the element count).
+    pub(crate) struct InPlaceUniform = "Params" { n: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
 }
 
 /// `x += y` over all elements (f32).
 pub fn add(gpu: &Gpu, x: &Tensor, y: &Tensor) -> Result<Kernel> {
     assert_eq!(x.numel(), y.numel());
-    let n = x.numel() as u32;
-    let params = gpu.uniform("add.params", &AddUniform { n, ..Default::default() });
-    gpu.kernel(
-        "add",
-        "main",
-        &gpu.macros(),
-        &[x.binding(), y.binding(), params.as_entire_binding()],
-        grid(n.div_ceil(256)),
-    )
-}
-
-crate::ops::uniform::uniform_struct! {
-    /// WGSL twin: `struct Params` of `wgsl/mul_sigmoid.wgsl`.
-    pub(crate) struct MulSigmoidUniform = "Params" { n: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
+    in_place("add", gpu, x, y)
 }
 
 /// `x *= sigmoid(g)` over all elements (f32): the output gate of Qwen3.5's attention.
@@ -45,13 +32,19 @@ pub fn mul_sigmoid(gpu: &Gpu, x: &Tensor, g: &Tensor) -> Result<Kernel> {
             x.ty, x.shape, g.ty, g.shape
         )));
     }
+    in_place("mul_sigmoid", gpu, x, g)
+}
+
+/// Kernel `name` updating `x` in place from `y`, element by element (`x` and `y` of one size;
+/// uniform: the element count).
+fn in_place(name: &str, gpu: &Gpu, x: &Tensor, y: &Tensor) -> Result<Kernel> {
     let n = x.numel() as u32;
-    let params = gpu.uniform("mul_sigmoid.params", &MulSigmoidUniform { n, ..Default::default() });
+    let params = gpu.uniform(&format!("{name}.params"), &InPlaceUniform { n, ..Default::default() });
     gpu.kernel(
-        "mul_sigmoid",
+        name,
         "main",
         &gpu.macros(),
-        &[x.binding(), g.binding(), params.as_entire_binding()],
+        &[x.binding(), y.binding(), params.as_entire_binding()],
         grid(n.div_ceil(256)),
     )
 }

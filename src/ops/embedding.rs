@@ -49,17 +49,7 @@ pub fn embedding(
         return bad(format!("table must be f16 [rows, C], is {:?} {:?}", table_chunk.ty, table_chunk.shape));
     }
     let (chunk_rows, cols) = (table_chunk.shape[0], table_chunk.shape[1]);
-    if ids.ty != ElemType::U32 {
-        return bad(format!("ids must be u32, are {:?}", ids.ty));
-    }
-    let n_tokens = ids.numel();
-    if out.ty != ElemType::F32 || out.numel() != n_tokens * cols {
-        return bad(format!("out must be f32 [{n_tokens}, {cols}], is {:?} {:?}", out.ty, out.shape));
-    }
-    let n = n_tokens as u64 * cols as u64;
-    if n > u32::MAX as u64 {
-        return bad(format!("{n_tokens} tokens × {cols} columns overflow u32 indexing"));
-    }
+    let (n_tokens, n) = check_ids_out("embedding", ids, out, cols, 1)?;
     let p = gpu.uniform(
         "embedding.params",
         &EmbeddingUniform {
@@ -94,6 +84,24 @@ crate::ops::uniform::uniform_struct! {
     }
 }
 
+/// Checks both lookups' `ids` (u32 `[T]`) and `out` (f32 `[T, cols]`); returns T and the threads
+/// of the lookup, `T · cols / per_thread`, which must fit u32 indexing; errors name `op`.
+fn check_ids_out(op: &str, ids: &Tensor, out: &Tensor, cols: usize, per_thread: u64) -> Result<(usize, u64)> {
+    let bad = |msg: String| Err(Error::InvalidArgument(format!("{op}: {msg}")));
+    if ids.ty != ElemType::U32 {
+        return bad(format!("ids must be u32, are {:?}", ids.ty));
+    }
+    let n_tokens = ids.numel();
+    if out.ty != ElemType::F32 || out.numel() != n_tokens * cols {
+        return bad(format!("out must be f32 [{n_tokens}, {cols}], is {:?} {:?}", out.ty, out.shape));
+    }
+    let n = n_tokens as u64 * cols as u64 / per_thread;
+    if n > u32::MAX as u64 {
+        return bad(format!("{n_tokens} tokens × {cols} columns overflow u32 indexing"));
+    }
+    Ok((n_tokens, n))
+}
+
 /// [`embedding`] from a table chunk kept in a GGUF quantized type (`wgsl/embedding_quant.wgsl`,
 /// chunks from [`QuantWeight::row_chunks`]): rows dequantized as `to_f32` does, bit for bit, then
 /// scaled. `ids`: u32 `[T]`; `out`: f32 `[T, C]`.
@@ -105,19 +113,8 @@ pub fn embedding_quant(
     out: &Tensor,
     scale: f32,
 ) -> Result<Kernel> {
-    let bad = |msg: String| Err(Error::InvalidArgument(format!("embedding_quant: {msg}")));
     let [chunk_rows, cols] = table_chunk.shape;
-    if ids.ty != ElemType::U32 {
-        return bad(format!("ids must be u32, are {:?}", ids.ty));
-    }
-    let n_tokens = ids.numel();
-    if out.ty != ElemType::F32 || out.numel() != n_tokens * cols {
-        return bad(format!("out must be f32 [{n_tokens}, {cols}], is {:?} {:?}", out.ty, out.shape));
-    }
-    let n = n_tokens as u64 * cols as u64 / 4;
-    if n > u32::MAX as u64 {
-        return bad(format!("{n_tokens} tokens × {cols} columns overflow u32 indexing"));
-    }
+    let (n_tokens, n) = check_ids_out("embedding_quant", ids, out, cols, 4)?;
     let p = gpu.uniform(
         "embedding_quant.params",
         &EmbeddingQuantUniform {

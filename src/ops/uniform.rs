@@ -19,7 +19,7 @@ pub trait UniformLayout: bytemuck::Pod {
 /// ```ignore
 /// uniform_struct! {
 ///     /// WGSL twin: `struct Params` of `wgsl/add.wgsl`.
-///     pub(crate) struct AddUniform = "Params" { n: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
+///     pub(crate) struct InPlaceUniform = "Params" { n: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
 /// }
 /// ```
 ///

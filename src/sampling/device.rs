@@ -54,7 +54,7 @@
 //! Scratch grows with the largest `(rows, vocab)` seen: `rows · V · 24` bytes (the bucketed list
 //! and one fetched bin, 12 bytes an entry) plus `rows · G · 2.6 KB` of metadata.
 
-use super::{check_keys, logits_shape, Draw, PreparedParams, RowKey, SamplingBackend, SamplingParams};
+use super::params::{check_keys, logits_shape, prepare_rows, row_keys, Draw, RowKey, SamplingParams};
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Tensor};
 use std::sync::Arc;
@@ -130,7 +130,7 @@ struct BindKey {
     logits_size: u64,
     out: usize,
     out_offset: u64,
-    /// Steps of the step log ([`DeviceSampler::encode_pass`]'s `log`; 0 without).
+    /// Steps of the step log ([`PassLog::Steps`]).
     log: usize,
     rows: usize,
     vocab: usize,
@@ -162,9 +162,9 @@ pub struct DeviceSampler {
     fetched: Scratch,
     /// Per row: 1 when its logits held a NaN or an infinity (written by `sample_select`).
     status: Scratch,
-    /// The step log of [`encode_pass`](Self::encode_pass) with `log`.
+    /// The step log of [`encode_pass`](Self::encode_pass) with [`PassLog::Steps`].
     log: Scratch,
-    /// Ids of [`sample`](SamplingBackend::sample) and their readback buffer.
+    /// Ids of [`sample`](super::SamplingBackend::sample) and their readback buffer.
     ids: Option<Tensor>,
     staging: Option<wgpu::Buffer>,
     /// Rows of the last [`set_params`](Self::set_params), and whether all are greedy.
@@ -324,16 +324,13 @@ impl DeviceSampler {
         let bound = self.prepare(gpu, logits, rows, out, None)?;
         let mut pass = encoder
             .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("sampling"), timestamp_writes: None });
-        self.record(bound, &mut pass);
+        self.record_with(bound, &mut pass, None);
         Ok(())
     }
 
     /// [`encode`](Self::encode) into a compute pass the caller owns (to share a decode step's
-    /// pass, or to time the sampler with the pass's timestamp writes). With `log: Some(steps)`, each
-    /// row's id and status also go to entry `(step % steps, row)` of the sampler's step log
-    /// ([`step_log`](Self::step_log): u32 `[steps, rows, 2]`; `step`: the decode step of
-    /// [`set_params`](Self::set_params) or [`step_params`](Self::step_params)), so that a loop
-    /// running several steps in one submission reads all their tokens back with one copy.
+    /// pass, or to time the sampler with the pass's timestamp writes); `also` says what else the
+    /// pass writes ([`PassLog`]).
     pub fn encode_pass(
         &mut self,
         gpu: &Gpu,
@@ -341,41 +338,27 @@ impl DeviceSampler {
         logits: &Tensor,
         rows: usize,
         out: &Tensor,
-        log: Option<usize>,
+        also: PassLog<'_>,
     ) -> Result<()> {
+        let (log, stamps) = match also {
+            PassLog::Nothing => (None, None),
+            PassLog::Steps(steps) => (Some(steps), None),
+            PassLog::Timestamps(set, first) => {
+                if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+                    return Err(Error::Unsupported("timestamps inside passes".into()));
+                }
+                (None, Some((set, first)))
+            }
+        };
         let bound = self.prepare(gpu, logits, rows, out, log)?;
-        self.record(bound, pass);
+        self.record_with(bound, pass, stamps);
         Ok(())
     }
 
-    /// The step log [`encode_pass`](Self::encode_pass) writes with `log` (from byte 0; valid
+    /// The step log [`encode_pass`](Self::encode_pass) writes with [`PassLog::Steps`] (from byte 0; valid
     /// once that work has run).
     pub fn step_log(&self) -> Result<&wgpu::Buffer> {
         self.log.buffer.as_ref().ok_or_else(|| Error::Gpu("the sampler's step log was never used".into()))
-    }
-
-    /// [`encode_pass`](Self::encode_pass) with a timestamp written to `stamps.0` before the first
-    /// dispatch and after each one (indices `stamps.1..=stamps.1 + dispatches()`), for per-kernel
-    /// GPU times. Needs `wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES`.
-    pub fn encode_pass_profiled(
-        &mut self,
-        gpu: &Gpu,
-        pass: &mut wgpu::ComputePass<'_>,
-        logits: &Tensor,
-        rows: usize,
-        out: &Tensor,
-        stamps: (&wgpu::QuerySet, u32),
-    ) -> Result<()> {
-        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
-            return Err(Error::Unsupported("timestamps inside passes".into()));
-        }
-        let bound = self.prepare(gpu, logits, rows, out, None)?;
-        self.record_with(bound, pass, Some(stamps));
-        Ok(())
-    }
-
-    fn record(&self, bound: usize, pass: &mut wgpu::ComputePass<'_>) {
-        self.record_with(bound, pass, None);
     }
 
     fn record_with(&self, bound: usize, pass: &mut wgpu::ComputePass<'_>, stamps: Option<(&wgpu::QuerySet, u32)>) {
@@ -509,41 +492,23 @@ impl DeviceSampler {
                 })
             })
         };
+        // What the passes share, in their binding order: the parameters, the per-chunk partials,
+        // the histograms; then (the last two passes) the bucketed list and its metadata.
+        let shared = || vec![whole(&self.params), whole(&self.partials), whole(&self.hist)];
+        let listed = || [shared(), vec![whole(&self.list), whole(&self.meta)]].concat();
         let stats = make(
             &pipelines[0],
             "sample_stats",
-            vec![
-                logits.binding(),
-                whole(&self.params),
-                whole(&self.partials),
-                whole(&self.hist),
-                info.as_entire_binding(),
-            ],
+            [vec![logits.binding()], shared(), vec![info.as_entire_binding()]].concat(),
         )?;
         let histogram = make(
             &pipelines[1],
             "sample_histogram",
-            vec![
-                logits.binding(),
-                whole(&self.params),
-                whole(&self.partials),
-                whole(&self.hist),
-                whole(&self.list),
-                whole(&self.meta),
-                info.as_entire_binding(),
-            ],
+            [vec![logits.binding()], listed(), vec![info.as_entire_binding()]].concat(),
         )?;
-        let mut select_bindings = vec![
-            whole(&self.params),
-            whole(&self.partials),
-            whole(&self.hist),
-            whole(&self.list),
-            whole(&self.meta),
-            whole(&self.fetched),
-            out.binding(),
-            info.as_entire_binding(),
-            whole(&self.status),
-        ];
+        let mut select_bindings =
+            [listed(), vec![whole(&self.fetched), out.binding(), info.as_entire_binding(), whole(&self.status)]]
+                .concat();
         if key.log > 0 {
             // Exactly the log's steps: the kernel takes N from the binding's length.
             select_bindings.push(wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -582,12 +547,10 @@ impl DeviceSampler {
     }
 }
 
-impl SamplingBackend for DeviceSampler {
-    fn name(&self) -> &'static str {
-        "device"
-    }
-
-    fn draw_rows(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], keys: &[RowKey]) -> Result<Draw> {
+impl DeviceSampler {
+    /// [`SamplingBackend::draw_rows`](super::SamplingBackend::draw_rows): records the passes,
+    /// submits them and waits for the ids and the rows' status words.
+    pub fn draw_now(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], keys: &[RowKey]) -> Result<Draw> {
         let (rows, vocab) = logits_shape(logits, params)?;
         check_keys(params, keys)?;
         if logits.ty != ElemType::F32 {
@@ -610,10 +573,23 @@ impl SamplingBackend for DeviceSampler {
         let (ids, status) = words.split_at(rows);
         Ok(Draw { ids: ids.to_vec(), non_finite: status.iter().map(|&s| s != 0).collect() })
     }
+}
 
-    fn as_device(&mut self) -> Option<&mut DeviceSampler> {
-        Some(self)
-    }
+/// What [`DeviceSampler::encode_pass`] writes besides the ids.
+#[derive(Clone, Copy, Debug)]
+pub enum PassLog<'a> {
+    /// The ids alone.
+    Nothing,
+    /// With `Steps(steps)`, each row's id and status also go to entry `(step % steps, row)` of the
+    /// sampler's step log ([`step_log`](DeviceSampler::step_log): u32 `[steps, rows, 2]`; `step`:
+    /// the decode step of [`set_params`](DeviceSampler::set_params) or
+    /// [`step_params`](DeviceSampler::step_params)), so that a loop running several steps in one
+    /// submission reads all their tokens back with one copy.
+    Steps(usize),
+    /// A timestamp written to the query set before the first dispatch and after each one
+    /// (indices `first ..= first + dispatches()`), for per-kernel GPU times. Needs
+    /// `wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES`.
+    Timestamps(&'a wgpu::QuerySet, u32),
 }
 
 crate::ops::uniform::uniform_struct! {
@@ -647,17 +623,6 @@ pub fn philox_bits(gpu: &Gpu, seed: u64, step: u32, row: u32, first: u32, n: u32
     b.truncate(n as usize);
     g.truncate(n as usize);
     Ok((b, g))
-}
-
-/// Decode step `step` for `rows` rows, row `r` on Philox stream `r`.
-fn row_keys(rows: usize, step: u32) -> Vec<RowKey> {
-    (0..rows as u32).map(|row| RowKey { step, stream: row }).collect()
-}
-
-/// The rows' parameters as the kernels read them (validated, each with its step and stream).
-fn prepare_rows(params: &[SamplingParams], keys: &[RowKey]) -> Result<Vec<PreparedParams>> {
-    check_keys(params, keys)?;
-    Ok(params.iter().zip(keys).map(|(p, k)| p.prepare_stream(k.step, k.stream)).collect())
 }
 
 fn whole(s: &Scratch) -> wgpu::BindingResource<'_> {

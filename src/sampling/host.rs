@@ -1,8 +1,8 @@
 //! The host (CPU) sampler: the reference implementation of the spec in the
 //! [module docs](super). Pure functions of `(logits, params, step, row)`.
 
+use super::params::{PreparedParams, SamplingParams, MODE_GREEDY};
 use super::philox::{bits_to_unit, counter_block, gumbel, philox4x32_10};
-use super::{PreparedParams, SamplingParams, MODE_GREEDY};
 use crate::error::{Error, Result};
 
 /// Sample one token from one row of logits. The single source of truth for sampling: the
