@@ -425,9 +425,6 @@ fn no_import_circle_between_files() {
     let known = [
         "crate::decode -> crate::decode::pipeline -> crate::decode",
         "crate::gpu -> crate::gpu::kernel -> crate::gpu",
-        "crate::loader -> crate::loader::gguf -> crate::loader",
-        "crate::loader -> crate::loader::gguf -> crate::loader::hf -> crate::loader",
-        "crate::loader::gguf -> crate::loader::hf -> crate::loader::gguf",
         "crate::sampling -> crate::sampling::device -> crate::sampling",
         "crate::sampling -> crate::sampling::host -> crate::sampling",
     ];
