@@ -72,6 +72,7 @@ fn tiny_hp(arch: Arch) -> Hyperparams {
         activation: Activation::SiluGated,
         query_pre_attn_scalar: None,
         final_logit_softcapping: None,
+        ..Hyperparams::default()
     }
 }
 

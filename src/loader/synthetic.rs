@@ -57,6 +57,7 @@ pub fn preset_hyperparams(name: &str) -> Option<Hyperparams> {
         activation: Activation::SiluGated,
         query_pre_attn_scalar: None,
         final_logit_softcapping: None,
+        ..Hyperparams::default()
     };
     Some(match name {
         "smollm2-135m" => llama_like(Arch::Llama, 49152, 576, 1536, 30, 9, 3, 64, 1e5, 1e-5, 8192, true, false),

@@ -57,6 +57,9 @@ pub enum LayerAttention {
     Full,
     /// Attends to the last `window` positions (the current one included).
     Sliding { window: u32 },
+    /// Linear attention (Qwen3.5's Gated DeltaNet, `linear_attention`): a recurrent state, no KV
+    /// cache.
+    Linear,
 }
 
 pub use crate::ops::elementwise::Activation;

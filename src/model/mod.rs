@@ -2,6 +2,7 @@
 pub mod arch;
 pub mod config;
 pub mod forward;
+pub mod pass;
 pub mod source;
 pub mod weights;
 

@@ -3,6 +3,8 @@
 
 use super::tokenizer::tokenizer_data;
 use super::*;
+use crate::model::arch::{DeltaNetParams, MoeParams};
+use crate::model::config::{Activation, PerLayerInput};
 
 // ---------------------------------------------------------------------------------------------
 // Checkpoint
@@ -59,7 +61,6 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
 /// tiled over the key heads ([`DeltaNetSpec::kv_tiled`](crate::model::config::DeltaNetSpec)),
 /// which the engine runs as stored.
 fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> {
-    use crate::model::qwen3_5_moe::Qwen35MoeConfig;
     let m = Meta { g, path, arch: "qwen35moe" };
     let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
     let layers_key = m.key("block_count");
@@ -101,7 +102,8 @@ fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoin
     let no_vocab = m.opt_str("tokenizer.ggml.model")? == Some("none");
     let tok = if no_vocab { None } else { Some(tokenizer_data(&m, Arch::Qwen35Moe)?) };
     let vocab_size = vocab_rows(g, tok.as_ref(), path)?;
-    let q = Qwen35MoeConfig {
+    let h = Hyperparams {
+        arch: Arch::Qwen35Moe,
         vocab_size,
         hidden_size: req("embedding_length", cfg_limits::HIDDEN)?,
         rms_norm_eps: m.opt_f32(&m.key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
@@ -112,34 +114,43 @@ fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoin
         head_dim,
         rope_theta: m.opt_f32(&m.key("rope.freq_base"))?.unwrap_or(10_000_000.0),
         partial_rotary_factor: rot as f32 / head_dim.max(1) as f32,
-        full_attention,
-        linear_num_key_heads: req("ssm.group_count", cfg_limits::HEADS)?,
-        linear_num_value_heads: v_heads,
-        linear_key_head_dim: req("ssm.state_size", cfg_limits::HEAD_DIM)?,
-        linear_value_head_dim: inner / v_heads,
-        linear_conv_kernel_dim: m.req_capped(&m.key("ssm.conv_kernel"), 64)?,
-        num_experts: req("expert_count", cfg_limits::EXPERTS)?,
-        num_experts_per_tok: req("expert_used_count", cfg_limits::EXPERTS)?,
-        moe_intermediate_size: req("expert_feed_forward_length", cfg_limits::INTERMEDIATE)?,
-        shared_expert_intermediate_size: m
-            .opt_usize(&m.key("expert_shared_feed_forward_length"))?
-            .map(|v| capped(path, "expert_shared_feed_forward_length", v, cfg_limits::INTERMEDIATE))
-            .transpose()?
-            .unwrap_or(0),
+        layer_types: full_attention
+            .iter()
+            .map(|&f| if f { LayerAttention::Full } else { LayerAttention::Linear })
+            .collect(),
+        delta_net: Some(DeltaNetParams {
+            linear_num_key_heads: req("ssm.group_count", cfg_limits::HEADS)?,
+            linear_num_value_heads: v_heads,
+            linear_key_head_dim: req("ssm.state_size", cfg_limits::HEAD_DIM)?,
+            linear_value_head_dim: inner / v_heads,
+            linear_conv_kernel_dim: m.req_capped(&m.key("ssm.conv_kernel"), 64)?,
+            value_heads_tiled: true,
+        }),
+        moe: Some(MoeParams {
+            num_experts: req("expert_count", cfg_limits::EXPERTS)?,
+            num_experts_per_tok: req("expert_used_count", cfg_limits::EXPERTS)?,
+            moe_intermediate_size: req("expert_feed_forward_length", cfg_limits::INTERMEDIATE)?,
+            shared_expert_intermediate_size: m
+                .opt_usize(&m.key("expert_shared_feed_forward_length"))?
+                .map(|v| capped(path, "expert_shared_feed_forward_length", v, cfg_limits::INTERMEDIATE))
+                .transpose()?
+                .unwrap_or(0),
+        }),
         attention_bias: false,
-        value_heads_tiled: true,
+        ..Hyperparams::default()
     };
-    if q.rotary_dim() != rot || rot < 2 || rot % 2 != 0 || rot > head_dim {
+    if h.partial_rotary_dim() != rot || rot < 2 || rot % 2 != 0 || rot > head_dim {
         return Err(mismatch(format!("rope.dimension_count {rot} of head dimension {head_dim}")));
     }
 
-    let mut config = q.model_config();
+    let mut config = arch::try_model_config(&h).map_err(mismatch)?;
     if let Some(t) = &tok {
         config.bos_token_id = t.bos_token_id;
         config.eos_token_ids = stop_ids(t);
         config.add_bos = t.add_bos_token;
     }
-    // llama.cpp's names -> the engine's; `a|b` names are split into halves below.
+    // llama.cpp's names -> the engine's (the architecture's mapping); `a|b` names are split into
+    // halves below.
     let mut tensors = HashMap::new();
     let mut fixups = HashMap::new();
     for t in &g.tensors {
@@ -148,26 +159,17 @@ fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoin
             Some((l, rest)) => (Some(l), rest),
             None => (None, t.name.as_str()),
         };
-        let full = layer.and_then(|l| l.parse::<usize>().ok()).is_some_and(|l| q.full_attention.get(l) == Some(&true));
-        let canonical = match rest {
-            "post_attention_norm.weight" => "ffn_norm.weight",
-            "attn_q.weight" if full => "attn_q.weight|attn_out_gate.weight",
-            "attn_qkv.weight" => "ssm_in_qkv.weight",
-            "attn_gate.weight" => "ssm_in_z.weight",
-            "ssm_dt.bias" => "ssm_dt_bias.weight",
-            "ssm_a" => "ssm_a_log.weight",
-            other => other,
-        };
+        let full = layer
+            .and_then(|l| l.parse::<usize>().ok())
+            .is_some_and(|l| h.layer_types.get(l) == Some(&LayerAttention::Full));
+        let mapped = arch::gguf_tensor(Arch::Qwen35Moe, rest, full);
         let name = match layer {
-            Some(l) => format!("blk.{l}.{canonical}"),
-            None => canonical.to_string(),
+            Some(l) => format!("blk.{l}.{}", mapped.name),
+            None => mapped.name.to_string(),
         };
-        let st = if rest == "ffn_gate_inp_shexp.weight" && st.shape.len() == 1 {
-            StoredTensor { shape: vec![1, st.shape[0]], ..st }
-        } else {
-            st
-        };
-        if rest == "ssm_a" {
+        let st =
+            if mapped.as_row && st.shape.len() == 1 { StoredTensor { shape: vec![1, st.shape[0]], ..st } } else { st };
+        if mapped.neg_exp {
             fixups.insert(name.clone(), Fixup::LnNeg);
         }
         tensors.insert(name, st);
@@ -198,7 +200,6 @@ fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoin
 /// `rope_freqs` factors (1 for the pairs that turn, ~1e30 for those that do not). Tensor names are
 /// the engine's own; norms are stored as they are used (plain w).
 fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> {
-    use crate::model::gemma4::{Gemma4Config, Gemma4Rope};
     let m = Meta { g, path, arch: "gemma4" };
     let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
     let layers_key = m.key("block_count");
@@ -281,53 +282,52 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
     let cap = m.opt_f32(&m.key("final_logit_softcapping"))?.unwrap_or(30.0);
     let window =
         m.opt_u32(&m.key("attention.sliding_window"))?.ok_or_else(|| m.missing(&m.key("attention.sliding_window")))?;
-    let mut gc = Gemma4Config {
+    let mut h = Hyperparams {
+        arch: Arch::Gemma4,
         vocab_size,
         hidden_size: req("embedding_length", cfg_limits::HIDDEN)?,
         // One width, or per layer with the shared-KV layers' twice the others' (double-wide MLPs).
         intermediate_size: capped(path, &ffn_key, ffn[0], cfg_limits::INTERMEDIATE)?,
         num_attention_heads: heads,
         num_key_value_heads: sliding_kv,
-        num_global_key_value_heads: Some(full_kv),
+        full_kv_heads: Some(full_kv),
         head_dim,
-        global_head_dim,
-        attention_k_eq_v: k_eq_v,
+        full_head_dim: Some(global_head_dim),
+        k_eq_v,
         attention_bias: false,
-        full_attention,
-        sliding_window: window,
-        rope_sliding: Gemma4Rope {
-            theta: m.opt_f32(&m.key("rope.freq_base_swa"))?.unwrap_or(10_000.0),
-            proportional: false,
-            partial_rotary_factor: 1.0,
-        },
-        // Set from rope_freqs below.
-        rope_full: Gemma4Rope {
-            theta: m.opt_f32(&m.key("rope.freq_base"))?.unwrap_or(10_000.0),
-            proportional: false,
-            partial_rotary_factor: 1.0,
-        },
+        layer_types: full_attention
+            .iter()
+            .map(|&f| if f { LayerAttention::Full } else { LayerAttention::Sliding { window } })
+            .collect(),
+        sliding_window: Some(window),
+        rope_local_theta: Some(m.opt_f32(&m.key("rope.freq_base_swa"))?.unwrap_or(10_000.0)),
+        // Full layers' RoPE kind: set from rope_freqs below.
+        rope_theta: m.opt_f32(&m.key("rope.freq_base"))?.unwrap_or(10_000.0),
+        full_rope_proportional: false,
+        partial_rotary_factor: 1.0,
         final_logit_softcapping: (cap != 0.0).then_some(cap),
         rms_norm_eps: m
             .opt_f32(&m.key("attention.layer_norm_rms_epsilon"))?
             .ok_or_else(|| m.missing(&m.key("attention.layer_norm_rms_epsilon")))?,
         max_position_embeddings: req("context_length", cfg_limits::CONTEXT)?,
         tie_word_embeddings: g.tensor("output.weight").is_none(),
+        activation: Activation::GeluTanhGated,
         bos_token_id: tok.bos_token_id,
         eos_token_ids: stop_ids(&tok),
-        hidden_size_per_layer_input: ple_dim,
-        vocab_size_per_layer_input: ple_vocab,
+        per_layer_input: (ple_dim > 0).then_some(PerLayerInput { dim: ple_dim, vocab: ple_vocab }),
         num_kv_shared_layers: shared,
-        use_double_wide_mlp: double_wide,
+        double_wide_mlp: double_wide,
+        ..Hyperparams::default()
     };
     let tensors: HashMap<String, StoredTensor> = g.tensors.iter().map(|t| (t.name.clone(), t.stored())).collect();
     // The config is set below, once rope_freqs (read through the checkpoint) has said the RoPE.
     let mut ck = Checkpoint {
         path: path.to_path_buf(),
-        config: gc.model_config(),
+        config: arch::model_config(&h),
         tokenizer: TokenizerSource::None,
         chat_template: m.opt_str("tokenizer.chat_template")?.map(str::to_string),
-        bos_token: gc.bos_token_id.and_then(|i| tok.tokens.get(i as usize)).cloned(),
-        eos_token: gc.eos_token_ids.first().and_then(|&i| tok.tokens.get(i as usize)).cloned(),
+        bos_token: h.bos_token_id.and_then(|i| tok.tokens.get(i as usize)).cloned(),
+        eos_token: h.eos_token_ids.first().and_then(|&i| tok.tokens.get(i as usize)).cloned(),
         tensors,
         files: vec![data],
         fixups: HashMap::new(),
@@ -347,13 +347,12 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
                 factors.len()
             )));
         }
-        gc.rope_full.proportional = true;
+        h.full_rope_proportional = true;
         // Halfway between `turning` and `turning + 1` pairs: Gemma4Config::full_rotary_dim's
         // floor gives `turning` whatever the f32 rounding of the fraction.
-        gc.rope_full.partial_rotary_factor = (2 * turning + 1) as f32 / global_head_dim as f32;
+        h.partial_rotary_factor = (2 * turning + 1) as f32 / global_head_dim as f32;
     }
-    gc.validate().map_err(mismatch)?;
-    ck.config = gc.model_config();
+    ck.config = arch::try_model_config(&h).map_err(mismatch)?;
     ck.config.add_bos = tok.add_bos_token;
     drop_shared_kv_tensors(&ck.config, &mut ck.tensors);
     ck.tokenizer = if tok.tokens.is_empty() { TokenizerSource::None } else { TokenizerSource::Gguf(tok) };
@@ -676,6 +675,7 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
         activation: arch::activation(arch::defaults(arch).activation).expect("a known default activation"),
         query_pre_attn_scalar: None,
         final_logit_softcapping,
+        ..Hyperparams::default()
     });
     config.bos_token_id = tok.bos_token_id;
     config.eos_token_ids = eos_token_ids;

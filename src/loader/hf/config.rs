@@ -293,7 +293,7 @@ pub(super) fn build_config(
         None
     };
 
-    Ok(arch::model_config(&Hyperparams {
+    arch::try_model_config(&Hyperparams {
         arch,
         vocab_size,
         hidden_size: hidden,
@@ -312,7 +312,9 @@ pub(super) fn build_config(
         activation,
         query_pre_attn_scalar,
         final_logit_softcapping: c.opt_f32("final_logit_softcapping")?.filter(|&x| x > 0.0),
-    }))
+        ..Hyperparams::default()
+    })
+    .map_err(|msg| Error::Mismatch(format!("{}: {msg}", c.path.display())))
 }
 
 /// `Qwen3_5MoeTextConfig` (the `text_config` of the multimodal model) into its layer specs.
@@ -348,57 +350,70 @@ pub(super) fn build_qwen35_moe(c: &Cfg, tensors: &HashMap<String, StoredTensor>)
         None => c.opt_usize("full_attention_interval")?.unwrap_or(4).max(1),
     };
     let full_attention = c.full_attention_layers(num_layers, "linear_attention", "qwen3_5_moe", interval)?;
-    let q = Qwen35MoeConfig {
+    let d = arch::qwen3_5_moe::DEFAULTS;
+    let h = Hyperparams {
+        arch: Arch::Qwen35Moe,
         vocab_size: c.req_capped("vocab_size", limits::VOCAB)?,
         hidden_size: hidden,
-        rms_norm_eps: c.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
-        max_position_embeddings: c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(32768),
-        tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        rms_norm_eps: c.opt_f32("rms_norm_eps")?.unwrap_or(d.rms_norm_eps),
+        max_position_embeddings: c
+            .opt_capped("max_position_embeddings", limits::CONTEXT)?
+            .unwrap_or(d.max_position_embeddings),
+        tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(d.tie_word_embeddings),
         num_attention_heads: heads,
         num_key_value_heads: c.opt_capped("num_key_value_heads", limits::HEADS)?.unwrap_or(heads),
-        head_dim: c.opt_capped("head_dim", limits::HEAD_DIM)?.unwrap_or(256),
+        head_dim: c.opt_capped("head_dim", limits::HEAD_DIM)?.unwrap_or(d.head_dim.unwrap_or_default()),
         rope_theta,
         partial_rotary_factor: partial,
-        full_attention,
-        linear_num_key_heads: c.opt_capped("linear_num_key_heads", limits::HEADS)?.unwrap_or(16),
-        linear_num_value_heads: c.opt_capped("linear_num_value_heads", limits::HEADS)?.unwrap_or(32),
-        linear_key_head_dim: c.opt_capped("linear_key_head_dim", limits::HEAD_DIM)?.unwrap_or(128),
-        linear_value_head_dim: c.opt_capped("linear_value_head_dim", limits::HEAD_DIM)?.unwrap_or(128),
-        linear_conv_kernel_dim: c.opt_capped("linear_conv_kernel_dim", 64)?.unwrap_or(4),
-        num_experts: c.req_capped("num_experts", limits::EXPERTS)?,
-        num_experts_per_tok: c.req_capped("num_experts_per_tok", limits::EXPERTS)?,
-        moe_intermediate_size: c.req_capped("moe_intermediate_size", limits::INTERMEDIATE)?,
-        shared_expert_intermediate_size: c
-            .opt_capped("shared_expert_intermediate_size", limits::INTERMEDIATE)?
-            .unwrap_or(0),
+        layer_types: full_attention
+            .iter()
+            .map(|&f| if f { LayerAttention::Full } else { LayerAttention::Linear })
+            .collect(),
+        delta_net: Some(DeltaNetParams {
+            linear_num_key_heads: c.opt_capped("linear_num_key_heads", limits::HEADS)?.unwrap_or(16),
+            linear_num_value_heads: c.opt_capped("linear_num_value_heads", limits::HEADS)?.unwrap_or(32),
+            linear_key_head_dim: c.opt_capped("linear_key_head_dim", limits::HEAD_DIM)?.unwrap_or(128),
+            linear_value_head_dim: c.opt_capped("linear_value_head_dim", limits::HEAD_DIM)?.unwrap_or(128),
+            linear_conv_kernel_dim: c.opt_capped("linear_conv_kernel_dim", 64)?.unwrap_or(4),
+            value_heads_tiled: false,
+        }),
+        moe: Some(MoeParams {
+            num_experts: c.req_capped("num_experts", limits::EXPERTS)?,
+            num_experts_per_tok: c.req_capped("num_experts_per_tok", limits::EXPERTS)?,
+            moe_intermediate_size: c.req_capped("moe_intermediate_size", limits::INTERMEDIATE)?,
+            shared_expert_intermediate_size: c
+                .opt_capped("shared_expert_intermediate_size", limits::INTERMEDIATE)?
+                .unwrap_or(0),
+        }),
         attention_bias: c.opt_bool("attention_bias")? == Some(true),
-        value_heads_tiled: false,
+        ..Hyperparams::default()
     };
+    let (moe, dn) = (h.moe.unwrap_or_else(|| unreachable!()), h.delta_net.unwrap_or_else(|| unreachable!()));
     let bad = |msg: String| Err(Error::Mismatch(format!("{}: {msg}", c.path.display())));
-    if q.num_experts_per_tok == 0 || q.num_experts_per_tok > q.num_experts {
-        return bad(format!("num_experts_per_tok {} is not in 1..={}", q.num_experts_per_tok, q.num_experts));
+    if moe.num_experts_per_tok == 0 || moe.num_experts_per_tok > moe.num_experts {
+        return bad(format!("num_experts_per_tok {} is not in 1..={}", moe.num_experts_per_tok, moe.num_experts));
     }
-    let rot = q.rotary_dim();
+    let rot = h.partial_rotary_dim();
     if !(partial > 0.0 && partial <= 1.0) || rot < 2 || rot % 2 != 0 {
         return bad(format!(
             "partial_rotary_factor {partial} gives {rot} rotary dims of {} (need an even count >= 2)",
-            q.head_dim
+            h.head_dim
         ));
     }
-    if q.linear_num_key_heads == 0 || q.linear_num_value_heads % q.linear_num_key_heads.max(1) != 0 {
+    if dn.linear_num_key_heads == 0 || dn.linear_num_value_heads % dn.linear_num_key_heads.max(1) != 0 {
         return bad(format!(
             "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
-            q.linear_num_value_heads, q.linear_num_key_heads
+            dn.linear_num_value_heads, dn.linear_num_key_heads
         ));
     }
-    if q.linear_conv_kernel_dim < 2 {
-        return bad(format!("linear_conv_kernel_dim {} (at least 2)", q.linear_conv_kernel_dim));
+    if dn.linear_conv_kernel_dim < 2 {
+        return bad(format!("linear_conv_kernel_dim {} (at least 2)", dn.linear_conv_kernel_dim));
     }
-    let act = c.opt_str("hidden_act")?.unwrap_or("silu");
+    let act = c.opt_str("hidden_act")?.unwrap_or(d.activation);
     if !matches!(act, "silu" | "swish") {
         return Err(Error::Unsupported(format!("activation {} in a qwen3_5_moe model", shown(act))));
     }
-    Ok(q.model_config())
+    arch::try_model_config(&h).map_err(|msg| Error::Mismatch(format!("{}: {msg}", c.path.display())))
 }
 
 /// `Gemma4TextConfig` (the `text_config` of the multimodal model) into its layer specs.
@@ -434,10 +449,11 @@ pub(super) fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> 
         *last = true;
     }
     // rope_parameters: {"sliding_attention": {...}, "full_attention": {...}}.
-    let rope = |kind: &str, theta: f32, proportional: bool, partial: f32| -> Result<Gemma4Rope> {
+    // (rope_theta, proportional, partial_rotary_factor) of a layer kind.
+    let rope = |kind: &str, theta: f32, proportional: bool, partial: f32| -> Result<(f32, bool, f32)> {
         let key = format!("rope_parameters.{kind}");
         let p = match c.get("rope_parameters").and_then(|r| r.get(kind)) {
-            None | Some(Value::Null) => return Ok(Gemma4Rope { theta, proportional, partial_rotary_factor: partial }),
+            None | Some(Value::Null) => return Ok((theta, proportional, partial)),
             Some(Value::Object(p)) => Cfg { obj: p, path: c.path },
             Some(_) => return Err(c.wrong("rope_parameters", "an object of objects per layer type")),
         };
@@ -457,7 +473,7 @@ pub(super) fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> 
         if theta <= 0.0 || partial <= 0.0 || partial > 1.0 {
             return Err(bad(format!("{key}: rope_theta {theta}, partial_rotary_factor {partial}")));
         }
-        Ok(Gemma4Rope { theta, proportional, partial_rotary_factor: partial })
+        Ok((theta, proportional, partial))
     };
     if let Some(r) = c.get("rope_parameters") {
         if !r.is_object() {
@@ -465,33 +481,28 @@ pub(super) fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> 
         }
     }
     let heads = c.req_capped("num_attention_heads", limits::HEADS)?;
-    let head_dim = c.opt_capped("head_dim", limits::HEAD_DIM)?.unwrap_or(256);
-    let mut g = Gemma4Config {
-        vocab_size: c.req_capped("vocab_size", limits::VOCAB)?,
-        hidden_size: c.req_capped("hidden_size", limits::HIDDEN)?,
-        intermediate_size: c.req_capped("intermediate_size", limits::INTERMEDIATE)?,
-        num_attention_heads: heads,
-        num_key_value_heads: c.opt_capped("num_key_value_heads", limits::HEADS)?.unwrap_or(heads),
-        num_global_key_value_heads: c.opt_capped("num_global_key_value_heads", limits::HEADS)?,
-        head_dim,
-        global_head_dim: c.opt_capped("global_head_dim", limits::HEAD_DIM)?.unwrap_or(512),
-        attention_k_eq_v: c.opt_bool("attention_k_eq_v")?.unwrap_or(false),
-        attention_bias: c.opt_bool("attention_bias")?.unwrap_or(false),
-        full_attention,
-        sliding_window: c.opt_capped("sliding_window", limits::CONTEXT)?.unwrap_or(512) as u32,
-        rope_sliding: rope("sliding_attention", 10_000.0, false, 1.0)?,
-        rope_full: rope("full_attention", 1_000_000.0, true, 0.25)?,
-        final_logit_softcapping: c.opt_f32("final_logit_softcapping")?,
-        rms_norm_eps: c.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
-        max_position_embeddings: c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(131_072),
-        tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(true),
-        bos_token_id: None,
-        eos_token_ids: Vec::new(),
-        hidden_size_per_layer_input: c.opt_capped("hidden_size_per_layer_input", limits::HIDDEN)?.unwrap_or(0),
-        vocab_size_per_layer_input: c.opt_capped("vocab_size_per_layer_input", limits::VOCAB)?.unwrap_or(262_144),
-        num_kv_shared_layers: c.opt_capped("num_kv_shared_layers", limits::LAYERS)?.unwrap_or(0),
-        use_double_wide_mlp: c.opt_bool("use_double_wide_mlp")?.unwrap_or(false),
-    };
+    let d = arch::gemma4::DEFAULTS;
+    let head_dim = c.opt_capped("head_dim", limits::HEAD_DIM)?.unwrap_or(d.head_dim.unwrap_or_default());
+    let vocab_size = c.req_capped("vocab_size", limits::VOCAB)?;
+    let hidden_size = c.req_capped("hidden_size", limits::HIDDEN)?;
+    let intermediate_size = c.req_capped("intermediate_size", limits::INTERMEDIATE)?;
+    let num_key_value_heads = c.opt_capped("num_key_value_heads", limits::HEADS)?.unwrap_or(heads);
+    let mut full_kv_heads = c.opt_capped("num_global_key_value_heads", limits::HEADS)?;
+    let mut full_head_dim = c.opt_capped("global_head_dim", limits::HEAD_DIM)?.unwrap_or(512);
+    let k_eq_v = c.opt_bool("attention_k_eq_v")?.unwrap_or(false);
+    let attention_bias = c.opt_bool("attention_bias")?.unwrap_or(false);
+    let sliding_window = c.opt_capped("sliding_window", limits::CONTEXT)?.unwrap_or(512) as u32;
+    let (local_theta, _, _) = rope("sliding_attention", 10_000.0, false, 1.0)?;
+    let (rope_theta, full_rope_proportional, partial_rotary_factor) = rope("full_attention", d.rope_theta, true, 0.25)?;
+    let final_logit_softcapping = c.opt_f32("final_logit_softcapping")?;
+    let rms_norm_eps = c.opt_f32("rms_norm_eps")?.unwrap_or(d.rms_norm_eps);
+    let max_position_embeddings =
+        c.opt_capped("max_position_embeddings", limits::CONTEXT)?.unwrap_or(d.max_position_embeddings);
+    let tie_word_embeddings = c.opt_bool("tie_word_embeddings")?.unwrap_or(d.tie_word_embeddings);
+    let ple_dim = c.opt_capped("hidden_size_per_layer_input", limits::HIDDEN)?.unwrap_or(0);
+    let ple_vocab = c.opt_capped("vocab_size_per_layer_input", limits::VOCAB)?.unwrap_or(262_144);
+    let num_kv_shared_layers = c.opt_capped("num_kv_shared_layers", limits::LAYERS)?.unwrap_or(0);
+    let double_wide_mlp = c.opt_bool("use_double_wide_mlp")?.unwrap_or(false);
     // transformers writes the full layers' head dim and KV heads as a per-layer table
     // (`per_layer_config`, keyed by layer index), Google's and mlx-lm's configs as the top-level
     // keys read above: the table, where present, says it for each layer.
@@ -514,24 +525,22 @@ pub(super) fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> 
         }
         entries.sort_unstable();
         let mut full_seen = false;
-        for (l, head_dim, kv) in entries {
-            let full = g.full_attention[l];
+        for (l, dim, kv) in entries {
+            let full = full_attention[l];
             if full && !full_seen {
                 // The first full layer's entry sets the full layers' shape; the others must agree.
                 full_seen = true;
-                g.global_head_dim = head_dim.unwrap_or(g.global_head_dim);
-                if g.attention_k_eq_v {
-                    g.num_global_key_value_heads = kv.or(g.num_global_key_value_heads);
+                full_head_dim = dim.unwrap_or(full_head_dim);
+                if k_eq_v {
+                    full_kv_heads = kv.or(full_kv_heads);
                 }
             }
             let (want_dim, want_kv) = match full {
-                true if g.attention_k_eq_v => {
-                    (g.global_head_dim, g.num_global_key_value_heads.unwrap_or(g.num_key_value_heads))
-                }
-                true => (g.global_head_dim, g.num_key_value_heads),
-                false => (g.head_dim, g.num_key_value_heads),
+                true if k_eq_v => (full_head_dim, full_kv_heads.unwrap_or(num_key_value_heads)),
+                true => (full_head_dim, num_key_value_heads),
+                false => (head_dim, num_key_value_heads),
             };
-            let (d, k) = (head_dim.unwrap_or(want_dim), kv.unwrap_or(want_kv));
+            let (d, k) = (dim.unwrap_or(want_dim), kv.unwrap_or(want_kv));
             if (d, k) != (want_dim, want_kv) {
                 return Err(Error::Unsupported(format!(
                     "gemma4 per_layer_config: layer {l} with head_dim {d} and {k} KV heads (its kind has {want_dim} and \
@@ -540,6 +549,36 @@ pub(super) fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> 
             }
         }
     }
-    g.validate().map_err(bad)?;
-    Ok(g.model_config())
+    let h = Hyperparams {
+        arch: Arch::Gemma4,
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        num_attention_heads: heads,
+        num_key_value_heads,
+        head_dim,
+        rms_norm_eps,
+        rope_theta,
+        rope_local_theta: Some(local_theta),
+        max_position_embeddings,
+        layer_types: full_attention
+            .iter()
+            .map(|&f| if f { LayerAttention::Full } else { LayerAttention::Sliding { window: sliding_window } })
+            .collect(),
+        tie_word_embeddings,
+        attention_bias,
+        activation: Activation::GeluTanhGated,
+        final_logit_softcapping,
+        sliding_window: Some(sliding_window),
+        full_head_dim: Some(full_head_dim),
+        full_kv_heads,
+        k_eq_v,
+        full_rope_proportional,
+        partial_rotary_factor,
+        per_layer_input: (ple_dim > 0).then_some(PerLayerInput { dim: ple_dim, vocab: ple_vocab }),
+        num_kv_shared_layers,
+        double_wide_mlp,
+        ..Hyperparams::default()
+    };
+    arch::try_model_config(&h).map_err(bad)
 }

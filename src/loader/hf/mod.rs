@@ -21,10 +21,9 @@ use super::{
     END_OF_TURN_TOKENS,
 };
 use crate::error::{shown, Error, Result};
-use crate::model::arch::gemma4::{Gemma4Config, Gemma4Rope};
-use crate::model::arch::qwen3_5_moe::{self, Qwen35MoeConfig};
-use crate::model::arch::{self, gemma3, Hyperparams, TensorName};
-use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig};
+use crate::model::arch::qwen3_5_moe;
+use crate::model::arch::{self, gemma3, DeltaNetParams, Hyperparams, MoeParams, TensorName};
+use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig, PerLayerInput};
 use serde_json::{Map, Value};
 
 mod config;

@@ -15,7 +15,7 @@
 //! A transformers checkpoint stores the norms' `w` (the loader adds the 1: [`hf_norm_offset`]);
 //! llama.cpp's GGUF stores `1 + w`.
 
-use super::{dense, dense_tensor_name, Defaults, DenseBlock, Hyperparams, TensorName};
+use super::common::{dense, dense_tensor_name, Defaults, DenseBlock, Hyperparams, TensorName};
 use crate::model::config::ModelConfig;
 
 /// `Gemma3TextConfig`'s defaults.

@@ -40,9 +40,34 @@
 //! tensors under the canonical names of [`tensor_name`]. Not supported yet (refused with a clear
 //! error by the loaders): the MoE block (`enable_moe_block`, 26B-A4B).
 
+use super::common::{Defaults, Hyperparams};
 use crate::model::config::{
-    Activation, Arch, AttentionSpec, LayerSpec, Mixer, MlpSpec, ModelConfig, PerLayerInput, RopeSpec,
+    Activation, Arch, AttentionSpec, LayerAttention, LayerSpec, Mixer, MlpSpec, ModelConfig, PerLayerInput, RopeSpec,
 };
+
+/// `Gemma4TextConfig`'s defaults (every 6th layer full; full layers' own defaults, e.g.
+/// `global_head_dim` 512, are the loaders' to apply).
+pub const DEFAULTS: Defaults = Defaults {
+    head_dim: Some(256),
+    rms_norm_eps: 1e-6,
+    max_position_embeddings: 131_072,
+    rope_theta: 1_000_000.0,
+    activation_key: "hidden_activation",
+    activation: "gelu_pytorch_tanh",
+    tie_word_embeddings: true,
+    sliding_window_pattern: Some(6),
+    use_sliding_window: false,
+};
+
+/// The model `h` describes (unchecked: [`validate`] first).
+pub fn model_config(h: &Hyperparams) -> ModelConfig {
+    Gemma4Config::from_hyperparams(h).model_config()
+}
+
+/// Gemma 4's checks of `h` ([`Gemma4Config::validate`]).
+pub fn validate(h: &Hyperparams) -> Result<(), String> {
+    Gemma4Config::from_hyperparams(h).validate()
+}
 
 /// RoPE of one layer type (`rope_parameters[layer_type]`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -92,6 +117,51 @@ pub struct Gemma4Config {
 }
 
 impl Gemma4Config {
+    /// Gemma 4's reading of the neutral hyperparameters: sliding layers at `head_dim`,
+    /// `num_key_value_heads` and RoPE `rope_local_theta` (default 10000); full layers at
+    /// `full_head_dim`, `full_kv_heads` (with `k_eq_v`) and `rope_theta`, proportional by
+    /// `full_rope_proportional` / `partial_rotary_factor`.
+    pub fn from_hyperparams(h: &Hyperparams) -> Self {
+        let first_window = h.layer_types.iter().find_map(|t| match t {
+            LayerAttention::Sliding { window } => Some(*window),
+            _ => None,
+        });
+        Gemma4Config {
+            vocab_size: h.vocab_size,
+            hidden_size: h.hidden_size,
+            intermediate_size: h.intermediate_size,
+            num_attention_heads: h.num_attention_heads,
+            num_key_value_heads: h.num_key_value_heads,
+            num_global_key_value_heads: h.full_kv_heads,
+            head_dim: h.head_dim,
+            global_head_dim: h.full_head_dim.unwrap_or(h.head_dim),
+            attention_k_eq_v: h.k_eq_v,
+            attention_bias: h.attention_bias,
+            full_attention: h.layer_types.iter().map(|t| *t == LayerAttention::Full).collect(),
+            sliding_window: h.sliding_window.or(first_window).unwrap_or(0),
+            rope_sliding: Gemma4Rope {
+                theta: h.rope_local_theta.unwrap_or(10_000.0),
+                proportional: false,
+                partial_rotary_factor: 1.0,
+            },
+            rope_full: Gemma4Rope {
+                theta: h.rope_theta,
+                proportional: h.full_rope_proportional,
+                partial_rotary_factor: h.partial_rotary_factor,
+            },
+            final_logit_softcapping: h.final_logit_softcapping,
+            rms_norm_eps: h.rms_norm_eps,
+            max_position_embeddings: h.max_position_embeddings,
+            tie_word_embeddings: h.tie_word_embeddings,
+            bos_token_id: h.bos_token_id,
+            eos_token_ids: h.eos_token_ids.clone(),
+            hidden_size_per_layer_input: h.per_layer_input.map_or(0, |p| p.dim),
+            vocab_size_per_layer_input: h.per_layer_input.map_or(h.vocab_size, |p| p.vocab),
+            num_kv_shared_layers: h.num_kv_shared_layers,
+            use_double_wide_mlp: h.double_wide_mlp,
+        }
+    }
+
     /// google/gemma-4-31B's text config.
     pub fn gemma_4_31b() -> Self {
         Gemma4Config {

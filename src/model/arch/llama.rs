@@ -10,7 +10,7 @@
 //! (linear scaling by `rope_scaling.factor`). llama.cpp's GGUF converter interleaves the rotary
 //! halves of the q and k rows; the loader undoes it ([`super::gguf_permuted_qk`]).
 
-use super::{dense, dense_tensor_name, Defaults, DenseBlock, Hyperparams, TensorName};
+use super::common::{dense, dense_tensor_name, Defaults, DenseBlock, Hyperparams, TensorName};
 use crate::model::config::ModelConfig;
 
 /// `LlamaConfig`'s defaults.

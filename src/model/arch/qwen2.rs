@@ -2,7 +2,7 @@
 //! the q, k and v projections (`attention_bias`, read from the tensors present), sliding-window
 //! layers past `max_window_layers` when `use_sliding_window`.
 
-use super::{dense, dense_tensor_name, Defaults, DenseBlock, Hyperparams, TensorName};
+use super::common::{dense, dense_tensor_name, Defaults, DenseBlock, Hyperparams, TensorName};
 use crate::model::config::ModelConfig;
 
 /// `Qwen2Config`'s defaults.

@@ -1,7 +1,7 @@
 //! Qwen3, as transformers' `modeling_qwen3.py` writes it: Qwen2's block with a per-head RMSNorm
 //! on q and k before RoPE (`q_norm`, `k_norm`) and no projection bias.
 
-use super::{dense, dense_tensor_name, Defaults, DenseBlock, Hyperparams, TensorName};
+use super::common::{dense, dense_tensor_name, Defaults, DenseBlock, Hyperparams, TensorName};
 use crate::model::config::ModelConfig;
 
 /// `Qwen3Config`'s defaults.

@@ -25,10 +25,48 @@
 //! The engine reads this as one [`LayerSpec`] per layer ([`Qwen35MoeConfig::layers`]) and the
 //! tensors under the canonical names of [`tensor_name`].
 
-pub use super::TensorName;
+pub use super::common::TensorName;
+use super::common::{Defaults, DeltaNetParams, GgufTensor, Hyperparams, MoeParams};
 use crate::model::config::{
-    Activation, Arch, AttentionSpec, DeltaNetSpec, LayerSpec, Mixer, MlpSpec, ModelConfig, RopeSpec,
+    Activation, Arch, AttentionSpec, DeltaNetSpec, LayerAttention, LayerSpec, Mixer, MlpSpec, ModelConfig, RopeSpec,
 };
+
+/// `Qwen3_5MoeTextConfig`'s defaults (every 4th layer full, `partial_rotary_factor` 0.25 and the
+/// linear layers' sizes are the loaders' to apply).
+pub const DEFAULTS: Defaults = Defaults {
+    head_dim: Some(256),
+    rms_norm_eps: 1e-6,
+    max_position_embeddings: 32768,
+    rope_theta: 10_000_000.0,
+    activation_key: "hidden_act",
+    activation: "silu",
+    tie_word_embeddings: false,
+    sliding_window_pattern: None,
+    use_sliding_window: false,
+};
+
+/// The model `h` describes: its `Full` layers gated softmax attention, the others Gated DeltaNet
+/// (`h.delta_net`), every MLP the MoE block (`h.moe`).
+pub fn model_config(h: &Hyperparams) -> ModelConfig {
+    Qwen35MoeConfig::from_hyperparams(h).model_config()
+}
+
+/// llama.cpp's name of a `qwen35moe` GGUF tensor (after `blk.{i}.`, or outside layers) as the
+/// engine's: its converter stores `(1 + w)` norms with the 1 added, `ssm_a = -exp(A_log)`, q and
+/// its output gate fused per head in a full layer's `attn_q` (split as transformers' `q_proj`
+/// is), the shared expert's gate as a vector.
+pub fn gguf_tensor(name: &str, full: bool) -> GgufTensor<'_> {
+    let canonical = match name {
+        "post_attention_norm.weight" => "ffn_norm.weight",
+        "attn_q.weight" if full => "attn_q.weight|attn_out_gate.weight",
+        "attn_qkv.weight" => "ssm_in_qkv.weight",
+        "attn_gate.weight" => "ssm_in_z.weight",
+        "ssm_dt.bias" => "ssm_dt_bias.weight",
+        "ssm_a" => "ssm_a_log.weight",
+        other => other,
+    };
+    GgufTensor { name: canonical, neg_exp: name == "ssm_a", as_row: name == "ffn_gate_inp_shexp.weight" }
+}
 
 /// The fields of `Qwen3_5MoeTextConfig` the engine uses.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,6 +102,49 @@ pub struct Qwen35MoeConfig {
 }
 
 impl Qwen35MoeConfig {
+    /// Qwen3.5-MoE's reading of the neutral hyperparameters (a `Qwen35Moe` [`Hyperparams`] has
+    /// `moe` and `delta_net`; zero sizes where it has not).
+    pub fn from_hyperparams(h: &Hyperparams) -> Self {
+        let moe = h.moe.unwrap_or(MoeParams {
+            num_experts: 0,
+            num_experts_per_tok: 0,
+            moe_intermediate_size: 0,
+            shared_expert_intermediate_size: 0,
+        });
+        let dn = h.delta_net.unwrap_or(DeltaNetParams {
+            linear_num_key_heads: 0,
+            linear_num_value_heads: 0,
+            linear_key_head_dim: 0,
+            linear_value_head_dim: 0,
+            linear_conv_kernel_dim: 0,
+            value_heads_tiled: false,
+        });
+        Qwen35MoeConfig {
+            vocab_size: h.vocab_size,
+            hidden_size: h.hidden_size,
+            rms_norm_eps: h.rms_norm_eps,
+            max_position_embeddings: h.max_position_embeddings,
+            tie_word_embeddings: h.tie_word_embeddings,
+            num_attention_heads: h.num_attention_heads,
+            num_key_value_heads: h.num_key_value_heads,
+            head_dim: h.head_dim,
+            rope_theta: h.rope_theta,
+            partial_rotary_factor: h.partial_rotary_factor,
+            full_attention: h.layer_types.iter().map(|t| *t == LayerAttention::Full).collect(),
+            linear_num_key_heads: dn.linear_num_key_heads,
+            linear_num_value_heads: dn.linear_num_value_heads,
+            linear_key_head_dim: dn.linear_key_head_dim,
+            linear_value_head_dim: dn.linear_value_head_dim,
+            linear_conv_kernel_dim: dn.linear_conv_kernel_dim,
+            num_experts: moe.num_experts,
+            num_experts_per_tok: moe.num_experts_per_tok,
+            moe_intermediate_size: moe.moe_intermediate_size,
+            shared_expert_intermediate_size: moe.shared_expert_intermediate_size,
+            attention_bias: h.attention_bias,
+            value_heads_tiled: dn.value_heads_tiled,
+        }
+    }
+
     /// `rotary_dim = int(head_dim * partial_rotary_factor)` (transformers'
     /// `compute_default_rope_parameters`).
     pub fn rotary_dim(&self) -> usize {
