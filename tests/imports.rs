@@ -424,7 +424,6 @@ fn no_import_circle_between_files() {
     // and a circle found that is not on it fails.
     let known = [
         "crate::decode -> crate::decode::pipeline -> crate::decode",
-        "crate::gpu -> crate::gpu::kernel -> crate::gpu",
         "crate::loader -> crate::loader::gguf -> crate::loader",
         "crate::loader -> crate::loader::gguf -> crate::loader::hf -> crate::loader",
         "crate::loader::gguf -> crate::loader::hf -> crate::loader::gguf",
