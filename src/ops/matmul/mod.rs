@@ -638,7 +638,9 @@ pub mod cpu {
 /// `benches/` (`matvec.rs`, `quant.rs`, `moe.rs`): not an API, its items follow the kernels.
 #[doc(hidden)]
 pub mod bench {
-    pub use super::gguf::bench::*;
+    pub use super::gguf::bench::{
+        batch_rows, dp4_fits, has_dp4, matmul_quant, matmul_quant_coop, matvec_quant, matvec_quant_batch, QMatvecConfig,
+    };
     pub use super::{check_operands, check_shapes, matmul, matvec, tuned_shape, MatmulConfig, MatvecConfig, Route};
 }
 
