@@ -11,23 +11,7 @@
 
 use super::{shader, Gpu, Macros};
 use crate::error::{Error, Result};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-/// Compiled pipelines keyed by (shader, entry point, macros).
-#[derive(Default)]
-pub struct PipelineCache {
-    map: Mutex<HashMap<(String, String, Macros), Arc<wgpu::ComputePipeline>>>,
-}
-
-impl PipelineCache {
-    pub fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+use std::sync::Arc;
 
 /// One recorded dispatch.
 pub struct Kernel {
@@ -69,6 +53,19 @@ pub fn grid(n: u32) -> [u32; 3] {
 // `ops::rope` / `ops::attention` directly owns that check.
 
 impl Gpu {
+    /// Encodes `kernels` into one compute pass, submits and waits.
+    pub fn run(&self, kernels: &[&Kernel]) -> Result<()> {
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for k in kernels {
+                k.encode(&mut pass);
+            }
+        }
+        self.queue.submit([enc.finish()]);
+        self.wait()
+    }
+
     /// The compute pipeline of `entry` in `wgsl/<shader>.wgsl` under `macros`, compiled once.
     pub fn pipeline(&self, shader_name: &str, entry: &str, macros: &Macros) -> Result<Arc<wgpu::ComputePipeline>> {
         let key = (shader_name.to_string(), entry.to_string(), macros.clone());

@@ -14,7 +14,7 @@
 //! When there are few row blocks (decode, short chunks) the keys are also split over `nsplit`
 //! workgroups (flash decoding) and a second dispatch merges the partial results.
 //!
-//! On an H100 (Vulkan; `tests::bench`, best of 5): decode with H=32, Hkv=8, D=128 takes 15 µs
+//! On an H100 (Vulkan; `benches/attention.rs`, best of 5): decode with H=32, Hkv=8, D=128 takes 15 µs
 //! at 1k keys, 23 µs at 4k, 57 µs at 16k (kernel + merge; one empty dispatch costs about 5 µs
 //! there); causal prefill of 2048 tokens runs at about 12.7 TFLOP/s (D=128) and 9.5 (D=256).
 
@@ -207,7 +207,8 @@ impl Tiling {
         (self.bk / self.lpr, (d / 4).div_ceil(self.lpr), (self.bk * d / 8).div_ceil(wg), (self.bq * d / 4).div_ceil(wg))
     }
 
-    fn valid(&self, d: usize, budget: usize) -> bool {
+    #[doc(hidden)]
+    pub fn valid(&self, d: usize, budget: usize) -> bool {
         let (kpl, nw, ld, ql) = self.slots(d);
         self.bk % self.lpr == 0
             && (1..=4).contains(&kpl)
@@ -222,7 +223,7 @@ impl Tiling {
     /// fits the register slots and 28 KiB of workgroup memory (smaller where a short context
     /// would otherwise give too few splits); and, when there are fewer than 128 row blocks, key
     /// splits for about 512 workgroups, at most 128 splits and one tile per split at full
-    /// context (or window). Tuned on an H100 (see `tests::bench`).
+    /// context (or window). Tuned on an H100 (see `benches/attention.rs`).
     pub fn choose(gpu: &Gpu, p: &AttnParams) -> Result<Tiling> {
         let g = p.heads / p.kv_heads;
         let d = p.head_dim;
@@ -459,7 +460,8 @@ fn extra<'a>(
 }
 
 /// Subgroups exactly 32 wide (`SG32` in `wgsl/attention_decode.wgsl`).
-fn sg32(gpu: &Gpu) -> bool {
+#[doc(hidden)]
+pub fn sg32(gpu: &Gpu) -> bool {
     gpu.caps.subgroups && gpu.caps.subgroup_min_size == 32 && gpu.caps.subgroup_max_size == 32
 }
 
@@ -503,7 +505,8 @@ impl DecodeTiling {
     /// Whether the kernel takes heads of `d` with `g` query heads per KV head at chunks of `ck`
     /// keys: 8192 or 4096 elements a chunk, whole 16-byte words a thread, at most 8 query heads
     /// (a softmax group of 32 lanes each), at most 512 (head, unit) pairs (two a thread).
-    fn valid(&self, d: usize, g: usize, budget: usize, rope: bool, sg32: bool) -> bool {
+    #[doc(hidden)]
+    pub fn valid(&self, d: usize, g: usize, budget: usize, rope: bool, sg32: bool) -> bool {
         let ce = self.ck * d;
         (ce == 8192 || ce == 4096)
             && (4..=256).contains(&self.ck)

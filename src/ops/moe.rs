@@ -39,7 +39,7 @@
 //! 7. [`moe_combine`]: `h += Σ_j w_j · y_j + sigmoid(logits[t, E]) · shared`.
 //!
 //! Of the expert stacks only the k chosen experts' rows are read: as fast as a dense matvec over
-//! the same bytes. Measured on an H100 (`bench_moe`, Qwen3.5-35B-A3B's shapes: H = 2048, E = 256,
+//! the same bytes. Measured on an H100 (`benches/moe.rs`, Qwen3.5-35B-A3B's shapes: H = 2048, E = 256,
 //! k = 8, I = 512; each call routed to other experts, so weights come from memory): gate_up with
 //! the norm and GLU f16 17.6 us (dense 8192 × 2048: 17.0), Q4_K 10.8 (11.5), Q8_0 21.7 (23.9),
 //! MLX 4-bit 11.5 (11.3); down f16 10.1 us (dense 16384 × 512: 10.5), Q4_K 8.7 (9.3), Q8_0 11.1
@@ -230,8 +230,11 @@ crate::ops::uniform::uniform_struct! {
     }
 }
 
+/// [`moe_router`] with its form given (`rank`, and `shared_slot`: [`moe_router_shared`]'s): for
+/// `benches/moe.rs`.
+#[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
-fn router(
+pub fn router(
     gpu: &Gpu,
     logits: &Tensor,
     ld: usize,

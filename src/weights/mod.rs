@@ -7,7 +7,7 @@ mod chunks;
 mod quant;
 
 pub use chunks::{plan_row_chunks, upload_row_chunks, upload_row_chunks_max, CHUNK_ROW_ALIGN};
-#[cfg(test)]
-pub(crate) use quant::test_util;
+#[doc(hidden)]
+pub use quant::test_util;
 pub use quant::{is_supported, repack, unpack, unpermute_rope_rows_raw, QuantWeight};
 pub(crate) use quant::{kernel_block, type_flag, type_macros, unit_elems};

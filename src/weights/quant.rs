@@ -296,15 +296,16 @@ fn check_type(label: &str, dtype: DType, k: usize) -> Result<usize> {
     }
 }
 
-/// Random quantized blocks for the tests of every kernel that reads [`QuantWeight`]s.
-#[cfg(test)]
-pub(crate) mod test_util {
+/// Random quantized blocks for the tests of every kernel that reads [`QuantWeight`]s and the
+/// timing loops of `benches/`.
+#[doc(hidden)]
+pub mod test_util {
     use crate::dtype::DType;
     use crate::gpu::tensor::test_util::random;
     use half::f16;
 
     /// Every GGUF type, and the MLX affine types in both scale formats and three group sizes.
-    pub(crate) const TYPES: [DType; 12] = [
+    pub const TYPES: [DType; 12] = [
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
@@ -338,7 +339,7 @@ pub(crate) mod test_util {
     }
 
     /// Byte offsets of the 16-bit scale fields of a block (see [`scale_fields`]).
-    pub(crate) fn scale_field_offsets(t: DType) -> Vec<usize> {
+    pub fn scale_field_offsets(t: DType) -> Vec<usize> {
         scale_fields(t).iter().map(|&(off, _)| off).collect()
     }
 
@@ -359,7 +360,7 @@ pub(crate) mod test_util {
     /// sub-block scales and mins), then each f16 scale set to a random finite value of either
     /// sign, magnitude in [0.5, 1] × the type's (never zero, never NaN; bf16 for the affine types
     /// that store their scales so).
-    pub(crate) fn random_blocks(t: DType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+    pub fn random_blocks(t: DType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
         let mut raw = random_bytes(rows * t.byte_size(k).unwrap(), seed);
         let r = random(raw.len(), seed ^ 0x5555, 1.0);
         for (b, blk) in raw.chunks_exact_mut(t.block_bytes()).enumerate() {

@@ -67,8 +67,6 @@ pub(crate) use {
 };
 #[cfg(test)]
 pub(crate) mod tests;
-#[cfg(test)]
-mod timing;
 
 pub use super::staged_x_words;
 /// The quantized weights' storage, from [`crate::weights`] (kept at their former path).
@@ -77,34 +75,35 @@ pub(crate) use linear::matvec_experts_quant;
 pub use linear::{linear_quant, linear_quant_in};
 pub use matvec::{matvec_quant_mixed, quantize_x16};
 
-use super::{common_macros, glu_macros, Input, LinearOpts, LinearShape, MATVEC_WG};
+use super::{matvec_macros, matvec_shape, Input, LinearOpts, LinearShape, MATVEC_WG};
 use crate::dtype::DType;
 use crate::gpu::{Gpu, Macros};
-use crate::weights::{type_macros, unit_elems};
 use crate::tuning::{InputKind, MatvecQuery, MatvecState};
+use crate::weights::{type_macros, unit_elems};
 
 /// How matvec_quant runs for one shape on one device.
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct QMatvecConfig {
+pub struct QMatvecConfig {
     /// Threads per workgroup.
-    wg: u32,
+    pub wg: u32,
     /// Threads per row group of 4 rows (a power of two dividing the workgroup).
-    tpr: u32,
+    pub tpr: u32,
     /// Tokens per pass over W: 1 or 4.
-    tok: u32,
+    pub tok: u32,
     /// Reduce with subgroup operations.
-    subgroups: bool,
+    pub subgroups: bool,
     /// Stage x as 16-bit fixed point and sum with integer dot products (`DP4` in
     /// wgsl/matvec_quant.wgsl): Q4_0 / Q4_1 / Q4_K / Q6_K where the backend has the instructions;
     /// one token a pass with the whole row staged, or (Q6_K) passes of 4 tokens, staged in chunks
     /// where they do not fit workgroup memory ([`dp4_chunk`]).
-    dp4: bool,
+    pub dp4: bool,
     /// With `dp4`, one token, the row staged whole: each unit's loads issued one iteration
     /// early (`PREFETCH`).
-    prefetch: bool,
-    /// Measurement probes (tests only): PROBE_NOX, PROBE_NOMATH.
-    #[cfg(test)]
-    probe: &'static str,
+    pub prefetch: bool,
+    /// A measurement probe of wgsl/matvec_quant.wgsl set as a flag (`benches/quant.rs`:
+    /// PROBE_NOX, PROBE_NOMATH); empty (none) wherever the engine picks the configuration.
+    pub probe: &'static str,
     /// At most this many blocks staged a chunk (tests only; 0: as many as fit).
     #[cfg(test)]
     max_kc: u32,
@@ -114,7 +113,7 @@ impl QMatvecConfig {
     /// The shape the tuning table's [`Op::Matvec`](crate::tuning::Op) rows choose for `dtype`
     /// and `s` on this device (src/tuning/table.rs: each rule with the measurement that chose it,
     /// e.g. Q6_K down projections of 128+ units in 512 threads, BENCHMARKS run 67), then the knobs.
-    fn new(gpu: &Gpu, dtype: DType, s: &LinearShape) -> Self {
+    pub fn new(gpu: &Gpu, dtype: DType, s: &LinearShape) -> Self {
         let sg_max = gpu.caps.subgroup_max_size.max(1).next_power_of_two();
         let subgroups = gpu.caps.subgroups && sg_max <= MATVEC_WG;
         let tok = if s.t >= 2 { 4 } else { 1 };
@@ -169,7 +168,6 @@ impl QMatvecConfig {
             subgroups: st.subgroups,
             dp4: st.dp4,
             prefetch: st.prefetch,
-            #[cfg(test)]
             probe: "",
             #[cfg(test)]
             max_kc: 0,
@@ -213,16 +211,8 @@ impl QMatvecConfig {
     /// input, the epilogue, W's type, where the norm weight binds, the workgroup shape and tokens a
     /// pass (`SUBGROUP` cleared where the configuration reduces without subgroups).
     fn macros(&self, gpu: &Gpu, dtype: DType, input: Input<'_>, bias: bool, opts: &LinearOpts) -> Macros {
-        let mut m = type_macros(glu_macros(input.macros(common_macros(gpu, bias, opts)), opts.glu), dtype)
-            .set("GB", if bias { 6 } else { 5 })
-            .set("WG", self.wg)
-            .set("TPR", self.tpr)
-            .set("TOK", self.tok)
-            .flag_if("TOK4", self.tok == 4);
-        if !self.subgroups {
-            m.0.remove("SUBGROUP");
-        }
-        m
+        let m = type_macros(matvec_macros(gpu, &input, bias, opts), dtype).set("GB", if bias { 6 } else { 5 });
+        matvec_shape(m, self.wg, self.tpr, self.tok, self.subgroups)
     }
 
     /// The configuration for x read as `input`: one-token Q4_K rows of at most 1536 elements
@@ -357,7 +347,8 @@ fn dp4_chunk(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> Option<u32
 
 /// Whether `dtype` has the integer-dot-product form (`DP4`: quants of at most 7 bits, blocks of
 /// 32 or whole 256-element super-blocks).
-fn has_dp4(dtype: DType) -> bool {
+#[doc(hidden)]
+pub fn has_dp4(dtype: DType) -> bool {
     matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q6_K | DType::Affine { bits: 4, .. })
 }
 
@@ -368,7 +359,8 @@ fn stages_whole(gpu: &Gpu, dtype: DType, k: usize, wg: u32) -> bool {
 }
 
 /// Whether the DP4 matvec takes `dtype` at all for rows of `k` ([`dp4_chunk`]).
-fn dp4_fits(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> bool {
+#[doc(hidden)]
+pub fn dp4_fits(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> bool {
     dp4_chunk(gpu, dtype, k, wg, tok).is_some()
 }
 
@@ -441,4 +433,14 @@ fn mix_config(gpu: &Gpu, a: DType, b: DType, s: &LinearShape, input: Input<'_>) 
         return Some((cfg, dp4(b, cfg.wg)));
     }
     Some((QMatvecConfig { wg, ..cfg }, true))
+}
+
+/// What `benches/quant.rs` times beside [`linear_quant`]: the quantized kernels with their
+/// configuration given rather than chosen (re-exported by [`crate::ops::matmul::bench`]).
+#[doc(hidden)]
+pub mod bench {
+    pub use super::batch::{batch_rows, matvec_quant_batch};
+    pub use super::matmul::{matmul_quant, matmul_quant_coop};
+    pub use super::matvec::matvec_quant;
+    pub use super::{dp4_fits, has_dp4, QMatvecConfig};
 }

@@ -160,7 +160,8 @@ pub struct LinearOpts {
 
 /// The dimensions one linear layer's matvec is tuned for: `s`, or for a batch
 /// ([`LinearOpts::batch`]) at least two tokens, so every batch size takes the same form.
-fn tuned_shape(s: &LinearShape, opts: &LinearOpts) -> LinearShape {
+#[doc(hidden)]
+pub fn tuned_shape(s: &LinearShape, opts: &LinearOpts) -> LinearShape {
     if opts.batch {
         LinearShape { t: s.t.max(2), ..*s }
     } else {
@@ -205,7 +206,8 @@ pub fn check_shapes(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, y: &Tensor, o
 
 /// The checks of x, bias and y against a weight `[n, k]` shared by [`check_shapes`] and
 /// [`gguf::linear_quant`]; `op` names the op in the panic messages.
-fn check_operands(
+#[doc(hidden)]
+pub fn check_operands(
     op: &str,
     x: &Tensor,
     n: usize,
@@ -286,10 +288,16 @@ pub fn linear_in(
         );
         matvec(gpu, x, input, w, bias, y, &s, opts, cfg)
     } else {
-        assert!(matches!(input, Input::Plain), "linear: {input:?} cannot be fused into the matmul ({s:?})");
-        assert!(opts.glu.is_none(), "linear: GLU is a matvec epilogue, not the matmul's ({s:?})");
+        check_matmul_input("linear", &input, &s, &opts);
         matmul(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
     }
+}
+
+/// The tiled matmuls' part of the checks of [`linear_in`] and [`linear_quant_in`]: x read plain
+/// and no GLU epilogue (both are the matvec's alone); `op` names the op in the panic messages.
+fn check_matmul_input(op: &str, input: &Input<'_>, s: &LinearShape, opts: &LinearOpts) {
+    assert!(matches!(input, Input::Plain), "{op}: {input:?} cannot be fused into the matmul ({s:?})");
+    assert!(opts.glu.is_none(), "{op}: GLU is a matvec epilogue, not the matmul's ({s:?})");
 }
 
 /// y's binding: `out_span` elements from its offset (more than its own shape when ld_out > N).
@@ -327,26 +335,62 @@ fn glu_macros(m: crate::gpu::Macros, glu: Option<Activation>) -> crate::gpu::Mac
     }
 }
 
+/// The macros of a matvec over x read as `input` ([`common_macros`], the fused input's,
+/// [`glu_macros`]): wgsl/matvec.wgsl, wgsl/matvec_quant.wgsl and wgsl/matvec_quant_batch.wgsl.
+fn matvec_macros(gpu: &Gpu, input: &Input<'_>, bias: bool, opts: &LinearOpts) -> crate::gpu::Macros {
+    glu_macros(input.macros(common_macros(gpu, bias, opts)), opts.glu)
+}
+
+/// A matvec's workgroup shape (wgsl/matvec.wgsl, wgsl/matvec_quant.wgsl): `wg` threads in row
+/// groups of `tpr` lanes, `tok` tokens a pass, `SUBGROUP` cleared where it reduces without
+/// subgroups.
+fn matvec_shape(m: crate::gpu::Macros, wg: u32, tpr: u32, tok: u32, subgroups: bool) -> crate::gpu::Macros {
+    let mut m = m.set("WG", wg).set("TPR", tpr).set("TOK", tok).flag_if("TOK4", tok == 4);
+    if !subgroups {
+        m.0.remove("SUBGROUP");
+    }
+    m
+}
+
+/// The bindings of a linear kernel, in order: W's (one or more views), x, y (its
+/// [`LinearShape::out_span`]), the uniform, then the bias where there is one.
+fn linear_bindings<'a>(
+    gpu: &Gpu,
+    w: impl IntoIterator<Item = wgpu::BindingResource<'a>>,
+    x: &'a Tensor,
+    y: &'a Tensor,
+    s: &LinearShape,
+    params: &'a wgpu::Buffer,
+    bias: Option<&'a Tensor>,
+) -> Vec<wgpu::BindingResource<'a>> {
+    let mut bindings: Vec<_> = w.into_iter().collect();
+    bindings.extend([x.binding(), out_binding(gpu, y, s), params.as_entire_binding()]);
+    bindings.extend(bias.map(Tensor::binding));
+    bindings
+}
+
 const MATVEC_WG: u32 = 256;
 
 /// How matvec runs for one K on one device.
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct MatvecConfig {
+pub struct MatvecConfig {
     /// u32 words (2 halves each) per W load: 4, 2 or 1, the widest that divides a row.
-    vec: u32,
+    pub vec: u32,
     /// Threads per workgroup.
-    wg: u32,
+    pub wg: u32,
     /// Threads per row group of 4 rows (a power of two dividing the workgroup).
-    tpr: u32,
+    pub tpr: u32,
     /// Tokens per pass over W: 1 or 4 (each lane meets its unpacked W loads with this many x
     /// rows).
-    tok: u32,
+    pub tok: u32,
     /// Reduce with subgroup operations.
-    subgroups: bool,
+    pub subgroups: bool,
 }
 
 impl MatvecConfig {
-    fn new(gpu: &Gpu, s: &LinearShape) -> Self {
+    /// The configuration [`linear`] takes for `s` on this device.
+    pub fn new(gpu: &Gpu, s: &LinearShape) -> Self {
         let vec = if s.k % 8 == 0 {
             4
         } else if s.k % 4 == 0 {
@@ -376,8 +420,11 @@ impl MatvecConfig {
     }
 }
 
+/// Records the f16 matvec with its configuration given (what [`linear_in`] records up to
+/// [`MATVEC_MAX_T`] tokens, with [`MatvecConfig::new`]'s).
+#[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
-fn matvec(
+pub fn matvec(
     gpu: &Gpu,
     x: &Tensor,
     input: Input<'_>,
@@ -395,8 +442,9 @@ fn matvec(
 /// wgsl/matvec.wgsl and wgsl/matvec_quant.wgsl; the op is [`crate::ops::moe::linear_experts`]):
 /// W holds `experts` weights of N rows each, y's `s.t` rows are slots, slot s reads expert
 /// `ids[s]`'s rows and x row `s / slots_per_row`.
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Route<'a> {
+pub struct Route<'a> {
     pub ids: &'a Tensor,
     pub experts: u32,
     pub slots_per_row: u32,
@@ -486,17 +534,11 @@ fn matvec_routed(
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
     assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
     let loads = (s.k / (2 * cfg.vec as usize)) as u32;
-    let mut macros = glu_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), opts.glu)
+    let macros = matvec_macros(gpu, &input, bias.is_some(), &opts)
         .flag_if("VEC4", cfg.vec == 4)
         .flag_if("VEC1", cfg.vec == 1)
-        .set("GB", if bias.is_some() { 5 } else { 4 })
-        .set("WG", cfg.wg)
-        .set("TPR", cfg.tpr)
-        .set("TOK", cfg.tok)
-        .flag_if("TOK4", cfg.tok == 4);
-    if !cfg.subgroups {
-        macros.0.remove("SUBGROUP");
-    }
+        .set("GB", if bias.is_some() { 5 } else { 4 });
+    let macros = matvec_shape(macros, cfg.wg, cfg.tpr, cfg.tok, cfg.subgroups);
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
     // x's row stride and the up half's offset, in the kernel's x vectors (XPL per load).
     let xpl = if cfg.vec == 4 { 2 } else { 1 };
@@ -519,10 +561,7 @@ fn matvec_routed(
             ..Default::default()
         },
     );
-    let mut bindings = vec![w.binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
-    if let Some(b) = bias {
-        bindings.push(b.binding());
-    }
+    let mut bindings = linear_bindings(gpu, [w.binding()], x, y, s, &params, bias);
     bindings.extend(input.binding(s.k));
     let (macros, z) = Route::apply(route, macros, &mut bindings, s.t);
     let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
@@ -531,14 +570,16 @@ fn matvec_routed(
 
 /// Matmul tile: the workgroup is 16 × 16 threads, each computing tile × tile outputs of a
 /// 16·tile (tokens) × 16·tile (features) block of y; K advances bk at a time.
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct MatmulConfig {
-    tile: u32,
-    bk: u32,
+pub struct MatmulConfig {
+    pub tile: u32,
+    pub bk: u32,
 }
 
 impl MatmulConfig {
-    fn new(s: &LinearShape) -> Self {
+    /// The tile [`linear`] and [`linear_quant`] take for `s`.
+    pub fn new(s: &LinearShape) -> Self {
         // The 128×128 tile does twice the work per staged word, but makes 4× fewer workgroups:
         // worth it once they fill a large GPU (measured on an H100, 132 SMs: 29.6 vs 17.3
         // TFLOP/s at 2048 × 4096 × 4096, 512 workgroups; 17.0 vs 14.2 at 512 × 4864 × 896, 152;
@@ -548,6 +589,12 @@ impl MatmulConfig {
         } else {
             MatmulConfig { tile: 4, bk: 32 }
         }
+    }
+
+    /// The grid of a tiled matmul (wgsl/matmul.wgsl, wgsl/matmul_quant.wgsl) over `s`: a
+    /// workgroup per 16·tile features × 16·tile tokens.
+    fn groups(&self, s: &LinearShape) -> [u32; 3] {
+        [(s.n as u32).div_ceil(16 * self.tile), (s.t as u32).div_ceil(16 * self.tile), 1]
     }
 }
 
@@ -561,8 +608,11 @@ crate::ops::uniform::uniform_struct! {
     }
 }
 
+/// Records the tiled f16 matmul with its tile given (what [`linear_in`] records past
+/// [`MATVEC_MAX_T`] tokens, with [`MatmulConfig::new`]'s).
+#[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
-fn matmul(
+pub fn matmul(
     gpu: &Gpu,
     x: &Tensor,
     w: &Tensor,
@@ -580,12 +630,8 @@ fn matmul(
         "matmul.params",
         &MatmulUniform { t: s.t as u32, n: s.n as u32, k: s.k as u32, ld_out: s.ld_out as u32 },
     );
-    let mut bindings = vec![w.binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
-    if let Some(b) = bias {
-        bindings.push(b.binding());
-    }
-    let groups = [(s.n as u32).div_ceil(16 * tile), (s.t as u32).div_ceil(16 * tile), 1];
-    gpu.kernel("matmul", "main", &macros, &bindings, groups)
+    let bindings = linear_bindings(gpu, [w.binding()], x, y, s, &params, bias);
+    gpu.kernel("matmul", "main", &macros, &bindings, cfg.groups(s))
 }
 
 pub mod cpu {
@@ -618,5 +664,17 @@ pub mod cpu {
     }
 }
 
+/// The kernels with their configuration given rather than chosen, for the timing loops of
+/// `benches/` (`matvec.rs`, `quant.rs`, `moe.rs`): not an API, its items follow the kernels.
+#[doc(hidden)]
+pub mod bench {
+    pub use super::gguf::bench::{
+        batch_rows, dp4_fits, has_dp4, matmul_quant, matmul_quant_coop, matvec_quant, matvec_quant_batch, QMatvecConfig,
+    };
+    pub use super::{check_operands, check_shapes, matmul, matvec, tuned_shape, MatmulConfig, MatvecConfig, Route};
+}
+
+#[doc(hidden)]
+pub mod test_util;
 #[cfg(test)]
 pub(crate) mod tests;

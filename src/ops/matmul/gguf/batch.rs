@@ -3,7 +3,7 @@
 use super::matvec::{matvec_quant_params, quant_bindings};
 use crate::error::Result;
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
-use crate::ops::matmul::{common_macros, glu_macros, Input, LinearOpts, LinearShape, Route};
+use crate::ops::matmul::{matvec_macros, Input, LinearOpts, LinearShape, Route};
 use crate::weights::{type_macros, QuantWeight};
 
 /// Tokens a workgroup of `wgsl/matvec_quant_batch.wgsl` takes (the grid's z: groups of them).
@@ -14,7 +14,7 @@ pub(super) const BATCH_TB: u32 = 8;
 /// have fewer than 264 workgroups (two an SM on the H100; `bench_quant_batch`, N = 1536 and 2048 at
 /// 1-32 tokens: 16 rows 5-30 % faster than 32, and than 8 for Q6_K). The sums are the same
 /// whatever RW, so the choice may depend on T.
-pub(super) fn batch_rows(n: usize, t: usize) -> u32 {
+pub fn batch_rows(n: usize, t: usize) -> u32 {
     let groups = (t as u32).div_ceil(BATCH_TB);
     if (n as u32).div_ceil(32) * groups >= 264 {
         32
@@ -30,7 +30,7 @@ pub(super) fn batch_rows(n: usize, t: usize) -> u32 {
 /// of an expert projection grouped by expert ([`matvec_experts_quant`] with its groups), a tile a
 /// workgroup.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn matvec_quant_batch(
+pub fn matvec_quant_batch(
     gpu: &Gpu,
     x: &Tensor,
     input: Input<'_>,
@@ -43,12 +43,11 @@ pub(super) fn matvec_quant_batch(
     grouped: Option<(&Route<'_>, &Tensor, usize)>,
 ) -> Result<Kernel> {
     assert!(matches!(rw, 16 | 32), "matvec_quant_batch: {rw} rows a workgroup");
-    let mut macros =
-        type_macros(glu_macros(input.macros(common_macros(gpu, bias.is_some(), &opts)), opts.glu), w.dtype)
-            .set("GB", if bias.is_some() { 6 } else { 5 })
-            .set("WG", rw * BATCH_TB)
-            .set("RW", rw)
-            .set("TB", BATCH_TB);
+    let mut macros = type_macros(matvec_macros(gpu, &input, bias.is_some(), &opts), w.dtype)
+        .set("GB", if bias.is_some() { 6 } else { 5 })
+        .set("WG", rw * BATCH_TB)
+        .set("RW", rw)
+        .set("TB", BATCH_TB);
     let params = matvec_quant_params(gpu, "matvec_quant_batch.params", &input, w, s, grouped.map(|g| g.0));
     let mut bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
     bindings.extend(input.binding(s.k));

@@ -9,7 +9,8 @@ use super::QMatvecConfig;
 use crate::error::Result;
 use crate::gpu::{Gpu, Kernel, Tensor};
 use crate::ops::matmul::{
-    check_operands, fuses_input, tuned_shape, Input, LinearOpts, LinearShape, MatmulConfig, Route, MATVEC_MAX_T,
+    check_matmul_input, check_operands, fuses_input, tuned_shape, Input, LinearOpts, LinearShape, MatmulConfig, Route,
+    MATVEC_MAX_T,
 };
 use crate::weights::{is_supported, QuantWeight};
 
@@ -65,10 +66,9 @@ pub fn linear_quant_in(
             QMatvecConfig::new(gpu, w.dtype, &tuned_shape(&s, &opts)).for_input(gpu, w.dtype, &s, input),
         )
     } else {
-        assert!(matches!(input, Input::Plain), "linear_quant: {input:?} cannot be fused into the matmul ({s:?})");
-        assert!(opts.glu.is_none(), "linear_quant: GLU is a matvec epilogue, not the matmul's ({s:?})");
+        check_matmul_input("linear_quant", &input, &s, &opts);
         if gpu.caps.coop {
-            return matmul_quant_coop(gpu, x, w, bias, y, &s, opts);
+            return matmul_quant_coop(gpu, x, w, bias, y, &s, opts, &[]);
         }
         matmul_quant(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
     }

@@ -4,7 +4,7 @@
 use super::matvec::quant_bindings;
 use crate::error::Result;
 use crate::gpu::{Gpu, Kernel, Tensor};
-use crate::ops::matmul::{common_macros, out_binding, LinearOpts, LinearShape, MatmulConfig};
+use crate::ops::matmul::{common_macros, linear_bindings, LinearOpts, LinearShape, MatmulConfig};
 use crate::weights::{kernel_block, type_macros, QuantWeight};
 
 crate::ops::uniform::uniform_struct! {
@@ -38,22 +38,10 @@ pub(super) fn matmul_quant_params(gpu: &Gpu, label: &str, w: &QuantWeight, s: &L
 }
 
 /// Records the matmul on cooperative matrices (`wgsl/matmul_quant_coop.wgsl`: tensor cores,
-/// x and W's values met as f16, f32 sums) where the device has them (`Caps::coop`).
-pub(super) fn matmul_quant_coop(
-    gpu: &Gpu,
-    x: &Tensor,
-    w: &QuantWeight,
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    s: &LinearShape,
-    opts: LinearOpts,
-) -> Result<Kernel> {
-    matmul_quant_coop_flags(gpu, x, w, bias, y, s, opts, &[])
-}
-
-/// [`matmul_quant_coop`] with extra flags (the measurement probes of the tests).
+/// x and W's values met as f16, f32 sums) where the device has them (`Caps::coop`), with extra
+/// `flags` (none in the engine: the measurement probes of `benches/quant.rs`).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn matmul_quant_coop_flags(
+pub fn matmul_quant_coop(
     gpu: &Gpu,
     x: &Tensor,
     w: &QuantWeight,
@@ -71,8 +59,9 @@ pub(super) fn matmul_quant_coop_flags(
     gpu.kernel("matmul_quant_coop", "main", &macros, &bindings, groups)
 }
 
+/// Records the tiled quantized matmul with its tile given.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn matmul_quant(
+pub fn matmul_quant(
     gpu: &Gpu,
     x: &Tensor,
     w: &QuantWeight,
@@ -91,11 +80,6 @@ pub(super) fn matmul_quant(
         .flag_if("TILE8", tile == 8)
         .set("BK", bk);
     let params = matmul_quant_params(gpu, "matmul_quant.params", w, s);
-    let mut bindings =
-        vec![w.buffer.as_entire_binding(), x.binding(), out_binding(gpu, y, s), params.as_entire_binding()];
-    if let Some(b) = bias {
-        bindings.push(b.binding());
-    }
-    let groups = [(s.n as u32).div_ceil(16 * tile), (s.t as u32).div_ceil(16 * tile), 1];
-    gpu.kernel("matmul_quant", "main", &macros, &bindings, groups)
+    let bindings = linear_bindings(gpu, [w.buffer.as_entire_binding()], x, y, s, &params, bias);
+    gpu.kernel("matmul_quant", "main", &macros, &bindings, cfg.groups(s))
 }

@@ -4,7 +4,7 @@
 use super::{dp4_chunk, has_dp4, mix_config, mixes, stages_whole, QMatvecConfig};
 use crate::error::Result;
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
-use crate::ops::matmul::{check_operands, out_binding, staged_x_words, Input, LinearOpts, LinearShape, Route};
+use crate::ops::matmul::{check_operands, linear_bindings, staged_x_words, Input, LinearOpts, LinearShape, Route};
 use crate::weights::{type_flag, unit_elems, QuantWeight};
 
 crate::ops::uniform::uniform_struct! {
@@ -45,8 +45,11 @@ pub fn quantize_x16(gpu: &Gpu, x: &Tensor, xs: &Tensor) -> Result<Kernel> {
     )
 }
 
+/// Records the quantized matvec with its configuration given (what [`linear_quant_in`] records
+/// up to [`MATVEC_MAX_T`](crate::ops::matmul::MATVEC_MAX_T) tokens, with the configuration the
+/// tuning table chooses).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn matvec_quant(
+pub fn matvec_quant(
     gpu: &Gpu,
     x: &Tensor,
     input: Input<'_>,
@@ -100,7 +103,6 @@ pub(super) fn matvec_quant_routed(
             .flag_if("STAGE8", cfg.subgroups && gpu.caps.shuffles8())
             .flag_if("PREFETCH", cfg.prefetch && !chunked);
     }
-    #[cfg(test)]
     if !cfg.probe.is_empty() {
         macros = macros.flag(cfg.probe);
     }
@@ -271,13 +273,5 @@ pub(super) fn quant_bindings<'a>(
     params: &'a wgpu::Buffer,
     bias: Option<&'a Tensor>,
 ) -> Vec<wgpu::BindingResource<'a>> {
-    let mut bindings = vec![
-        w.buffer.as_entire_binding(),
-        w.buffer.as_entire_binding(),
-        x.binding(),
-        out_binding(gpu, y, s),
-        params.as_entire_binding(),
-    ];
-    bindings.extend(bias.map(Tensor::binding));
-    bindings
+    linear_bindings(gpu, [w.buffer.as_entire_binding(), w.buffer.as_entire_binding()], x, y, s, params, bias)
 }

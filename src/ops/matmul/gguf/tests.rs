@@ -7,6 +7,7 @@ use crate::dtype::to_f32;
 use crate::error::Result;
 use crate::gpu::tensor::test_util::*;
 use crate::gpu::{ElemType, Gpu, Tensor};
+use crate::ops::matmul::test_util::{check, tolerance};
 use crate::ops::matmul::{check_operands, MatmulConfig, MATVEC_MAX_T};
 
 pub(crate) use crate::weights::test_util::{random_blocks, scale_field_offsets, TYPES};
@@ -55,25 +56,7 @@ pub(crate) fn reference(
     let mut want = y0.to_vec();
     cpu::linear_quant(x, t, raw, k, bias, &mut want, accumulate).unwrap();
     let n = raw.len() / t.byte_size(k).unwrap();
-    let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
-    let mut mag = abs(y0);
-    let ab = bias.map(abs);
-    super::super::cpu::linear(&abs(x), &magnitudes(t, raw, n * k), k, ab.as_deref(), &mut mag, accumulate);
-    let eps = f32::EPSILON / 2.0;
-    let tol = mag.iter().map(|m| 4.0 * eps * (k as f32).sqrt() * m).collect();
-    (want, tol)
-}
-
-/// Asserts |got - want| <= tol elementwise (NaN fails); returns the worst error / tolerance.
-fn check(got: &[f32], want: &[f32], tol: &[f32], what: &str) -> f32 {
-    assert_eq!(got.len(), want.len(), "{what}");
-    let mut worst = 0.0f32;
-    for (i, ((g, w), t)) in got.iter().zip(want).zip(tol).enumerate() {
-        let d = (g - w).abs();
-        assert!(d <= *t, "{what}: element {i}: got {g}, want {w} (|diff| {d} > tol {t})");
-        worst = worst.max(d / t);
-    }
-    worst
+    (want, tolerance(x, &magnitudes(t, raw, n * k), k, bias, y0, accumulate))
 }
 
 /// Which kernel a case runs.
@@ -322,7 +305,7 @@ fn coop_matmul_matches_cpu() {
             let bias = with_bias.then_some(&b);
             let opts = LinearOpts { accumulate: acc, ..Default::default() };
             let s = check_operands("test", &x, n, k, bias, &y, opts);
-            let kern = matmul_quant_coop(&gpu, &x, &w, bias, &y, &s, opts).unwrap();
+            let kern = matmul_quant_coop(&gpu, &x, &w, bias, &y, &s, opts, &[]).unwrap();
             gpu.run(&[&kern]).unwrap();
             let got = gpu.read_f32(&y).unwrap();
             let mut want = y0.clone();

@@ -1,53 +1,76 @@
-//! Timing loops (`#[ignore]`d: run by hand on the GPU being measured).
+//! The quantized linear layer's kernels (`wgsl/matvec_quant*.wgsl`, `wgsl/matmul_quant*.wgsl`,
+//! `wgsl/quantize_x16.wgsl`) over random blocks: every matvec configuration against the one the
+//! tuning table picks, x staged apart, the f16 path beside them, few and many tokens, the batch
+//! step's kernels, the tensor-core matmul; where the time goes (probes). A large GPU takes the
+//! models' shapes; a CPU device (lavapipe) one small shape.
+//!
+//! ```text
+//! cargo bench --bench quant                                  # --part matvec
+//! cargo bench --bench quant -- --part matvec [--only matvec|prefill] [--auto-wg]
+//! cargo bench --bench quant -- --part probe                  # hot / cold W, float, PROBE_NOX, PROBE_NOMATH
+//! cargo bench --bench quant -- --part batch                  # the batch step at 1-32 tokens
+//! cargo bench --bench quant -- --part coop                   # the tensor-core matmul (Caps::coop)
+//! cargo bench --bench quant -- --shapes 2048:1536,256:1536 --types q4_K,q6_K
+//! ```
+//!
+//! These parts were the `#[ignore]`d unit tests `bench_quant` (`matvec`), `probe_quant`,
+//! `bench_quant_batch` and `bench_coop`, the names BENCHMARKS.md and the tuning table cite; their
+//! environment variables are now the options `--shapes` (QSHAPES), `--types` (QTYPES), `--only`
+//! (QBENCH) and `--auto-wg` (WG_ALL=0).
+//!
+//! `--only matvec`: one token only; `--only prefill`: only the few/many-token part; `--auto-wg`:
+//! the tuning table's workgroup size only (the row group widths and DP4 still swept).
 
-use super::batch::*;
-use super::matmul::*;
-use super::matvec::*;
-use super::tests::*;
-use super::*;
-use crate::gpu::tensor::test_util::*;
-use crate::gpu::{ElemType, Gpu, Kernel};
-use crate::ops::matmul::{check_operands, MatmulConfig, MATVEC_MAX_T};
+mod common;
+
+use common::{time_per_call, Args, QUICK};
 use half::f16;
+use wgpu_llm::dtype::DType;
+use wgpu_llm::gpu::tensor::test_util::{gpu, max_abs_diff, random};
+use wgpu_llm::gpu::{ElemType, Kernel};
+use wgpu_llm::ops::matmul::bench::{
+    batch_rows, check_operands, dp4_fits, has_dp4, matmul_quant, matmul_quant_coop, matvec_quant, matvec_quant_batch,
+    tuned_shape, MatmulConfig, QMatvecConfig,
+};
+use wgpu_llm::ops::matmul::gguf::{linear_quant, quantize_x16, staged_x_words};
+use wgpu_llm::ops::matmul::{linear, Input, LinearOpts, MATVEC_MAX_T};
+use wgpu_llm::weights::test_util::{random_blocks, TYPES};
+use wgpu_llm::weights::QuantWeight;
 
-/// Seconds per call of `encode`: the best of 3 batches encoded into one compute pass (each
-/// sized to about 30 ms), after 0.1 s of warm-up.
-fn time_per_call(gpu: &Gpu, encode: &dyn Fn(&mut wgpu::ComputePass<'_>)) -> f64 {
-    let batch = |r: usize| {
-        let t0 = std::time::Instant::now();
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            for _ in 0..r {
-                encode(&mut pass);
-            }
-        }
-        gpu.queue.submit([enc.finish()]);
-        gpu.wait().unwrap();
-        t0.elapsed().as_secs_f64()
-    };
-    let warm = std::time::Instant::now();
-    let mut one = batch(2) / 2.0;
-    while warm.elapsed().as_secs_f64() < 0.1 {
-        let r = ((0.03 / one) as usize).clamp(1, 5000);
-        one = batch(r) / r as f64;
+fn main() {
+    let args = Args::new();
+    match args.value("part").unwrap_or("matvec") {
+        "matvec" => matvecs(&args),
+        "probe" => probe(&args),
+        "batch" => batch(&args),
+        "coop" => coop(&args),
+        p => panic!("--part {p}: one of matvec, probe, batch, coop"),
     }
-    let reps = ((0.03 / one) as usize).clamp(3, 5000);
-    (0..3).map(|_| batch(reps) / reps as f64).fold(f64::INFINITY, f64::min)
 }
 
-#[test]
-#[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::probe_quant -- --ignored --nocapture"]
-fn probe_quant() {
-    // Where a quantized matvec's time goes: the kernel as picked (DP4 where it applies), the
-    // float path, without x (PROBE_NOX), and the weight loads alone (PROBE_NOMATH); with W hot in L2 (one copy) and cold (copies
-    // rotated over > 256 MB).
+/// The types of `--types q4_K,q6_K` (names as `DType::name`, any case) if given, else `default`.
+fn types(a: &Args, default: &[DType]) -> Vec<DType> {
+    let Some(v) = a.value("types") else { return default.to_vec() };
+    let types: Vec<DType> =
+        TYPES.into_iter().filter(|t| v.split(',').any(|n| n.eq_ignore_ascii_case(t.name()))).collect();
+    assert!(!types.is_empty(), "--types {v}: none of {:?}", TYPES.map(DType::name));
+    types
+}
+
+/// Where a quantized matvec's time goes: the kernel as picked (DP4 where it applies), the
+/// float path, without x (PROBE_NOX), and the weight loads alone (PROBE_NOMATH); with W hot in
+/// L2 (one copy) and cold (copies rotated over > 256 MB).
+fn probe(a: &Args) {
     let gpu = gpu();
     let big = gpu.info.device_type != wgpu::DeviceType::Cpu;
-    let shapes: &[(usize, usize)] =
-        if big { &[(2048, 1536), (17920, 1536), (1536, 8960), (151936, 1536)] } else { &[(256, 1536)] };
+    let custom = a.shapes();
+    let shapes: &[(usize, usize)] = match (&custom, big) {
+        (Some(c), _) => c,
+        (None, true) => &[(2048, 1536), (17920, 1536), (1536, 8960), (151936, 1536)],
+        (None, false) => &[(256, 1536)],
+    };
     let opts = LinearOpts::default();
-    for ty in [DType::Q4_K, DType::Q6_K, DType::Q4_0, DType::Q8_0] {
+    for ty in types(a, &[DType::Q4_K, DType::Q6_K, DType::Q4_0, DType::Q8_0]) {
         for &(n, k) in shapes {
             let raw = random_blocks(ty, n, k, 2);
             let bytes = ty.byte_size(n * k).unwrap();
@@ -77,8 +100,8 @@ fn probe_quant() {
                     .iter()
                     .map(|w| matvec_quant(&gpu, &x, Input::Plain, w, None, &y, &s, opts, c).unwrap())
                     .collect();
-                let hot = time_per_call(&gpu, &|pass| ks[0].encode(pass));
-                let cold = time_per_call(&gpu, &|pass| {
+                let hot = time_per_call(&gpu, QUICK, &|pass| ks[0].encode(pass));
+                let cold = time_per_call(&gpu, QUICK, &|pass| {
                     for k in &ks {
                         k.encode(pass);
                     }
@@ -96,43 +119,22 @@ fn probe_quant() {
     }
 }
 
-/// The benches' shapes from QSHAPES="N:K,N:K", if set.
-fn bench_shapes() -> Option<Vec<(usize, usize)>> {
-    std::env::var("QSHAPES").ok().map(|v| {
-        v.split(',')
-            .map(|nk| {
-                let (n, k) = nk.split_once(':').expect("QSHAPES entries are N:K");
-                (n.parse().unwrap(), k.parse().unwrap())
-            })
-            .collect()
-    })
-}
-
-/// The benches' types: those of QTYPES="Q4_K,Q6_K" if set, else `default`.
-fn bench_types(default: &[DType]) -> Vec<DType> {
-    match std::env::var("QTYPES") {
-        Ok(v) => TYPES.into_iter().filter(|t| v.split(',').any(|n| n == t.name())).collect(),
-        Err(_) => default.to_vec(),
-    }
-}
-
-#[test]
-#[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::bench_quant -- --ignored --nocapture"]
-fn bench_quant() {
-    // Qwen2.5-1.5B's linear layers (N, K): qkv, o, gate_up, down, lm_head.
+/// Every matvec configuration on Qwen2.5-1.5B's linear layers (N, K: qkv, o, gate_up, down,
+/// lm_head), x staged apart, the f16 matvec on the same shapes, then few and many tokens.
+fn matvecs(a: &Args) {
     let gpu = gpu();
     let big = gpu.info.device_type != wgpu::DeviceType::Cpu;
-    let custom = bench_shapes();
+    let custom = a.shapes();
     let shapes: &[(usize, usize)] = match (&custom, big) {
         (Some(c), _) => c,
         (None, true) => &[(2048, 1536), (256, 1536), (1536, 1536), (17920, 1536), (1536, 8960), (151936, 1536)],
         (None, false) => &[(2048, 1536)],
     };
-    let types = bench_types(&TYPES);
+    let types = types(a, &TYPES);
     eprintln!("{} f16={} sg={} (max {})", gpu.info.name, gpu.caps.f16, gpu.caps.subgroups, gpu.caps.subgroup_max_size);
     let opts = LinearOpts::default();
-    // QBENCH=prefill: only the few/many-token part below.
-    let matvecs = !std::env::var("QBENCH").is_ok_and(|v| v == "prefill");
+    // --only prefill: only the few/many-token part below.
+    let matvecs = a.value("only") != Some("prefill");
     for &ty in types.iter().filter(|_| matvecs) {
         for &(n, k) in shapes {
             let raw = random_blocks(ty, n, k, 2);
@@ -150,9 +152,8 @@ fn bench_quant() {
             let mut line = format!("matvec {ty} N={n} K={k} ({:.1} MB x{copies} cold):", w.gpu_bytes() as f64 / 1e6);
             let mut cfgs = vec![auto];
             // Every workgroup size from 32 threads, every row group width it holds, with and
-            // without DP4 (WG_ALL=0: the auto workgroup size only).
-            let wgs: Vec<u32> =
-                if std::env::var("WG_ALL").is_ok_and(|v| v == "0") { vec![auto.wg] } else { vec![32, 64, 128, 256] };
+            // without DP4 (--auto-wg: the auto workgroup size only).
+            let wgs: Vec<u32> = if a.flag("auto-wg") { vec![auto.wg] } else { vec![32, 64, 128, 256] };
             for wg in wgs {
                 for tpr in [16u32, 32, 64, 128, 256] {
                     let sg_ok = tpr >= gpu.caps.subgroup_max_size || !auto.subgroups;
@@ -174,7 +175,7 @@ fn bench_quant() {
                     .iter()
                     .map(|w| matvec_quant(&gpu, &x, Input::Plain, w, None, &y, &s, opts, *c).unwrap())
                     .collect();
-                let t = time_per_call(&gpu, &|pass| ks.iter().for_each(|k| k.encode(pass))) / copies as f64;
+                let t = time_per_call(&gpu, QUICK, &|pass| ks.iter().for_each(|k| k.encode(pass))) / copies as f64;
                 let out = gpu.read_f32(&y).unwrap();
                 let first = first.get_or_insert(out.clone());
                 let (d, at) = max_abs_diff(first, &out);
@@ -187,7 +188,7 @@ fn bench_quant() {
             if has_dp4(ty) && gpu.info.backend == wgpu::Backend::Vulkan {
                 let xs = gpu.empty("xs", &[staged_x_words(1, k)], ElemType::U32).unwrap();
                 let stage = quantize_x16(&gpu, &x, &xs).unwrap();
-                let ts = time_per_call(&gpu, &|pass| stage.encode(pass));
+                let ts = time_per_call(&gpu, QUICK, &|pass| stage.encode(pass));
                 line += &format!(" | quantize_x16 {:.1}us;", ts * 1e6);
                 let sg = if auto.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
                 for (wg, tpr) in [(32, 32), (64, 32), (64, 64), (128, 32), (128, 64), (128, 128), (256, 64), (256, 256)]
@@ -201,7 +202,8 @@ fn bench_quant() {
                             .iter()
                             .map(|w| matvec_quant(&gpu, &x, Input::Staged(&xs), w, None, &y, &s, opts, c).unwrap())
                             .collect();
-                        let t = time_per_call(&gpu, &|pass| ks.iter().for_each(|k| k.encode(pass))) / copies as f64;
+                        let t =
+                            time_per_call(&gpu, QUICK, &|pass| ks.iter().for_each(|k| k.encode(pass))) / copies as f64;
                         let pf = if prefetch { "+pf" } else { "" };
                         line += &format!(
                             " xg wg {wg} tpr {tpr}{pf} {:.1}us {:.0}GB/s;",
@@ -220,11 +222,11 @@ fn bench_quant() {
         let w = gpu.upload_f16("w", &[n, k], &wh).unwrap();
         let x = gpu.upload_f32("x", &[1, k], &random(k, 1, 1.0)).unwrap();
         let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
-        let kern = super::super::linear(&gpu, &x, &w, None, &y, opts).unwrap();
-        let t = time_per_call(&gpu, &|pass| kern.encode(pass));
+        let kern = linear(&gpu, &x, &w, None, &y, opts).unwrap();
+        let t = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
         eprintln!("matvec f16 N={n} K={k}: {:.1}us {:.0}GB/s", t * 1e6, (2 * n * k) as f64 / t / 1e9);
     }
-    if std::env::var("QBENCH").is_ok_and(|v| v == "matvec") || custom.is_some() {
+    if a.value("only") == Some("matvec") || custom.is_some() {
         return;
     }
     // Few tokens (matvec, 4 tokens per pass) and prefill (matmul).
@@ -238,13 +240,13 @@ fn bench_quant() {
             let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
             let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
             let kern = linear_quant(&gpu, &x, &w, None, &y, opts).unwrap();
-            let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+            let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
             line += &format!(" T={t} {:.1}us {:.2}TFLOP/s", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
             if gpu.caps.coop && t > MATVEC_MAX_T {
                 // (the auto pick above is the tensor-core matmul: the f32 one beside it)
                 let s = check_operands("bench", &x, n, k, None, &y, opts);
                 let kern = matmul_quant(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
-                let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
                 line += &format!(" (f32 matmul {:.1}us)", tm * 1e6);
             }
             line += ";";
@@ -257,8 +259,8 @@ fn bench_quant() {
     for &t in ts {
         let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
         let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
-        let kern = super::super::linear(&gpu, &x, &w, None, &y, opts).unwrap();
-        let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+        let kern = linear(&gpu, &x, &w, None, &y, opts).unwrap();
+        let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
         line += &format!(" T={t} {:.1}us {:.2}TFLOP/s;", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
     }
     eprintln!("{line}");
@@ -266,16 +268,12 @@ fn bench_quant() {
 
 /// The tensor-core matmul's time and where it goes: with the W loads, the x loads or the
 /// tensor-core ops left out (PROBE_NOW / NOX / NOMMA), against the f32 matmul, at 33, 128 and
-/// 512 tokens (QSHAPES, QTYPES; default Q4_K 17920 × 1536).
-#[test]
-#[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::bench_coop -- --exact --ignored --nocapture"]
-fn bench_coop() {
+/// 512 tokens (--shapes, --types; default Q4_K 17920 × 1536).
+fn coop(a: &Args) {
     let gpu = gpu();
     assert!(gpu.caps.coop, "{} has no cooperative matrices", gpu.info.name);
-    for (ty, (n, k)) in bench_types(&[DType::Q4_K])
-        .into_iter()
-        .flat_map(|ty| bench_shapes().unwrap_or(vec![(17920, 1536)]).into_iter().map(move |nk| (ty, nk)))
-    {
+    let shapes = a.shapes().unwrap_or(vec![(17920, 1536)]);
+    for (ty, (n, k)) in types(a, &[DType::Q4_K]).into_iter().flat_map(|ty| shapes.iter().map(move |&nk| (ty, nk))) {
         let w = QuantWeight::new(&gpu, "w", ty, [n, k], &random_blocks(ty, n, k, 2)).unwrap();
         for t in [33usize, 128, 512] {
             let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
@@ -284,12 +282,12 @@ fn bench_coop() {
             let s = check_operands("bench", &x, n, k, None, &y, opts);
             let mut line = format!("coop {ty} N={n} K={k} T={t}:");
             let kern = matmul_quant(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
-            let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+            let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
             line += &format!(" f32 {:.1}us", tm * 1e6);
             for probe in ["", "PROBE_NOW", "PROBE_NOX", "PROBE_NOMMA"] {
                 let flags: Vec<&str> = if probe.is_empty() { vec![] } else { vec![probe] };
-                let kern = matmul_quant_coop_flags(&gpu, &x, &w, None, &y, &s, opts, &flags).unwrap();
-                let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                let kern = matmul_quant_coop(&gpu, &x, &w, None, &y, &s, opts, &flags).unwrap();
+                let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
                 let what = if probe.is_empty() { "coop" } else { probe };
                 line += &format!(" {what} {:.1}us {:.1}TFLOP/s", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
             }
@@ -300,13 +298,11 @@ fn bench_coop() {
 
 /// The batch step's matvec (`LinearOpts::batch`: passes of 4 tokens at every batch size)
 /// with DP4 against the float sums, and the tiled matmul beside them, at batch sizes 1 to 32
-/// on Qwen2.5-1.5B's shapes (QSHAPES, QTYPES as bench_quant).
-#[test]
-#[ignore = "timing: cargo test --release --lib ops::matmul::gguf::tests::bench_quant_batch -- --ignored --nocapture"]
-fn bench_quant_batch() {
+/// on Qwen2.5-1.5B's shapes (--shapes, --types as the matvec part).
+fn batch(a: &Args) {
     let gpu = gpu();
-    let shapes = bench_shapes().unwrap_or_else(|| vec![(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]);
-    let types = bench_types(&[DType::Q4_K, DType::Q6_K]);
+    let shapes = a.shapes().unwrap_or_else(|| vec![(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]);
+    let types = types(a, &[DType::Q4_K, DType::Q6_K]);
     eprintln!("{} sg={} (max {})", gpu.info.name, gpu.caps.subgroups, gpu.caps.subgroup_max_size);
     for &ty in &types {
         for &(n, k) in &shapes {
@@ -318,7 +314,7 @@ fn bench_quant_batch() {
                 let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
                 let opts = LinearOpts { batch: true, ..Default::default() };
                 let s = check_operands("bench", &x, n, k, None, &y, opts);
-                let auto = QMatvecConfig::new(&gpu, ty, &super::super::tuned_shape(&s, &opts));
+                let auto = QMatvecConfig::new(&gpu, ty, &tuned_shape(&s, &opts));
                 line += &format!(" T={t}");
                 for dp4 in [true, false] {
                     if dp4 && !dp4_fits(&gpu, ty, k, auto.wg, auto.tok) {
@@ -326,15 +322,15 @@ fn bench_quant_batch() {
                     }
                     let c = QMatvecConfig { dp4, ..auto };
                     let kern = matvec_quant(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, c).unwrap();
-                    let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                    let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
                     line += &format!(" {}{:.1}us", if dp4 { "dp4 " } else { "float " }, tm * 1e6);
                 }
                 let kern = matmul_quant(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
-                let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
                 line += &format!(" matmul {:.1}us", tm * 1e6);
                 for rw in [32, 16] {
                     let kern = matvec_quant_batch(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, rw, None).unwrap();
-                    let tm = time_per_call(&gpu, &|pass| kern.encode(pass));
+                    let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
                     let auto = if rw == batch_rows(n, t) { "*" } else { "" };
                     line += &format!(" batch rw {rw}{auto} {:.1}us", tm * 1e6);
                 }

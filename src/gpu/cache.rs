@@ -1,0 +1,21 @@
+//! The pipeline cache: each compiled compute pipeline kept by (shader, entry point, macros), so
+//! that [`Gpu::pipeline`](super::Gpu::pipeline) compiles a variant once per device.
+
+use super::Macros;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Compiled pipelines keyed by (shader, entry point, macros).
+#[derive(Default)]
+pub struct PipelineCache {
+    pub(super) map: Mutex<HashMap<(String, String, Macros), Arc<wgpu::ComputePipeline>>>,
+}
+
+impl PipelineCache {
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
