@@ -20,7 +20,7 @@
 // Grid: (ceil(N / BN), ceil(T / BM)).
 // Measurement probes (tests only, `bench_coop`): PROBE_NOX, PROBE_NOW leave x's or W's loads
 // out, PROBE_NOMMA the tensor-core ops.
-// Rust: src/ops/matmul/gguf/matmul.rs matmul_quant_coop_flags
+// Rust: src/ops/matmul/gguf/matmul.rs matmul_quant_coop
 enable f16;
 enable wgpu_cooperative_matrix;
 
