@@ -13,7 +13,9 @@ fn every_row_cites_its_measurement() {
         if r.measured.starts_with("nowhere") {
             assert!(r.measured.len() > "nowhere: ".len() + 10, "a row measured nowhere says why: {r}");
         } else {
-            assert!(r.measured.starts_with("H100"), "{r}");
+            // The device it was measured on comes first ("H100 ...", "Radeon RX 7900 ..."), then
+            // the measurement: a BENCHMARKS run or the bench that chose it.
+            assert!(r.measured.split_whitespace().next().is_some_and(|d| d.len() >= 2), "{r}");
             assert!(r.cite.contains("BENCHMARKS") || r.cite.contains("bench_quant"), "{r}");
         }
     }
@@ -26,7 +28,8 @@ fn every_row_cites_its_measurement() {
 }
 
 /// Families never measured take the generic rows (those for any family, measured on the H100
-/// only), but for Apple's own.
+/// only), but for Apple's own. A family that gains a row of its own leaves this list for a test
+/// of its own (CONTRIBUTING.md, "Adding a tuning rule").
 #[test]
 fn unknown_families_get_the_generic_rows() {
     for f in [Family::Nvidia, Family::Amd, Family::Intel, Family::Software, Family::Other] {
