@@ -1,88 +1,9 @@
-//! The quantized matvec's shape chosen from the rule table ([`super::table`]): what a row's
-//! predicate sees ([`MatvecQuery`]), what the rows build ([`MatvecState`]).
+//! The quantized matvec's shape chosen from the rule table ([`super::table`]): the matvec rows
+//! applied to what a row's predicate sees ([`MatvecQuery`]), building a [`MatvecState`].
 
+pub use super::query::{InputKind, MatvecQuery, MatvecState};
 use super::table::{Act, Lanes, Op};
 use super::Tuning;
-use crate::dtype::DType;
-
-/// How x reaches the matvec.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InputKind {
-    Plain,
-    Norm,
-    Staged,
-}
-
-/// One projection's shape on one device, as the rows' predicates see it.
-pub struct MatvecQuery<'a> {
-    pub dtype: DType,
-    /// Output rows.
-    pub n: usize,
-    /// Row length.
-    pub k: usize,
-    /// Tokens a pass over W: 1 or 4.
-    pub tok: u32,
-    /// The row's units (32 or 64 elements: what a lane streams).
-    pub units: u32,
-    /// Narrowest row group a pass allows (every output a storing lane, whole subgroups).
-    pub min_tpr: u32,
-    /// Widest row group (the row's units, at most the workgroup).
-    pub widest: u32,
-    /// The default workgroup size.
-    pub max_wg: u32,
-    /// Whether the configuration reduces with subgroups, and the adapter's largest subgroup.
-    pub subgroups: bool,
-    pub subgroup_max_size: u32,
-    pub max_invocations: u32,
-    /// Packed integer dot products usable here (the profile's, after the IntDot rows).
-    pub int_dot: bool,
-    pub input: InputKind,
-    /// Whether one token's row stages whole for DP4 in workgroups of this many threads.
-    pub whole: &'a dyn Fn(u32) -> bool,
-    /// Whether the DP4 form takes this type at (workgroup, tokens) at all.
-    pub fits: &'a dyn Fn(u32, u32) -> bool,
-}
-
-impl MatvecQuery<'_> {
-    /// Row groups of at most 32 lanes.
-    pub fn narrow(&self) -> bool {
-        self.min_tpr <= 32
-    }
-    /// DP4 would take this type in the default workgroup.
-    pub fn dp4_ok(&self) -> bool {
-        (self.fits)(self.max_wg, 1) && self.int_dot
-    }
-    /// The adapter takes workgroups of `wg` threads and one token's row stages whole in them.
-    pub fn stages_in(&self, wg: u32) -> bool {
-        self.max_invocations >= wg && (self.whole)(wg)
-    }
-    pub fn plain(&self) -> bool {
-        self.input == InputKind::Plain
-    }
-    pub fn norm(&self) -> bool {
-        self.input == InputKind::Norm
-    }
-    /// One token's short Q4_K rows on the float path (the o and q/k/v projections).
-    pub fn q4k_short(&self, s: &MatvecState) -> bool {
-        let narrow = !s.subgroups || self.subgroup_max_size <= 32;
-        self.int_dot && narrow && s.tok == 1 && !s.dp4 && self.dtype == DType::Q4_K && self.n <= 4096
-    }
-}
-
-/// The shape the rows build.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MatvecState {
-    pub wg: u32,
-    pub tpr: u32,
-    pub tok: u32,
-    pub subgroups: bool,
-    pub dp4: bool,
-    pub prefetch: bool,
-    /// Set by the rows (for later rows): the wide DP4 rows, the whole-row Q6_K/Q4_1 rows, a vocabulary.
-    pub wide_rows: bool,
-    pub q6_whole: bool,
-    pub vocab: bool,
-}
 
 impl Tuning {
     /// The matvec's shape for `q` from the table's [`Op::Matvec`] rows.

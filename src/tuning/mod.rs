@@ -7,10 +7,11 @@
 
 pub mod matvec;
 pub mod profile;
+pub mod query;
 pub mod table;
 
-pub use matvec::{InputKind, MatvecQuery, MatvecState};
 pub use profile::{DeviceProfile, Family};
+pub use query::{InputKind, MatvecQuery, MatvecState};
 pub use table::{Act, Op, Rule, RULES};
 
 use crate::error::{Error, Result};

@@ -9,8 +9,8 @@
 //! those rows as they are, which `measured` says for each row, except where a family has a row of
 //! its own (Apple's, from its hazards).
 
-use super::matvec::{MatvecQuery, MatvecState};
 use super::profile::Family;
+use super::query::{MatvecQuery, MatvecState};
 use crate::dtype::DType;
 
 /// Which devices a row is for.

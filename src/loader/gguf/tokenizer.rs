@@ -1,7 +1,8 @@
 //! The tokenizer a GGUF file carries (`tokenizer.ggml.*` metadata).
 
-use super::open::Meta;
-use super::*;
+use super::meta::Meta;
+use crate::error::{Error, Result};
+use crate::model::config::Arch;
 
 // ---------------------------------------------------------------------------------------------
 // Tokenizer data

@@ -1,6 +1,13 @@
 //! [`GgufWriter`]: GGUF files for synthetic test and benchmark models.
 
-use super::*;
+use super::file::{limits, DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, MAX_DIMS};
+use super::tokenizer::GgufTokenizerData;
+use super::value::{value_type, GgufValue};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::loader::fmt_shape;
+use crate::model::config::{MlpSpec, ModelConfig};
+use std::path::{Path, PathBuf};
 
 // ---------------------------------------------------------------------------------------------
 // Writer
@@ -20,7 +27,7 @@ use super::*;
 /// w.write(std::path::Path::new("/tmp/tiny.gguf"))?;
 /// # Ok(()) }
 /// ```
-/// [`GgufWriter::add_model_config`] writes all the `{arch}.*` keys that [`open`] reads from a
+/// [`GgufWriter::add_model_config`] writes all the `{arch}.*` keys that [`open`](super::open) reads from a
 /// [`ModelConfig`], so a synthetic model needs only that plus its tensors.
 #[derive(Clone, Debug)]
 pub struct GgufWriter {
@@ -153,11 +160,11 @@ impl GgufWriter {
         self.add_tensor(name, dtype, shape, bytes)
     }
 
-    /// Writes `general.architecture` and every `{arch}.*` key [`open`] reads, from `cfg`.
+    /// Writes `general.architecture` and every `{arch}.*` key [`open`](super::open) reads, from `cfg`.
     /// Token ids (`bos_token_id`, the first of `eos_token_ids`) and `add_bos` go to the
     /// `tokenizer.ggml.*` keys. Things GGUF cannot express are implied by the architecture
     /// on reading (Gemma 3's layer pattern, scales, norms), so `open` reproduces `cfg` only when
-    /// `cfg` follows them. Note that `open` un-permutes Llama Q/K rows (see [`Fixup`]).
+    /// `cfg` follows them. Note that `open` un-permutes Llama Q/K rows (see [`Fixup`](crate::loader::Fixup)).
     pub fn add_model_config(&mut self, cfg: &ModelConfig) -> &mut Self {
         let a = cfg.arch.name();
         let k = |s: &str| format!("{a}.{s}");
@@ -202,7 +209,7 @@ impl GgufWriter {
         self
     }
 
-    /// Writes the `qwen35moe.*` keys of llama.cpp's Qwen3.5-MoE that [`open`] reads back into
+    /// Writes the `qwen35moe.*` keys of llama.cpp's Qwen3.5-MoE that [`open`](super::open) reads back into
     /// `cfg` (a Qwen3.5-MoE config: [`crate::model::qwen3_5_moe::Qwen35MoeConfig::model_config`]):
     /// the layer pattern as `full_attention_interval` when it is every n-th layer, else as
     /// `attention.recurrent_layers`; `vocab_size` for files without a tokenizer.
@@ -264,7 +271,7 @@ impl GgufWriter {
         Ok(self)
     }
 
-    /// Writes the `gemma4.*` keys of llama.cpp's Gemma 4 that [`open`] reads back into `cfg` (a
+    /// Writes the `gemma4.*` keys of llama.cpp's Gemma 4 that [`open`](super::open) reads back into `cfg` (a
     /// Gemma 4 config: [`crate::model::gemma4::Gemma4Config::model_config`]), and returns the
     /// `rope_freqs.weight` factors its full layers need (proportional RoPE: 1 for the pairs that
     /// turn, 1e30 for the rest; `None` for full rotary), for the caller to add as an F32 tensor.

@@ -1,6 +1,12 @@
 //! config.json read into the architecture's hyperparameters.
 
-use super::*;
+use crate::error::{shown, Error, Result};
+use crate::loader::{capped, check_layer_count, limits, StoredTensor};
+use crate::model::arch::{self, DeltaNetParams, Hyperparams, MoeParams};
+use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig, PerLayerInput};
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::path::Path;
 
 // ---------------------------------------------------------------------------------------------
 // config.json

@@ -1,8 +1,13 @@
 //! MLX quantized folders: each quantized layer's `weight`, `scales` and `biases` gathered into one
 //! affine tensor.
 
-use super::safetensors::Part;
-use super::*;
+use super::safetensors::{MlxParts, Part};
+use crate::dtype::DType;
+use crate::error::{shown, Error, Result};
+use crate::loader::{AffineParts, StoredTensor};
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::path::Path;
 
 /// Gathers each MLX quantized layer's `weight`, `scales` and `biases` into one [`DType::Affine`]
 /// tensor, by config.json's `quantization` (or `quantization_config`). Errors: parts without a

@@ -1,6 +1,13 @@
 //! Safetensors files: headers read and validated, tensors registered under canonical names.
 
-use super::*;
+use crate::dtype::DType;
+use crate::error::{shown, Error, Result};
+use crate::loader::{open_regular, DataFile, StoredTensor};
+use crate::model::arch::{self, TensorName};
+use crate::model::config::Arch;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::path::Path;
 
 // ---------------------------------------------------------------------------------------------
 // Safetensors

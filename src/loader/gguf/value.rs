@@ -1,0 +1,167 @@
+//! GGUF metadata values ([`GgufValue`]) and their type ids.
+
+/// A GGUF metadata value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GgufValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    /// All elements have one type (the writer panics otherwise); an empty array is written
+    /// as an array of u8.
+    Array(Vec<GgufValue>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+/// GGUF value type ids (`enum gguf_type`).
+pub mod value_type {
+    pub const U8: u32 = 0;
+    pub const I8: u32 = 1;
+    pub const U16: u32 = 2;
+    pub const I16: u32 = 3;
+    pub const U32: u32 = 4;
+    pub const I32: u32 = 5;
+    pub const F32: u32 = 6;
+    pub const BOOL: u32 = 7;
+    pub const STRING: u32 = 8;
+    pub const ARRAY: u32 = 9;
+    pub const U64: u32 = 10;
+    pub const I64: u32 = 11;
+    pub const F64: u32 = 12;
+}
+
+impl GgufValue {
+    /// The GGUF value type id.
+    pub fn type_id(&self) -> u32 {
+        use value_type as t;
+        match self {
+            GgufValue::U8(_) => t::U8,
+            GgufValue::I8(_) => t::I8,
+            GgufValue::U16(_) => t::U16,
+            GgufValue::I16(_) => t::I16,
+            GgufValue::U32(_) => t::U32,
+            GgufValue::I32(_) => t::I32,
+            GgufValue::F32(_) => t::F32,
+            GgufValue::Bool(_) => t::BOOL,
+            GgufValue::String(_) => t::STRING,
+            GgufValue::Array(_) => t::ARRAY,
+            GgufValue::U64(_) => t::U64,
+            GgufValue::I64(_) => t::I64,
+            GgufValue::F64(_) => t::F64,
+        }
+    }
+
+    /// Any integer value (not bool, not float) as u64, if non-negative.
+    pub fn as_u64(&self) -> Option<u64> {
+        self.as_i128().and_then(|v| u64::try_from(v).ok())
+    }
+
+    /// Any integer value as i64, if it fits.
+    pub fn as_i64(&self) -> Option<i64> {
+        self.as_i128().and_then(|v| i64::try_from(v).ok())
+    }
+
+    fn as_i128(&self) -> Option<i128> {
+        Some(match *self {
+            GgufValue::U8(v) => v as i128,
+            GgufValue::I8(v) => v as i128,
+            GgufValue::U16(v) => v as i128,
+            GgufValue::I16(v) => v as i128,
+            GgufValue::U32(v) => v as i128,
+            GgufValue::I32(v) => v as i128,
+            GgufValue::U64(v) => v as i128,
+            GgufValue::I64(v) => v as i128,
+            _ => return None,
+        })
+    }
+
+    /// Any float or integer value as f64.
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            GgufValue::F32(v) => Some(v as f64),
+            GgufValue::F64(v) => Some(v),
+            _ => self.as_i128().map(|v| v as f64),
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            GgufValue::Bool(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            GgufValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[GgufValue]> {
+        match self {
+            GgufValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Short description for error messages: the value (strings quoted and cut short, arrays
+    /// by length) and its type.
+    pub fn describe(&self) -> String {
+        match self {
+            GgufValue::U8(v) => format!("{v} (u8)"),
+            GgufValue::I8(v) => format!("{v} (i8)"),
+            GgufValue::U16(v) => format!("{v} (u16)"),
+            GgufValue::I16(v) => format!("{v} (i16)"),
+            GgufValue::U32(v) => format!("{v} (u32)"),
+            GgufValue::I32(v) => format!("{v} (i32)"),
+            GgufValue::U64(v) => format!("{v} (u64)"),
+            GgufValue::I64(v) => format!("{v} (i64)"),
+            GgufValue::F32(v) => format!("{v} (f32)"),
+            GgufValue::F64(v) => format!("{v} (f64)"),
+            GgufValue::Bool(v) => format!("{v} (bool)"),
+            GgufValue::String(s) if s.len() > 40 => format!("a string of {} bytes", s.len()),
+            GgufValue::String(s) => format!("the string {}", crate::error::one_line(&format!("{s:?}"), 200)),
+            GgufValue::Array(a) => format!("an array of {} elements", a.len()),
+        }
+    }
+}
+
+macro_rules! value_from {
+    ($($t:ty => $v:ident),*) => {$(
+        impl From<$t> for GgufValue {
+            fn from(x: $t) -> Self { GgufValue::$v(x) }
+        }
+        impl From<Vec<$t>> for GgufValue {
+            fn from(x: Vec<$t>) -> Self { GgufValue::Array(x.into_iter().map(GgufValue::$v).collect()) }
+        }
+        impl From<&[$t]> for GgufValue {
+            fn from(x: &[$t]) -> Self { GgufValue::Array(x.iter().cloned().map(GgufValue::$v).collect()) }
+        }
+    )*};
+}
+value_from!(u8 => U8, i8 => I8, u16 => U16, i16 => I16, u32 => U32, i32 => I32, f32 => F32,
+    bool => Bool, String => String, u64 => U64, i64 => I64, f64 => F64);
+
+impl From<&str> for GgufValue {
+    fn from(x: &str) -> Self {
+        GgufValue::String(x.to_string())
+    }
+}
+impl From<Vec<&str>> for GgufValue {
+    fn from(x: Vec<&str>) -> Self {
+        GgufValue::Array(x.into_iter().map(GgufValue::from).collect())
+    }
+}
+impl From<&[&str]> for GgufValue {
+    fn from(x: &[&str]) -> Self {
+        GgufValue::Array(x.iter().map(|s| GgufValue::from(*s)).collect())
+    }
+}
