@@ -1,14 +1,17 @@
-//! The pipeline cache: each compiled compute pipeline kept by (shader, entry point, macros), so
-//! that [`Gpu::pipeline`](super::Gpu::pipeline) compiles a variant once per device.
+//! The pipeline cache: each compiled compute pipeline kept by (shader, entry point, macros, bounds
+//! checks compiled in), so that [`Gpu::pipeline`](super::Gpu::pipeline) compiles a variant once per device.
 
 use super::Macros;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Compiled pipelines keyed by (shader, entry point, macros).
+/// A pipeline's key: (shader, entry point, macros, bounds checks compiled in).
+pub(super) type PipelineKey = (String, String, Macros, bool);
+
+/// Compiled pipelines keyed by [`PipelineKey`].
 #[derive(Default)]
 pub struct PipelineCache {
-    pub(super) map: Mutex<HashMap<(String, String, Macros), Arc<wgpu::ComputePipeline>>>,
+    pub(super) map: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
 }
 
 impl PipelineCache {

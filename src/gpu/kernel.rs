@@ -68,7 +68,10 @@ impl Gpu {
 
     /// The compute pipeline of `entry` in `wgsl/<shader>.wgsl` under `macros`, compiled once.
     pub fn pipeline(&self, shader_name: &str, entry: &str, macros: &Macros) -> Result<Arc<wgpu::ComputePipeline>> {
-        let key = (shader_name.to_string(), entry.to_string(), macros.clone());
+        // Whether wgpu's bounds checks are compiled in is the device's tuning's choice: part of the key, so a
+        // device sharing this cache with another tuning (`Gpu::with_tuning`) never takes the other's pipeline.
+        let checked = self.tuning().bounds_checked(shader_name);
+        let key = (shader_name.to_string(), entry.to_string(), macros.clone(), checked);
         if let Some(p) = self.pipelines().map.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(p.clone());
         }
@@ -95,7 +98,7 @@ impl Gpu {
             // Gemma-4-31B step 13,182 -> 13,030 us on the H100 with none checked (BENCHMARKS
             // session 15), as llama.cpp turns robustness off for its mul_mat_vec. Knob:
             // WGPU_LLM_BOUNDS_CHECKS=1 checks every kernel, =0 none (measurement; TUNING.md).
-            checks.bounds_checks = self.tuning().bounds_checked(shader_name);
+            checks.bounds_checks = checked;
             // SAFETY: this crate's own shaders, whose loops terminate; those compiled without
             // bounds checks index inside their arrays and bindings by construction (above), which
             // the test suite runs (and runs with every kernel unchecked: the knob).

@@ -465,20 +465,6 @@ pub fn sg32(gpu: &Gpu) -> bool {
     gpu.caps.subgroups && gpu.caps.subgroup_min_size == 32 && gpu.caps.subgroup_max_size == 32
 }
 
-/// Fewest KV heads [`attention_decode`] is chosen for (but see [`DECODE_HEAD_DIM`]): the tuning
-/// table's `AttnDecodeMinKv` row (src/tuning/table.rs), which this names. Measured on the H100
-/// (BENCHMARKS runs 30 and 36): with 2 or 3 KV heads (Qwen2.5, SmolLM2) the in-kernel merge cost
-/// what the merge dispatch it replaces did (the Qwen2.5-1.5B step 1952 us against 1950); alone the
-/// kernel wins from 8 KV heads on at 1-4k positions (Llama-3-8B's shape at 1024: 8.0 us against 18.1).
-pub const DECODE_MIN_KV_HEADS: usize = 8;
-
-/// Heads this wide take [`attention_decode`] whatever their KV heads (the table's
-/// `AttnDecodeHeadDim` row): once the rest of the Qwen2.5-1.5B step had shrunk, its 2 KV heads of
-/// 128 won there (the step 1683 -> 1659 us, BENCHMARKS runs 67-68), while the 0.5B's heads of 64
-/// still lost (1236 -> 1253 us). Wider heads (Qwen3.5's and Gemma 4's 256 and 512) keep the rule
-/// above: not measured.
-pub const DECODE_HEAD_DIM: usize = 128;
-
 /// How [`attention_decode`] cuts one decode token's keys (see `wgsl/attention_decode.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeTiling {
@@ -523,8 +509,9 @@ impl DecodeTiling {
     /// `WGPU_LLM_ATTN_DECODE_CE=4096`, a benchmark knob); a run per chunk
     /// of the context (or window), at most `(64 / Hkv).clamp(8, 32)` runs per KV head (longer
     /// runs walk several chunks, and the merge reads fewer partial results), or `p.splits`.
-    /// Only for heads with at least [`DECODE_MIN_KV_HEADS`] KV heads (or
-    /// `WGPU_LLM_ATTN_DECODE_MIN_KV`, a benchmark knob), or heads [`DECODE_HEAD_DIM`] wide.
+    /// Only for heads with at least the tuning table's `AttnDecodeMinKv` KV heads (8 on every family
+    /// today: BENCHMARKS runs 30 and 36; `WGPU_LLM_ATTN_DECODE_MIN_KV`, a benchmark knob), or heads
+    /// `AttnDecodeHeadDim` wide (128: runs 67-68) — src/tuning/table.rs, where each row says why.
     pub fn choose(gpu: &Gpu, p: &AttnParams, rope: bool) -> Option<DecodeTiling> {
         let (min_kv, wide) = gpu.tuning().decode_attention()?;
         if p.n_tokens != 1 || (p.kv_heads < min_kv && p.head_dim != wide) {

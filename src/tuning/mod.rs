@@ -115,21 +115,21 @@ impl Knobs {
                 self.qmv_pf = match v {
                     "0" => Some(false),
                     "1" => Some(true),
-                    _ => None,
+                    _ => self.qmv_pf,
                 }
             }
             "XG" => self.xg_off = v == "0",
-            "XG_K" => self.xg_k = v.parse().ok(),
-            "XG_FREE_K" => self.xg_free_k = v.parse().ok(),
-            "XG_FREE_N" => self.xg_free_n = v.parse().ok(),
-            "XG_CFG" => self.xg_cfg = nums(':').try_into().ok(),
+            "XG_K" => self.xg_k = v.parse().ok().or(self.xg_k),
+            "XG_FREE_K" => self.xg_free_k = v.parse().ok().or(self.xg_free_k),
+            "XG_FREE_N" => self.xg_free_n = v.parse().ok().or(self.xg_free_n),
+            "XG_CFG" => self.xg_cfg = nums(':').try_into().ok().or(self.xg_cfg),
             "MIX" => self.mix_off = v == "0",
-            "MIX_CFG" => self.mix_cfg = nums(':').try_into().ok(),
-            "ATTN_BK" => self.attn_bk = v.parse().ok(),
+            "MIX_CFG" => self.mix_cfg = nums(':').try_into().ok().or(self.mix_cfg),
+            "ATTN_BK" => self.attn_bk = v.parse().ok().or(self.attn_bk),
             "ATTN_DECODE" => self.attn_decode_off = v == "0",
-            "ATTN_DECODE_MIN_KV" => self.attn_decode_min_kv = v.parse().ok(),
+            "ATTN_DECODE_MIN_KV" => self.attn_decode_min_kv = v.parse().ok().or(self.attn_decode_min_kv),
             "ATTN_DECODE_CE" => self.attn_decode_ce_small = v == "4096",
-            "NORM_WG" => self.norm_wg = v.parse().ok(),
+            "NORM_WG" => self.norm_wg = v.parse().ok().or(self.norm_wg),
             "NORMS_APART" => self.norms_apart = v == "1",
             "PROBE_DROP" => {
                 self.probe_drop = v
@@ -142,7 +142,7 @@ impl Knobs {
                 self.bounds_checks = match v {
                     "0" => Some(false),
                     "1" => Some(true),
-                    _ => None,
+                    _ => self.bounds_checks,
                 }
             }
             _ => return Err(Error::InvalidArgument(format!("unknown tuning knob {name:?} (see TUNING.md)"))),

@@ -415,6 +415,9 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "Qwen2.5-1.5B decode at 641 positions, 16-key tiles -4.5 % a step (no BENCHMARKS run)",
     },
+    // With 2 or 3 KV heads (Qwen2.5, SmolLM2) the in-kernel merge cost what the merge dispatch it replaces did
+    // (the Qwen2.5-1.5B step 1952 us against 1950); alone the kernel wins from 8 KV heads on at 1-4k positions
+    // (Llama-3-8B's shape at 1024: 8.0 us against 18.1).
     Rule {
         family: Fam::Any,
         op: Op::AttnDecodeMinKv,
@@ -424,6 +427,9 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "BENCHMARKS runs 30 and 36",
     },
+    // Once the rest of the Qwen2.5-1.5B step had shrunk, its 2 KV heads of 128 won (the step 1683 -> 1659 us),
+    // while the 0.5B's heads of 64 still lost (1236 -> 1253 us). Wider heads (Qwen3.5's and Gemma 4's 256 and
+    // 512) keep the KV-head rule above: not measured.
     Rule {
         family: Fam::Any,
         op: Op::AttnDecodeHeadDim,

@@ -48,9 +48,8 @@ fn unknown_families_get_the_generic_rows() {
 /// The table's thresholds are the ones the ops document.
 #[test]
 fn single_rows_hold_the_documented_values() {
-    use crate::ops::attention::{DECODE_HEAD_DIM, DECODE_MIN_KV_HEADS};
     let t = Tuning::new(DeviceProfile::h100());
-    assert_eq!(t.decode_attention(), Some((DECODE_MIN_KV_HEADS, DECODE_HEAD_DIM)));
+    assert_eq!(t.decode_attention(), Some((8, 128)));
     assert_eq!(t.stage_apart(), Some((16384, 4096, 0)));
     assert_eq!(t.mix_max_k(), Some(1536));
     assert_eq!(t.mix_float_wg(), 256);
@@ -144,4 +143,23 @@ fn knobs_parse_from_text_and_toml() {
     assert_eq!(t.knobs.qmv.len(), 1);
     assert!(t.override_from_toml("nope = 1").is_err());
     assert_eq!(t.decode_attention(), Some((1, 128)));
+}
+
+/// A value that does not parse leaves the knob as the file (or an earlier value) set it: the
+/// environment's typo never silently undoes the tuning file.
+#[test]
+fn a_value_that_does_not_parse_keeps_the_earlier_one() {
+    let mut k = Knobs::default();
+    for (name, good) in
+        [("XG_K", "8192"), ("ATTN_BK", "32"), ("NORM_WG", "512"), ("QMV_PF", "1"), ("BOUNDS_CHECKS", "0")]
+    {
+        k.set(name, good).unwrap();
+        let before = format!("{k:?}");
+        k.set(name, "abc").unwrap();
+        assert_eq!(format!("{k:?}"), before, "{name}");
+    }
+    assert_eq!(
+        (k.xg_k, k.attn_bk, k.norm_wg, k.qmv_pf, k.bounds_checks),
+        (Some(8192), Some(32), Some(512), Some(true), Some(false))
+    );
 }
