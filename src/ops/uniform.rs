@@ -16,7 +16,7 @@ pub trait UniformLayout: bytemuck::Pod {
 
 /// Declares a `#[repr(C)]`, `Pod` uniform struct and its [`UniformLayout`] from one field list:
 ///
-/// ```ignore
+/// ```text
 /// uniform_struct! {
 ///     /// WGSL twin: `struct Params` of `wgsl/add.wgsl`.
 ///     pub(crate) struct InPlaceUniform = "Params" { n: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
