@@ -194,6 +194,20 @@ pub(crate) struct DenseBlock {
     pub rope_local_theta: f32,
 }
 
+impl DenseBlock {
+    /// Llama's block: no q/k norm, no sandwich norms, an unscaled embedding, scores scaled by
+    /// 1/sqrt(head_dim), sliding layers (if any) at the checkpoint's local RoPE base or the global one.
+    pub(crate) fn llama(h: &Hyperparams) -> DenseBlock {
+        DenseBlock {
+            qk_norm: false,
+            sandwich_norm: false,
+            scaled_embedding: false,
+            attention_scale: 1.0 / (h.head_dim as f32).sqrt(),
+            rope_local_theta: h.rope_local_theta.unwrap_or(h.rope_theta),
+        }
+    }
+}
+
 /// The dense decoder: every layer softmax attention (full or sliding) and a gated MLP.
 pub(crate) fn dense(h: &Hyperparams, b: DenseBlock) -> ModelConfig {
     let d = h.head_dim;

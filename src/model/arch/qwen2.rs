@@ -19,16 +19,7 @@ pub const DEFAULTS: Defaults = Defaults {
 };
 
 pub fn model_config(h: &Hyperparams) -> ModelConfig {
-    dense(
-        h,
-        DenseBlock {
-            qk_norm: false,
-            sandwich_norm: false,
-            scaled_embedding: false,
-            attention_scale: 1.0 / (h.head_dim as f32).sqrt(),
-            rope_local_theta: h.rope_local_theta.unwrap_or(h.rope_theta),
-        },
-    )
+    dense(h, DenseBlock::llama(h))
 }
 
 pub fn tensor_name(module: &str) -> Option<TensorName> {
