@@ -23,16 +23,7 @@ use wgpu_llm::ops::StepParams;
 
 /// A layer's attention shape at one token a pass.
 fn params(heads: usize, kv_heads: usize, head_dim: usize, max_ctx: usize, window: usize) -> AttnParams {
-    AttnParams {
-        heads,
-        kv_heads,
-        head_dim,
-        max_ctx,
-        window,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        n_tokens: 1,
-        splits: 0,
-    }
+    AttnParams::one_token(heads, kv_heads, head_dim, max_ctx, window)
 }
 
 /// Elements of a token's row of the fused q|k|v projection.

@@ -57,6 +57,21 @@ crate::ops::uniform::uniform_struct! {
 }
 
 impl AttnParams {
+    /// One token a pass over a cache of `max_ctx` positions (`window` 0: every earlier position),
+    /// scores scaled by 1/sqrt(head_dim), the split chosen by the kernel: a layer's decode shape.
+    pub fn one_token(heads: usize, kv_heads: usize, head_dim: usize, max_ctx: usize, window: usize) -> AttnParams {
+        AttnParams {
+            heads,
+            kv_heads,
+            head_dim,
+            max_ctx,
+            window,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            n_tokens: 1,
+            splits: 0,
+        }
+    }
+
     /// The uniform of both attention kernels (`Params` in `wgsl/attention.wgsl` and
     /// `wgsl/attention_decode.wgsl`).
     fn uniform(&self, gpu: &Gpu, label: &str) -> wgpu::Buffer {

@@ -83,16 +83,7 @@ impl Layer {
 }
 
 fn params(heads: usize, kv_heads: usize, head_dim: usize, max_ctx: usize, window: usize) -> AttnParams {
-    AttnParams {
-        heads,
-        kv_heads,
-        head_dim,
-        max_ctx,
-        window,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        n_tokens: 1,
-        splits: 0,
-    }
+    AttnParams::one_token(heads, kv_heads, head_dim, max_ctx, window)
 }
 
 /// Heads of 512 stage their queries as f16: against the exact attention (f32 queries), the
