@@ -27,7 +27,7 @@ fn main() -> anyhow::Result<()> {
     let ck = Checkpoint::open(path.as_ref())?;
     let tok = Tokenizer::from_source(&ck.tokenizer, ck.config.add_bos, ck.config.bos_token_id)?;
     let model = Model::load(&gpu, &ck, Some(512), &mut |_, _| {})?;
-    let opts = BatchOptions { max_batch: prompts.len().min(32), max_queue: prompts.len() };
+    let opts = BatchOptions::new(prompts.len().min(32), prompts.len());
     let mut engine = BatchEngine::new(model, Box::new(DeviceSampler::new(&gpu)?), opts, DEFAULT_DEPTH)?;
     // Each prompt its own request: the first greedy, the others sampled with their own seed.
     let mut texts: HashMap<u64, (usize, Vec<u32>)> = HashMap::new();

@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use wgpu_llm::decode::batch::{BatchEngine, BatchOptions, Event, Request};
+use wgpu_llm::decode::batch::{BatchEngine, BatchForm, BatchOptions, Event, Request};
 use wgpu_llm::decode::{
     generate_with, DecodeOptions, Stats, StepTiming, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT, DEFAULT_SUBMISSIONS,
 };
@@ -234,7 +234,12 @@ struct BenchArgs {
     /// Measure N concurrent requests through the batching engine instead (continuous batching:
     /// N sequences decoded together, each with its own prompt and seed): total decode
     /// throughput, time to first token and inter-token latency per request.
-    #[arg(long, value_name = "N", conflicts_with = "profile")]
+    /// With --streams: how a batch step computes each sequence's row: `one-token` (generate's
+    /// numbers, its speed for one stream) or `batched` (the batch kernels: faster for many);
+    /// default: one-token for one stream, batched for more.
+    #[arg(long, value_name = "FORM", requires = "streams")]
+    batch_form: Option<BatchFormArg>,
+    #[arg(long, value_name = "N")]
     streams: Option<usize>,
     #[command(flatten)]
     gpu: GpuArgs,
@@ -483,7 +488,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     let engine = BatchEngine::new(
         model,
         sampler(a.sampling.sampler, &gpu)?,
-        BatchOptions { max_batch: a.max_batch, max_queue: a.max_queue },
+        BatchOptions::new(a.max_batch, a.max_queue),
         depth,
     )?;
     let together = if engine.is_batched() {
@@ -616,7 +621,8 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     };
     let prompt = prompt_of(0);
     if let (Some(n), Some(depth)) = (a.streams, batch_depth) {
-        let engine = BatchEngine::new(model, sampler, BatchOptions { max_batch: n, max_queue: n }, depth)?;
+        let form = a.batch_form.map(BatchFormArg::form);
+        let engine = BatchEngine::new(model, sampler, BatchOptions { form, ..BatchOptions::new(n, n) }, depth)?;
         return bench_streams(&a, engine, n, &params, &prompt_of, &source, ck.config.arch.name());
     }
     let mut runs = Vec::new();
@@ -698,24 +704,45 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             f("gpu_us"),
         );
         if let Some(rows) = &profile {
-            let total: f64 = rows.iter().filter_map(|r| r["us_total"].as_f64()).sum();
-            println!("per-dispatch GPU time of a decode step (sum {total:.0} us):");
-            for r in rows {
-                let us = r["us_total"].as_f64().unwrap_or(0.0);
-                println!(
-                    "{:>8.1} us {:>5.1} %  {:>3} x {:>7.2} us  {} [{}] {}",
-                    us,
-                    100.0 * us / total.max(1e-9),
-                    r["count"],
-                    r["us_each"].as_f64().unwrap_or(0.0),
-                    r["name"].as_str().unwrap_or(""),
-                    r["variant"].as_str().unwrap_or(""),
-                    r["workgroups"],
-                );
-            }
+            print_profile(rows);
         }
     }
     Ok(())
+}
+
+/// [`profile_table`]'s rows as text: where a decode step's GPU time goes.
+fn print_profile(rows: &[serde_json::Value]) {
+    let total: f64 = rows.iter().filter_map(|r| r["us_total"].as_f64()).sum();
+    println!("per-dispatch GPU time of a decode step (sum {total:.0} us):");
+    for r in rows {
+        let us = r["us_total"].as_f64().unwrap_or(0.0);
+        println!(
+            "{:>8.1} us {:>5.1} %  {:>3} x {:>7.2} us  {} [{}] {}",
+            us,
+            100.0 * us / total.max(1e-9),
+            r["count"],
+            r["us_each"].as_f64().unwrap_or(0.0),
+            r["name"].as_str().unwrap_or(""),
+            r["variant"].as_str().unwrap_or(""),
+            r["workgroups"],
+        );
+    }
+}
+
+/// `--batch-form`: [`BatchForm`]'s values on the command line.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum BatchFormArg {
+    OneToken,
+    Batched,
+}
+
+impl BatchFormArg {
+    fn form(self) -> BatchForm {
+        match self {
+            BatchFormArg::OneToken => BatchForm::OneToken,
+            BatchFormArg::Batched => BatchForm::Batched,
+        }
+    }
 }
 
 /// `bench --streams N`: N requests submitted at once, each `gen_tokens` long (no eos).
@@ -804,6 +831,15 @@ fn bench_streams(
     let ttft = med(&|r| median(r.ttft_ms.clone()));
     let ttft_max = med(&|r| r.ttft_ms.iter().copied().fold(0.0, f64::max));
     let itl = med(&|r| median(r.itl_ms.clone()));
+    // The batch step's dispatches at the runs' last position (a batch of n rows).
+    let profile = match a.profile {
+        Some(reps) if engine.is_batched() => {
+            let pos = a.prompt_tokens + a.gen_tokens - 1;
+            Some(profile_table(&engine.model_mut().profile_batch(n, pos, reps)?))
+        }
+        Some(_) => anyhow::bail!("--profile with --streams needs a model that decodes sequences together"),
+        None => None,
+    };
     let gpu = &engine.model().gpu;
     if a.json {
         println!(
@@ -818,6 +854,7 @@ fn bench_streams(
                     "backend": format!("{:?}", gpu.info.backend),
                     "streams": n,
                     "batched": engine.is_batched(),
+                    "batch_form": format!("{:?}", engine.model().batch_form()),
                     "pipeline_depth": a.sampling.batch_depth()?,
                     "decode_tok_s_total": decode,
                     "tok_s_total_with_prefill": total,
@@ -828,19 +865,24 @@ fn bench_streams(
                     "decode_tok_s_all": reps.iter().map(|r| r.decode_tok_s).collect::<Vec<_>>(),
                     "wall_s_all": reps.iter().map(|r| r.wall_s).collect::<Vec<_>>(),
                     "logits_finite": true,
+                    "profile": profile,
                 }),
             )
         );
     } else {
         println!(
-            "{arch} on {}: {n} streams (pp{} + tg{} each, sampler {:?}): decode {decode:.1} tok/s in total ({:.1} per stream), {total:.1} tok/s with prefill; time to first token {ttft:.1} ms median ({ttft_max:.1} max), inter-token {itl:.2} ms (median of {})",
+            "{arch} on {}: {n} streams ({:?} form, pp{} + tg{} each, sampler {:?}): decode {decode:.1} tok/s in total ({:.1} per stream), {total:.1} tok/s with prefill; time to first token {ttft:.1} ms median ({ttft_max:.1} max), inter-token {itl:.2} ms (median of {})",
             gpu.info.name,
+            engine.model().batch_form(),
             a.prompt_tokens,
             a.gen_tokens,
             a.sampling.sampler,
             decode / n as f64,
             a.reps,
         );
+        if let Some(rows) = &profile {
+            print_profile(rows);
+        }
     }
     Ok(())
 }

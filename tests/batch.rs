@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::HashMap;
-use wgpu_llm::decode::batch::{BatchEngine, BatchOptions, Event, Request, SeqId, SubmitError};
+use wgpu_llm::decode::batch::{BatchEngine, BatchForm, BatchOptions, Event, Request, SeqId, SubmitError};
 use wgpu_llm::decode::{generate_with, DecodeOptions, StopReason};
 use wgpu_llm::gpu::Gpu;
 use wgpu_llm::loader::synthetic;
@@ -133,13 +133,8 @@ fn each_request_gets_its_tokens_alone() {
     for (preset, recipe) in
         [("smollm2-135m", "q8_0"), ("qwen2.5-0.5b", "f16"), ("gemma3-270m", "q4_0"), ("gemma-4-tiny", "q8_0")]
     {
-        let mut engine = BatchEngine::new(
-            model(&gpu, preset, recipe),
-            sampler(&gpu, true),
-            BatchOptions { max_batch: 8, max_queue: 16 },
-            3,
-        )
-        .unwrap();
+        let mut engine =
+            BatchEngine::new(model(&gpu, preset, recipe), sampler(&gpu, true), BatchOptions::new(8, 16), 3).unwrap();
         assert!(engine.is_batched());
         // Request 4 stops at eos: its own third token alone.
         reqs[4].stop_ids.clear();
@@ -171,28 +166,37 @@ fn each_request_gets_its_tokens_alone() {
     }
 }
 
-/// The batch engine with fewer sequences than requests (they queue), not pipelined, and with the
-/// host sampler: the same tokens as the pipelined device engine alone; and a greedy request gives
-/// what the one-sequence loop (`generate`) gives.
+/// In either batch form, the batch engine with fewer sequences than requests (they queue), not
+/// pipelined, and with the host sampler: the same tokens as the pipelined device engine alone; and
+/// in the one-token form every request (greedy or seeded) gets what the one-sequence loop
+/// (`generate`) gives it.
 #[test]
 fn any_batch_size_loop_and_sampler_give_the_same_tokens() {
     let gpu = common::gpu();
     let reqs = requests();
-    let opts = BatchOptions { max_batch: 8, max_queue: 16 };
-    let mut reference = BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, true), opts, 3).unwrap();
-    let want = alone(&mut reference, &reqs);
     let joins = [0, 0, 0, 2, 2, 5, 9, 9];
-    for (max_batch, device, depth) in [(3, true, 3), (8, true, 0), (5, false, 3), (1, true, 2)] {
-        let opts = BatchOptions { max_batch, max_queue: 16 };
-        let mut engine =
-            BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, device), opts, depth).unwrap();
-        let got = run(&mut engine, &reqs, &joins, &[]);
-        assert_eq!(got, want, "max_batch {max_batch}, device sampler {device}, depth {depth}");
+    let mut one_token = Vec::new();
+    for form in [BatchForm::OneToken, BatchForm::Batched] {
+        let opts = BatchOptions { form: Some(form), ..BatchOptions::new(8, 16) };
+        let mut reference =
+            BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, true), opts, 3).unwrap();
+        let want = alone(&mut reference, &reqs);
+        for (max_batch, device, depth) in [(3, true, 3), (8, true, 0), (5, false, 3), (1, true, 2)] {
+            let opts = BatchOptions { form: Some(form), ..BatchOptions::new(max_batch, 16) };
+            let mut engine =
+                BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, device), opts, depth).unwrap();
+            let got = run(&mut engine, &reqs, &joins, &[]);
+            assert_eq!(got, want, "{form:?}: max_batch {max_batch}, device sampler {device}, depth {depth}");
+        }
+        if form == BatchForm::OneToken {
+            one_token = want;
+        }
     }
-    // The one-sequence loop agrees on the greedy requests.
+    let want = one_token;
+    // The one-sequence loop (`generate`) gives every request the same tokens, greedy and seeded.
     let mut m = model(&gpu, "smollm2-135m", "q8_0");
     let mut s = DeviceSampler::new(&gpu).unwrap();
-    for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.params.is_greedy()) {
+    for (i, r) in reqs.iter().enumerate() {
         let mut tokens = Vec::new();
         generate_with(
             &mut m,
@@ -208,7 +212,7 @@ fn any_batch_size_loop_and_sampler_give_the_same_tokens() {
             DecodeOptions::depth(3),
         )
         .unwrap();
-        assert_eq!(tokens, want[i].0, "greedy request {i}: generate vs the batch engine");
+        assert_eq!(tokens, want[i].0, "request {i}: generate vs the batch engine");
     }
 }
 
@@ -251,7 +255,7 @@ fn batch_logits_rows_do_not_depend_on_the_batch() {
 #[test]
 fn queue_limit_and_bad_requests_are_refused() {
     let gpu = common::gpu();
-    let opts = BatchOptions { max_batch: 2, max_queue: 2 };
+    let opts = BatchOptions::new(2, 2);
     let mut engine = BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, true), opts, 3).unwrap();
     let ok = Request { prompt: vec![1, 2, 3], params: SamplingParams::greedy(), max_tokens: 4, stop_ids: vec![] };
     // Two for the free sequences, two to wait: the fifth is refused.
@@ -278,13 +282,80 @@ fn queue_limit_and_bad_requests_are_refused() {
     }
     assert_eq!(done, 4);
     // Too many sequences for the model's batch kernels.
-    let err = BatchEngine::new(
-        model(&gpu, "smollm2-135m", "q8_0"),
-        sampler(&gpu, true),
-        BatchOptions { max_batch: 33, max_queue: 1 },
-        3,
-    )
-    .err()
-    .expect("33 sequences refused");
+    let err = BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, true), BatchOptions::new(33, 1), 3)
+        .err()
+        .expect("33 sequences refused");
     assert!(err.to_string().contains("between 1 and 32"), "{err}");
+}
+
+/// In the one-token form, a batch step's logits rows are bit for bit the one-sequence pass's (what
+/// `generate` runs), in a batch of one and of three, for every fixture layout and weight type: one set of numbers for
+/// one sequence and for many. On a GPU with integer dot products and subgroups of 32 (the H100)
+/// this covers the DP4 and mixed-type (Q4_K q/k beside a Q6_K v) projections too.
+#[test]
+fn batch_rows_are_the_one_sequence_pass() {
+    let gpu = common::gpu();
+    let prompts: [&[u32]; 3] = [&[1, 2, 3, 4, 5], &[9], &[100, 200, 300, 400, 500, 600, 700, 800]];
+    let next = [17u32, 33, 999];
+    let wide = |preset: &str| {
+        // Rows of 256: whole K-quant super-blocks (Q4_K / Q6_K, as a Q4_K_M file's).
+        let mut h = synthetic::preset_hyperparams(preset).unwrap();
+        (h.vocab_size, h.hidden_size, h.intermediate_size) = (1000, 256, 512);
+        (h.num_attention_heads, h.num_key_value_heads, h.head_dim) = (4, 2, 64);
+        h.layer_types = vec![LayerAttention::Full; 2];
+        h.max_position_embeddings = 256;
+        arch::model_config(&h)
+    };
+    let cases = [
+        ("smollm2-135m", "q8_0", tiny_config("smollm2-135m")),
+        ("qwen2.5-0.5b", "f16", tiny_config("qwen2.5-0.5b")),
+        ("gemma3-270m", "q4_0", tiny_config("gemma3-270m")),
+        ("gemma-4-tiny", "q8_0", tiny_gemma4()),
+        ("qwen2.5-0.5b", "q4_k_m", wide("qwen2.5-0.5b")),
+        ("smollm2-135m", "q4_1", wide("smollm2-135m")),
+    ];
+    for (preset, recipe, config) in cases {
+        let ck = synthetic::build(&config, recipe, "synthetic:tiny", 5).unwrap();
+        let mut m = Model::load(&gpu, &ck, Some(96), &mut |_, _| {}).unwrap();
+        m.set_batch_form(BatchForm::OneToken);
+        let what = format!("{preset} {recipe} ({})", m.weights.summary());
+        let alone: Vec<Vec<f32>> = prompts
+            .iter()
+            .zip(next)
+            .map(|(p, n)| {
+                m.reset();
+                m.forward(p).unwrap();
+                let logits = m.forward(&[n]).unwrap();
+                gpu.read_f32(&logits).unwrap()
+            })
+            .collect();
+        m.set_sequences(4).unwrap();
+        let slots = [2u32, 0, 3];
+        for (p, &s) in prompts.iter().zip(&slots) {
+            m.prefill_slot(s as usize, p).unwrap();
+        }
+        let at: Vec<(u32, u32)> = prompts.iter().zip(&slots).map(|(p, &s)| (p.len() as u32, s)).collect();
+        let v = m.config.vocab_size;
+        for rows in [vec![2usize, 0, 1], vec![0], vec![1], vec![2]] {
+            let seqs: Vec<(u32, u32)> = rows.iter().map(|&r| at[r]).collect();
+            let ids: Vec<u32> = rows.iter().map(|&r| next[r]).collect();
+            let plan = m.stage_batch(&seqs).unwrap();
+            gpu.queue.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(&ids));
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            plan.encode(&mut enc);
+            gpu.queue.submit([enc.finish()]);
+            let got = gpu.read_f32(&plan.logits).unwrap();
+            for (row, &r) in rows.iter().enumerate() {
+                let row_logits = &got[row * v..][..v];
+                assert!(row_logits.iter().all(|x| x.is_finite()), "{what}: sequence {r} not finite");
+                let differ = row_logits.iter().zip(&alone[r]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(
+                    differ,
+                    0,
+                    "{what}: sequence {r} in row {row} of {}: {differ} of {v} logits differ from the one-sequence pass",
+                    rows.len()
+                );
+            }
+        }
+    }
 }

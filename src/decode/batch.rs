@@ -10,6 +10,7 @@
 
 use super::common::{non_finite_error, stop_after, StopReason};
 use crate::error::{Error, Result};
+pub use crate::model::forward::BatchForm;
 use crate::model::Model;
 use crate::sampling::device::PassLog;
 use crate::sampling::{Draw, RowKey, SamplingBackend, SamplingParams};
@@ -50,11 +51,26 @@ pub struct BatchOptions {
     /// Requests waiting for a sequence at most, besides those that a free sequence takes at the
     /// next step; [`BatchEngine::submit`] refuses more.
     pub max_queue: usize,
+    /// How a step computes each sequence's row ([`BatchForm`]); `None`: the one-token form for an
+    /// engine of one sequence (`generate`'s numbers and speed), the batched form for more.
+    pub form: Option<BatchForm>,
 }
 
 impl Default for BatchOptions {
     fn default() -> Self {
-        Self { max_batch: 8, max_queue: 64 }
+        Self { max_batch: 8, max_queue: 64, form: None }
+    }
+}
+
+impl BatchOptions {
+    /// Up to `max_batch` sequences together and `max_queue` waiting, the form by default.
+    pub fn new(max_batch: usize, max_queue: usize) -> Self {
+        Self { max_batch, max_queue, form: None }
+    }
+
+    /// The form a step takes ([`Self::form`], or the default for `max_batch`).
+    pub fn batch_form(&self) -> BatchForm {
+        self.form.unwrap_or(if self.max_batch == 1 { BatchForm::OneToken } else { BatchForm::Batched })
     }
 }
 
@@ -161,6 +177,7 @@ impl BatchEngine {
         if opts.max_batch == 0 {
             return Err(Error::InvalidArgument("the batch needs at least one sequence".into()));
         }
+        model.set_batch_form(opts.batch_form());
         let batched = match model.set_sequences(opts.max_batch) {
             Ok(()) => true,
             Err(Error::Unsupported(_)) => false,
@@ -201,6 +218,12 @@ impl BatchEngine {
 
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// The model, to measure it between runs ([`Model::profile_batch`]): only while the engine
+    /// [`is_idle`](Self::is_idle) (what runs next starts from its own prompt).
+    pub fn model_mut(&mut self) -> &mut Model {
+        &mut self.model
     }
 
     /// The context of one sequence (prompt plus generated tokens), in tokens.

@@ -151,6 +151,25 @@ pub struct Model {
     /// The layers' norms run as dispatches of their own even where they would fuse (the device
     /// tuning's `norms_apart` knob: tests run that path, which long rows take, on small models).
     norms_apart: bool,
+    /// How a batch step computes its rows ([`set_batch_form`](Self::set_batch_form)).
+    batch_form: BatchForm,
+}
+
+/// How a decode step of several sequences ([`Model::stage_batch`]) computes each row. Either way a
+/// row's numbers do not depend on the batch (its size, the row, the other sequences): a request's
+/// tokens depend only on its prompt, parameters and seed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BatchForm {
+    /// Each row bit for bit the one-sequence pass's (`generate`'s numbers): the projections in
+    /// their one-token configuration (integer dot products where the device tunes them so) run
+    /// over the rows. One sequence decodes at `generate`'s speed; many are slower than
+    /// [`Batched`](Self::Batched) (H100: 0.55x at 8 sequences, 0.3x at 32: BENCHMARKS.md session 20).
+    OneToken,
+    /// The batch kernels (`matvec_quant_batch`: each unit of W met with 8 sequences' rows, float
+    /// sums) at every batch size, one row included: the faster form for many sequences; a
+    /// sequence's numbers differ in rounding from `generate`'s.
+    #[default]
+    Batched,
 }
 
 impl Model {
@@ -270,6 +289,7 @@ impl Model {
             // WGPU_LLM_NORMS_APART=1: a measurement knob (short rows' norms apart, and staging
             // the projections' input where StageApart's free rule takes them).
             norms_apart: gpu.tuning().knobs.norms_apart,
+            batch_form: BatchForm::default(),
         })
     }
 
@@ -387,69 +407,18 @@ impl Model {
     /// decode step's time goes. A pass per dispatch adds a little to each, so the sum is a bit
     /// above the fused step's time; the split is what counts. The position is restored.
     pub fn profile_step(&mut self, reps: usize) -> Result<Vec<DispatchTime>> {
-        if !self.gpu.caps.timestamps {
-            return Err(Error::Unsupported("profiling needs timestamp queries, which this adapter lacks".into()));
-        }
         let pos = self.pos;
         self.stage(1)?;
         self.rollback(pos);
-        let n = self.plans[&1].dispatches();
-        let queries = 2 * n as u32;
-        if queries > wgpu::QUERY_SET_MAX_QUERIES {
-            return Err(Error::Unsupported(format!("{n} dispatches are more than one query set can time")));
-        }
-        let gpu = self.gpu.clone();
-        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("profile"),
-            ty: wgpu::QueryType::Timestamp,
-            count: queries,
-        });
-        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("profile resolved"),
-            size: 8 * u64::from(queries),
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let period_us = f64::from(gpu.queue.get_timestamp_period()) / 1e3;
-        let mut times = vec![Vec::with_capacity(reps); n];
-        for _ in 0..reps.max(1) {
-            let plan = self.stage(1)?;
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
-            let kernels = plan.items.iter().filter_map(|i| if let Item::Kernel(k) = i { Some(k) } else { None });
-            for (i, k) in kernels.enumerate() {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: None,
-                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                        query_set: &set,
-                        beginning_of_pass_write_index: Some(2 * i as u32),
-                        end_of_pass_write_index: Some(2 * i as u32 + 1),
-                    }),
-                });
-                k.encode(&mut pass);
-            }
-            enc.resolve_query_set(&set, 0..queries, &resolve, 0);
-            gpu.queue.submit([enc.finish()]);
-            let bytes = gpu.read_bytes(&resolve, 0, 8 * u64::from(queries));
-            self.rollback(pos);
-            let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes?);
-            for (i, t) in times.iter_mut().enumerate() {
-                t.push(ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period_us);
-            }
-        }
-        let plan = &self.plans[&1];
-        let kernels = plan.items.iter().filter_map(|i| if let Item::Kernel(k) = i { Some(k) } else { None });
-        Ok(kernels
-            .zip(times)
-            .map(|(k, mut t)| {
-                t.sort_by(f64::total_cmp);
-                DispatchTime {
-                    name: k.name.clone(),
-                    variant: k.variant.clone(),
-                    workgroups: k.workgroups,
-                    us: t[t.len() / 2],
-                }
-            })
-            .collect())
+        time_dispatches(&self.gpu, &self.plans[&1], reps)
+    }
+
+    /// [`profile_step`](Self::profile_step) for the batch decode step of `b` sequences (slots
+    /// `0..b`), each at position `pos`.
+    pub fn profile_batch(&mut self, b: usize, pos: usize, reps: usize) -> Result<Vec<DispatchTime>> {
+        let seqs: Vec<(u32, u32)> = (0..b as u32).map(|slot| (pos as u32, slot)).collect();
+        self.stage_batch(&seqs)?;
+        time_dispatches(&self.gpu, &self.batch_plans[&b], reps)
     }
 
     /// The plan for `t` tokens, recorded on first use. At most [`MAX_PLANS`] are kept (the
@@ -490,6 +459,18 @@ impl Model {
             self.scratch = Some(Scratch::new(&self.gpu, &self.config, rows, self.slots)?);
         }
         Ok(())
+    }
+
+    /// Makes batch steps compute their rows in `form` (the batch plans are recorded again).
+    pub fn set_batch_form(&mut self, form: BatchForm) {
+        if form != self.batch_form {
+            self.batch_form = form;
+            self.batch_plans.clear();
+        }
+    }
+
+    pub fn batch_form(&self) -> BatchForm {
+        self.batch_form
     }
 
     /// Sequences the KV caches hold at once ([`set_sequences`](Self::set_sequences)).
@@ -696,6 +677,7 @@ impl Model {
             xn_for: Default::default(),
             xs_of: Default::default(),
             stage_apart: self.stage_apart,
+            one_token: self.batch_form == BatchForm::OneToken,
             norms_apart: self.norms_apart,
         };
         // Per-layer inputs from the token embedding x0, before any layer changes x.
@@ -798,6 +780,65 @@ impl Model {
         }
         Ok(Plan { t, ids, logits: logits.view(0, &[c.vocab_size]), items, last_used: 0 })
     }
+}
+
+/// Replays `plan` (its uniforms as last written) `reps` times with every dispatch in a compute
+/// pass of its own between two timestamps; each dispatch's median GPU time, in plan order.
+fn time_dispatches(gpu: &Gpu, plan: &Plan, reps: usize) -> Result<Vec<DispatchTime>> {
+    if !gpu.caps.timestamps {
+        return Err(Error::Unsupported("profiling needs timestamp queries, which this adapter lacks".into()));
+    }
+    let kernels = || plan.items.iter().filter_map(|i| if let Item::Kernel(k) = i { Some(k) } else { None });
+    let n = kernels().count();
+    let queries = 2 * n as u32;
+    if queries > wgpu::QUERY_SET_MAX_QUERIES {
+        return Err(Error::Unsupported(format!("{n} dispatches are more than one query set can time")));
+    }
+    let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+        label: Some("profile"),
+        ty: wgpu::QueryType::Timestamp,
+        count: queries,
+    });
+    let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("profile resolved"),
+        size: 8 * u64::from(queries),
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let period_us = f64::from(gpu.queue.get_timestamp_period()) / 1e3;
+    let mut times = vec![Vec::with_capacity(reps); n];
+    for _ in 0..reps.max(1) {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for (i, k) in kernels().enumerate() {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &set,
+                    beginning_of_pass_write_index: Some(2 * i as u32),
+                    end_of_pass_write_index: Some(2 * i as u32 + 1),
+                }),
+            });
+            k.encode(&mut pass);
+        }
+        enc.resolve_query_set(&set, 0..queries, &resolve, 0);
+        gpu.queue.submit([enc.finish()]);
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&gpu.read_bytes(&resolve, 0, 8 * u64::from(queries))?);
+        for (i, t) in times.iter_mut().enumerate() {
+            t.push(ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period_us);
+        }
+    }
+    Ok(kernels()
+        .zip(times)
+        .map(|(k, mut t)| {
+            t.sort_by(f64::total_cmp);
+            DispatchTime {
+                name: k.name.clone(),
+                variant: k.variant.clone(),
+                workgroups: k.workgroups,
+                us: t[t.len() / 2],
+            }
+        })
+        .collect())
 }
 
 /// A measurement probe (wrong outputs, for `bench` only): `WGPU_LLM_PROBE_DROP="name:VARIANT,..."`

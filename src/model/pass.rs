@@ -239,13 +239,16 @@ pub(crate) struct LayerPass<'a> {
     pub(crate) stage_apart: StageApart,
     /// The model's (the tuning's `norms_apart` knob).
     pub(crate) norms_apart: bool,
+    /// A batch step's rows in the one-token form ([`LinearOpts::one_token`]).
+    pub(crate) one_token: bool,
 }
 
 impl<'a> LayerPass<'a> {
     /// Linear options for this pass: a batch's rows independent of the batch size
-    /// ([`LinearOpts::batch`]).
+    /// ([`LinearOpts::batch`]), in the model's [`BatchForm`](super::forward::BatchForm).
     pub(crate) fn opts(&self) -> LinearOpts {
-        LinearOpts { batch: self.seqs.is_some(), ..Default::default() }
+        let batch = self.seqs.is_some();
+        LinearOpts { batch, one_token: batch && self.one_token, ..Default::default() }
     }
 
     /// The input of projections by `ws` from `x`: staged apart once for all of them where each

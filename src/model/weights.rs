@@ -16,7 +16,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Kernel, Tensor};
 use crate::ops::embedding::{upload_row_chunks, CHUNK_ROW_ALIGN};
-use crate::ops::matmul::gguf::{is_supported, linear_quant_in, matvec_quant_mixed, mixes, QuantWeight};
+use crate::ops::matmul::gguf::{is_supported, linear_quant_in, matvec_quant_mixed_rows, mixes, QuantWeight};
 use crate::ops::matmul::{linear_in, Input, LinearOpts};
 use half::f16;
 use std::borrow::Cow;
@@ -104,7 +104,7 @@ impl Proj {
         // the matvec takes both.
         if let [(0, Linear::Quant(a)), (col, Linear::Quant(b))] = self.parts.as_slice() {
             if mixes(gpu, a, b, y.shape[0], input, &opts) {
-                return Ok(vec![matvec_quant_mixed(gpu, x, input, a, (b, *col), bias, y, opts)?]);
+                return matvec_quant_mixed_rows(gpu, x, input, a, (b, *col), bias, y, opts);
             }
         }
         let t = y.shape[0];

@@ -73,7 +73,7 @@ pub use super::staged_x_words;
 pub use crate::weights::{is_supported, repack, unpack, unpermute_rope_rows_raw, QuantWeight};
 pub(crate) use linear::matvec_experts_quant;
 pub use linear::{linear_quant, linear_quant_in};
-pub use matvec::{matvec_quant_mixed, quantize_x16};
+pub use matvec::{matvec_quant_mixed, matvec_quant_mixed_rows, quantize_x16};
 
 use super::{matvec_macros, matvec_shape, Input, LinearOpts, LinearShape, MATVEC_WG};
 use crate::dtype::DType;
@@ -158,6 +158,20 @@ impl QMatvecConfig {
             whole: &whole,
             fits: &fits,
         })
+    }
+
+    /// This configuration run over `t` rows (a batch step tuned as one token, [`LinearOpts::one_token`]):
+    /// passes of 4 tokens where a row group has a storing lane for each output of a pass (16
+    /// lanes) and, with DP4, 4 tokens stage in workgroup memory (in chunks where the row does not
+    /// fit); else one token a pass. A token's sums are the same in either (the kernel's passes
+    /// and chunks keep each token's order: `dp4_chunks_and_token_passes_keep_each_tokens_sums`),
+    /// so each row is bit for bit the one-token pass's.
+    pub(crate) fn for_rows(self, gpu: &Gpu, dtype: DType, k: usize, t: usize) -> Self {
+        if t < 2 {
+            return self;
+        }
+        let four = self.tpr >= 16 && (!self.dp4 || dp4_fits(gpu, dtype, k, self.wg, 4));
+        QMatvecConfig { tok: if four { 4 } else { 1 }, ..self }
     }
 
     fn from_state(st: MatvecState) -> Self {
@@ -391,9 +405,9 @@ pub fn mixes(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, t: usize, input: Input
     let gguf = |d: DType| !matches!(d, DType::Affine { .. });
     let Some(max_k) = gpu.tuning().mix_max_k() else { return false };
     let [na, k] = a.shape;
-    let ok = t == 1
+    // (A batch step's rows in the one-token form: [`matvec_quant_mixed_rows`].)
+    let ok = if opts.batch { opts.one_token } else { t == 1 }
         && k <= max_k
-        && !opts.batch
         && opts.glu.is_none()
         && matches!(input, Input::Plain | Input::Norm { .. })
         && a.dtype != b.dtype

@@ -150,22 +150,30 @@ pub struct LinearOpts {
     /// accumulation; after a matmul the model runs `gated_act` on the interleaved rows).
     pub glu: Option<Activation>,
     /// The rows are separate sequences (a decode step of a batch): each row's numbers must not
-    /// depend on how many rows the pass has, so the matvec runs its several-token form (passes
-    /// of 4 tokens, float sums) even for one row, and a row's sums are the same at any batch size.
+    /// depend on how many rows the pass has. The batched form (`one_token` unset): the matvec runs
+    /// its several-token form (quantized: `matvec_quant_batch`, each unit of W met with 8 tokens)
+    /// even for one row, so a row's sums are the same at any batch size.
     pub batch: bool,
+    /// With `batch`, the one-token form: each row's numbers are those of the one-token pass (a
+    /// sequence decoded alone, `generate`): the projection is tuned as for one token
+    /// ([`tuned_shape`]) and runs its rows in passes that keep each token's sums
+    /// ([`MatvecConfig::for_rows`], `QMatvecConfig::for_rows`). As fast as `generate` for one
+    /// row, slower than the batched form for many (BENCHMARKS.md session 20).
+    pub one_token: bool,
     /// `y = cap · tanh(y / cap)` as the epilogue (Gemma's final logit soft-capping, fused into
     /// lm_head); not with `accumulate` or `glu`.
     pub softcap: Option<f32>,
 }
 
-/// The dimensions one linear layer's matvec is tuned for: `s`, or for a batch
-/// ([`LinearOpts::batch`]) at least two tokens, so every batch size takes the same form.
+/// The dimensions one linear layer's matvec is tuned for: `s`; for a batch ([`LinearOpts::batch`])
+/// at least two tokens, or in the one-token form ([`LinearOpts::one_token`]) one, so that every
+/// batch size takes the same form.
 #[doc(hidden)]
 pub fn tuned_shape(s: &LinearShape, opts: &LinearOpts) -> LinearShape {
-    if opts.batch {
-        LinearShape { t: s.t.max(2), ..*s }
-    } else {
-        *s
+    match (opts.batch, opts.one_token) {
+        (true, true) => LinearShape { t: 1, ..*s },
+        (true, false) => LinearShape { t: s.t.max(2), ..*s },
+        _ => *s,
     }
 }
 
@@ -282,6 +290,7 @@ pub fn linear_in(
     let s = check_shapes(&input.checked_x(x, k), w, bias, y, opts);
     if s.t <= MATVEC_MAX_T {
         let cfg = MatvecConfig::new(gpu, &tuned_shape(&s, &opts));
+        let cfg = if opts.batch && opts.one_token { cfg.for_rows(s.t) } else { cfg };
         assert!(
             matches!(input, Input::Plain) || (fuses_input(s.t, s.k) && cfg.vec > 1),
             "linear: {input:?} cannot be fused at {s:?}"
@@ -417,6 +426,15 @@ impl MatvecConfig {
         let widest = loads.next_power_of_two().min(MATVEC_WG).max(min_tpr);
         let tpr = want.clamp(min_tpr.max(16).min(widest), widest);
         MatvecConfig { vec, wg: MATVEC_WG, tpr, tok, subgroups }
+    }
+
+    /// This configuration run over `t` rows: passes of 4 tokens where a row group has a storing
+    /// lane for each of a pass's outputs (16 lanes), else one token a pass. A token's sums are
+    /// the same code in either (wgsl/matvec.wgsl), so a batch step's rows tuned as one token
+    /// ([`tuned_shape`]) are bit for bit the one-token pass's.
+    pub fn for_rows(self, t: usize) -> Self {
+        let tok = if t >= 2 && self.tpr >= 16 { 4 } else { 1 };
+        MatvecConfig { tok, ..self }
     }
 }
 

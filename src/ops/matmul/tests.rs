@@ -73,7 +73,7 @@ fn run_case(gpu: &Gpu, t: usize, n: usize, k: usize, with_bias: bool, accumulate
     let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
     let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
     let bias = with_bias.then_some(&b);
-    let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false, softcap: None };
+    let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false, one_token: false, softcap: None };
     let s = check_shapes(&x, &w, bias, &y, opts);
     let kern = match path {
         Path::Matvec => matvec(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, MatvecConfig::new(gpu, &s)),
@@ -152,7 +152,8 @@ fn fused_inputs_match_cpu_ops() {
                 let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
                 let rms_eps = 1e-6;
                 let input = if gated { Input::Gated(act) } else { Input::Norm { weight: &g, eps: rms_eps } };
-                let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false, softcap: None };
+                let opts =
+                    LinearOpts { accumulate, ld_out: None, glu: None, batch: false, one_token: false, softcap: None };
                 let kern = linear_in(&gpu, &x, input, &w, with_bias.then_some(&b), &y, opts).unwrap();
                 gpu.run(&[&kern]).unwrap();
                 let got = gpu.read_f32(&y).unwrap();
@@ -254,7 +255,14 @@ fn split_weight_writes_logit_views() {
                     shape: vec![t, rows],
                     ty: ElemType::F32,
                 };
-                let opts = LinearOpts { accumulate, ld_out: Some(v), glu: None, batch: false, softcap: None };
+                let opts = LinearOpts {
+                    accumulate,
+                    ld_out: Some(v),
+                    glu: None,
+                    batch: false,
+                    one_token: false,
+                    softcap: None,
+                };
                 keep.push(linear(&gpu, &x, &w, Some(&b), &view, opts).unwrap());
             }
             gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();

@@ -209,7 +209,7 @@ impl Case {
             Proj::Down { gated: true, .. } => Input::Gated(Activation::SiluGated),
             _ => Input::Plain,
         };
-        let opts = LinearOpts { accumulate: acc, ld_out: None, glu, batch: false, softcap: None };
+        let opts = LinearOpts { accumulate: acc, ld_out: None, glu, batch: false, one_token: false, softcap: None };
         // The weights, as the kernel reads them and as f32 (an expert's [N, K] rows at e·N·K).
         let rows = experts * n;
         let shape = LinearShape { t: slots, n, k, ld_out: cols, cols };

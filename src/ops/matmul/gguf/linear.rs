@@ -51,20 +51,15 @@ pub fn linear_quant_in(
             matches!(input, Input::Plain) || fuses_input(s.t, s.k),
             "linear_quant: {input:?} cannot be fused at {s:?}"
         );
-        if opts.batch {
+        if opts.batch && !opts.one_token {
             return matvec_quant_batch(gpu, x, input, w, bias, y, &s, opts, batch_rows(s.n, s.t), None);
         }
-        matvec_quant(
-            gpu,
-            x,
-            input,
-            w,
-            bias,
-            y,
-            &s,
-            opts,
-            QMatvecConfig::new(gpu, w.dtype, &tuned_shape(&s, &opts)).for_input(gpu, w.dtype, &s, input),
-        )
+        // (The one-token form of a batch step: every row in the one-token configuration, its sums
+        // the one-token pass's.)
+        let one = tuned_shape(&s, &opts);
+        let cfg = QMatvecConfig::new(gpu, w.dtype, &one).for_input(gpu, w.dtype, &one, input);
+        let cfg = if opts.batch { cfg.for_rows(gpu, w.dtype, s.k, s.t) } else { cfg };
+        matvec_quant(gpu, x, input, w, bias, y, &s, opts, cfg)
     } else {
         check_matmul_input("linear_quant", &input, &s, &opts);
         if gpu.caps.coop {

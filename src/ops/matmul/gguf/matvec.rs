@@ -151,6 +151,45 @@ crate::ops::uniform::uniform_struct! {
     }
 }
 
+/// [`matvec_quant_mixed`] for a batch step's `T` rows in the one-token form ([`LinearOpts::one_token`],
+/// y `[T, N]`): one
+/// row is the mixed dispatch itself; more are two dispatches, each weight in the configuration
+/// the mixed dispatch gives it ([`mix_config`]: its workgroup shape, its float or DP4 path) run
+/// over the rows ([`QMatvecConfig::for_rows`]), so each row's sums are the one-token pass's.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_quant_mixed_rows(
+    gpu: &Gpu,
+    x: &Tensor,
+    input: Input<'_>,
+    a: &QuantWeight,
+    (b, col): (&QuantWeight, usize),
+    bias: Option<&Tensor>,
+    y: &Tensor,
+    opts: LinearOpts,
+) -> Result<Vec<Kernel>> {
+    let t = y.shape[0];
+    if t == 1 {
+        return Ok(vec![matvec_quant_mixed(gpu, x, input, a, (b, col), bias, y, opts)?]);
+    }
+    assert!(opts.batch && opts.one_token, "linear_quant_mixed: {t} rows are a one-token batch step's");
+    let [na, k] = a.shape;
+    let one = LinearShape { t: 1, n: na, k, ld_out: na, cols: na };
+    let (cfg, b_dp4) = mix_config(gpu, a.dtype, b.dtype, &one, input).expect("mixes");
+    let ld_out = opts.ld_out.unwrap_or(na + b.shape[0]);
+    let parts = [(a, 0, cfg), (b, col, QMatvecConfig { dp4: b_dp4, prefetch: false, ..cfg })];
+    parts
+        .into_iter()
+        .map(|(w, col, cfg)| {
+            let n = w.shape[0];
+            let (yv, bv) = (y.view(col, &[t, n]), bias.map(|b| b.view(col, &[n])));
+            let opts = LinearOpts { ld_out: Some(ld_out), ..opts };
+            let s = check_operands("linear_quant_mixed", &input.checked_x(x, k), n, k, bv.as_ref(), &yv, opts);
+            let cfg = cfg.for_rows(gpu, w.dtype, k, t);
+            matvec_quant(gpu, x, input, w, bv.as_ref(), &yv, &s, opts, cfg)
+        })
+        .collect()
+}
+
 /// [`matvec_quant_mixed`] with its configuration given.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn matvec_quant_mixed_with(

@@ -102,7 +102,7 @@ fn run_case(
     let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
     let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
     let bias = with_bias.then_some(&b);
-    let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false, softcap: None };
+    let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false, one_token: false, softcap: None };
     let s = check_operands("test", &x, n, k, bias, &y, opts);
     let kern = match path {
         Path::Auto => linear_quant(gpu, &x, &w, bias, &y, opts),
@@ -230,7 +230,14 @@ fn quant_fused_inputs_match_cpu_ops() {
                 let b = gpu.upload_f32("bias", &[n], &bv).unwrap();
                 let y = gpu.upload_f32("y", &[t, n], &y0).unwrap();
                 let input = if gated { Input::Gated(act) } else { Input::Norm { weight: &g, eps: 1e-6 } };
-                let opts = LinearOpts { accumulate: kind != 0, ld_out: None, glu: None, batch: false, softcap: None };
+                let opts = LinearOpts {
+                    accumulate: kind != 0,
+                    ld_out: None,
+                    glu: None,
+                    batch: false,
+                    one_token: false,
+                    softcap: None,
+                };
                 // T = 1: the DP4 kernel where the type allows it (kind 0, 1), else as picked.
                 let s = LinearShape { t, n, k, ld_out: n, cols: n };
                 let auto = QMatvecConfig::new(&gpu, ty, &s);
@@ -743,7 +750,14 @@ fn quant_row_chunks_write_logit_views() {
                         shape: vec![t, rows],
                         ty: ElemType::F32,
                     };
-                    let opts = LinearOpts { accumulate, ld_out: Some(v), glu: None, batch: false, softcap: None };
+                    let opts = LinearOpts {
+                        accumulate,
+                        ld_out: Some(v),
+                        glu: None,
+                        batch: false,
+                        one_token: false,
+                        softcap: None,
+                    };
                     keep.push(linear_quant(&gpu, &x, w, None, &view, opts).unwrap());
                 }
                 gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();
@@ -1117,7 +1131,8 @@ fn quant_matvec_folded_grid() {
         let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
         let x = gpu.upload_f32("x", &[1, k], &xv).unwrap();
         let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
-        let opts = LinearOpts { accumulate: true, ld_out: None, glu: None, batch: false, softcap: None };
+        let opts =
+            LinearOpts { accumulate: true, ld_out: None, glu: None, batch: false, one_token: false, softcap: None };
         let s = check_operands("test", &x, n, k, None, &y, opts);
         let mut cfg = QMatvecConfig::new(&gpu, ty, &s);
         cfg.tpr = if cfg.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
