@@ -66,7 +66,7 @@ impl Layer {
         assert!(gpu.read_f16(&self.v).unwrap() == self.v_cpu, "V cache differs");
 
         let mut got = gpu.read_f32(&out).unwrap();
-        let want = cpu::attention(&data, &self.k_cpu, &self.v_cpu, pos, n, &p);
+        let want = cpu::attention(&data, &self.k_cpu, &self.v_cpu, pos, n, &p, q_f16(p.head_dim));
         let valid = n * p.heads * p.head_dim;
         assert!(got[valid..].iter().all(|&x| x == SENTINEL), "rows >= n_tokens were written");
         let (diff, at) = max_abs_diff(&got[..valid], &want);
@@ -79,6 +79,35 @@ impl Layer {
         );
         got.truncate(valid);
         got
+    }
+}
+
+/// The GPU operands of a decode step of `seqs` ((position, slot) per token, T = seqs.len()): the
+/// qkv rows `data`, K and V caches `[S, Hkv, max_ctx, D]` both loaded with `cache`, the output,
+/// the sequences (u32 `[T, 2]`) and the step's uniform.
+struct BatchStep {
+    qkv: Tensor,
+    kc: Tensor,
+    vc: Tensor,
+    out: Tensor,
+    sq: Tensor,
+    step: wgpu::Buffer,
+}
+
+impl BatchStep {
+    fn new(gpu: &Gpu, p: &AttnParams, data: &[f32], cache: &[f16], seqs: &[(u32, u32)]) -> BatchStep {
+        let b = seqs.len();
+        let slots = cache.len() / (p.kv_heads * p.max_ctx * p.head_dim);
+        let shape = [slots, p.kv_heads, p.max_ctx, p.head_dim];
+        let flat: Vec<u32> = seqs.iter().flat_map(|&(p, s)| [p, s]).collect();
+        BatchStep {
+            qkv: gpu.upload_f32("qkv", &[b, p.row_stride()], data).unwrap(),
+            kc: gpu.upload_f16("k", &shape, cache).unwrap(),
+            vc: gpu.upload_f16("v", &shape, cache).unwrap(),
+            out: gpu.empty("out", &[b, p.heads * p.head_dim], ElemType::F32).unwrap(),
+            sq: gpu.upload_u32("seqs", &[b, 2], &flat).unwrap(),
+            step: gpu.uniform("step", &StepParams { pos: 0, n_tokens: b as u32, slot: 0, _pad: 0 }),
+        }
     }
 }
 
@@ -118,7 +147,7 @@ fn wide_heads_stay_within_the_query_rounding_bound() {
         gpu.run(&ks).unwrap();
         let got = gpu.read_f32(&out).unwrap();
         cpu::kv_cache_write(&data, &mut k_cpu, &mut v_cpu, 40, n, &p);
-        let exact = cpu::attention_q(&data, &k_cpu, &v_cpu, 40, n, &p, false);
+        let exact = cpu::attention(&data, &k_cpu, &v_cpu, 40, n, &p, false);
         let vmax = v_cpu.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
         let mut moved = 0f32;
         for t in 0..n {
@@ -350,7 +379,7 @@ fn decode_kernel_matches_cpu() {
                         gpu.run(&ks).unwrap();
                         cpu::kv_cache_write(&data, &mut k_cpu, &mut v_cpu, pos, 1, &p);
                         let got = gpu.read_f32(&out).unwrap();
-                        let want = cpu::attention(&data, &k_cpu, &v_cpu, pos, 1, &p);
+                        let want = cpu::attention(&data, &k_cpu, &v_cpu, pos, 1, &p, q_f16(p.head_dim));
                         let (diff, at) = max_abs_diff(&got, &want);
                         let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
                         assert!(
@@ -542,13 +571,7 @@ fn batch_of_sequences_equals_each_alone() {
             let what = format!("H {h} Hkv {hkv} D {d} ctx {ctx} fused {fused} f16={}", gpu.caps.f16);
             let shape = [slots, hkv, ctx, d];
             // The batch.
-            let qkv = gpu.upload_f32("qkv", &[b, row], &data).unwrap();
-            let kc = gpu.upload_f16("k", &shape, &cache).unwrap();
-            let vc = gpu.upload_f16("v", &shape, &cache).unwrap();
-            let out = gpu.empty("out", &[b, h * d], ElemType::F32).unwrap();
-            let flat: Vec<u32> = seqs.iter().flat_map(|&(p, s)| [p, s]).collect();
-            let sq = gpu.upload_u32("seqs", &[b, 2], &flat).unwrap();
-            let step = gpu.uniform("step", &StepParams { pos: 0, n_tokens: b as u32, slot: 0, _pad: 0 });
+            let BatchStep { qkv, kc, vc, out, sq, step } = BatchStep::new(&gpu, &p, &data, &cache, &seqs);
             let mut ks = Vec::new();
             if fused {
                 ks.extend(attention_batch(&gpu, &qkv, &kc, &vc, &out, &step, &sq, p, Some(&table)).unwrap());
@@ -608,14 +631,7 @@ fn batch_of_sequences_matches_cpu() {
         data[t * row..][..h * d].iter_mut().for_each(|x| *x *= 3.0);
     }
     let cache: Vec<f16> = random(slots * hkv * ctx * d, 32, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
-    let shape = [slots, hkv, ctx, d];
-    let qkv = gpu.upload_f32("qkv", &[b, row], &data).unwrap();
-    let kc = gpu.upload_f16("k", &shape, &cache).unwrap();
-    let vc = gpu.upload_f16("v", &shape, &cache).unwrap();
-    let out = gpu.empty("out", &[b, h * d], ElemType::F32).unwrap();
-    let flat: Vec<u32> = seqs.iter().flat_map(|&(p, s)| [p, s]).collect();
-    let sq = gpu.upload_u32("seqs", &[b, 2], &flat).unwrap();
-    let step = gpu.uniform("step", &StepParams { pos: 0, n_tokens: b as u32, slot: 0, _pad: 0 });
+    let BatchStep { qkv, kc, vc, out, sq, step } = BatchStep::new(&gpu, &p, &data, &cache, &seqs);
     let ks = attention_batch(&gpu, &qkv, &kc, &vc, &out, &step, &sq, p, None).unwrap();
     gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
     let got = gpu.read_f32(&out).unwrap();
@@ -629,6 +645,7 @@ fn batch_of_sequences_matches_cpu() {
             pos as usize,
             1,
             &AttnParams { n_tokens: 1, ..p },
+            q_f16(d),
         );
         let (diff, at) = max_abs_diff(&got[t * h * d..][..h * d], &want);
         let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
