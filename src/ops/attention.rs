@@ -20,6 +20,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Macros, Tensor};
+use crate::ops::signature::shared_params;
 
 /// Shape of one layer's attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -40,20 +41,6 @@ pub struct AttnParams {
     pub n_tokens: usize,
     /// Key splits (flash decoding); 0 = choose from the shape.
     pub splits: usize,
-}
-
-crate::ops::uniform::uniform_struct! {
-    /// WGSL twin: `struct Params` of `wgsl/include/attention_params.wgsl` (attention, attention_decode).
-    pub(crate) struct AttentionUniform = "Params" {
-        heads: u32,
-        kv_heads: u32,
-        max_ctx: u32,
-        window: u32,
-        scale: f32,
-        n_rows: u32,
-        _pad0: u32,
-        _pad1: u32,
-    }
 }
 
 impl AttnParams {
@@ -112,6 +99,20 @@ impl AttnParams {
                 "attention: KV cache must be [S, Hkv, max_ctx, D]"
             );
         }
+    }
+}
+
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/include/attention_params.wgsl` (attention, attention_decode).
+    pub(crate) struct AttentionUniform = "Params" {
+        heads: u32,
+        kv_heads: u32,
+        max_ctx: u32,
+        window: u32,
+        scale: f32,
+        n_rows: u32,
+        _pad0: u32,
+        _pad1: u32,
     }
 }
 
@@ -310,40 +311,23 @@ struct Variant<'a> {
     stage: Option<&'a Tensor>,
 }
 
-/// Writes a public attention constructor. Its first parameters are always `gpu` and the operands
-/// of [`Io`] (`qkv`, `k_cache`, `v_cache`, `out`, `step`), which the body gets as one `Io` named
-/// by the second identifier (`pub fn attention(gpu, io, p: AttnParams)`); the others follow.
-macro_rules! attention_fn {
-    ($(#[$attr:meta])* pub fn $name:ident($gpu:ident, $io:ident $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty $body:block) => {
-        $(#[$attr])*
-        #[allow(clippy::too_many_arguments)]
-        pub fn $name(
-            $gpu: &Gpu, qkv: &Tensor, k_cache: &Tensor, v_cache: &Tensor, out: &Tensor, step: &wgpu::Buffer,
-            $($arg: $ty),*
-        ) -> $ret {
-            let $io = Io { qkv, k_cache, v_cache, out, step };
-            $body
-        }
-    };
-}
+shared_params! {
+    (gpu: &Gpu, qkv: &Tensor, k_cache: &Tensor, v_cache: &Tensor, out: &Tensor, step: &wgpu::Buffer)
 
-attention_fn! {
     /// Records attention for the rows `t < step.n_tokens` of `qkv` (f32 `[T, (H + 2 Hkv) * D]`,
     /// q and k roped, this pass's k and v already in the caches by [`kv_cache_write`]) into `out`
     /// (f32 `[T, H * D]`). One kernel, or two when the keys are split (the second merges).
-    pub fn attention(gpu, io, p: AttnParams) -> Result<Vec<Kernel>> {
+    pub fn attention(p: AttnParams) -> Result<Vec<Kernel>> {
+        let io = Io { qkv, k_cache, v_cache, out, step };
         io.record(gpu, p, Variant::default())
     }
-}
 
-attention_fn! {
     /// [`attention`] (with `rope`, [`attention_rope`]) for one decode token that also writes its
     /// output staged into `xs` as [`crate::ops::matmul::gguf::quantize_x16`] would, for the o
     /// projection's matvec on x staged apart: None where the one-dispatch decode kernel does not
     /// run this shape or cannot stage ([`stages_output`]; the caller runs the unstaged op).
-    pub fn attention_staged(
-        gpu, io, p: AttnParams, rope: Option<&Tensor>, xs: &Tensor
-    ) -> Result<Option<Vec<Kernel>>> {
+    pub fn attention_staged(p: AttnParams, rope: Option<&Tensor>, xs: &Tensor) -> Result<Option<Vec<Kernel>>> {
+        let io = Io { qkv, k_cache, v_cache, out, step };
         match DecodeTiling::choose(gpu, &p, rope.is_some()) {
             Some(tl) if stages_output(gpu, &p) => {
                 io.decode(gpu, p, tl, Variant { rope, seqs: None, stage: Some(xs) }).map(Some)
@@ -351,48 +335,57 @@ attention_fn! {
             _ => Ok(None),
         }
     }
+
+    /// [`attention`] (or with `inv_freq`, [`attention_rope`]) for a decode step of many sequences:
+    /// token `t` of `qkv` is sequence `t`, at position `seqs[t].0` of KV-cache slot `seqs[t].1`
+    /// (u32 `[T, 2]`). Each token runs with the tiling of a one-token pass, so a sequence's output
+    /// does not depend on which others share the step.
+    pub fn attention_batch(seqs: &Tensor, p: AttnParams, inv_freq: Option<&Tensor>) -> Result<Vec<Kernel>> {
+        assert!(seqs.ty == ElemType::U32 && seqs.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
+        let io = Io { qkv, k_cache, v_cache, out, step };
+        io.record(gpu, p, Variant { rope: inv_freq, seqs: Some(seqs), stage: None })
+    }
+
+    /// [`attention`] for one decode token whose q and k heads in `qkv` are not yet rotated, fused
+    /// with what [`crate::ops::rope::rope_kv_write`] would do first (no q/k norm): the queries are
+    /// rotated as they load, and this step's key (rotated) and value are read from `qkv` and
+    /// written to the caches. `inv_freq`: f32 `[D / 2]` ([`crate::ops::rope::inv_freq`]). One
+    /// dispatch fewer a layer.
+    pub fn attention_rope(p: AttnParams, inv_freq: &Tensor) -> Result<Vec<Kernel>> {
+        assert_eq!(p.n_tokens, 1, "attention_rope: one token (decode)");
+        assert_eq!(inv_freq.numel(), p.head_dim / 2, "attention_rope: inv_freq has D / 2 entries");
+        let io = Io { qkv, k_cache, v_cache, out, step };
+        io.record(gpu, p, Variant { rope: Some(inv_freq), ..Variant::default() })
+    }
+
+    /// [`attention`] with a given tiling (tests, benchmarks); with `rope`, [`attention_rope`]; with
+    /// `seqs`, [`attention_batch`] (one row block per token).
+    pub fn attention_with(
+        p: AttnParams, tl: Tiling, rope: Option<&Tensor>, seqs: Option<&Tensor>
+    ) -> Result<Vec<Kernel>> {
+        let io = Io { qkv, k_cache, v_cache, out, step };
+        io.tiled(gpu, p, tl, Variant { rope, seqs, stage: None })
+    }
+
+    /// Records the attention of one decode token (`p.n_tokens == 1`), or with `seqs` of a decode
+    /// step of `p.n_tokens` sequences as [`attention_batch`], in one dispatch
+    /// (`wgsl/attention_decode.wgsl`): each token's keys split over `tl.nsplit` workgroups per KV
+    /// head, the last of which merges. Without `rope`, the tokens' k and v are already in the
+    /// caches (q and k roped); with `rope` (f32 `[D / 2]` inverse frequencies), q and k in `qkv`
+    /// are unrotated and the kernel rotates them and writes the caches, as [`attention_rope`]. A
+    /// token's output is the same whatever the other tokens of the step.
+    pub fn attention_decode(
+        p: AttnParams, tl: DecodeTiling, rope: Option<&Tensor>, seqs: Option<&Tensor>, stage: Option<&Tensor>
+    ) -> Result<Vec<Kernel>> {
+        let io = Io { qkv, k_cache, v_cache, out, step };
+        io.decode(gpu, p, tl, Variant { rope, seqs, stage })
+    }
 }
 
 /// Whether [`attention_decode`] can write one token's output staged (`STAGE8`): subgroups of 8
 /// or more (a block's eight threads meet by shuffles), heads of whole 32-element blocks.
 pub fn stages_output(gpu: &Gpu, p: &AttnParams) -> bool {
     p.n_tokens == 1 && p.head_dim % 32 == 0 && gpu.caps.shuffles8()
-}
-
-attention_fn! {
-    /// [`attention`] (or with `inv_freq`, [`attention_rope`]) for a decode step of many sequences:
-    /// token `t` of `qkv` is sequence `t`, at position `seqs[t].0` of KV-cache slot `seqs[t].1`
-    /// (u32 `[T, 2]`). Each token runs with the tiling of a one-token pass, so a sequence's output
-    /// does not depend on which others share the step.
-    pub fn attention_batch(
-        gpu, io, seqs: &Tensor, p: AttnParams, inv_freq: Option<&Tensor>
-    ) -> Result<Vec<Kernel>> {
-        assert!(seqs.ty == ElemType::U32 && seqs.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
-        io.record(gpu, p, Variant { rope: inv_freq, seqs: Some(seqs), stage: None })
-    }
-}
-
-attention_fn! {
-    /// [`attention`] for one decode token whose q and k heads in `qkv` are not yet rotated, fused
-    /// with what [`crate::ops::rope::rope_kv_write`] would do first (no q/k norm): the queries are
-    /// rotated as they load, and this step's key (rotated) and value are read from `qkv` and
-    /// written to the caches. `inv_freq`: f32 `[D / 2]` ([`crate::ops::rope::inv_freq`]). One
-    /// dispatch fewer a layer.
-    pub fn attention_rope(gpu, io, p: AttnParams, inv_freq: &Tensor) -> Result<Vec<Kernel>> {
-        assert_eq!(p.n_tokens, 1, "attention_rope: one token (decode)");
-        assert_eq!(inv_freq.numel(), p.head_dim / 2, "attention_rope: inv_freq has D / 2 entries");
-        io.record(gpu, p, Variant { rope: Some(inv_freq), ..Variant::default() })
-    }
-}
-
-attention_fn! {
-    /// [`attention`] with a given tiling (tests, benchmarks); with `rope`, [`attention_rope`]; with
-    /// `seqs`, [`attention_batch`] (one row block per token).
-    pub fn attention_with(
-        gpu, io, p: AttnParams, tl: Tiling, rope: Option<&Tensor>, seqs: Option<&Tensor>
-    ) -> Result<Vec<Kernel>> {
-        io.tiled(gpu, p, tl, Variant { rope, seqs, stage: None })
-    }
 }
 
 impl<'a> Io<'a> {
@@ -573,21 +566,6 @@ impl DecodeTiling {
             let tl = DecodeTiling { ck, nsplit };
             tl.valid(d, g, budget, rope, sg32(gpu)).then_some(tl)
         })
-    }
-}
-
-attention_fn! {
-    /// Records the attention of one decode token (`p.n_tokens == 1`), or with `seqs` of a decode
-    /// step of `p.n_tokens` sequences as [`attention_batch`], in one dispatch
-    /// (`wgsl/attention_decode.wgsl`): each token's keys split over `tl.nsplit` workgroups per KV
-    /// head, the last of which merges. Without `rope`, the tokens' k and v are already in the
-    /// caches (q and k roped); with `rope` (f32 `[D / 2]` inverse frequencies), q and k in `qkv`
-    /// are unrotated and the kernel rotates them and writes the caches, as [`attention_rope`]. A
-    /// token's output is the same whatever the other tokens of the step.
-    pub fn attention_decode(
-        gpu, io, p: AttnParams, tl: DecodeTiling, rope: Option<&Tensor>, seqs: Option<&Tensor>, stage: Option<&Tensor>
-    ) -> Result<Vec<Kernel>> {
-        io.decode(gpu, p, tl, Variant { rope, seqs, stage })
     }
 }
 

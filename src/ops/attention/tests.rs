@@ -1,5 +1,6 @@
 use super::*;
 use crate::gpu::tensor::test_util::*;
+use crate::ops::rope::{inv_freq, rope_kv_write, RopeParams};
 use crate::ops::StepParams;
 use half::f16;
 
@@ -111,6 +112,18 @@ impl BatchStep {
     }
 }
 
+/// One decode token's kernels on `io`: fused, [`attention_rope`]; else [`rope_kv_write`] (`rp`)
+/// then [`attention`].
+fn rope_attention(gpu: &Gpu, io: Io, fused: bool, p: AttnParams, rp: RopeParams, table: &Tensor) -> Vec<Kernel> {
+    let Io { qkv, k_cache, v_cache, out, step } = io;
+    if fused {
+        return attention_rope(gpu, qkv, k_cache, v_cache, out, step, p, table).unwrap();
+    }
+    let mut ks = vec![rope_kv_write(gpu, qkv, step, rp, None, k_cache, v_cache).unwrap()];
+    ks.extend(attention(gpu, qkv, k_cache, v_cache, out, step, p).unwrap());
+    ks
+}
+
 fn params(heads: usize, kv_heads: usize, head_dim: usize, max_ctx: usize, window: usize) -> AttnParams {
     AttnParams::one_token(heads, kv_heads, head_dim, max_ctx, window)
 }
@@ -192,25 +205,12 @@ fn prefill_then_decode() {
 /// and near the end of the cache, with and without key splits.
 #[test]
 fn attention_rope_equals_rope_then_attention() {
-    use crate::ops::rope::{inv_freq, rope_kv_write, RopeParams};
     for gpu in gpu_variants() {
         for (h, hkv, d, ctx, pos) in
             [(12, 2, 128, 641, 600), (6, 2, 64, 40, 0), (4, 1, 256, 80, 79), (8, 8, 64, 300, 123)]
         {
             let p = params(h, hkv, d, ctx, 0);
-            let rp = RopeParams {
-                heads: h,
-                kv_heads: hkv,
-                head_dim: d,
-                rotary_dim: d,
-                theta: 1e6,
-                scaling: 1.0,
-                n_tokens: 1,
-                proportional: false,
-                k_eq_v: false,
-                v_norm: false,
-                q_only: false,
-            };
+            let rp = RopeParams::new(h, hkv, d, 1e6, 1);
             let row = p.row_stride();
             let data = random(row, 91 + pos as u64, 1.5);
             let cache: Vec<f16> = random(hkv * ctx * d, 92, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
@@ -221,13 +221,8 @@ fn attention_rope_equals_rope_then_attention() {
                 let kc = gpu.upload_f16("k", &[hkv, ctx, d], &cache).unwrap();
                 let vc = gpu.upload_f16("v", &[hkv, ctx, d], &cache).unwrap();
                 let out = gpu.empty("out", &[1, h * d], ElemType::F32).unwrap();
-                let mut ks = Vec::new();
-                if fused {
-                    ks.extend(attention_rope(&gpu, &qkv, &kc, &vc, &out, &step, p, &table).unwrap());
-                } else {
-                    ks.push(rope_kv_write(&gpu, &qkv, &step, rp, None, &kc, &vc).unwrap());
-                    ks.extend(attention(&gpu, &qkv, &kc, &vc, &out, &step, p).unwrap());
-                }
+                let io = Io { qkv: &qkv, k_cache: &kc, v_cache: &vc, out: &out, step: &step };
+                let ks = rope_attention(&gpu, io, fused, p, rp, &table);
                 gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
                 (gpu.read_f32(&out).unwrap(), gpu.read_f16(&kc).unwrap(), gpu.read_f16(&vc).unwrap())
             };
@@ -541,7 +536,7 @@ fn chunked_prefill_equals_single() {
 /// with and without key splits; and the output matches the CPU reference.
 #[test]
 fn batch_of_sequences_equals_each_alone() {
-    use crate::ops::rope::{inv_freq, rope_kv_write, rope_kv_write_batch, RopeParams};
+    use crate::ops::rope::rope_kv_write_batch;
     for gpu in gpu_variants() {
         for (h, hkv, d, ctx, fused) in
             [(12, 2, 128, 300, true), (6, 2, 64, 64, false), (4, 1, 256, 40, true), (8, 1, 512, 40, false)]
@@ -551,19 +546,7 @@ fn batch_of_sequences_equals_each_alone() {
             let seqs: [(u32, u32); 4] = [(17, 3), (0, 0), ((ctx - 1) as u32, 4), (123 % ctx as u32, 1)];
             let b = seqs.len();
             let p = AttnParams { n_tokens: b, ..params(h, hkv, d, ctx, 0) };
-            let rp = RopeParams {
-                heads: h,
-                kv_heads: hkv,
-                head_dim: d,
-                rotary_dim: d,
-                theta: 1e4,
-                scaling: 1.0,
-                n_tokens: b,
-                proportional: false,
-                k_eq_v: false,
-                v_norm: false,
-                q_only: false,
-            };
+            let rp = RopeParams::new(h, hkv, d, 1e4, b);
             let row = p.row_stride();
             let data = random(b * row, 7 + d as u64, 1.5);
             let cache: Vec<f16> = random(slots * hkv * ctx * d, 8, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
@@ -590,13 +573,8 @@ fn batch_of_sequences_equals_each_alone() {
                 let qkv1 = gpu.upload_f32("qkv", &[1, row], &data[t * row..][..row]).unwrap();
                 let out1 = gpu.empty("out", &[1, h * d], ElemType::F32).unwrap();
                 let step1 = gpu.uniform("step", &StepParams { pos, n_tokens: 1, slot, _pad: 0 });
-                let mut ks = Vec::new();
-                if fused {
-                    ks.extend(attention_rope(&gpu, &qkv1, &kc1, &vc1, &out1, &step1, p1, &table).unwrap());
-                } else {
-                    ks.push(rope_kv_write(&gpu, &qkv1, &step1, rp1, None, &kc1, &vc1).unwrap());
-                    ks.extend(attention(&gpu, &qkv1, &kc1, &vc1, &out1, &step1, p1).unwrap());
-                }
+                let io = Io { qkv: &qkv1, k_cache: &kc1, v_cache: &vc1, out: &out1, step: &step1 };
+                let ks = rope_attention(&gpu, io, fused, p1, rp1, &table);
                 gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
                 let alone = gpu.read_f32(&out1).unwrap();
                 let mine = &got[t * h * d..][..h * d];
