@@ -311,6 +311,7 @@ struct Variant<'a> {
     stage: Option<&'a Tensor>,
 }
 
+// The public constructors: each takes `gpu` and the operands of an [`Io`] first.
 shared_params! {
     (gpu: &Gpu, qkv: &Tensor, k_cache: &Tensor, v_cache: &Tensor, out: &Tensor, step: &wgpu::Buffer)
 
