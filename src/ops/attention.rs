@@ -19,7 +19,8 @@
 //! there); causal prefill of 2048 tokens runs at about 12.7 TFLOP/s (D=128) and 9.5 (D=256).
 
 use crate::error::{Error, Result};
-use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Macros, Tensor};
+use crate::ops::signature::shared_params;
 
 /// Shape of one layer's attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -40,20 +41,6 @@ pub struct AttnParams {
     pub n_tokens: usize,
     /// Key splits (flash decoding); 0 = choose from the shape.
     pub splits: usize,
-}
-
-crate::ops::uniform::uniform_struct! {
-    /// WGSL twin: `struct Params` of `wgsl/include/attention_params.wgsl` (attention, attention_decode).
-    pub(crate) struct AttentionUniform = "Params" {
-        heads: u32,
-        kv_heads: u32,
-        max_ctx: u32,
-        window: u32,
-        scale: f32,
-        n_rows: u32,
-        _pad0: u32,
-        _pad1: u32,
-    }
 }
 
 impl AttnParams {
@@ -88,10 +75,10 @@ impl AttnParams {
     }
 
     /// [`Self::check`] and the output `out` f32 of T rows, as both attention kernels take them.
-    fn check_io(&self, qkv: &Tensor, k_cache: &Tensor, v_cache: &Tensor, out: &Tensor) {
-        self.check(qkv, k_cache, v_cache);
-        assert_eq!(out.ty, ElemType::F32, "attention: out must be f32");
-        assert!(out.numel() >= self.n_tokens * self.heads * self.head_dim, "attention: out holds fewer than T rows");
+    fn check_io(&self, io: &Io) {
+        self.check(io.qkv, io.k_cache, io.v_cache);
+        assert_eq!(io.out.ty, ElemType::F32, "attention: out must be f32");
+        assert!(io.out.numel() >= self.n_tokens * self.heads * self.head_dim, "attention: out holds fewer than T rows");
     }
 
     fn row_stride(&self) -> usize {
@@ -112,6 +99,20 @@ impl AttnParams {
                 "attention: KV cache must be [S, Hkv, max_ctx, D]"
             );
         }
+    }
+}
+
+crate::ops::uniform::uniform_struct! {
+    /// WGSL twin: `struct Params` of `wgsl/include/attention_params.wgsl` (attention, attention_decode).
+    pub(crate) struct AttentionUniform = "Params" {
+        heads: u32,
+        kv_heads: u32,
+        max_ctx: u32,
+        window: u32,
+        scale: f32,
+        n_rows: u32,
+        _pad0: u32,
+        _pad1: u32,
     }
 }
 
@@ -288,46 +289,97 @@ impl Tiling {
     }
 }
 
-/// Records attention for the rows `t < step.n_tokens` of `qkv` (f32 `[T, (H + 2 Hkv) * D]`,
-/// q and k roped, this pass's k and v already in the caches by [`kv_cache_write`]) into `out`
-/// (f32 `[T, H * D]`). One kernel, or two when the keys are split (the second merges).
-pub fn attention(
-    gpu: &Gpu,
-    qkv: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    out: &Tensor,
-    step: &wgpu::Buffer,
-    p: AttnParams,
-) -> Result<Vec<Kernel>> {
-    if let Some(tl) = DecodeTiling::choose(gpu, &p, false) {
-        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, None, None, None);
-    }
-    let tiling = Tiling::choose(gpu, &p)?;
-    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, None, None)
+/// The operands every attention kernel binds: the fused QKV rows, the layer's KV caches, the
+/// output rows and the step's [`StepParams`](super::StepParams) uniform.
+#[derive(Clone, Copy)]
+struct Io<'a> {
+    qkv: &'a Tensor,
+    k_cache: &'a Tensor,
+    v_cache: &'a Tensor,
+    out: &'a Tensor,
+    step: &'a wgpu::Buffer,
 }
 
-/// [`attention`] (with `rope`, [`attention_rope`]) for one decode token that also writes its
-/// output staged into `xs` as [`crate::ops::matmul::gguf::quantize_x16`] would, for the o
-/// projection's matvec on x staged apart: None where the one-dispatch decode kernel does not run
-/// this shape or cannot stage ([`stages_output`]; the caller runs the unstaged op).
-#[allow(clippy::too_many_arguments)]
-pub fn attention_staged(
-    gpu: &Gpu,
-    qkv: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    out: &Tensor,
-    step: &wgpu::Buffer,
-    p: AttnParams,
-    rope: Option<&Tensor>,
-    xs: &Tensor,
-) -> Result<Option<Vec<Kernel>>> {
-    match DecodeTiling::choose(gpu, &p, rope.is_some()) {
-        Some(tl) if stages_output(gpu, &p) => {
-            attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, rope, None, Some(xs)).map(Some)
+/// The optional inputs, each of which picks a variant of the kernels (a WGSL macro and a binding
+/// after the others): `rope`'s inverse frequencies (`ROPE`, binding `RB`), a batch's sequences
+/// (`BATCH`, binding `SEQS`) and the staged output of [`attention_staged`] (`STAGE8`, binding
+/// `XB`; the decode kernel only).
+#[derive(Clone, Copy, Default)]
+struct Variant<'a> {
+    rope: Option<&'a Tensor>,
+    seqs: Option<&'a Tensor>,
+    stage: Option<&'a Tensor>,
+}
+
+// The public constructors: each takes `gpu` and the operands of an [`Io`] first.
+shared_params! {
+    (gpu: &Gpu, qkv: &Tensor, k_cache: &Tensor, v_cache: &Tensor, out: &Tensor, step: &wgpu::Buffer)
+
+    /// Records attention for the rows `t < step.n_tokens` of `qkv` (f32 `[T, (H + 2 Hkv) * D]`,
+    /// q and k roped, this pass's k and v already in the caches by [`kv_cache_write`]) into `out`
+    /// (f32 `[T, H * D]`). One kernel, or two when the keys are split (the second merges).
+    pub fn attention(p: AttnParams) -> Result<Vec<Kernel>> {
+        let io = Io { qkv, k_cache, v_cache, out, step };
+        io.record(gpu, p, Variant::default())
+    }
+
+    /// [`attention`] (with `rope`, [`attention_rope`]) for one decode token that also writes its
+    /// output staged into `xs` as [`crate::ops::matmul::gguf::quantize_x16`] would, for the o
+    /// projection's matvec on x staged apart: None where the one-dispatch decode kernel does not
+    /// run this shape or cannot stage ([`stages_output`]; the caller runs the unstaged op).
+    pub fn attention_staged(p: AttnParams, rope: Option<&Tensor>, xs: &Tensor) -> Result<Option<Vec<Kernel>>> {
+        let io = Io { qkv, k_cache, v_cache, out, step };
+        match DecodeTiling::choose(gpu, &p, rope.is_some()) {
+            Some(tl) if stages_output(gpu, &p) => {
+                io.decode(gpu, p, tl, Variant { rope, seqs: None, stage: Some(xs) }).map(Some)
+            }
+            _ => Ok(None),
         }
-        _ => Ok(None),
+    }
+
+    /// [`attention`] (or with `inv_freq`, [`attention_rope`]) for a decode step of many sequences:
+    /// token `t` of `qkv` is sequence `t`, at position `seqs[t].0` of KV-cache slot `seqs[t].1`
+    /// (u32 `[T, 2]`). Each token runs with the tiling of a one-token pass, so a sequence's output
+    /// does not depend on which others share the step.
+    pub fn attention_batch(seqs: &Tensor, p: AttnParams, inv_freq: Option<&Tensor>) -> Result<Vec<Kernel>> {
+        assert!(seqs.ty == ElemType::U32 && seqs.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
+        let io = Io { qkv, k_cache, v_cache, out, step };
+        io.record(gpu, p, Variant { rope: inv_freq, seqs: Some(seqs), stage: None })
+    }
+
+    /// [`attention`] for one decode token whose q and k heads in `qkv` are not yet rotated, fused
+    /// with what [`crate::ops::rope::rope_kv_write`] would do first (no q/k norm): the queries are
+    /// rotated as they load, and this step's key (rotated) and value are read from `qkv` and
+    /// written to the caches. `inv_freq`: f32 `[D / 2]` ([`crate::ops::rope::inv_freq`]). One
+    /// dispatch fewer a layer.
+    pub fn attention_rope(p: AttnParams, inv_freq: &Tensor) -> Result<Vec<Kernel>> {
+        assert_eq!(p.n_tokens, 1, "attention_rope: one token (decode)");
+        assert_eq!(inv_freq.numel(), p.head_dim / 2, "attention_rope: inv_freq has D / 2 entries");
+        let io = Io { qkv, k_cache, v_cache, out, step };
+        io.record(gpu, p, Variant { rope: Some(inv_freq), ..Variant::default() })
+    }
+
+    /// [`attention`] with a given tiling (tests, benchmarks); with `rope`, [`attention_rope`]; with
+    /// `seqs`, [`attention_batch`] (one row block per token).
+    pub fn attention_with(
+        p: AttnParams, tl: Tiling, rope: Option<&Tensor>, seqs: Option<&Tensor>
+    ) -> Result<Vec<Kernel>> {
+        let io = Io { qkv, k_cache, v_cache, out, step };
+        io.tiled(gpu, p, tl, Variant { rope, seqs, stage: None })
+    }
+
+    /// Records the attention of one decode token (`p.n_tokens == 1`), or with `seqs` of a decode
+    /// step of `p.n_tokens` sequences as [`attention_batch`], in one dispatch
+    /// (`wgsl/attention_decode.wgsl`): each token's keys split over `tl.nsplit` workgroups per KV
+    /// head, the last of which merges. Without `rope`, the tokens' k and v are already in the
+    /// caches (q and k roped); with `rope` (f32 `[D / 2]` inverse frequencies), q and k in `qkv`
+    /// are unrotated and the kernel rotates them and writes the caches, as [`attention_rope`]. A
+    /// token's output is the same whatever the other tokens of the step.
+    pub fn attention_decode(
+        p: AttnParams, tl: DecodeTiling, rope: Option<&Tensor>, seqs: Option<&Tensor>, stage: Option<&Tensor>
+    ) -> Result<Vec<Kernel>> {
+        let io = Io { qkv, k_cache, v_cache, out, step };
+        io.decode(gpu, p, tl, Variant { rope, seqs, stage })
     }
 }
 
@@ -337,141 +389,113 @@ pub fn stages_output(gpu: &Gpu, p: &AttnParams) -> bool {
     p.n_tokens == 1 && p.head_dim % 32 == 0 && gpu.caps.shuffles8()
 }
 
-/// [`attention`] (or with `inv_freq`, [`attention_rope`]) for a decode step of many sequences:
-/// token `t` of `qkv` is sequence `t`, at position `seqs[t].0` of KV-cache slot `seqs[t].1` (u32
-/// `[T, 2]`). Each token runs with the tiling of a one-token pass, so a sequence's output does not
-/// depend on which others share the step.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_batch(
-    gpu: &Gpu,
-    qkv: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    out: &Tensor,
-    step: &wgpu::Buffer,
-    seqs: &Tensor,
-    p: AttnParams,
-    inv_freq: Option<&Tensor>,
-) -> Result<Vec<Kernel>> {
-    assert!(seqs.ty == ElemType::U32 && seqs.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
-    if let Some(tl) = DecodeTiling::choose(gpu, &AttnParams { n_tokens: 1, ..p }, inv_freq.is_some()) {
-        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, inv_freq, Some(seqs), None);
+impl<'a> Io<'a> {
+    /// The one-dispatch decode kernel where it takes this shape, else the tiled kernel with the
+    /// tiling chosen for it; a batch (`seqs`) runs each token with a one-token pass's choice.
+    fn record(self, gpu: &Gpu, p: AttnParams, v: Variant<'a>) -> Result<Vec<Kernel>> {
+        let shape = if v.seqs.is_some() { AttnParams { n_tokens: 1, ..p } } else { p };
+        match DecodeTiling::choose(gpu, &shape, v.rope.is_some()) {
+            Some(tl) => self.decode(gpu, p, tl, v),
+            None => self.tiled(gpu, p, Tiling::choose(gpu, &shape)?, v),
+        }
     }
-    let tiling = Tiling::choose(gpu, &AttnParams { n_tokens: 1, ..p })?;
-    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, inv_freq, Some(seqs))
+
+    /// The bindings both attention kernels start with: qkv, the caches, step and their uniform.
+    fn bindings<'b>(&self, params: &'b wgpu::Buffer) -> Vec<wgpu::BindingResource<'b>>
+    where
+        'a: 'b,
+    {
+        vec![
+            self.qkv.binding(),
+            self.k_cache.binding(),
+            self.v_cache.binding(),
+            self.step.as_entire_binding(),
+            params.as_entire_binding(),
+        ]
+    }
+
+    /// [`attention_with`]: the tiled kernel (`wgsl/attention.wgsl`), and its merge where the keys
+    /// are split.
+    fn tiled(self, gpu: &Gpu, p: AttnParams, tl: Tiling, v: Variant<'a>) -> Result<Vec<Kernel>> {
+        p.check_io(&self);
+        assert!(v.stage.is_none(), "attention: only the decode kernel stages its output");
+        let Tiling { bq, lpr, bk, nsplit } = tl;
+        let (d, g) = (p.head_dim, p.heads / p.kv_heads);
+        let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
+        assert!(tl.valid(d, limit) && bq * lpr <= 256 && nsplit >= 1, "attention: invalid tiling {tl:?} for D = {d}");
+        let (kpl, nw, ld, ql) = tl.slots(d);
+        let params = p.uniform(gpu, "attention.params");
+        let macros = gpu
+            .macros()
+            .set("D", d)
+            .set("G", g)
+            .set("BQ", bq)
+            .set("LPR", lpr)
+            .set("WG", bq * lpr)
+            .set("BK", bk)
+            .set("KPL", kpl)
+            .set("NW", nw)
+            .set("LD", ld)
+            .set("QL", ql)
+            .set("NSPLIT", nsplit)
+            .flag_if("Q_F16", q_f16(d));
+        // A batch of sequences: one row block per token (its G heads), so bq must hold them.
+        if v.seqs.is_some() && bq < g {
+            return Err(Error::Unsupported(format!(
+                "decoding several sequences at once with {g} query heads per KV head at head dimension {d} \
+                 (a row block holds {bq})"
+            )));
+        }
+        let blocks = if v.seqs.is_some() { p.n_tokens as u32 } else { (p.n_tokens * g).div_ceil(bq) as u32 };
+        let wgs = [blocks, p.kv_heads as u32, nsplit as u32];
+        let mut bindings = self.bindings(&params);
+        if nsplit == 1 {
+            bindings.push(self.out.binding());
+            let m = v.bind(macros, &mut bindings);
+            return Ok(vec![gpu.kernel("attention", "main", &m, &bindings, wgs)?]);
+        }
+        let rows = p.n_tokens * p.heads;
+        let part_o = gpu.empty("attention.part_o", &[nsplit, rows, d], ElemType::F32)?;
+        let part_ml = gpu.empty("attention.part_ml", &[nsplit, rows, 2], ElemType::F32)?;
+        bindings.push(part_o.binding());
+        bindings.push(part_ml.binding());
+        let m = v.bind(macros.clone().flag("SPLIT"), &mut bindings);
+        let main = gpu.kernel("attention", "main", &m, &bindings, wgs)?;
+        let merge = gpu.kernel(
+            "attention",
+            "main",
+            &macros.flag("MERGE"),
+            &[
+                part_o.binding(),
+                part_ml.binding(),
+                self.out.binding(),
+                self.step.as_entire_binding(),
+                params.as_entire_binding(),
+            ],
+            // one workgroup per row and 32 dims of it
+            grid((rows * d.div_ceil(32)) as u32),
+        )?;
+        Ok(vec![main, merge])
+    }
 }
 
-/// [`attention`] for one decode token whose q and k heads in `qkv` are not yet rotated, fused with
-/// what [`crate::ops::rope::rope_kv_write`] would do first (no q/k norm): the queries are rotated
-/// as they load, and this step's key (rotated) and value are read from `qkv` and written to the
-/// caches. `inv_freq`: f32 `[D / 2]` ([`crate::ops::rope::inv_freq`]). One dispatch fewer a layer.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_rope(
-    gpu: &Gpu,
-    qkv: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    out: &Tensor,
-    step: &wgpu::Buffer,
-    p: AttnParams,
-    inv_freq: &Tensor,
-) -> Result<Vec<Kernel>> {
-    assert_eq!(p.n_tokens, 1, "attention_rope: one token (decode)");
-    assert_eq!(inv_freq.numel(), p.head_dim / 2, "attention_rope: inv_freq has D / 2 entries");
-    if let Some(tl) = DecodeTiling::choose(gpu, &p, true) {
-        return attention_decode(gpu, qkv, k_cache, v_cache, out, step, p, tl, Some(inv_freq), None, None);
+impl<'a> Variant<'a> {
+    /// Sets the flags of `rope` and `seqs` and adds their bindings after `bindings` (the staged
+    /// output is the decode kernel's own).
+    fn bind<'b>(self, mut m: Macros, bindings: &mut Vec<wgpu::BindingResource<'b>>) -> Macros
+    where
+        'a: 'b,
+    {
+        if let Some(t) = self.rope {
+            m = m.flag("ROPE").set("RB", bindings.len());
+            bindings.push(t.binding());
+        }
+        if let Some(sq) = self.seqs {
+            m = m.flag("BATCH").set("SEQS", bindings.len());
+            bindings.push(sq.binding());
+        }
+        m
     }
-    let tiling = Tiling::choose(gpu, &p)?;
-    attention_with(gpu, qkv, k_cache, v_cache, out, step, p, tiling, Some(inv_freq), None)
-}
-
-/// [`attention`] with a given tiling (tests, benchmarks); with `rope`, [`attention_rope`]; with
-/// `seqs`, [`attention_batch`] (one row block per token).
-#[allow(clippy::too_many_arguments)]
-pub fn attention_with(
-    gpu: &Gpu,
-    qkv: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    out: &Tensor,
-    step: &wgpu::Buffer,
-    p: AttnParams,
-    tl: Tiling,
-    rope: Option<&Tensor>,
-    seqs: Option<&Tensor>,
-) -> Result<Vec<Kernel>> {
-    p.check_io(qkv, k_cache, v_cache, out);
-    let Tiling { bq, lpr, bk, nsplit } = tl;
-    let (d, g) = (p.head_dim, p.heads / p.kv_heads);
-    let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
-    assert!(tl.valid(d, limit) && bq * lpr <= 256 && nsplit >= 1, "attention: invalid tiling {tl:?} for D = {d}");
-    let (kpl, nw, ld, ql) = tl.slots(d);
-    let params = p.uniform(gpu, "attention.params");
-    let macros = gpu
-        .macros()
-        .set("D", d)
-        .set("G", g)
-        .set("BQ", bq)
-        .set("LPR", lpr)
-        .set("WG", bq * lpr)
-        .set("BK", bk)
-        .set("KPL", kpl)
-        .set("NW", nw)
-        .set("LD", ld)
-        .set("QL", ql)
-        .set("NSPLIT", nsplit)
-        .flag_if("Q_F16", q_f16(d));
-    // A batch of sequences: one row block per token (its G heads), so bq must hold them.
-    if seqs.is_some() && bq < g {
-        return Err(Error::Unsupported(format!(
-            "decoding several sequences at once with {g} query heads per KV head at head dimension {d} \
-             (a row block holds {bq})"
-        )));
-    }
-    let blocks = if seqs.is_some() { p.n_tokens as u32 } else { (p.n_tokens * g).div_ceil(bq) as u32 };
-    let wgs = [blocks, p.kv_heads as u32, nsplit as u32];
-    let mut bindings =
-        vec![qkv.binding(), k_cache.binding(), v_cache.binding(), step.as_entire_binding(), params.as_entire_binding()];
-    if nsplit == 1 {
-        bindings.push(out.binding());
-        let m = extra(macros, &mut bindings, rope, seqs);
-        return Ok(vec![gpu.kernel("attention", "main", &m, &bindings, wgs)?]);
-    }
-    let rows = p.n_tokens * p.heads;
-    let part_o = gpu.empty("attention.part_o", &[nsplit, rows, d], ElemType::F32)?;
-    let part_ml = gpu.empty("attention.part_ml", &[nsplit, rows, 2], ElemType::F32)?;
-    bindings.push(part_o.binding());
-    bindings.push(part_ml.binding());
-    let m = extra(macros.clone().flag("SPLIT"), &mut bindings, rope, seqs);
-    let main = gpu.kernel("attention", "main", &m, &bindings, wgs)?;
-    let merge = gpu.kernel(
-        "attention",
-        "main",
-        &macros.flag("MERGE"),
-        &[part_o.binding(), part_ml.binding(), out.binding(), step.as_entire_binding(), params.as_entire_binding()],
-        // one workgroup per row and 32 dims of it
-        grid((rows * d.div_ceil(32)) as u32),
-    )?;
-    Ok(vec![main, merge])
-}
-
-/// The optional bindings of both attention kernels (rope's table: `ROPE`, binding `RB`; the
-/// batch's sequences: `BATCH`, binding `SEQS`) after the others.
-fn extra<'a>(
-    mut m: crate::gpu::Macros,
-    bindings: &mut Vec<wgpu::BindingResource<'a>>,
-    rope: Option<&'a Tensor>,
-    seqs: Option<&'a Tensor>,
-) -> crate::gpu::Macros {
-    if let Some(t) = rope {
-        m = m.flag("ROPE").set("RB", bindings.len());
-        bindings.push(t.binding());
-    }
-    if let Some(sq) = seqs {
-        m = m.flag("BATCH").set("SEQS", bindings.len());
-        bindings.push(sq.binding());
-    }
-    m
 }
 
 /// Subgroups exactly 32 wide (`SG32` in `wgsl/attention_decode.wgsl`).
@@ -546,84 +570,61 @@ impl DecodeTiling {
     }
 }
 
-/// Records the attention of one decode token (`p.n_tokens == 1`), or with `seqs` of a decode step
-/// of `p.n_tokens` sequences as [`attention_batch`], in one dispatch
-/// (`wgsl/attention_decode.wgsl`): each token's keys split over `tl.nsplit` workgroups per KV
-/// head, the last of which merges. Without `rope`, the tokens' k and v are already in the caches
-/// (q and k roped); with `rope` (f32 `[D / 2]` inverse frequencies), q and k in `qkv` are
-/// unrotated and the kernel rotates them and writes the caches, as [`attention_rope`]. A token's
-/// output is the same whatever the other tokens of the step.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_decode(
-    gpu: &Gpu,
-    qkv: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    out: &Tensor,
-    step: &wgpu::Buffer,
-    p: AttnParams,
-    tl: DecodeTiling,
-    rope: Option<&Tensor>,
-    seqs: Option<&Tensor>,
-    stage: Option<&Tensor>,
-) -> Result<Vec<Kernel>> {
-    p.check_io(qkv, k_cache, v_cache, out);
-    assert!(p.n_tokens == 1 || seqs.is_some(), "attention_decode: one token, or a token a sequence");
-    let (d, g) = (p.head_dim, p.heads / p.kv_heads);
-    let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
-    assert!(
-        tl.valid(d, g, limit, rope.is_some(), sg32(gpu)),
-        "attention_decode: invalid tiling {tl:?} for D = {d}, G = {g}"
-    );
-    let (ck, kp, kl) = (tl.ck, 256 / tl.ck, tl.ck * d / 2048);
-    let params = p.uniform(gpu, "attention_decode.params");
-    let mut macros = gpu
-        .macros()
-        .set("D", d)
-        .set("G", g)
-        .set("CK", ck)
-        .set("KP", kp)
-        .set("KL", kl)
-        .set("VL", kl)
-        .set("NP", (g * d / 4).div_ceil(256))
-        .set("NSPLIT", tl.nsplit)
-        .flag_if("SG32", sg32(gpu));
-    let mut bindings = vec![
-        qkv.binding(),
-        k_cache.binding(),
-        v_cache.binding(),
-        step.as_entire_binding(),
-        params.as_entire_binding(),
-        out.binding(),
-    ];
-    // Per token, the runs' partial results and the KV heads' counters (zeroed at creation; the
-    // merging workgroup resets its counter).
-    let part;
-    if tl.nsplit > 1 {
-        part = gpu.empty(
-            "attention_decode.part",
-            &[p.n_tokens, tl.nsplit * p.heads * (d + 2) + p.kv_heads],
-            ElemType::U32,
-        )?;
-        macros = macros.flag("SPLIT").set("PB", bindings.len());
-        bindings.push(part.binding());
+impl<'a> Io<'a> {
+    /// [`attention_decode`].
+    fn decode(self, gpu: &Gpu, p: AttnParams, tl: DecodeTiling, v: Variant<'a>) -> Result<Vec<Kernel>> {
+        p.check_io(&self);
+        assert!(p.n_tokens == 1 || v.seqs.is_some(), "attention_decode: one token, or a token a sequence");
+        let (d, g) = (p.head_dim, p.heads / p.kv_heads);
+        let limit = gpu.limits.max_compute_workgroup_storage_size as usize;
+        assert!(
+            tl.valid(d, g, limit, v.rope.is_some(), sg32(gpu)),
+            "attention_decode: invalid tiling {tl:?} for D = {d}, G = {g}"
+        );
+        let (ck, kp, kl) = (tl.ck, 256 / tl.ck, tl.ck * d / 2048);
+        let params = p.uniform(gpu, "attention_decode.params");
+        let mut macros = gpu
+            .macros()
+            .set("D", d)
+            .set("G", g)
+            .set("CK", ck)
+            .set("KP", kp)
+            .set("KL", kl)
+            .set("VL", kl)
+            .set("NP", (g * d / 4).div_ceil(256))
+            .set("NSPLIT", tl.nsplit)
+            .flag_if("SG32", sg32(gpu));
+        let mut bindings = self.bindings(&params);
+        bindings.push(self.out.binding());
+        // Per token, the runs' partial results and the KV heads' counters (zeroed at creation; the
+        // merging workgroup resets its counter).
+        let part;
+        if tl.nsplit > 1 {
+            part = gpu.empty(
+                "attention_decode.part",
+                &[p.n_tokens, tl.nsplit * p.heads * (d + 2) + p.kv_heads],
+                ElemType::U32,
+            )?;
+            macros = macros.flag("SPLIT").set("PB", bindings.len());
+            bindings.push(part.binding());
+        }
+        if let Some(t) = v.rope {
+            assert_eq!(t.numel(), d / 2, "attention_decode: inv_freq has D / 2 entries");
+        }
+        if let Some(sq) = v.seqs {
+            assert!(sq.ty == ElemType::U32 && sq.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
+        }
+        let mut macros = v.bind(macros, &mut bindings);
+        if let Some(xs) = v.stage {
+            assert!(stages_output(gpu, &p) && v.seqs.is_none(), "attention_decode: no staged output for {p:?}");
+            let need = 4 * crate::ops::matmul::gguf::staged_x_words(1, p.heads * d) as u64;
+            assert!(xs.size_bytes() >= need, "attention_decode: xs must hold {need} bytes, got {:?}", xs.shape);
+            macros = macros.flag("STAGE8").set("XB", bindings.len());
+            bindings.push(xs.binding());
+        }
+        let wgs = [tl.nsplit as u32, p.kv_heads as u32, p.n_tokens as u32];
+        Ok(vec![gpu.kernel("attention_decode", "main", &macros, &bindings, wgs)?])
     }
-    if let Some(t) = rope {
-        assert_eq!(t.numel(), d / 2, "attention_decode: inv_freq has D / 2 entries");
-    }
-    if let Some(sq) = seqs {
-        assert!(sq.ty == ElemType::U32 && sq.numel() >= 2 * p.n_tokens, "attention: seqs must be u32 [T, 2]");
-    }
-    let mut macros = extra(macros, &mut bindings, rope, seqs);
-    if let Some(xs) = stage {
-        assert!(stages_output(gpu, &p) && seqs.is_none(), "attention_decode: no staged output for {p:?}");
-        let need = 4 * crate::ops::matmul::gguf::staged_x_words(1, p.heads * d) as u64;
-        assert!(xs.size_bytes() >= need, "attention_decode: xs must hold {need} bytes, got {:?}", xs.shape);
-        macros = macros.flag("STAGE8").set("XB", bindings.len());
-        bindings.push(xs.binding());
-    }
-    let wgs = [tl.nsplit as u32, p.kv_heads as u32, p.n_tokens as u32];
-    Ok(vec![gpu.kernel("attention_decode", "main", &macros, &bindings, wgs)?])
 }
 
 pub mod cpu {
@@ -655,22 +656,10 @@ pub mod cpu {
     }
 
     /// Reference attention (f64 accumulation) of rows `t < n_tokens` at positions `pos + t`:
-    /// returns `[n_tokens, H * D]`. Queries of heads wider than 256 are rounded to f16 first, as
-    /// the kernel stages them ([`super::q_f16`]).
+    /// returns `[n_tokens, H * D]`. With `round_q`, the queries are rounded to f16 first: the
+    /// kernel's twin passes [`super::q_f16`]`(p.head_dim)` (heads wider than 256 stage their queries
+    /// as f16), `false` gives the exact attention over the cache, to bound what that staging costs.
     pub fn attention(
-        qkv: &[f32],
-        k_cache: &[f16],
-        v_cache: &[f16],
-        pos: usize,
-        n_tokens: usize,
-        p: &AttnParams,
-    ) -> Vec<f32> {
-        attention_q(qkv, k_cache, v_cache, pos, n_tokens, p, super::q_f16(p.head_dim))
-    }
-
-    /// [`attention`] with the queries rounded to f16 or not (`round_q`), whatever the head
-    /// dimension: the exact attention over the cache, to bound what the f16 staging costs.
-    pub fn attention_q(
         qkv: &[f32],
         k_cache: &[f16],
         v_cache: &[f16],

@@ -149,19 +149,28 @@ mod tests {
     use super::*;
     use crate::gpu::tensor::test_util::*;
 
+    /// Runs the in-place op `x = op(x, y)` on the GPU and its CPU twin on `x` and `y`: (GPU, CPU).
+    fn in_place_pair(
+        gpu: &Gpu,
+        x: Vec<f32>,
+        y: &[f32],
+        op: fn(&Gpu, &Tensor, &Tensor) -> Result<Kernel>,
+        cpu_op: fn(&mut [f32], &[f32]),
+    ) -> (Vec<f32>, Vec<f32>) {
+        let xt = gpu.upload_f32("x", &[x.len()], &x).unwrap();
+        let yt = gpu.upload_f32("y", &[y.len()], y).unwrap();
+        let k = op(gpu, &xt, &yt).unwrap();
+        gpu.run(&[&k]).unwrap();
+        let mut want = x;
+        cpu_op(&mut want, y);
+        (gpu.read_f32(&xt).unwrap(), want)
+    }
+
     #[test]
     fn add_matches_cpu() {
         for gpu in gpu_variants() {
             for n in [1usize, 255, 257, 4099] {
-                let a = random(n, 1, 3.0);
-                let b = random(n, 2, 3.0);
-                let x = gpu.upload_f32("x", &[n], &a).unwrap();
-                let y = gpu.upload_f32("y", &[n], &b).unwrap();
-                let k = add(&gpu, &x, &y).unwrap();
-                gpu.run(&[&k]).unwrap();
-                let got = gpu.read_f32(&x).unwrap();
-                let mut want = a.clone();
-                cpu::add(&mut want, &b);
+                let (got, want) = in_place_pair(&gpu, random(n, 1, 3.0), &random(n, 2, 3.0), add, cpu::add);
                 assert_eq!(got, want, "n={n}");
             }
         }
@@ -175,13 +184,7 @@ mod tests {
                 // Gates across sigmoid's whole range, the far tails included (exp overflow).
                 let mut b = random(n, 4, 12.0);
                 b[0] = -200.0;
-                let x = gpu.upload_f32("x", &[n], &a).unwrap();
-                let g = gpu.upload_f32("g", &[n], &b).unwrap();
-                let k = mul_sigmoid(&gpu, &x, &g).unwrap();
-                gpu.run(&[&k]).unwrap();
-                let got = gpu.read_f32(&x).unwrap();
-                let mut want = a.clone();
-                cpu::mul_sigmoid(&mut want, &b);
+                let (got, want) = in_place_pair(&gpu, a, &b, mul_sigmoid, cpu::mul_sigmoid);
                 // Vulkan allows exp(x) 3 + 2|x| ulps; 1 + e, the division and the product add
                 // about 3 more: the bound in ulps of the result.
                 for (i, ((got, want), gate)) in got.iter().zip(&want).zip(&b).enumerate() {

@@ -10,6 +10,7 @@ pub mod matmul;
 pub mod moe;
 pub mod norm;
 pub mod rope;
+pub(crate) mod signature;
 pub mod uniform;
 #[cfg(test)]
 mod uniform_registry;

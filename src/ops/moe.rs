@@ -69,6 +69,7 @@
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
 use crate::ops::matmul::{self, Input, LinearOpts, LinearShape};
+use crate::ops::signature::shared_params;
 use crate::weights::QuantWeight;
 
 /// Most experts [`moe_router`] takes (two per thread of its 256).
@@ -173,47 +174,36 @@ fn macros(gpu: &Gpu, wg: u32) -> crate::gpu::Macros {
     m
 }
 
-/// Records the router of `T = ids.numel() / top_k` tokens: per token t, the `top_k` experts of
-/// largest probability under `softmax(logits[t, 0 .. experts])` (the order of the logits; equal
-/// logits: lower index first), larger first, into `ids[t, :]` (u32) and their probabilities into
-/// `weights[t, :]` (f32), renormalized to sum 1 with `norm_topk` (Qwen3.5-MoE, Qwen3-MoE), as
-/// they are otherwise. `logits` is f32 with rows of stride `ld >= experts` (columns past
-/// `experts`, e.g. the shared expert's gate logit, are not read); `ids` and `weights` hold
-/// `T · top_k` elements each. `experts <= 512`, `1 <= top_k <= experts`.
-#[allow(clippy::too_many_arguments)]
-pub fn moe_router(
-    gpu: &Gpu,
-    logits: &Tensor,
-    ld: usize,
-    experts: usize,
-    top_k: usize,
-    ids: &Tensor,
-    weights: &Tensor,
-    norm_topk: bool,
-) -> Result<Kernel> {
-    router(gpu, logits, ld, experts, top_k, ids, weights, norm_topk, experts <= RANK_MAX_EXPERTS, false)
-}
+shared_params! {
+    (
+        gpu: &Gpu, logits: &Tensor, ld: usize, experts: usize, top_k: usize, ids: &Tensor, weights: &Tensor,
+        norm_topk: bool
+    )
 
-/// [`moe_router`] with a shared expert as one more slot per token: `ids` / `weights` are
-/// `(T, top_k + 1)`, the last slot of each row id `experts` (the shared expert stacked after the
-/// routed ones) weighted `sigmoid(logits[t, experts])` (its gate logit, column `experts`, so
-/// `ld > experts`). The experts' matvecs then run the shared expert too, and the combine needs no
-/// shared term: two dispatches fewer a layer.
-#[allow(clippy::too_many_arguments)]
-pub fn moe_router_shared(
-    gpu: &Gpu,
-    logits: &Tensor,
-    ld: usize,
-    experts: usize,
-    top_k: usize,
-    ids: &Tensor,
-    weights: &Tensor,
-    norm_topk: bool,
-) -> Result<Kernel> {
-    if ld <= experts {
-        return Err(invalid(format!("moe_router: row stride {ld} has no shared gate column after {experts} experts")));
+    /// Records the router of `T = ids.numel() / top_k` tokens: per token t, the `top_k` experts of
+    /// largest probability under `softmax(logits[t, 0 .. experts])` (the order of the logits; equal
+    /// logits: lower index first), larger first, into `ids[t, :]` (u32) and their probabilities into
+    /// `weights[t, :]` (f32), renormalized to sum 1 with `norm_topk` (Qwen3.5-MoE, Qwen3-MoE), as
+    /// they are otherwise. `logits` is f32 with rows of stride `ld >= experts` (columns past
+    /// `experts`, e.g. the shared expert's gate logit, are not read); `ids` and `weights` hold
+    /// `T · top_k` elements each. `experts <= 512`, `1 <= top_k <= experts`.
+    pub fn moe_router() -> Result<Kernel> {
+        router(gpu, logits, ld, experts, top_k, ids, weights, norm_topk, experts <= RANK_MAX_EXPERTS, false)
     }
-    router(gpu, logits, ld, experts, top_k, ids, weights, norm_topk, experts <= RANK_MAX_EXPERTS, true)
+
+    /// [`moe_router`] with a shared expert as one more slot per token: `ids` / `weights` are
+    /// `(T, top_k + 1)`, the last slot of each row id `experts` (the shared expert stacked after the
+    /// routed ones) weighted `sigmoid(logits[t, experts])` (its gate logit, column `experts`, so
+    /// `ld > experts`). The experts' matvecs then run the shared expert too, and the combine needs no
+    /// shared term: two dispatches fewer a layer.
+    pub fn moe_router_shared() -> Result<Kernel> {
+        if ld <= experts {
+            return Err(invalid(format!(
+                "moe_router: row stride {ld} has no shared gate column after {experts} experts"
+            )));
+        }
+        router(gpu, logits, ld, experts, top_k, ids, weights, norm_topk, experts <= RANK_MAX_EXPERTS, true)
+    }
 }
 
 /// Up to this many experts the router ranks every expert against all (`RANK`: E² comparisons
@@ -400,15 +390,17 @@ pub fn linear_experts(
     }
 }
 
-/// The shared expert of [`moe_combine`]: its output `out` f32 `(T, H)`, gated by
-/// `sigmoid(gate[t · gate_ld + gate_col])`: `gate` is a whole f32 buffer (e.g. the router
-/// linear's `(T, E + 1)` output, `gate_ld = E + 1`, `gate_col = E`), not a view, so that no binding
-/// offset has to be aligned.
+/// The shared expert of [`moe_combine`]: its output gated by `sigmoid(gate[t · gate_ld + gate_col])`.
 #[derive(Clone, Copy, Debug)]
 pub struct SharedExpert<'a> {
+    /// Its output, f32 `(T, H)`.
     pub out: &'a Tensor,
+    /// A whole f32 buffer (e.g. the router linear's `(T, E + 1)` output), not a view, so that no
+    /// binding offset has to be aligned.
     pub gate: &'a Tensor,
+    /// The gate buffer's row stride (E + 1 for the router linear's output).
     pub gate_ld: usize,
+    /// The gate logit's column (E for the router linear's output).
     pub gate_col: usize,
 }
 
@@ -485,13 +477,14 @@ pub fn moe_combine(
 }
 
 pub mod cpu {
-    use crate::dtype::DType;
-    use crate::error::Result;
     use crate::ops::elementwise::cpu::{gelu_tanh, silu};
     use crate::ops::elementwise::Activation;
 
     /// Reference of [`super::moe_router`] (softmax in f64): per token, the `top_k` experts of
-    /// largest logit (equal logits: lower index first), larger first.
+    /// largest logit (equal logits: lower index first), larger first; with `shared_slot`, of
+    /// [`super::moe_router_shared`]: after each row's top-k the shared expert's slot, id `experts`,
+    /// weight `sigmoid(logits[t, experts])` (rows of `top_k + 1`).
+    #[allow(clippy::too_many_arguments)]
     pub fn moe_router(
         logits: &[f32],
         ld: usize,
@@ -500,8 +493,10 @@ pub mod cpu {
         ids: &mut [u32],
         weights: &mut [f32],
         norm_topk: bool,
+        shared_slot: bool,
     ) {
-        let t = ids.len() / top_k;
+        let per_row = top_k + usize::from(shared_slot);
+        let t = ids.len() / per_row;
         for ti in 0..t {
             let row = &logits[ti * ld..][..experts];
             let mut order: Vec<usize> = (0..experts).collect();
@@ -512,32 +507,13 @@ pub mod cpu {
             let chosen = &order[..top_k];
             let total: f64 = if norm_topk { chosen.iter().map(|&i| e[i]).sum() } else { e.iter().sum() };
             for (j, &i) in chosen.iter().enumerate() {
-                ids[ti * top_k + j] = i as u32;
-                weights[ti * top_k + j] = (e[i] / total) as f32;
+                ids[ti * per_row + j] = i as u32;
+                weights[ti * per_row + j] = (e[i] / total) as f32;
             }
-        }
-    }
-
-    /// [`moe_router`] with the shared expert's slot after each row's top-k: id `experts`,
-    /// weight `sigmoid(logits[t, experts])` (rows of `top_k + 1`).
-    pub fn moe_router_shared(
-        logits: &[f32],
-        ld: usize,
-        experts: usize,
-        top_k: usize,
-        ids: &mut [u32],
-        weights: &mut [f32],
-        norm_topk: bool,
-    ) {
-        let t = ids.len() / (top_k + 1);
-        let (mut ri, mut rw) = (vec![0u32; t * top_k], vec![0f32; t * top_k]);
-        moe_router(logits, ld, experts, top_k, &mut ri, &mut rw, norm_topk);
-        for ti in 0..t {
-            let row = ti * (top_k + 1);
-            ids[row..row + top_k].copy_from_slice(&ri[ti * top_k..][..top_k]);
-            weights[row..row + top_k].copy_from_slice(&rw[ti * top_k..][..top_k]);
-            ids[row + top_k] = experts as u32;
-            weights[row + top_k] = (1.0 / (1.0 + (-(logits[ti * ld + experts] as f64)).exp())) as f32;
+            if shared_slot {
+                ids[ti * per_row + top_k] = experts as u32;
+                weights[ti * per_row + top_k] = (1.0 / (1.0 + (-(logits[ti * ld + experts] as f64)).exp())) as f32;
+            }
         }
     }
 
@@ -568,7 +544,8 @@ pub mod cpu {
     /// widened or dequantized), sums in f64: `y[s, :] = W[ids[s]] · x[s / slots_per_row, :]`,
     /// then with `glu` `act(gate) · up` of each (gate, up) row pair (y `(S, N/2)`). x is the input
     /// as the kernel meets it: apply a fused norm or activation first (`norm::cpu::rms_norm`,
-    /// `elementwise::cpu::gated_act`). An id past the stack reads the last expert.
+    /// `elementwise::cpu::gated_act`). An id past the stack reads the last expert. A quantized
+    /// stack is dequantized first (`gguf::cpu::dequantize_rows`, as `to_f32`).
     #[allow(clippy::too_many_arguments)]
     pub fn linear_experts(
         x: &[f32],
@@ -605,26 +582,6 @@ pub mod cpu {
                 }
             }
         }
-    }
-
-    /// [`linear_experts`] over a quantized stack: `raw` the file's bytes of `[E·N, K]` in `dtype`,
-    /// dequantized with `to_f32` (`gguf::cpu::dequantize_rows`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear_experts_quant(
-        x: &[f32],
-        dtype: DType,
-        raw: &[u8],
-        experts: usize,
-        k: usize,
-        ids: &[u32],
-        slots_per_row: usize,
-        glu: Option<Activation>,
-        y: &mut [f32],
-        accumulate: bool,
-    ) -> Result<()> {
-        let w = crate::ops::matmul::gguf::cpu::dequantize_rows(dtype, raw, k)?;
-        linear_experts(x, &w, experts, k, ids, slots_per_row, glu, y, accumulate);
-        Ok(())
     }
 
     /// Reference of [`super::moe_combine`] (in f64): x `(T, h)`, y `(T·k, h)`, weights `(T, k)`;

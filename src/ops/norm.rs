@@ -13,6 +13,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+use crate::ops::signature::shared_params;
 
 /// Which elements form the rows: row `r` is `x[r * x_stride .. r * x_stride + n]`, written to
 /// `out[r * out_stride ..][..n]` (strides in elements).
@@ -93,80 +94,49 @@ fn params(gpu: &Gpu, l: &RowLayout, eps: f32, out_scale: f32) -> wgpu::Buffer {
     )
 }
 
-/// `out[r, :] = x[r, :] * rsqrt(mean(x[r, :]²) + eps) * w` over contiguous rows of `n = w.numel()`
-/// (rows = `x.numel() / n`); with `accumulate`, `out[r, :] += …` instead. `x` and `out` must not
-/// share a buffer (use [`rms_norm_in_place`]).
-pub fn rms_norm(gpu: &Gpu, x: &Tensor, w: &Tensor, out: &Tensor, eps: f32, accumulate: bool) -> Result<Kernel> {
-    rms_norm_rows(gpu, x, w, out, whole_rows(x, w)?, eps, accumulate)
-}
+shared_params! {
+    (gpu: &Gpu, x: &Tensor, w: &Tensor, out: &Tensor)
 
-/// Contiguous rows of `n = w.numel()` covering x.
-fn whole_rows(x: &Tensor, w: &Tensor) -> Result<RowLayout> {
-    let n = w.numel() as u32;
-    if n == 0 || x.numel() % n as usize != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "rms_norm: x has {} elements, not a whole number of rows of {n}",
-            x.numel()
-        )));
+    /// `out[r, :] = x[r, :] * rsqrt(mean(x[r, :]²) + eps) * w` over contiguous rows of `n = w.numel()`
+    /// (rows = `x.numel() / n`); with `accumulate`, `out[r, :] += …` instead. `x` and `out` must not
+    /// share a buffer (use [`rms_norm_in_place`]).
+    pub fn rms_norm(eps: f32, accumulate: bool) -> Result<Kernel> {
+        rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, accumulate, 1.0, None, None)
     }
-    let layout = RowLayout::contiguous((x.numel() / n as usize) as u32, n);
-    Ok(layout)
+
+    /// [`rms_norm`] over an explicit (possibly strided) [`RowLayout`].
+    pub fn rms_norm_rows(layout: RowLayout, eps: f32, accumulate: bool) -> Result<Kernel> {
+        rms_norm_with(gpu, x, w, out, layout, eps, accumulate, 1.0, None, None)
+    }
+
+    /// The residual add through a post-norm, then the layer's output scale:
+    /// `out = (out + norm(x) * w) * scale` over contiguous rows of `n = w.numel()` (Gemma 4's last
+    /// sandwich norm and `layer_scalar`). With `next = Some((w2, out2))` the same dispatch then writes
+    /// `out2 = norm(out) * w2` (the next projection's pre-norm, same epsilon; `out2` shaped as `out`).
+    pub fn rms_norm_residual(eps: f32, scale: f32, next: Option<(&Tensor, &Tensor)>) -> Result<Kernel> {
+        rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale, next, None)
+    }
+
+    /// [`rms_norm_residual`] with the next norm, whose rows (out2) the same dispatch also writes
+    /// staged into `xs` as [`crate::ops::matmul::gguf::quantize_x16`] would (n a multiple of 32): the
+    /// input of the next projection's matvec on x staged apart, without a dispatch of its own.
+    pub fn rms_norm_residual_staged(
+        eps: f32, scale: f32, next: (&Tensor, &Tensor), xs: &Tensor
+    ) -> Result<Kernel> {
+        rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale, Some(next), Some(xs))
+    }
+
+    /// [`rms_norm`] (no accumulation) that also writes `out`'s rows staged into `xs` as
+    /// [`crate::ops::matmul::gguf::quantize_x16`] would (n a multiple of 32): a pre-norm of its own
+    /// staging the input of the projections after it (their matvec on x staged apart), without a
+    /// dispatch of its own.
+    pub fn rms_norm_staged(eps: f32, xs: &Tensor) -> Result<Kernel> {
+        rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, false, 1.0, None, Some(xs))
+    }
 }
 
-/// [`rms_norm`] over an explicit (possibly strided) [`RowLayout`].
-pub fn rms_norm_rows(
-    gpu: &Gpu,
-    x: &Tensor,
-    w: &Tensor,
-    out: &Tensor,
-    layout: RowLayout,
-    eps: f32,
-    accumulate: bool,
-) -> Result<Kernel> {
-    rms_norm_with(gpu, x, w, out, layout, eps, accumulate, 1.0, None, None)
-}
-
-/// The residual add through a post-norm, then the layer's output scale:
-/// `out = (out + norm(x) * w) * scale` over contiguous rows of `n = w.numel()` (Gemma 4's last
-/// sandwich norm and `layer_scalar`). With `next = Some((w2, out2))` the same dispatch then writes
-/// `out2 = norm(out) * w2` (the next projection's pre-norm, same epsilon; `out2` shaped as `out`).
-pub fn rms_norm_residual(
-    gpu: &Gpu,
-    x: &Tensor,
-    w: &Tensor,
-    out: &Tensor,
-    eps: f32,
-    scale: f32,
-    next: Option<(&Tensor, &Tensor)>,
-) -> Result<Kernel> {
-    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale, next, None)
-}
-
-/// [`rms_norm_residual`] with the next norm, whose rows (out2) the same dispatch also writes
-/// staged into `xs` as [`crate::ops::matmul::gguf::quantize_x16`] would (n a multiple of 32): the
-/// input of the next projection's matvec on x staged apart, without a dispatch of its own.
-#[allow(clippy::too_many_arguments)]
-pub fn rms_norm_residual_staged(
-    gpu: &Gpu,
-    x: &Tensor,
-    w: &Tensor,
-    out: &Tensor,
-    eps: f32,
-    scale: f32,
-    next: (&Tensor, &Tensor),
-    xs: &Tensor,
-) -> Result<Kernel> {
-    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, true, scale, Some(next), Some(xs))
-}
-
-/// [`rms_norm`] (no accumulation) that also writes `out`'s rows staged into `xs` as
-/// [`crate::ops::matmul::gguf::quantize_x16`] would (n a multiple of 32): a pre-norm of its own
-/// staging the input of the projections after it (their matvec on x staged apart), without a
-/// dispatch of its own.
-pub fn rms_norm_staged(gpu: &Gpu, x: &Tensor, w: &Tensor, out: &Tensor, eps: f32, xs: &Tensor) -> Result<Kernel> {
-    rms_norm_with(gpu, x, w, out, whole_rows(x, w)?, eps, false, 1.0, None, Some(xs))
-}
-
+/// Every form but IN_PLACE: with `next`, the next norm after the residual add; with `stage`,
+/// the rows the dispatch ends with also staged.
 #[allow(clippy::too_many_arguments)]
 fn rms_norm_with(
     gpu: &Gpu,
@@ -218,6 +188,19 @@ fn rms_norm_with(
         &bindings,
         grid(layout.rows),
     )
+}
+
+/// Contiguous rows of `n = w.numel()` covering x.
+fn whole_rows(x: &Tensor, w: &Tensor) -> Result<RowLayout> {
+    let n = w.numel() as u32;
+    if n == 0 || x.numel() % n as usize != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "rms_norm: x has {} elements, not a whole number of rows of {n}",
+            x.numel()
+        )));
+    }
+    let layout = RowLayout::contiguous((x.numel() / n as usize) as u32, n);
+    Ok(layout)
 }
 
 /// Threads of an `rms_norm` workgroup (`WG` in wgsl/rms_norm.wgsl).
@@ -325,6 +308,22 @@ mod tests {
     use super::*;
     use crate::gpu::tensor::test_util::*;
 
+    /// Random rows `xs` (`rows × n`) and weights `ws` (`n`) of the given seeds and scales, and
+    /// their uploads `x`, `w`.
+    fn rows_and_weights(
+        gpu: &Gpu,
+        rows: usize,
+        n: usize,
+        (x_seed, w_seed): (u64, u64),
+        (x_scale, w_scale): (f32, f32),
+    ) -> (Vec<f32>, Vec<f32>, Tensor, Tensor) {
+        let xs = random(rows * n, x_seed, x_scale);
+        let ws = random(n, w_seed, w_scale);
+        let x = gpu.upload_f32("x", &[rows, n], &xs).unwrap();
+        let w = gpu.upload_f32("w", &[n], &ws).unwrap();
+        (xs, ws, x, w)
+    }
+
     /// Whether `rms_norm` holds rows of `n` in registers (REG; [`norm_shape`]).
     fn in_registers(gpu: &Gpu, n: u32) -> bool {
         norm_shape(gpu, n).1.is_some()
@@ -372,11 +371,8 @@ mod tests {
     fn rms_norm_residual_matches_cpu() {
         for gpu in gpu_variants() {
             let (rows, n) = (3usize, 640usize);
-            let xs = random(rows * n, 61, 4.0);
-            let ws = random(n, 62, 1.5);
+            let (xs, ws, x, w) = rows_and_weights(&gpu, rows, n, (61, 62), (4.0, 1.5));
             let init = random(rows * n, 63, 2.0);
-            let x = gpu.upload_f32("x", &[rows, n], &xs).unwrap();
-            let w = gpu.upload_f32("w", &[n], &ws).unwrap();
             let out = gpu.upload_f32("out", &[rows, n], &init).unwrap();
             let k = rms_norm_residual(&gpu, &x, &w, &out, 1e-6, 0.37, None).unwrap();
             gpu.run(&[&k]).unwrap();
@@ -459,10 +455,7 @@ mod tests {
         for gpu in gpu_variants() {
             for (case, &n) in [640usize, 5376, 16416].iter().enumerate() {
                 let rows = 3;
-                let xs = random(rows * n, 90 + case as u64, 4.0);
-                let ws = random(n, 95 + case as u64, 1.5);
-                let x = gpu.upload_f32("x", &[rows, n], &xs).unwrap();
-                let w = gpu.upload_f32("w", &[n], &ws).unwrap();
+                let (xs, ws, x, w) = rows_and_weights(&gpu, rows, n, (90 + case as u64, 95 + case as u64), (4.0, 1.5));
                 let (a, b) = (
                     gpu.upload_f32("a", &[rows, n], &vec![7.0; rows * n]).unwrap(),
                     gpu.upload_f32("b", &[rows, n], &vec![7.0; rows * n]).unwrap(),
@@ -549,10 +542,7 @@ mod tests {
         for gpu in gpu_variants() {
             // Per-head norm: 3 tokens x 4 heads of 64 (q of a fused qkv row would use strides).
             let (rows, n) = (12usize, 64usize);
-            let xs = random(rows * n, 51, 5.0);
-            let ws = random(n, 52, 1.0);
-            let x = gpu.upload_f32("x", &[rows, n], &xs).unwrap();
-            let w = gpu.upload_f32("w", &[n], &ws).unwrap();
+            let (xs, ws, x, w) = rows_and_weights(&gpu, rows, n, (51, 52), (5.0, 1.0));
             let layout = RowLayout::contiguous(rows as u32, n as u32);
             let k = rms_norm_in_place(&gpu, &x, &w, layout, 1e-6).unwrap();
             gpu.run(&[&k]).unwrap();

@@ -8,6 +8,7 @@
 use crate::error::Result;
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
 use crate::ops::attention::cache_dims;
+use crate::ops::signature::shared_params;
 
 /// Shape of one layer's RoPE.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -86,64 +87,41 @@ pub fn rope_table(
     }
 }
 
-/// Records RoPE (and with `qk_norm = Some((q_norm, k_norm, eps))`, the per-head RMSNorm before
-/// it: `x * rsqrt(mean(x²) + eps) * w`, q heads with `q_norm`, k heads with `k_norm`, both f32
-/// `[D]` with any Gemma `1 + w` already folded in) over the rows `t < step.n_tokens` of `qkv`
-/// (f32 `[T, (H + 2 Hkv) * D]`). `step` is the [`StepParams`](super::StepParams) uniform.
-pub fn rope(
-    gpu: &Gpu,
-    qkv: &Tensor,
-    step: &wgpu::Buffer,
-    p: RopeParams,
-    qk_norm: Option<(&Tensor, &Tensor, f32)>,
-) -> Result<Kernel> {
-    record(gpu, qkv, step, p, qk_norm, None, None)
-}
+shared_params! {
+    (gpu: &Gpu, qkv: &Tensor, step: &wgpu::Buffer)
 
-/// [`rope`] fused with [`kv_cache_write`](super::attention::kv_cache_write): also writes the
-/// rotated k and the v of rows `t < step.n_tokens` to the f16 caches `[Hkv, max_ctx, D]` at
-/// positions `step.pos + t` (same bits as the separate kernel), saving one dispatch per layer.
-pub fn rope_kv_write(
-    gpu: &Gpu,
-    qkv: &Tensor,
-    step: &wgpu::Buffer,
-    p: RopeParams,
-    qk_norm: Option<(&Tensor, &Tensor, f32)>,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-) -> Result<Kernel> {
-    record(gpu, qkv, step, p, qk_norm, Some((k_cache, v_cache)), None)
-}
+    /// Records RoPE (and with `qk_norm = Some((q_norm, k_norm, eps))`, the per-head RMSNorm before
+    /// it: `x * rsqrt(mean(x²) + eps) * w`, q heads with `q_norm`, k heads with `k_norm`, both f32
+    /// `[D]` with any Gemma `1 + w` already folded in) over the rows `t < step.n_tokens` of `qkv`
+    /// (f32 `[T, (H + 2 Hkv) * D]`). `step` is the [`StepParams`](super::StepParams) uniform.
+    pub fn rope(p: RopeParams, qk_norm: Option<(&Tensor, &Tensor, f32)>) -> Result<Kernel> {
+        record(gpu, qkv, step, p, qk_norm, None, None)
+    }
 
-/// [`rope_kv_write`] for a decode step of many sequences: token `t` of the pass is sequence `t`,
-/// at position `seqs[t].0` of KV-cache slot `seqs[t].1` (u32 `[T, 2]`), the caches being
-/// `[S, Hkv, max_ctx, D]`.
-#[allow(clippy::too_many_arguments)]
-pub fn rope_kv_write_batch(
-    gpu: &Gpu,
-    qkv: &Tensor,
-    step: &wgpu::Buffer,
-    seqs: &Tensor,
-    p: RopeParams,
-    qk_norm: Option<(&Tensor, &Tensor, f32)>,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-) -> Result<Kernel> {
-    record(gpu, qkv, step, p, qk_norm, Some((k_cache, v_cache)), Some(seqs))
-}
+    /// [`rope`] fused with [`kv_cache_write`](super::attention::kv_cache_write): also writes the
+    /// rotated k and the v of rows `t < step.n_tokens` to the f16 caches `[Hkv, max_ctx, D]` at
+    /// positions `step.pos + t` (same bits as the separate kernel), saving one dispatch per layer.
+    pub fn rope_kv_write(
+        p: RopeParams, qk_norm: Option<(&Tensor, &Tensor, f32)>, k_cache: &Tensor, v_cache: &Tensor
+    ) -> Result<Kernel> {
+        record(gpu, qkv, step, p, qk_norm, Some((k_cache, v_cache)), None)
+    }
 
-/// [`rope`] of the q heads only ([`RopeParams::q_only`]) for a decode step of many sequences:
-/// token `t` at position `seqs[t].0` (u32 `[T, 2]`).
-pub fn rope_batch(
-    gpu: &Gpu,
-    qkv: &Tensor,
-    step: &wgpu::Buffer,
-    seqs: &Tensor,
-    p: RopeParams,
-    qk_norm: Option<(&Tensor, &Tensor, f32)>,
-) -> Result<Kernel> {
-    assert!(p.q_only, "rope_batch: the batch form without a cache write is for q-only layers");
-    record(gpu, qkv, step, p, qk_norm, None, Some(seqs))
+    /// [`rope_kv_write`] for a decode step of many sequences: token `t` of the pass is sequence `t`,
+    /// at position `seqs[t].0` of KV-cache slot `seqs[t].1` (u32 `[T, 2]`), the caches being
+    /// `[S, Hkv, max_ctx, D]`.
+    pub fn rope_kv_write_batch(
+        seqs: &Tensor, p: RopeParams, qk_norm: Option<(&Tensor, &Tensor, f32)>, k_cache: &Tensor, v_cache: &Tensor
+    ) -> Result<Kernel> {
+        record(gpu, qkv, step, p, qk_norm, Some((k_cache, v_cache)), Some(seqs))
+    }
+
+    /// [`rope`] of the q heads only ([`RopeParams::q_only`]) for a decode step of many sequences:
+    /// token `t` at position `seqs[t].0` (u32 `[T, 2]`).
+    pub fn rope_batch(seqs: &Tensor, p: RopeParams, qk_norm: Option<(&Tensor, &Tensor, f32)>) -> Result<Kernel> {
+        assert!(p.q_only, "rope_batch: the batch form without a cache write is for q-only layers");
+        record(gpu, qkv, step, p, qk_norm, None, Some(seqs))
+    }
 }
 
 crate::ops::uniform::uniform_struct! {
@@ -356,53 +334,17 @@ mod tests {
         for gpu in gpu_variants() {
             for d in [64, 256] {
                 for norm in [false, true] {
-                    let p = RopeParams {
-                        heads: 4,
-                        kv_heads: 2,
-                        head_dim: d,
-                        rotary_dim: d,
-                        theta: 10000.0,
-                        scaling: 1.0,
-                        n_tokens: 7,
-                        proportional: false,
-                        k_eq_v: false,
-                        v_norm: false,
-                        q_only: false,
-                    };
+                    let p = RopeParams::new(4, 2, d, 10000.0, 7);
                     check(&gpu, p, &[(0, 7), (37, 1), (10, 5)], norm, 2e-6 * if norm { 4.0 } else { 2.0 });
                 }
             }
             // Qwen-style large base with GQA 6:2, Gemma-style linear scaling.
-            let p = RopeParams {
-                heads: 6,
-                kv_heads: 2,
-                head_dim: 128,
-                rotary_dim: 128,
-                theta: 1_000_000.0,
-                scaling: 1.0,
-                n_tokens: 3,
-                proportional: false,
-                k_eq_v: false,
-                v_norm: false,
-                q_only: false,
-            };
+            let p = RopeParams::new(6, 2, 128, 1_000_000.0, 3);
             check(&gpu, p, &[(5, 3)], true, 1e-5);
             let p = RopeParams { theta: 1_000_000.0, scaling: 8.0, heads: 4, kv_heads: 1, ..p };
             check(&gpu, p, &[(1000, 3)], false, 1e-5);
             // Qwen3.5: a quarter of each head rotated, the rest only normalized.
-            let p = RopeParams {
-                heads: 4,
-                kv_heads: 2,
-                head_dim: 256,
-                rotary_dim: 64,
-                theta: 1e7,
-                scaling: 1.0,
-                n_tokens: 3,
-                proportional: false,
-                k_eq_v: false,
-                v_norm: false,
-                q_only: false,
-            };
+            let p = RopeParams { rotary_dim: 64, ..RopeParams::new(4, 2, 256, 1e7, 3) };
             check(&gpu, p, &[(0, 3), (300, 2)], true, 1e-5);
             check(&gpu, RopeParams { head_dim: 32, rotary_dim: 8, ..p }, &[(7, 3)], false, 1e-5);
         }
@@ -501,19 +443,7 @@ mod tests {
     #[test]
     fn rope_far_positions() {
         for gpu in gpu_variants() {
-            let p = RopeParams {
-                heads: 2,
-                kv_heads: 1,
-                head_dim: 64,
-                rotary_dim: 64,
-                theta: 10000.0,
-                scaling: 1.0,
-                n_tokens: 4,
-                proportional: false,
-                k_eq_v: false,
-                v_norm: false,
-                q_only: false,
-            };
+            let p = RopeParams::new(2, 1, 64, 10000.0, 4);
             check(&gpu, p, &[(4093, 4), (32764, 4), (131_000, 4), (1_000_000, 2)], false, 4e-6);
         }
     }
@@ -524,19 +454,7 @@ mod tests {
         use crate::ops::attention::{kv_cache, kv_cache_write, AttnParams};
         for gpu in gpu_variants() {
             for (d, rot, norm) in [(64, 64, false), (256, 256, true), (256, 64, true)] {
-                let p = RopeParams {
-                    heads: 6,
-                    kv_heads: 2,
-                    head_dim: d,
-                    rotary_dim: rot,
-                    theta: 10000.0,
-                    scaling: 1.0,
-                    n_tokens: 5,
-                    proportional: false,
-                    k_eq_v: false,
-                    v_norm: false,
-                    q_only: false,
-                };
+                let p = RopeParams { rotary_dim: rot, ..RopeParams::new(6, 2, d, 10000.0, 5) };
                 let ap = AttnParams {
                     heads: 6,
                     kv_heads: 2,

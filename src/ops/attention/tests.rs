@@ -1,5 +1,6 @@
 use super::*;
 use crate::gpu::tensor::test_util::*;
+use crate::ops::rope::{inv_freq, rope_kv_write, RopeParams};
 use crate::ops::StepParams;
 use half::f16;
 
@@ -66,7 +67,7 @@ impl Layer {
         assert!(gpu.read_f16(&self.v).unwrap() == self.v_cpu, "V cache differs");
 
         let mut got = gpu.read_f32(&out).unwrap();
-        let want = cpu::attention(&data, &self.k_cpu, &self.v_cpu, pos, n, &p);
+        let want = cpu::attention(&data, &self.k_cpu, &self.v_cpu, pos, n, &p, q_f16(p.head_dim));
         let valid = n * p.heads * p.head_dim;
         assert!(got[valid..].iter().all(|&x| x == SENTINEL), "rows >= n_tokens were written");
         let (diff, at) = max_abs_diff(&got[..valid], &want);
@@ -80,6 +81,47 @@ impl Layer {
         got.truncate(valid);
         got
     }
+}
+
+/// The GPU operands of a decode step of `seqs` ((position, slot) per token, T = seqs.len()): the
+/// qkv rows `data`, K and V caches `[S, Hkv, max_ctx, D]` both loaded with `cache`, the output,
+/// the sequences (u32 `[T, 2]`) and the step's uniform.
+struct BatchStep {
+    qkv: Tensor,
+    kc: Tensor,
+    vc: Tensor,
+    out: Tensor,
+    sq: Tensor,
+    step: wgpu::Buffer,
+}
+
+impl BatchStep {
+    fn new(gpu: &Gpu, p: &AttnParams, data: &[f32], cache: &[f16], seqs: &[(u32, u32)]) -> BatchStep {
+        let b = seqs.len();
+        let slots = cache.len() / (p.kv_heads * p.max_ctx * p.head_dim);
+        let shape = [slots, p.kv_heads, p.max_ctx, p.head_dim];
+        let flat: Vec<u32> = seqs.iter().flat_map(|&(p, s)| [p, s]).collect();
+        BatchStep {
+            qkv: gpu.upload_f32("qkv", &[b, p.row_stride()], data).unwrap(),
+            kc: gpu.upload_f16("k", &shape, cache).unwrap(),
+            vc: gpu.upload_f16("v", &shape, cache).unwrap(),
+            out: gpu.empty("out", &[b, p.heads * p.head_dim], ElemType::F32).unwrap(),
+            sq: gpu.upload_u32("seqs", &[b, 2], &flat).unwrap(),
+            step: gpu.uniform("step", &StepParams { pos: 0, n_tokens: b as u32, slot: 0, _pad: 0 }),
+        }
+    }
+}
+
+/// One decode token's kernels on `io`: fused, [`attention_rope`]; else [`rope_kv_write`] (`rp`)
+/// then [`attention`].
+fn rope_attention(gpu: &Gpu, io: Io, fused: bool, p: AttnParams, rp: RopeParams, table: &Tensor) -> Vec<Kernel> {
+    let Io { qkv, k_cache, v_cache, out, step } = io;
+    if fused {
+        return attention_rope(gpu, qkv, k_cache, v_cache, out, step, p, table).unwrap();
+    }
+    let mut ks = vec![rope_kv_write(gpu, qkv, step, rp, None, k_cache, v_cache).unwrap()];
+    ks.extend(attention(gpu, qkv, k_cache, v_cache, out, step, p).unwrap());
+    ks
 }
 
 fn params(heads: usize, kv_heads: usize, head_dim: usize, max_ctx: usize, window: usize) -> AttnParams {
@@ -118,7 +160,7 @@ fn wide_heads_stay_within_the_query_rounding_bound() {
         gpu.run(&ks).unwrap();
         let got = gpu.read_f32(&out).unwrap();
         cpu::kv_cache_write(&data, &mut k_cpu, &mut v_cpu, 40, n, &p);
-        let exact = cpu::attention_q(&data, &k_cpu, &v_cpu, 40, n, &p, false);
+        let exact = cpu::attention(&data, &k_cpu, &v_cpu, 40, n, &p, false);
         let vmax = v_cpu.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
         let mut moved = 0f32;
         for t in 0..n {
@@ -163,25 +205,12 @@ fn prefill_then_decode() {
 /// and near the end of the cache, with and without key splits.
 #[test]
 fn attention_rope_equals_rope_then_attention() {
-    use crate::ops::rope::{inv_freq, rope_kv_write, RopeParams};
     for gpu in gpu_variants() {
         for (h, hkv, d, ctx, pos) in
             [(12, 2, 128, 641, 600), (6, 2, 64, 40, 0), (4, 1, 256, 80, 79), (8, 8, 64, 300, 123)]
         {
             let p = params(h, hkv, d, ctx, 0);
-            let rp = RopeParams {
-                heads: h,
-                kv_heads: hkv,
-                head_dim: d,
-                rotary_dim: d,
-                theta: 1e6,
-                scaling: 1.0,
-                n_tokens: 1,
-                proportional: false,
-                k_eq_v: false,
-                v_norm: false,
-                q_only: false,
-            };
+            let rp = RopeParams::new(h, hkv, d, 1e6, 1);
             let row = p.row_stride();
             let data = random(row, 91 + pos as u64, 1.5);
             let cache: Vec<f16> = random(hkv * ctx * d, 92, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
@@ -192,13 +221,8 @@ fn attention_rope_equals_rope_then_attention() {
                 let kc = gpu.upload_f16("k", &[hkv, ctx, d], &cache).unwrap();
                 let vc = gpu.upload_f16("v", &[hkv, ctx, d], &cache).unwrap();
                 let out = gpu.empty("out", &[1, h * d], ElemType::F32).unwrap();
-                let mut ks = Vec::new();
-                if fused {
-                    ks.extend(attention_rope(&gpu, &qkv, &kc, &vc, &out, &step, p, &table).unwrap());
-                } else {
-                    ks.push(rope_kv_write(&gpu, &qkv, &step, rp, None, &kc, &vc).unwrap());
-                    ks.extend(attention(&gpu, &qkv, &kc, &vc, &out, &step, p).unwrap());
-                }
+                let io = Io { qkv: &qkv, k_cache: &kc, v_cache: &vc, out: &out, step: &step };
+                let ks = rope_attention(&gpu, io, fused, p, rp, &table);
                 gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
                 (gpu.read_f32(&out).unwrap(), gpu.read_f16(&kc).unwrap(), gpu.read_f16(&vc).unwrap())
             };
@@ -350,7 +374,7 @@ fn decode_kernel_matches_cpu() {
                         gpu.run(&ks).unwrap();
                         cpu::kv_cache_write(&data, &mut k_cpu, &mut v_cpu, pos, 1, &p);
                         let got = gpu.read_f32(&out).unwrap();
-                        let want = cpu::attention(&data, &k_cpu, &v_cpu, pos, 1, &p);
+                        let want = cpu::attention(&data, &k_cpu, &v_cpu, pos, 1, &p, q_f16(p.head_dim));
                         let (diff, at) = max_abs_diff(&got, &want);
                         let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
                         assert!(
@@ -512,7 +536,7 @@ fn chunked_prefill_equals_single() {
 /// with and without key splits; and the output matches the CPU reference.
 #[test]
 fn batch_of_sequences_equals_each_alone() {
-    use crate::ops::rope::{inv_freq, rope_kv_write, rope_kv_write_batch, RopeParams};
+    use crate::ops::rope::rope_kv_write_batch;
     for gpu in gpu_variants() {
         for (h, hkv, d, ctx, fused) in
             [(12, 2, 128, 300, true), (6, 2, 64, 64, false), (4, 1, 256, 40, true), (8, 1, 512, 40, false)]
@@ -522,19 +546,7 @@ fn batch_of_sequences_equals_each_alone() {
             let seqs: [(u32, u32); 4] = [(17, 3), (0, 0), ((ctx - 1) as u32, 4), (123 % ctx as u32, 1)];
             let b = seqs.len();
             let p = AttnParams { n_tokens: b, ..params(h, hkv, d, ctx, 0) };
-            let rp = RopeParams {
-                heads: h,
-                kv_heads: hkv,
-                head_dim: d,
-                rotary_dim: d,
-                theta: 1e4,
-                scaling: 1.0,
-                n_tokens: b,
-                proportional: false,
-                k_eq_v: false,
-                v_norm: false,
-                q_only: false,
-            };
+            let rp = RopeParams::new(h, hkv, d, 1e4, b);
             let row = p.row_stride();
             let data = random(b * row, 7 + d as u64, 1.5);
             let cache: Vec<f16> = random(slots * hkv * ctx * d, 8, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
@@ -542,13 +554,7 @@ fn batch_of_sequences_equals_each_alone() {
             let what = format!("H {h} Hkv {hkv} D {d} ctx {ctx} fused {fused} f16={}", gpu.caps.f16);
             let shape = [slots, hkv, ctx, d];
             // The batch.
-            let qkv = gpu.upload_f32("qkv", &[b, row], &data).unwrap();
-            let kc = gpu.upload_f16("k", &shape, &cache).unwrap();
-            let vc = gpu.upload_f16("v", &shape, &cache).unwrap();
-            let out = gpu.empty("out", &[b, h * d], ElemType::F32).unwrap();
-            let flat: Vec<u32> = seqs.iter().flat_map(|&(p, s)| [p, s]).collect();
-            let sq = gpu.upload_u32("seqs", &[b, 2], &flat).unwrap();
-            let step = gpu.uniform("step", &StepParams { pos: 0, n_tokens: b as u32, slot: 0, _pad: 0 });
+            let BatchStep { qkv, kc, vc, out, sq, step } = BatchStep::new(&gpu, &p, &data, &cache, &seqs);
             let mut ks = Vec::new();
             if fused {
                 ks.extend(attention_batch(&gpu, &qkv, &kc, &vc, &out, &step, &sq, p, Some(&table)).unwrap());
@@ -567,13 +573,8 @@ fn batch_of_sequences_equals_each_alone() {
                 let qkv1 = gpu.upload_f32("qkv", &[1, row], &data[t * row..][..row]).unwrap();
                 let out1 = gpu.empty("out", &[1, h * d], ElemType::F32).unwrap();
                 let step1 = gpu.uniform("step", &StepParams { pos, n_tokens: 1, slot, _pad: 0 });
-                let mut ks = Vec::new();
-                if fused {
-                    ks.extend(attention_rope(&gpu, &qkv1, &kc1, &vc1, &out1, &step1, p1, &table).unwrap());
-                } else {
-                    ks.push(rope_kv_write(&gpu, &qkv1, &step1, rp1, None, &kc1, &vc1).unwrap());
-                    ks.extend(attention(&gpu, &qkv1, &kc1, &vc1, &out1, &step1, p1).unwrap());
-                }
+                let io = Io { qkv: &qkv1, k_cache: &kc1, v_cache: &vc1, out: &out1, step: &step1 };
+                let ks = rope_attention(&gpu, io, fused, p1, rp1, &table);
                 gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
                 let alone = gpu.read_f32(&out1).unwrap();
                 let mine = &got[t * h * d..][..h * d];
@@ -608,14 +609,7 @@ fn batch_of_sequences_matches_cpu() {
         data[t * row..][..h * d].iter_mut().for_each(|x| *x *= 3.0);
     }
     let cache: Vec<f16> = random(slots * hkv * ctx * d, 32, 1.0).iter().map(|x| f16::from_f32(*x)).collect();
-    let shape = [slots, hkv, ctx, d];
-    let qkv = gpu.upload_f32("qkv", &[b, row], &data).unwrap();
-    let kc = gpu.upload_f16("k", &shape, &cache).unwrap();
-    let vc = gpu.upload_f16("v", &shape, &cache).unwrap();
-    let out = gpu.empty("out", &[b, h * d], ElemType::F32).unwrap();
-    let flat: Vec<u32> = seqs.iter().flat_map(|&(p, s)| [p, s]).collect();
-    let sq = gpu.upload_u32("seqs", &[b, 2], &flat).unwrap();
-    let step = gpu.uniform("step", &StepParams { pos: 0, n_tokens: b as u32, slot: 0, _pad: 0 });
+    let BatchStep { qkv, kc, vc, out, sq, step } = BatchStep::new(&gpu, &p, &data, &cache, &seqs);
     let ks = attention_batch(&gpu, &qkv, &kc, &vc, &out, &step, &sq, p, None).unwrap();
     gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
     let got = gpu.read_f32(&out).unwrap();
@@ -629,6 +623,7 @@ fn batch_of_sequences_matches_cpu() {
             pos as usize,
             1,
             &AttnParams { n_tokens: 1, ..p },
+            q_f16(d),
         );
         let (diff, at) = max_abs_diff(&got[t * h * d..][..h * d], &want);
         let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));

@@ -55,7 +55,7 @@ fn router_matches_cpu() {
                     let (got_i, got_w) = (gpu.read_u32(&ids).unwrap(), gpu.read_f32(&weights).unwrap());
                     let mut want_i = vec![0u32; t * top_k];
                     let mut want_w = vec![0f32; t * top_k];
-                    cpu::moe_router(&lv, ld, experts, top_k, &mut want_i, &mut want_w, norm_topk);
+                    cpu::moe_router(&lv, ld, experts, top_k, &mut want_i, &mut want_w, norm_topk, false);
                     let what =
                         format!("E={experts} k={top_k} T={t} norm={norm_topk} rank={rank} sg={}", gpu.caps.subgroups);
                     assert_eq!(got_i, want_i, "{what}: ids");
@@ -86,7 +86,7 @@ fn router_shared_slot_matches_cpu() {
             let kern = moe_router_shared(&gpu, &logits, ld, experts, top_k, &ids, &weights, true).unwrap();
             gpu.run(&[&kern]).unwrap();
             let (mut want_i, mut want_w) = (vec![0u32; n], vec![0f32; n]);
-            cpu::moe_router_shared(&lv, ld, experts, top_k, &mut want_i, &mut want_w, true);
+            cpu::moe_router(&lv, ld, experts, top_k, &mut want_i, &mut want_w, true, true);
             assert_eq!(gpu.read_u32(&ids).unwrap(), want_i, "E={experts} k={top_k}");
             // The routed weights as in router_matches_cpu; the gate's sigmoid: exp within
             // 3 + 2|x| ulps (Vulkan), then 1 + e and a division.
@@ -127,7 +127,7 @@ fn router_ties_and_extremes() {
         gpu.run(&[&kern]).unwrap();
         let mut want_i = vec![0u32; t * top_k];
         let mut want_w = vec![0f32; t * top_k];
-        cpu::moe_router(&lv, experts, experts, top_k, &mut want_i, &mut want_w, norm_topk);
+        cpu::moe_router(&lv, experts, experts, top_k, &mut want_i, &mut want_w, norm_topk, false);
         assert_eq!(gpu.read_u32(&ids).unwrap(), want_i, "norm={norm_topk} rank={rank}");
         let got_w = gpu.read_f32(&weights).unwrap();
         for (g, w) in got_w.iter().zip(&want_w) {
@@ -562,7 +562,7 @@ fn moe_block_routes_on_the_gpu() {
         let (gi, gw) = (gpu.read_u32(&ids).unwrap(), gpu.read_f32(&weights).unwrap());
         let mut want_i = vec![0u32; t * top_k];
         let mut want_w = vec![0f32; t * top_k];
-        cpu::moe_router(&lg, experts + 1, experts, top_k, &mut want_i, &mut want_w, true);
+        cpu::moe_router(&lg, experts + 1, experts, top_k, &mut want_i, &mut want_w, true, false);
         assert_eq!(gi, want_i, "router on the GPU's logits");
         let mut xn = vec![0f32; t * h];
         norm::cpu::rms_norm(&xv, &gv, &mut xn, 1e-6, false);
