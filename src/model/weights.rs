@@ -16,8 +16,10 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Kernel, Tensor};
 use crate::ops::embedding::{upload_row_chunks, CHUNK_ROW_ALIGN};
-use crate::ops::matmul::gguf::{is_supported, linear_quant_in, matvec_quant_mixed, mixes, QuantWeight};
-use crate::ops::matmul::{linear_in, Input, LinearOpts};
+use crate::ops::matmul::gguf::{is_supported, matvec_quant_mixed, mixes, QuantWeight};
+/// Records `y (+)= input(x) · Wᵀ (+ bias)` for either kind of weight ([`Linear`] is a [`Weight`]).
+pub use crate::ops::matmul::linear_in as linear;
+use crate::ops::matmul::{Input, LinearOpts, Operands, Weight};
 use half::f16;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -56,19 +58,12 @@ impl Linear {
     }
 }
 
-/// Records `y (+)= input(x) · Wᵀ (+ bias)` for either kind of weight.
-pub fn linear(
-    gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    w: &Linear,
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    opts: LinearOpts,
-) -> Result<Kernel> {
-    match w {
-        Linear::F16(t) => linear_in(gpu, x, input, t, bias, y, opts),
-        Linear::Quant(q) => linear_quant_in(gpu, x, input, q, bias, y, opts),
+impl Weight for Linear {
+    fn record(gpu: &Gpu, op: &Operands<'_, Linear>) -> Result<Kernel> {
+        match op.w {
+            Linear::F16(t) => Tensor::record(gpu, &op.with_weight(t)),
+            Linear::Quant(q) => QuantWeight::record(gpu, &op.with_weight(q)),
+        }
     }
 }
 
@@ -104,7 +99,7 @@ impl Proj {
         // the matvec takes both.
         if let [(0, Linear::Quant(a)), (col, Linear::Quant(b))] = self.parts.as_slice() {
             if mixes(gpu, a, b, y.shape[0], input, &opts) {
-                return Ok(vec![matvec_quant_mixed(gpu, x, input, a, (b, *col), bias, y, opts)?]);
+                return Ok(vec![matvec_quant_mixed(gpu, &Operands { x, input, w: a, bias, y, opts }, (b, *col))?]);
             }
         }
         let t = y.shape[0];

@@ -68,7 +68,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
-use crate::ops::matmul::{self, Input, LinearOpts, LinearShape};
+use crate::ops::matmul::{self, Input, LinearOpts, LinearShape, Operands};
 use crate::weights::QuantWeight;
 
 /// Most experts [`moe_router`] takes (two per thread of its 256).
@@ -391,11 +391,17 @@ pub fn linear_experts(
             assert!(groups.is_none(), "{OP}: f16 stacks run per slot");
             assert!(k % 2 == 0, "{OP}: K = {k} must be even (f16 rows are whole u32 words)");
             assert!(rows * k / 2 < u32::MAX as usize, "{OP}: [{rows}, {k}] overflows 32-bit indexing");
-            matmul::matvec_experts(gpu, x, input, w, route, y, &s, opts)
+            matmul::matvec_experts(gpu, &Operands { input, ..Operands::new(x, w, y, opts) }, &s, route)
         }
         ExpertWeight::Quant { w, .. } => {
             let groups = groups.map(|g| (g, group_tiles(s.t, experts)));
-            matmul::gguf::matvec_experts_quant(gpu, x, input, w, route, groups, y, &s, opts)
+            matmul::gguf::matvec_experts_quant(
+                gpu,
+                &Operands { input, ..Operands::new(x, w, y, opts) },
+                &s,
+                route,
+                groups,
+            )
         }
     }
 }

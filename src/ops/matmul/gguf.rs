@@ -72,14 +72,13 @@ pub use super::staged_x_words;
 /// The quantized weights' storage, from [`crate::weights`] (kept at their former path).
 pub use crate::weights::{is_supported, repack, unpack, unpermute_rope_rows_raw, QuantWeight};
 pub(crate) use linear::matvec_experts_quant;
-pub use linear::{linear_quant, linear_quant_in};
 pub use matvec::{matvec_quant_mixed, quantize_x16};
 
-use super::{matvec_macros, matvec_shape, Input, LinearOpts, LinearShape, MATVEC_WG};
+use super::{matvec_shape, Input, LinearOpts, LinearShape, Operands, MATVEC_WG};
 use crate::dtype::DType;
 use crate::gpu::{Gpu, Macros};
 use crate::tuning::{InputKind, MatvecQuery, MatvecState};
-use crate::weights::{type_macros, unit_elems};
+use crate::weights::unit_elems;
 
 /// How matvec_quant runs for one shape on one device.
 #[doc(hidden)]
@@ -210,8 +209,8 @@ impl QMatvecConfig {
     /// The macros of wgsl/matvec_quant.wgsl every dispatch of this configuration sets: the fused
     /// input, the epilogue, W's type, where the norm weight binds, the workgroup shape and tokens a
     /// pass (`SUBGROUP` cleared where the configuration reduces without subgroups).
-    fn macros(&self, gpu: &Gpu, dtype: DType, input: Input<'_>, bias: bool, opts: &LinearOpts) -> Macros {
-        let m = type_macros(matvec_macros(gpu, &input, bias, opts), dtype).set("GB", if bias { 6 } else { 5 });
+    fn macros(&self, gpu: &Gpu, op: &Operands<'_, QuantWeight>) -> Macros {
+        let m = op.quant_macros(gpu).set("GB", if op.bias.is_some() { 6 } else { 5 });
         matvec_shape(m, self.wg, self.tpr, self.tok, self.subgroups)
     }
 
