@@ -99,7 +99,11 @@ impl Proj {
         // the matvec takes both.
         if let [(0, Linear::Quant(a)), (col, Linear::Quant(b))] = self.parts.as_slice() {
             if mixes(gpu, a, b, y.shape[0], input, &opts) {
-                return Ok(vec![matvec_quant_mixed(gpu, &Operands { x, input, w: a, bias, y, opts }, (b, *col))?]);
+                return Ok(vec![matvec_quant_mixed(
+                    gpu,
+                    &Operands { input, bias, ..Operands::new(x, a, y, opts) },
+                    (b, *col),
+                )?]);
             }
         }
         let t = y.shape[0];

@@ -277,7 +277,7 @@ pub fn linear_in<W: Weight + ?Sized>(
     y: &Tensor,
     opts: LinearOpts,
 ) -> Result<Kernel> {
-    W::record(gpu, &Operands { x, input, w, bias, y, opts })
+    W::record(gpu, &Operands { x, input, w, bias, y, opts, route: None })
 }
 
 /// A weight [`linear_in`] records with: f16 ([`Tensor`]: `wgsl/matvec.wgsl`, `wgsl/matmul.wgsl`),
@@ -291,7 +291,7 @@ pub trait Weight {
 
 impl Weight for Tensor {
     fn record(gpu: &Gpu, op: &Operands<'_, Tensor>) -> Result<Kernel> {
-        let Operands { x, input, w, bias, y, opts } = *op;
+        let Operands { x, input, w, bias, y, opts, .. } = *op;
         let k = *w.shape.get(1).unwrap_or(&0);
         let s = check_shapes(&input.checked_x(x, k), w, bias, y, opts);
         if s.t <= MATVEC_MAX_T {
@@ -318,6 +318,8 @@ pub struct Operands<'a, W: ?Sized> {
     pub bias: Option<&'a Tensor>,
     pub y: &'a Tensor,
     pub opts: LinearOpts,
+    /// W a stack of experts' weights read per slot ([`Route`]; the expert projections').
+    pub route: Option<Route<'a>>,
 }
 
 impl<W: ?Sized> Clone for Operands<'_, W> {
@@ -329,15 +331,15 @@ impl<W: ?Sized> Clone for Operands<'_, W> {
 impl<W: ?Sized> Copy for Operands<'_, W> {}
 
 impl<'a, W: ?Sized> Operands<'a, W> {
-    /// x read plain, no bias (set the others with `Operands { input, bias, ..Operands::new(..) }`).
+    /// x read plain, no bias, no route (set the others with `Operands { input, ..Operands::new(..) }`).
     pub fn new(x: &'a Tensor, w: &'a W, y: &'a Tensor, opts: LinearOpts) -> Self {
-        Operands { x, input: Input::Plain, w, bias: None, y, opts }
+        Operands { x, input: Input::Plain, w, bias: None, y, opts, route: None }
     }
 
     /// The same operands with the weight `w`.
     pub fn with_weight<V: ?Sized>(&self, w: &'a V) -> Operands<'a, V> {
-        let Operands { x, input, bias, y, opts, .. } = *self;
-        Operands { x, input, w, bias, y, opts }
+        let Operands { x, input, bias, y, opts, route, .. } = *self;
+        Operands { x, input, w, bias, y, opts, route }
     }
 
     /// The macros every linear kernel sets: the bias, accumulation and the soft-capping epilogue.
@@ -407,6 +409,15 @@ fn out_binding<'a>(gpu: &Gpu, y: &'a Tensor, s: &LinearShape) -> wgpu::BindingRe
     })
 }
 
+/// Asserts a matvec's workgroup shape (wgsl/matvec.wgsl, wgsl/matvec_quant.wgsl): `tok` tokens a
+/// pass (1 or 4), row groups of `tpr` lanes (a power of two dividing the `wg` threads) with a
+/// storing lane for each output of a pass and the 8 lanes the reduction without subgroups folds.
+fn check_row_groups(wg: u32, tpr: u32, tok: u32) {
+    assert!(matches!(tok, 1 | 4));
+    assert!(tpr.is_power_of_two() && wg % tpr == 0);
+    assert!(tpr >= 8 && tpr >= 4 * tok);
+}
+
 /// A matvec's workgroup shape (wgsl/matvec.wgsl, wgsl/matvec_quant.wgsl): `wg` threads in row
 /// groups of `tpr` lanes, `tok` tokens a pass, `SUBGROUP` cleared where it reduces without
 /// subgroups.
@@ -469,13 +480,6 @@ impl MatvecConfig {
     }
 }
 
-/// Records the f16 matvec with its configuration given (what [`linear_in`] records up to
-/// [`MATVEC_MAX_T`] tokens, with [`MatvecConfig::new`]'s).
-#[doc(hidden)]
-pub fn matvec(gpu: &Gpu, op: &Operands<'_, Tensor>, s: &LinearShape, cfg: MatvecConfig) -> Result<Kernel> {
-    matvec_routed(gpu, op, s, cfg, None)
-}
-
 /// The expert routing of a matvec over a stack of experts' weights (`EXPERTS` in
 /// wgsl/matvec.wgsl and wgsl/matvec_quant.wgsl; the op is [`crate::ops::moe::linear_experts`]):
 /// W holds `experts` weights of N rows each, y's `s.t` rows are slots, slot s reads expert
@@ -491,7 +495,7 @@ pub struct Route<'a> {
 impl Route<'_> {
     /// The kernel's flag, the ids' binding number (after `bindings`) and the grid's z (one per slot).
     fn apply<'a>(
-        route: Option<&Route<'a>>,
+        route: Option<Route<'a>>,
         macros: crate::gpu::Macros,
         bindings: &mut Vec<wgpu::BindingResource<'a>>,
         slots: usize,
@@ -515,14 +519,9 @@ fn experts_shape(s: &LinearShape) -> LinearShape {
 
 /// Records the f16 expert projection of [`crate::ops::moe::linear_experts`] (its checks done):
 /// `s.t` slots of `s.n` rows (per expert) over K = `s.k` (no bias).
-pub(crate) fn matvec_experts(
-    gpu: &Gpu,
-    op: &Operands<'_, Tensor>,
-    s: &LinearShape,
-    route: Route<'_>,
-) -> Result<Kernel> {
+pub(crate) fn matvec_experts(gpu: &Gpu, op: &Operands<'_, Tensor>, s: &LinearShape) -> Result<Kernel> {
     let input = op.input;
-    assert!(op.bias.is_none(), "linear_experts: no bias");
+    assert!(op.bias.is_none() && op.route.is_some(), "linear_experts: routed, no bias");
     let cfg = MatvecConfig::new(gpu, &experts_shape(s));
     assert!(cfg.tok == 1);
     assert!(
@@ -530,7 +529,7 @@ pub(crate) fn matvec_experts(
         "linear_experts: {input:?} cannot be fused at K = {}",
         s.k
     );
-    matvec_routed(gpu, op, s, cfg, Some(&route))
+    matvec(gpu, op, s, cfg)
 }
 
 crate::ops::uniform::uniform_struct! {
@@ -551,17 +550,12 @@ crate::ops::uniform::uniform_struct! {
     }
 }
 
-fn matvec_routed(
-    gpu: &Gpu,
-    op: &Operands<'_, Tensor>,
-    s: &LinearShape,
-    cfg: MatvecConfig,
-    route: Option<&Route<'_>>,
-) -> Result<Kernel> {
+/// Records the f16 matvec with its configuration given (what [`linear_in`] records up to
+/// [`MATVEC_MAX_T`] tokens, with [`MatvecConfig::new`]'s; routed: [`matvec_experts`]).
+#[doc(hidden)]
+pub fn matvec(gpu: &Gpu, op: &Operands<'_, Tensor>, s: &LinearShape, cfg: MatvecConfig) -> Result<Kernel> {
     assert!(s.k % (2 * cfg.vec as usize) == 0);
-    assert!(matches!(cfg.tok, 1 | 4));
-    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
-    assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
+    check_row_groups(cfg.wg, cfg.tpr, cfg.tok);
     let loads = (s.k / (2 * cfg.vec as usize)) as u32;
     let macros = op
         .matvec_macros(gpu)
@@ -574,7 +568,7 @@ fn matvec_routed(
     let xpl = if cfg.vec == 4 { 2 } else { 1 };
     let row = loads * xpl;
     let xs = if matches!(op.input, Input::Gated(_)) { 2 * row } else { row };
-    let (experts, spr) = route.map_or((0, 0), |r| (r.experts, r.slots_per_row));
+    let (experts, spr) = op.route.map_or((0, 0), |r| (r.experts, r.slots_per_row));
     let params = gpu.uniform(
         "matvec.params",
         &MatvecUniform {
@@ -592,7 +586,7 @@ fn matvec_routed(
         },
     );
     let mut bindings = op.bindings(gpu, [op.w.binding()], s, &params);
-    let (macros, z) = Route::apply(route, macros, &mut bindings, s.t);
+    let (macros, z) = Route::apply(op.route, macros, &mut bindings, s.t);
     let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
     gpu.kernel("matvec", "main", &macros, &bindings, [gx, gy, z])
 }

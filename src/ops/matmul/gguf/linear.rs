@@ -4,13 +4,13 @@
 use super::batch::{batch_rows, matvec_quant_batch};
 use super::experts_config;
 use super::matmul::{matmul_quant, matmul_quant_coop};
-use super::matvec::{matvec_quant, matvec_quant_routed};
+use super::matvec::matvec_quant;
 use super::QMatvecConfig;
 use crate::error::Result;
 use crate::gpu::{Gpu, Kernel, Tensor};
 use crate::ops::matmul::{
-    check_matmul_input, check_operands, fuses_input, tuned_shape, Input, LinearShape, MatmulConfig, Operands, Route,
-    Weight, MATVEC_MAX_T,
+    check_matmul_input, check_operands, fuses_input, tuned_shape, Input, LinearShape, MatmulConfig, Operands, Weight,
+    MATVEC_MAX_T,
 };
 use crate::weights::{is_supported, QuantWeight};
 
@@ -20,7 +20,7 @@ use crate::weights::{is_supported, QuantWeight};
 /// buffer).
 impl Weight for QuantWeight {
     fn record(gpu: &Gpu, op: &Operands<'_, QuantWeight>) -> Result<Kernel> {
-        let Operands { x, input, w, bias, y, opts } = *op;
+        let Operands { x, input, w, bias, y, opts, .. } = *op;
         let [n, k] = w.shape;
         let s = check_operands("linear_quant", &input.checked_x(x, k), n, k, bias, y, opts);
         check_blocks("linear_quant", w, &s);
@@ -65,15 +65,14 @@ pub(crate) fn matvec_experts_quant(
     gpu: &Gpu,
     op: &Operands<'_, QuantWeight>,
     s: &LinearShape,
-    route: Route<'_>,
     groups: Option<(&Tensor, usize)>,
 ) -> Result<Kernel> {
     let input = op.input;
     check_blocks("linear_experts", op.w, s);
-    assert!(op.bias.is_none(), "linear_experts: no bias");
+    assert!(op.bias.is_none() && op.route.is_some(), "linear_experts: routed, no bias");
     assert!(matches!(input, Input::Plain) || s.k % 4 == 0, "linear_experts: {input:?} cannot be fused at K = {}", s.k);
     match groups {
-        None => matvec_quant_routed(gpu, op, s, experts_config(gpu, op.w.dtype, s), Some(&route)),
-        Some((g, tiles)) => matvec_quant_batch(gpu, op, s, 32, Some((&route, g, tiles))),
+        None => matvec_quant(gpu, op, s, experts_config(gpu, op.w.dtype, s)),
+        Some(grouped) => matvec_quant_batch(gpu, op, s, 32, Some(grouped)),
     }
 }

@@ -4,7 +4,7 @@
 use super::{dp4_chunk, has_dp4, mix_config, mixes, stages_whole, QMatvecConfig};
 use crate::error::Result;
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Macros, Tensor};
-use crate::ops::matmul::{check_operands, staged_x_words, Input, LinearShape, Operands, Route};
+use crate::ops::matmul::{check_operands, check_row_groups, staged_x_words, Input, LinearShape, Operands, Route};
 use crate::weights::{type_flag, type_macros, unit_elems, QuantWeight};
 
 crate::ops::uniform::uniform_struct! {
@@ -49,19 +49,7 @@ pub fn quantize_x16(gpu: &Gpu, x: &Tensor, xs: &Tensor) -> Result<Kernel> {
 /// up to [`MATVEC_MAX_T`](crate::ops::matmul::MATVEC_MAX_T) tokens, with the configuration the
 /// tuning table chooses).
 pub fn matvec_quant(gpu: &Gpu, op: &Operands<'_, QuantWeight>, s: &LinearShape, cfg: QMatvecConfig) -> Result<Kernel> {
-    matvec_quant_routed(gpu, op, s, cfg, None)
-}
-
-pub(super) fn matvec_quant_routed(
-    gpu: &Gpu,
-    op: &Operands<'_, QuantWeight>,
-    s: &LinearShape,
-    cfg: QMatvecConfig,
-    route: Option<&Route<'_>>,
-) -> Result<Kernel> {
-    assert!(matches!(cfg.tok, 1 | 4));
-    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
-    assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
+    check_row_groups(cfg.wg, cfg.tpr, cfg.tok);
     let (w, bias) = (op.w, op.bias);
     let mut macros = cfg.macros(gpu, op);
     if let Input::Staged(_) = op.input {
@@ -69,7 +57,7 @@ pub(super) fn matvec_quant_routed(
             cfg.dp4 && cfg.tok == 1 && s.t == 1,
             "linear_quant: x staged apart is one token's, DP4 ({cfg:?}, {s:?})"
         );
-        assert!(route.is_none(), "linear_quant: no expert projection reads x staged apart");
+        assert!(op.route.is_none(), "linear_quant: no expert projection reads x staged apart");
         assert!(has_dp4(w.dtype), "linear_quant: {} has no DP4 form", w.dtype);
         macros = macros.flag("DP4").set("XB", if bias.is_some() { 6 } else { 5 }).flag_if("PREFETCH", cfg.prefetch);
     } else if cfg.dp4 {
@@ -91,9 +79,9 @@ pub(super) fn matvec_quant_routed(
         macros = macros.flag(cfg.probe);
     }
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
-    let params = matvec_quant_params(gpu, "matvec_quant.params", op, s, route);
+    let params = matvec_quant_params(gpu, "matvec_quant.params", op, s);
     let mut bindings = op.quant_bindings(gpu, s, &params);
-    let (macros, z) = Route::apply(route, macros, &mut bindings, s.t);
+    let (macros, z) = Route::apply(op.route, macros, &mut bindings, s.t);
     let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
     gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
 }
@@ -132,7 +120,8 @@ pub(super) fn matvec_quant_mixed_with(
     cfg: QMatvecConfig,
     b_dp4: bool,
 ) -> Result<Kernel> {
-    let Operands { x, input, w: a, bias, y, opts } = *op;
+    let Operands { x, input, w: a, bias, y, opts, route } = *op;
+    assert!(route.is_none(), "linear_quant_mixed: no expert projection mixes");
     let [na, k] = a.shape;
     let nb = b.shape[0];
     assert!(col == na && b.shape[1] == k, "linear_quant_mixed: parts {:?} at 0 and {:?} at {col}", a.shape, b.shape);
@@ -141,7 +130,7 @@ pub(super) fn matvec_quant_mixed_with(
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0 && cfg.tpr >= 8, "{cfg:?}");
     assert!(!b_dp4 || stages_whole(gpu, b.dtype, k, cfg.wg), "linear_quant_mixed: {} DP4 at K = {k}", b.dtype);
     let sa = LinearShape { n: na, cols: na, ..s };
-    let params = matvec_quant_params(gpu, "matvec_quant.params", op, &sa, None);
+    let params = matvec_quant_params(gpu, "matvec_quant.params", op, &sa);
     let mut bindings = op.quant_bindings(gpu, &s, &params);
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
     let wg0 = (na as u32).div_ceil(rows_per_wg);
@@ -205,9 +194,8 @@ pub(super) fn matvec_quant_params(
     label: &str,
     op: &Operands<'_, QuantWeight>,
     s: &LinearShape,
-    route: Option<&Route<'_>>,
 ) -> wgpu::Buffer {
-    let (input, w) = (op.input, op.w);
+    let Operands { input, w, route, .. } = *op;
     let units = s.k / unit_elems(w.dtype);
     gpu.uniform(
         label,

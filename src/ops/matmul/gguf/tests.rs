@@ -282,7 +282,7 @@ fn quant_fused_inputs_match_cpu_ops() {
 }
 
 /// The tensor-core matmul (`wgsl/matmul_quant_coop.wgsl`) against its CPU twin
-/// (`cpu::linear_quant_f16`: x and W's values rounded to f16), every type, tails in T and N,
+/// (`cpu::round_f16`: x and W's values rounded to f16), every type, tails in T and N,
 /// bias and accumulation. Tolerance: the products of f16 values are exact in f32; each of the
 /// tensor cores' f32 additions errs by at most an ulp of a partial sum (rounding or
 /// truncation), so K · 2^-23 · S with S = Σ_k |x_k w_k| + |bias| + |y_old| bounds the error
@@ -315,7 +315,8 @@ fn coop_matmul_matches_cpu() {
             let got = gpu.read_f32(&y).unwrap();
             let mut want = y0.clone();
             let bias_v = with_bias.then_some(&bv[..]);
-            cpu::linear_quant_f16(&xv, ty, &raw, k, bias_v, &mut want, acc).unwrap();
+            let w16 = cpu::round_f16(&cpu::dequantize_rows(ty, &raw, k).unwrap());
+            super::super::cpu::linear(&cpu::round_f16(&xv), &w16, k, bias_v, &mut want, acc);
             let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
             let mut mag = abs(&y0);
             let ab = bias_v.map(abs);
