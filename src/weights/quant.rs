@@ -44,7 +44,7 @@ fn plane_fields(dtype: DType) -> Option<Vec<Field>> {
     })
 }
 
-/// Whether [`QuantWeight`] and [`crate::ops::matmul::linear_quant`] take this type (the GGUF block types).
+/// Whether [`QuantWeight`] and [`crate::ops::matmul::linear`] take this type (the GGUF block types).
 pub fn is_supported(dtype: DType) -> bool {
     plane_fields(dtype).is_some()
 }

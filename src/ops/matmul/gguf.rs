@@ -4,7 +4,7 @@
 //! weights are dequantized in registers (matvec) or into workgroup memory (matmul), and every sum
 //! is f32. No f16 copy of the weight exists.
 //!
-//! [`linear_quant`] picks the kernel as [`super::linear`] does:
+//! [`super::linear`] picks the kernel for a [`QuantWeight`] as for an f16 one:
 //! - up to [`MATVEC_MAX_T`] tokens, `wgsl/matvec_quant.wgsl`: lanes stream whole blocks (units of
 //!   32 elements, 64 for Q6_K: one 16-byte load of quants plus the block's scales per row),
 //!   dequantize them in registers and meet them with x; for one token over Q4_0, Q4_1, Q4_K and
@@ -24,7 +24,7 @@
 //!
 //! This file holds the configuration rules of the quantized matvec ([`QMatvecConfig`], the staging
 //! apart, the mixed dispatch's [`mixes`]); the kernels' constructors live beside it in
-//! `gguf/`: [`linear`] (the dispatch: [`linear_quant`]), [`matvec`] (one-token and routed matvecs,
+//! `gguf/`: [`linear`] (the dispatch: `Weight for QuantWeight`), [`matvec`] (one-token and routed matvecs,
 //! the mixed dispatch, [`quantize_x16`]), [`batch`] (the batch step's matvec), [`matmul`] (tiled
 //! and cooperative-matrix matmuls), [`cpu`] (the CPU twins), `tests.rs`.
 //!
@@ -434,7 +434,7 @@ fn mix_config(gpu: &Gpu, a: DType, b: DType, s: &LinearShape, input: Input<'_>) 
     Some((QMatvecConfig { wg, ..cfg }, true))
 }
 
-/// What `benches/quant.rs` times beside [`linear_quant`]: the quantized kernels with their
+/// What `benches/quant.rs` times beside [`super::linear`]: the quantized kernels with their
 /// configuration given rather than chosen (re-exported by [`crate::ops::matmul::bench`]).
 #[doc(hidden)]
 pub mod bench {

@@ -8,7 +8,8 @@
 //! - more tokens (prefill): `wgsl/matmul.wgsl`, tiled in workgroup memory.
 //!
 //! W in a GGUF quantized type (Q4_0 ... Q6_K, read by the kernels without an f16 copy): [`gguf`]
-//! ([`QuantWeight`], [`linear_quant`]), with the same options and output views.
+//! ([`QuantWeight`], recorded by the same [`linear`] and [`linear_in`]: [`Weight`]), with the same
+//! options and output views.
 //!
 //! Stacks of experts' weights (mixture-of-experts layers): the matvec kernels' `EXPERTS` flag reads,
 //! per slot of a token and a chosen expert, the rows of the expert whose id a GPU buffer holds
@@ -204,7 +205,7 @@ pub fn check_shapes(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, y: &Tensor, o
 }
 
 /// The checks of x, bias and y against a weight `[n, k]` shared by [`check_shapes`] and
-/// [`gguf::linear_quant`]; `op` names the op in the panic messages.
+/// the quantized [`Weight`]; `op` names the op in the panic messages.
 #[doc(hidden)]
 pub fn check_operands(
     op: &str,
@@ -387,7 +388,7 @@ impl<'a, W: ?Sized> Operands<'a, W> {
     }
 }
 
-/// The tiled matmuls' part of the checks of [`linear_in`] and [`linear_quant_in`]: x read plain
+/// The tiled matmuls' part of the checks of [`linear_in`] (f16 and quantized W): x read plain
 /// and no GLU epilogue (both are the matvec's alone); `op` names the op in the panic messages.
 fn check_matmul_input(op: &str, input: &Input<'_>, s: &LinearShape, opts: &LinearOpts) {
     assert!(matches!(input, Input::Plain), "{op}: {input:?} cannot be fused into the matmul ({s:?})");
@@ -601,7 +602,7 @@ pub struct MatmulConfig {
 }
 
 impl MatmulConfig {
-    /// The tile [`linear`] and [`linear_quant`] take for `s`.
+    /// The tile [`linear`] takes for `s` (f16 or quantized W).
     pub fn new(s: &LinearShape) -> Self {
         // The 128×128 tile does twice the work per staged word, but makes 4× fewer workgroups:
         // worth it once they fill a large GPU (measured on an H100, 132 SMs: 29.6 vs 17.3

@@ -45,7 +45,7 @@ pub fn quantize_x16(gpu: &Gpu, x: &Tensor, xs: &Tensor) -> Result<Kernel> {
     )
 }
 
-/// Records the quantized matvec with its configuration given (what [`linear_quant_in`] records
+/// Records the quantized matvec with its configuration given (what [`crate::ops::matmul::linear_in`] records
 /// up to [`MATVEC_MAX_T`](crate::ops::matmul::MATVEC_MAX_T) tokens, with the configuration the
 /// tuning table chooses).
 pub fn matvec_quant(gpu: &Gpu, op: &Operands<'_, QuantWeight>, s: &LinearShape, cfg: QMatvecConfig) -> Result<Kernel> {
@@ -90,7 +90,7 @@ pub fn matvec_quant(gpu: &Gpu, op: &Operands<'_, QuantWeight>, s: &LinearShape, 
 /// wgsl/matvec_quant.wgsl): `a` writes columns 0 .. N_A of y, `b` columns `col` = N_A .. N,
 /// where y is `[1, N]` (row stride `opts.ld_out`) and the bias `[N]`. Each weight's columns are
 /// the sums of its float or DP4 path ([`mix_config`]) in the dispatch's workgroup shape: those of
-/// [`linear_quant_in`] for that weight alone in that shape ([`mixes`] says when it applies).
+/// [`crate::ops::matmul::linear_in`] for that weight alone in that shape ([`mixes`] says when it applies).
 pub fn matvec_quant_mixed(gpu: &Gpu, op: &Operands<'_, QuantWeight>, b: (&QuantWeight, usize)) -> Result<Kernel> {
     let [na, k] = op.w.shape;
     let sa = LinearShape { t: 1, n: na, k, ld_out: na, cols: na };

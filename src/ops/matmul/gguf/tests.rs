@@ -61,7 +61,7 @@ pub(crate) fn reference(
 /// Which kernel a case runs.
 #[derive(Clone, Copy, Debug)]
 enum Path {
-    /// What `linear_quant` picks.
+    /// What `linear` picks for a quantized W.
     Auto,
     /// matvec with the narrowest row group the device allows (lanes loop over several units).
     NarrowMatvec,
@@ -420,7 +420,7 @@ fn batch_rows_do_not_depend_on_the_batch_size() {
         let g = gpu.upload_f32("g", &[k], &gv).unwrap();
         for norm in [false, true] {
             let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
-            // (rw: the batch kernel's rows a workgroup, forced; None: as linear_quant picks)
+            // (rw: the batch kernel's rows a workgroup, forced; None: as linear picks)
             let rows = |xs: &[f32], t: usize, rw: Option<u32>| {
                 let x = gpu.upload_f32("x", &[t, k], xs).unwrap();
                 let y = gpu.empty("y", &[t, n], ElemType::F32).unwrap();
