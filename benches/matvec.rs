@@ -16,7 +16,7 @@ use common::{time_per_call, Args, SLOW};
 use wgpu_llm::gpu::tensor::test_util::{gpu, gpu_variants, max_abs_diff, random};
 use wgpu_llm::ops::matmul::bench::{check_shapes, matmul, matvec, MatmulConfig, MatvecConfig};
 use wgpu_llm::ops::matmul::test_util::{check, reference, weights};
-use wgpu_llm::ops::matmul::{linear, Input, LinearOpts};
+use wgpu_llm::ops::matmul::{linear, LinearOpts, Operands};
 
 const TILE4: MatmulConfig = MatmulConfig { tile: 4, bk: 32 };
 const TILE8: MatmulConfig = MatmulConfig { tile: 8, bk: 16 };
@@ -145,7 +145,7 @@ fn sweep(custom: Option<&[(usize, usize)]>) {
             cfgs.push(auto);
             let mut line = format!("matvec sg={} N={n} K={k}:", auto.subgroups);
             for (i, c) in cfgs.iter().enumerate() {
-                let kern = matvec(&g, &x, Input::Plain, &w, None, &y, &s, opts, *c).unwrap();
+                let kern = matvec(&g, &Operands::new(&x, &w, &y, opts), &s, *c).unwrap();
                 let t = time_per_call(&g, SLOW, &|pass| kern.encode(pass));
                 check(&g.read_f32(&y).unwrap(), &want, &tol, "sweep");
                 let name = if i == 0 || i == cfgs.len() - 1 {
@@ -175,12 +175,12 @@ fn sweep(custom: Option<&[(usize, usize)]>) {
             let tok4 = MatvecConfig { tok: 4, tpr: auto.tpr.max(16), ..auto };
             let tok1 = MatvecConfig { tok: 1, ..auto };
             for (name, cfg) in [("matvec tok 4", tok4), ("matvec tok 1", tok1)] {
-                let kern = matvec(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, cfg).unwrap();
+                let kern = matvec(&gpu, &Operands::new(&x, &w, &y, opts), &s, cfg).unwrap();
                 let tv = time_per_call(&gpu, SLOW, &|pass| kern.encode(pass));
                 outs.push(gpu.read_f32(&y).unwrap());
                 line += &format!(" {name} {:.1} us;", tv * 1e6);
             }
-            let km = matmul(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
+            let km = matmul(&gpu, &Operands::new(&x, &w, &y, opts), &s, MatmulConfig::new(&s)).unwrap();
             let tm = time_per_call(&gpu, SLOW, &|pass| km.encode(pass));
             outs.push(gpu.read_f32(&y).unwrap());
             line += &format!(" matmul {:.1} us", tm * 1e6);
@@ -203,7 +203,7 @@ fn sweep(custom: Option<&[(usize, usize)]>) {
         let s = check_shapes(&x, &w, None, &y, opts);
         let mut outs = Vec::new();
         for cfg in [TILE4, TILE8] {
-            let kern = matmul(&gpu, &x, &w, None, &y, &s, opts, cfg).unwrap();
+            let kern = matmul(&gpu, &Operands::new(&x, &w, &y, opts), &s, cfg).unwrap();
             let tm = time_per_call(&gpu, SLOW, &|pass| kern.encode(pass));
             outs.push(gpu.read_f32(&y).unwrap());
             eprintln!(

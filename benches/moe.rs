@@ -17,7 +17,7 @@ use wgpu_llm::gpu::tensor::test_util::{gpu, random};
 use wgpu_llm::gpu::{ElemType, Kernel, Tensor};
 use wgpu_llm::ops::elementwise::Activation;
 use wgpu_llm::ops::matmul::test_util::weights;
-use wgpu_llm::ops::matmul::{linear, linear_in, linear_quant_in, Input, LinearOpts};
+use wgpu_llm::ops::matmul::{linear, linear_in, Input, LinearOpts};
 use wgpu_llm::ops::moe::{linear_experts, moe_combine, moe_router, router, ExpertWeight, SharedExpert};
 use wgpu_llm::weights::test_util::random_blocks;
 use wgpu_llm::weights::QuantWeight;
@@ -121,7 +121,7 @@ fn main() {
                         let one = random_blocks(ty, n, k, seed);
                         let all: Vec<u8> = one.iter().copied().cycle().take(top_k * one.len()).collect();
                         let w = QuantWeight::new(&gpu, "dense", ty, [top_k * n, k], &all).unwrap();
-                        linear_quant_in(&gpu, x, input, &w, None, &y, opts).unwrap()
+                        linear_in(&gpu, x, input, &w, None, &y, opts).unwrap()
                     }
                 })
                 .collect();

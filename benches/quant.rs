@@ -32,8 +32,8 @@ use wgpu_llm::ops::matmul::bench::{
     batch_rows, check_operands, dp4_fits, has_dp4, matmul_quant, matmul_quant_coop, matvec_quant, matvec_quant_batch,
     tuned_shape, MatmulConfig, QMatvecConfig,
 };
-use wgpu_llm::ops::matmul::gguf::{linear_quant, quantize_x16, staged_x_words};
-use wgpu_llm::ops::matmul::{linear, Input, LinearOpts, MATVEC_MAX_T};
+use wgpu_llm::ops::matmul::gguf::{quantize_x16, staged_x_words};
+use wgpu_llm::ops::matmul::{linear, Input, LinearOpts, Operands, MATVEC_MAX_T};
 use wgpu_llm::weights::test_util::{random_blocks, TYPES};
 use wgpu_llm::weights::QuantWeight;
 
@@ -96,10 +96,8 @@ fn probe(a: &Args) {
                 ("nox", QMatvecConfig { probe: "PROBE_NOX", ..float }),
                 ("nomath", QMatvecConfig { probe: "PROBE_NOMATH", ..float }),
             ] {
-                let ks: Vec<Kernel> = ws
-                    .iter()
-                    .map(|w| matvec_quant(&gpu, &x, Input::Plain, w, None, &y, &s, opts, c).unwrap())
-                    .collect();
+                let ks: Vec<Kernel> =
+                    ws.iter().map(|w| matvec_quant(&gpu, &Operands::new(&x, w, &y, opts), &s, c).unwrap()).collect();
                 let hot = time_per_call(&gpu, QUICK, &|pass| ks[0].encode(pass));
                 let cold = time_per_call(&gpu, QUICK, &|pass| {
                     for k in &ks {
@@ -171,10 +169,8 @@ fn matvecs(a: &Args) {
             }
             let mut first = None;
             for (i, c) in cfgs.iter().enumerate() {
-                let ks: Vec<Kernel> = ws
-                    .iter()
-                    .map(|w| matvec_quant(&gpu, &x, Input::Plain, w, None, &y, &s, opts, *c).unwrap())
-                    .collect();
+                let ks: Vec<Kernel> =
+                    ws.iter().map(|w| matvec_quant(&gpu, &Operands::new(&x, w, &y, opts), &s, *c).unwrap()).collect();
                 let t = time_per_call(&gpu, QUICK, &|pass| ks.iter().for_each(|k| k.encode(pass))) / copies as f64;
                 let out = gpu.read_f32(&y).unwrap();
                 let first = first.get_or_insert(out.clone());
@@ -200,7 +196,15 @@ fn matvecs(a: &Args) {
                         let c = QMatvecConfig { wg, tpr, tok: 1, dp4: true, prefetch, ..auto };
                         let ks: Vec<Kernel> = ws
                             .iter()
-                            .map(|w| matvec_quant(&gpu, &x, Input::Staged(&xs), w, None, &y, &s, opts, c).unwrap())
+                            .map(|w| {
+                                matvec_quant(
+                                    &gpu,
+                                    &Operands { input: Input::Staged(&xs), ..Operands::new(&x, w, &y, opts) },
+                                    &s,
+                                    c,
+                                )
+                                .unwrap()
+                            })
                             .collect();
                         let t =
                             time_per_call(&gpu, QUICK, &|pass| ks.iter().for_each(|k| k.encode(pass))) / copies as f64;
@@ -239,13 +243,13 @@ fn matvecs(a: &Args) {
         for &t in ts {
             let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
             let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
-            let kern = linear_quant(&gpu, &x, &w, None, &y, opts).unwrap();
+            let kern = linear(&gpu, &x, &w, None, &y, opts).unwrap();
             let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
             line += &format!(" T={t} {:.1}us {:.2}TFLOP/s", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
             if gpu.caps.coop && t > MATVEC_MAX_T {
                 // (the auto pick above is the tensor-core matmul: the f32 one beside it)
                 let s = check_operands("bench", &x, n, k, None, &y, opts);
-                let kern = matmul_quant(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
+                let kern = matmul_quant(&gpu, &Operands::new(&x, &w, &y, opts), &s, MatmulConfig::new(&s)).unwrap();
                 let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
                 line += &format!(" (f32 matmul {:.1}us)", tm * 1e6);
             }
@@ -281,12 +285,12 @@ fn coop(a: &Args) {
             let opts = LinearOpts::default();
             let s = check_operands("bench", &x, n, k, None, &y, opts);
             let mut line = format!("coop {ty} N={n} K={k} T={t}:");
-            let kern = matmul_quant(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
+            let kern = matmul_quant(&gpu, &Operands::new(&x, &w, &y, opts), &s, MatmulConfig::new(&s)).unwrap();
             let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
             line += &format!(" f32 {:.1}us", tm * 1e6);
             for probe in ["", "PROBE_NOW", "PROBE_NOX", "PROBE_NOMMA"] {
                 let flags: Vec<&str> = if probe.is_empty() { vec![] } else { vec![probe] };
-                let kern = matmul_quant_coop(&gpu, &x, &w, None, &y, &s, opts, &flags).unwrap();
+                let kern = matmul_quant_coop(&gpu, &Operands::new(&x, &w, &y, opts), &s, &flags).unwrap();
                 let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
                 let what = if probe.is_empty() { "coop" } else { probe };
                 line += &format!(" {what} {:.1}us {:.1}TFLOP/s", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
@@ -321,15 +325,15 @@ fn batch(a: &Args) {
                         continue;
                     }
                     let c = QMatvecConfig { dp4, ..auto };
-                    let kern = matvec_quant(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, c).unwrap();
+                    let kern = matvec_quant(&gpu, &Operands::new(&x, &w, &y, opts), &s, c).unwrap();
                     let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
                     line += &format!(" {}{:.1}us", if dp4 { "dp4 " } else { "float " }, tm * 1e6);
                 }
-                let kern = matmul_quant(&gpu, &x, &w, None, &y, &s, opts, MatmulConfig::new(&s)).unwrap();
+                let kern = matmul_quant(&gpu, &Operands::new(&x, &w, &y, opts), &s, MatmulConfig::new(&s)).unwrap();
                 let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
                 line += &format!(" matmul {:.1}us", tm * 1e6);
                 for rw in [32, 16] {
-                    let kern = matvec_quant_batch(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, rw, None).unwrap();
+                    let kern = matvec_quant_batch(&gpu, &Operands::new(&x, &w, &y, opts), &s, rw, None).unwrap();
                     let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
                     let auto = if rw == batch_rows(n, t) { "*" } else { "" };
                     line += &format!(" batch rw {rw}{auto} {:.1}us", tm * 1e6);

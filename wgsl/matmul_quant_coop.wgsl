@@ -6,7 +6,7 @@
 //
 // x and W's dequantized values (q_run, as matmul_quant: bit-identical to to_f32) meet as f16
 // (rounded to nearest even), every product and sum in f32: the CPU twin is
-// src/ops/matmul/gguf.rs `cpu::linear_quant_f16`.
+// src/ops/matmul/gguf.rs `cpu::round_f16` of both, met by `matmul::cpu::linear`.
 //
 // A workgroup of 8 subgroups of 32 computes a BM × BN = 128 × 64 tile of y (token rows × output
 // columns; W's slices are dequantized once per 128 tokens), stepping over K in slices of BK = 32:

@@ -30,7 +30,7 @@
 // per (token, chosen expert)): the workgroups of slot s read expert ids[s]'s rows (an id past the
 // stack is clamped to its last expert), meet them with x row s / p.spr (spr: slots per x row) and
 // write y row s. One token a pass (TOK = 1, p.t ignored): only the chosen experts' rows are read.
-// Rust: src/ops/matmul/mod.rs matvec_routed
+// Rust: src/ops/matmul/mod.rs matvec
 #define WG 256
 #define TPR 64
 #define TOK 1

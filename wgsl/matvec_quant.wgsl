@@ -47,7 +47,7 @@
 // alone in the same workgroup shape. With DP4 both weights take the integer dot products, or only
 // the second with MIX_FLOAT_A (a first weight on its float path, e.g. Qwen2.5-0.5B-like Q5_0
 // beside a DP4 type).
-// Rust: src/ops/matmul/gguf/matvec.rs matvec_quant_routed, matvec_quant_mixed_with
+// Rust: src/ops/matmul/gguf/matvec.rs matvec_quant, matvec_quant_mixed_with
 #define WG 256
 #define TPR 32
 #define TOK 1

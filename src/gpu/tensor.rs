@@ -235,15 +235,18 @@ pub mod test_util {
 
     /// Deterministic pseudo-random values in [-scale, scale] (xorshift; never all zeros).
     pub fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        xorshift(seed).take(n).map(|s| ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale).collect()
+    }
+
+    /// The xorshift64 sequence from `seed` (never 0) that the tests' random data comes from.
+    pub fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
+        std::iter::repeat_with(move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        })
     }
 
     /// Max |a - b| and the index where it occurs.

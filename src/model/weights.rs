@@ -16,8 +16,10 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Kernel, Tensor};
 use crate::ops::embedding::{upload_row_chunks, CHUNK_ROW_ALIGN};
-use crate::ops::matmul::gguf::{is_supported, linear_quant_in, matvec_quant_mixed_rows, mixes, QuantWeight};
-use crate::ops::matmul::{linear_in, Input, LinearOpts};
+use crate::ops::matmul::gguf::{is_supported, matvec_quant_mixed_rows, mixes, QuantWeight};
+/// Records `y (+)= input(x) · Wᵀ (+ bias)` for either kind of weight ([`Linear`] is a [`Weight`]).
+pub use crate::ops::matmul::linear_in as linear;
+use crate::ops::matmul::{Input, LinearOpts, Operands, Weight};
 use half::f16;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -56,19 +58,12 @@ impl Linear {
     }
 }
 
-/// Records `y (+)= input(x) · Wᵀ (+ bias)` for either kind of weight.
-pub fn linear(
-    gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    w: &Linear,
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    opts: LinearOpts,
-) -> Result<Kernel> {
-    match w {
-        Linear::F16(t) => linear_in(gpu, x, input, t, bias, y, opts),
-        Linear::Quant(q) => linear_quant_in(gpu, x, input, q, bias, y, opts),
+impl Weight for Linear {
+    fn record(gpu: &Gpu, op: &Operands<'_, Linear>) -> Result<Kernel> {
+        match op.w {
+            Linear::F16(t) => Tensor::record(gpu, &op.with_weight(t)),
+            Linear::Quant(q) => QuantWeight::record(gpu, &op.with_weight(q)),
+        }
     }
 }
 
@@ -104,7 +99,11 @@ impl Proj {
         // the matvec takes both.
         if let [(0, Linear::Quant(a)), (col, Linear::Quant(b))] = self.parts.as_slice() {
             if mixes(gpu, a, b, y.shape[0], input, &opts) {
-                return matvec_quant_mixed_rows(gpu, x, input, a, (b, *col), bias, y, opts);
+                return matvec_quant_mixed_rows(
+                    gpu,
+                    &Operands { input, bias, ..Operands::new(x, a, y, opts) },
+                    (b, *col),
+                );
             }
         }
         let t = y.shape[0];
@@ -304,7 +303,7 @@ fn gpu_rows<'a>(
     n: usize,
     k: usize,
     format: WeightFormat,
-) -> Result<Option<(DType, Cow<'a, [u8]>)>> {
+) -> Result<Option<RawRows<'a>>> {
     let stored = match format {
         WeightFormat::F16 => return Ok(None),
         _ => raw_rows(ck, name, n, k)?,
@@ -333,7 +332,7 @@ fn as_rows(ck: &dyn TensorSource, name: &str, n: usize, k: usize) -> Result<Vec<
 
 /// The bytes of tensor `name` as stored, rows `[n, k]` (`None` when its values must change
 /// first: then the tensor goes through f16).
-fn raw_rows<'a>(ck: &'a dyn TensorSource, name: &'a str, n: usize, k: usize) -> Result<Option<(DType, Cow<'a, [u8]>)>> {
+fn raw_rows<'a>(ck: &'a dyn TensorSource, name: &'a str, n: usize, k: usize) -> Result<Option<RawRows<'a>>> {
     as_rows(ck, name, n, k)?;
     Ok(ck.stored(name)?.map(|(dtype, bytes)| (dtype, Cow::Owned(bytes))))
 }
@@ -379,59 +378,101 @@ fn interleave_rows<T: Copy>(a: &[T], b: &[T], row: usize) -> Vec<T> {
     a.chunks(row).zip(b.chunks(row)).flat_map(|(x, y)| x.iter().chain(y).copied()).collect()
 }
 
-/// Uploads the parts `(name, rows)` of a projection with rows of `k` (see [`Proj`]); `glu`: two
-/// parts (gate, up) of one format become one weight of interleaved rows.
-fn load_proj(
-    gpu: &Gpu,
-    ck: &dyn TensorSource,
-    label: &str,
-    parts: &[(String, usize)],
-    k: usize,
+/// A weight's stored rows in the type the GPU reads ([`gpu_rows`]).
+type RawRows<'a> = (DType, Cow<'a, [u8]>);
+
+/// What the layers' projections load from: the device, the checkpoint and the weights' format.
+#[derive(Clone, Copy)]
+struct Loader<'a> {
+    gpu: &'a Gpu,
+    ck: &'a dyn TensorSource,
     format: WeightFormat,
-    glu: bool,
-) -> Result<Proj> {
-    let n: usize = parts.iter().map(|p| p.1).sum();
-    let glu = glu && parts.len() == 2 && parts[0].1 == parts[1].1;
-    let mut raws = Vec::new();
-    for (name, rows) in parts {
-        match gpu_rows(ck, name, *rows, k, format)? {
-            Some(r) => raws.push(r),
-            None => break,
+}
+
+impl Loader<'_> {
+    /// The stored rows of every part `(name, rows)` ([`gpu_rows`]), or None where one goes through
+    /// f16 (the parts after it are not read).
+    fn gpu_parts<'p>(&'p self, parts: &'p [(String, usize)], k: usize) -> Result<Option<Vec<RawRows<'p>>>> {
+        let mut raws = Vec::with_capacity(parts.len());
+        for (name, rows) in parts {
+            match gpu_rows(self.ck, name, *rows, k, self.format)? {
+                Some(r) => raws.push(r),
+                None => return Ok(None),
+            }
         }
+        Ok(Some(raws))
     }
-    if raws.len() == parts.len() && glu && raws[0].0 == raws[1].0 {
-        let (dtype, row) = (raws[0].0, raws[0].0.byte_size(k).unwrap_or(0));
-        let rows = interleave_rows(&raws[0].1, &raws[1].1, row);
-        let w = QuantWeight::concat_rows(gpu, label, dtype, k, &[&rows])?;
-        return Ok(Proj { parts: vec![(0, Linear::Quant(w))], n, glu: true });
-    }
-    if raws.len() == parts.len() {
-        // Runs of consecutive parts of one type become one weight each (all of them when the types
-        // match; a Q4_K_M file's [q; k] Q4_K and v Q6_K: two), if each run's columns start where
-        // an output view may.
-        let (mut out, mut col, mut i) = (Vec::new(), 0, 0);
-        while i < parts.len() && col % CHUNK_ROW_ALIGN == 0 {
-            let dtype = raws[i].0;
-            let end = (i..parts.len()).find(|&j| raws[j].0 != dtype).unwrap_or(parts.len());
-            let slices: Vec<&[u8]> = raws[i..end].iter().map(|(_, b)| b.as_ref()).collect();
-            let run_label = if end - i == parts.len() { label.to_string() } else { parts[i].0.clone() };
-            out.push((col, Linear::Quant(QuantWeight::concat_rows(gpu, &run_label, dtype, k, &slices)?)));
-            col += parts[i..end].iter().map(|p| p.1).sum::<usize>();
-            i = end;
+
+    /// The parts' values as f16, stacked (each checked finite).
+    fn f16_parts(&self, parts: &[(String, usize)], k: usize) -> Result<Vec<f16>> {
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.1).sum::<usize>() * k);
+        for (name, rows) in parts {
+            data.extend(finite16(name, self.ck.f16(name, &as_rows(self.ck, name, *rows, k)?)?)?);
         }
-        if i == parts.len() {
-            return Ok(Proj { parts: out, n, glu: false });
+        Ok(data)
+    }
+
+    /// `name` (`[rows, cols]`) in row chunks that each fit a storage binding, labelled `label`: in
+    /// its stored type where a kernel reads it ([`gpu_rows`]), else f16.
+    fn row_chunks(&self, name: &str, label: &str, rows: usize, cols: usize) -> Result<Vec<(u32, Linear)>> {
+        Ok(match gpu_rows(self.ck, name, rows, cols, self.format)? {
+            Some((dtype, raw)) => QuantWeight::row_chunks(self.gpu, label, dtype, [rows, cols], &raw)?
+                .into_iter()
+                .map(|(r, w)| (r, Linear::Quant(w)))
+                .collect(),
+            None => {
+                let t = finite16(name, self.ck.f16(name, &[rows, cols])?)?;
+                upload_row_chunks(self.gpu, label, &t, rows, cols)?
+                    .into_iter()
+                    .map(|(r, t)| (r, Linear::F16(t)))
+                    .collect()
+            }
+        })
+    }
+
+    /// The one weight `[rows, k]` named `name`.
+    fn single(&self, name: &str, rows: usize, k: usize) -> Result<Linear> {
+        let p = self.proj(name, &[(name.to_string(), rows)], k, false)?;
+        Ok(p.parts.into_iter().next().expect("one part").1)
+    }
+
+    /// Uploads the parts `(name, rows)` of a projection with rows of `k` (see [`Proj`]); `glu`: two
+    /// parts (gate, up) of one format become one weight of interleaved rows.
+    fn proj(&self, label: &str, parts: &[(String, usize)], k: usize, glu: bool) -> Result<Proj> {
+        let gpu = self.gpu;
+        let n: usize = parts.iter().map(|p| p.1).sum();
+        let glu = glu && parts.len() == 2 && parts[0].1 == parts[1].1;
+        if let Some(raws) = self.gpu_parts(parts, k)? {
+            if glu && raws[0].0 == raws[1].0 {
+                let (dtype, row) = (raws[0].0, raws[0].0.byte_size(k).unwrap_or(0));
+                let rows = interleave_rows(&raws[0].1, &raws[1].1, row);
+                let w = QuantWeight::concat_rows(gpu, label, dtype, k, &[&rows])?;
+                return Ok(Proj { parts: vec![(0, Linear::Quant(w))], n, glu: true });
+            }
+            // Runs of consecutive parts of one type become one weight each (all of them when the types
+            // match; a Q4_K_M file's [q; k] Q4_K and v Q6_K: two), if each run's columns start where
+            // an output view may.
+            let (mut out, mut col, mut i) = (Vec::new(), 0, 0);
+            while i < parts.len() && col % CHUNK_ROW_ALIGN == 0 {
+                let dtype = raws[i].0;
+                let end = (i..parts.len()).find(|&j| raws[j].0 != dtype).unwrap_or(parts.len());
+                let slices: Vec<&[u8]> = raws[i..end].iter().map(|(_, b)| b.as_ref()).collect();
+                let run_label = if end - i == parts.len() { label.to_string() } else { parts[i].0.clone() };
+                out.push((col, Linear::Quant(QuantWeight::concat_rows(gpu, &run_label, dtype, k, &slices)?)));
+                col += parts[i..end].iter().map(|p| p.1).sum::<usize>();
+                i = end;
+            }
+            if i == parts.len() {
+                return Ok(Proj { parts: out, n, glu: false });
+            }
         }
+        // Float tensors, fixups that change values, or parts that cannot be split: f16, stacked.
+        let mut data = self.f16_parts(parts, k)?;
+        if glu {
+            data = interleave_rows(&data[..n / 2 * k], &data[n / 2 * k..], k);
+        }
+        Ok(Proj { parts: vec![(0, Linear::F16(gpu.upload_f16(label, &[n, k], &data)?))], n, glu })
     }
-    // Float tensors, fixups that change values, or parts that cannot be split: f16, stacked.
-    let mut data = Vec::with_capacity(n * k);
-    for (name, rows) in parts {
-        data.extend(finite16(name, ck.f16(name, &as_rows(ck, name, *rows, k)?)?)?);
-    }
-    if glu {
-        data = interleave_rows(&data[..n / 2 * k], &data[n / 2 * k..], k);
-    }
-    Ok(Proj { parts: vec![(0, Linear::F16(gpu.upload_f16(label, &[n, k], &data)?))], n, glu })
 }
 
 /// Reads and uploads every weight; `progress(done, total)` is called after each tensor group.
@@ -450,40 +491,15 @@ pub fn load(
 
     // The embedding table in its own quantized type (the gather dequantizes the rows it reads), or
     // f16.
-    let embed: Vec<(u32, Linear)> = match gpu_rows(ck, "token_embd.weight", c.vocab_size, h, format)? {
-        Some((dtype, raw)) => QuantWeight::row_chunks(gpu, "token_embd", dtype, [c.vocab_size, h], &raw)?
-            .into_iter()
-            .map(|(r, w)| (r, Linear::Quant(w)))
-            .collect(),
-        _ => {
-            let emb = finite16("token_embd.weight", ck.f16("token_embd.weight", &[c.vocab_size, h])?)?;
-            upload_row_chunks(gpu, "token_embd", &emb, c.vocab_size, h)?
-                .into_iter()
-                .map(|(r, t)| (r, Linear::F16(t)))
-                .collect()
-        }
-    };
+    let ld = Loader { gpu, ck, format };
+    let embed = ld.row_chunks("token_embd.weight", "token_embd", c.vocab_size, h)?;
     let mut bytes: u64 = embed.iter().map(|(_, w)| w.gpu_bytes()).sum();
     progress(1, total);
     let head_name = if ck.has("output.weight") { "output.weight" } else { "token_embd.weight" };
-    let head_rows = match head_name {
-        "token_embd.weight" => None,
-        _ => gpu_rows(ck, head_name, c.vocab_size, h, format)?,
-    };
-    let lm_head: Vec<(u32, Linear)> = match head_rows {
-        // A tied lm_head reads the embedding's own chunks, quantized or f16.
-        _ if head_name == "token_embd.weight" => embed.clone(),
-        Some((dtype, raw)) => QuantWeight::row_chunks(gpu, "output", dtype, [c.vocab_size, h], &raw)?
-            .into_iter()
-            .map(|(r, w)| (r, Linear::Quant(w)))
-            .collect(),
-        _ => {
-            let w = finite16(head_name, ck.f16(head_name, &[c.vocab_size, h])?)?;
-            upload_row_chunks(gpu, "output", &w, c.vocab_size, h)?
-                .into_iter()
-                .map(|(r, t)| (r, Linear::F16(t)))
-                .collect()
-        }
+    // A tied lm_head reads the embedding's own chunks, quantized or f16.
+    let lm_head = match head_name {
+        "token_embd.weight" => embed.clone(),
+        _ => ld.row_chunks(head_name, "output", c.vocab_size, h)?,
     };
     if head_name != "token_embd.weight" {
         bytes += lm_head.iter().map(|(_, w)| w.gpu_bytes()).sum::<u64>();
@@ -495,33 +511,10 @@ pub fn load(
         Some(ple) => {
             let all = c.num_layers() * ple.dim;
             let name = "per_layer_token_embd.weight";
-            let embed: Vec<(u32, Linear)> = match gpu_rows(ck, name, ple.vocab, all, format)? {
-                Some((dtype, raw)) => {
-                    QuantWeight::row_chunks(gpu, "per_layer_token_embd", dtype, [ple.vocab, all], &raw)?
-                        .into_iter()
-                        .map(|(r, w)| (r, Linear::Quant(w)))
-                        .collect()
-                }
-                None => {
-                    let t = finite16(name, ck.f16(name, &[ple.vocab, all])?)?;
-                    upload_row_chunks(gpu, "per_layer_token_embd", &t, ple.vocab, all)?
-                        .into_iter()
-                        .map(|(r, t)| (r, Linear::F16(t)))
-                        .collect()
-                }
-            };
-            let proj = load_proj(
-                gpu,
-                ck,
-                "per_layer_model_proj.weight",
-                &[("per_layer_model_proj.weight".into(), all)],
-                h,
-                format,
-                false,
-            )?;
+            let embed = ld.row_chunks(name, "per_layer_token_embd", ple.vocab, all)?;
             let w = PerLayerInputWeights {
                 embed,
-                model_proj: proj.parts.into_iter().next().expect("one part").1,
+                model_proj: ld.single("per_layer_model_proj.weight", all, h)?,
                 norm: norm("per_layer_proj_norm.weight", ple.dim)?,
             };
             bytes += w.embed.iter().map(|(_, e)| e.gpu_bytes()).sum::<u64>() + w.model_proj.gpu_bytes();
@@ -550,10 +543,8 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
     let norm = |name: &str, len: usize| -> Result<Tensor> {
         gpu.upload_f32(name, &[len], &finite32(name, ck.f32(name, &[len])?)?)
     };
-    let single = |name: &str, rows: usize, k: usize| -> Result<Linear> {
-        let p = load_proj(gpu, ck, name, &[(name.to_string(), rows)], k, format, false)?;
-        Ok(p.parts.into_iter().next().expect("one part").1)
-    };
+    let ld = Loader { gpu, ck, format };
+    let single = |name: &str, rows: usize, k: usize| ld.single(name, rows, k);
     let mixer = match spec.mixer {
         Mixer::Attention(a) => {
             let (qd, kvd, d) = (a.q_dim(), a.kv_dim(), a.head_dim);
@@ -567,7 +558,7 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
                 }
             }
             let weights: Vec<(String, usize)> = parts.iter().map(|&(p, r)| (n(&format!("{p}.weight")), r)).collect();
-            let qkv = load_proj(gpu, ck, &n("attn_qkv.weight"), &weights, h, format, false)?;
+            let qkv = ld.proj(&n("attn_qkv.weight"), &weights, h, false)?;
             let qkv_bias = if a.bias {
                 let mut b = Vec::with_capacity(a.qkv_dim());
                 for &(p, rows) in &parts {
@@ -592,9 +583,7 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
         }
         Mixer::DeltaNet(d) => {
             let hv = d.v_heads;
-            let in_proj = load_proj(
-                gpu,
-                ck,
+            let in_proj = ld.proj(
                 &n("ssm_in.weight"),
                 &[
                     (n("ssm_in_qkv.weight"), d.conv_dim()),
@@ -603,7 +592,6 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
                     (n("ssm_alpha.weight"), hv),
                 ],
                 h,
-                format,
                 false,
             )?;
             let conv_name = n("ssm_conv1d.weight");
@@ -630,13 +618,10 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
     };
     let mlp = match spec.mlp {
         MlpSpec::Dense { intermediate: f, .. } => MlpWeights::Dense {
-            gate_up: load_proj(
-                gpu,
-                ck,
+            gate_up: ld.proj(
                 &n("ffn_gate_up.weight"),
                 &[(n("ffn_gate.weight"), f), (n("ffn_up.weight"), f)],
                 h,
-                format,
                 true,
             )?,
             down: single(&n("ffn_down.weight"), h, f)?,
@@ -646,7 +631,7 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
             if fs > 0 {
                 router_parts.push((n("ffn_gate_inp_shexp.weight"), 1));
             }
-            let router = load_proj(gpu, ck, &n("ffn_router.weight"), &router_parts, h, format, false)?;
+            let router = ld.proj(&n("ffn_router.weight"), &router_parts, h, false)?;
             let exps = (n("ffn_gate_exps.weight"), n("ffn_up_exps.weight"), experts * f);
             let shexp = (n("ffn_gate_shexp.weight"), n("ffn_up_shexp.weight"), fs);
             let (down_exps, down_shexp) = ((n("ffn_down_exps.weight"), experts * h), (n("ffn_down_shexp.weight"), h));
@@ -656,29 +641,21 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
                 // router gives it a slot of its own): two dispatches fewer a layer.
                 MlpWeights::Moe {
                     router,
-                    gate_up_exps: load_glu_stack(gpu, ck, &gu_label, &[exps, shexp], h, format)?,
-                    down_exps: load_stack(gpu, ck, &down_label, &[down_exps, down_shexp], f, format)?,
+                    gate_up_exps: ld.glu_stack(&gu_label, &[exps, shexp], h)?,
+                    down_exps: ld.stack(&down_label, &[down_exps, down_shexp], f)?,
                     shared: SharedExpert::Stacked,
                 }
             } else {
                 let shared = if fs > 0 {
-                    let gu = load_proj(
-                        gpu,
-                        ck,
-                        &n("ffn_gate_up_shexp.weight"),
-                        &[(shexp.0, fs), (shexp.1, fs)],
-                        h,
-                        format,
-                        true,
-                    )?;
+                    let gu = ld.proj(&n("ffn_gate_up_shexp.weight"), &[(shexp.0, fs), (shexp.1, fs)], h, true)?;
                     SharedExpert::Separate(gu, single(&n("ffn_down_shexp.weight"), h, fs)?)
                 } else {
                     SharedExpert::None
                 };
                 MlpWeights::Moe {
                     router,
-                    gate_up_exps: load_glu_stack(gpu, ck, &gu_label, &[exps], h, format)?,
-                    down_exps: load_stack(gpu, ck, &down_label, &[down_exps], f, format)?,
+                    gate_up_exps: ld.glu_stack(&gu_label, &[exps], h)?,
+                    down_exps: ld.stack(&down_label, &[down_exps], f)?,
                     shared,
                 }
             }
@@ -725,65 +702,45 @@ fn load_layer(gpu: &Gpu, ck: &dyn TensorSource, i: usize, format: WeightFormat) 
 /// interleave gate and up within each pair (what the GLU epilogue of the expert matvec reads), the
 /// pairs one after another: stacked experts `[E, I, k]` become rows e·2I .. (e+1)·2I for expert
 /// e; a shared expert of the same size, appended, becomes expert E.
-fn load_glu_stack(
-    gpu: &Gpu,
-    ck: &dyn TensorSource,
-    label: &str,
-    pairs: &[(String, String, usize)],
-    k: usize,
-    format: WeightFormat,
-) -> Result<Linear> {
-    let mut raws = Vec::new();
-    for (g, u, rows) in pairs {
-        match (gpu_rows(ck, g, *rows, k, format)?, gpu_rows(ck, u, *rows, k, format)?) {
-            (Some(g), Some(u)) if g.0 == u.0 => raws.push((g, u)),
-            _ => break,
+impl Loader<'_> {
+    fn glu_stack(&self, label: &str, pairs: &[(String, String, usize)], k: usize) -> Result<Linear> {
+        let Loader { gpu, ck, format } = *self;
+        let mut raws = Vec::new();
+        for (g, u, rows) in pairs {
+            match (gpu_rows(ck, g, *rows, k, format)?, gpu_rows(ck, u, *rows, k, format)?) {
+                (Some(g), Some(u)) if g.0 == u.0 => raws.push((g, u)),
+                _ => break,
+            }
         }
+        if raws.len() == pairs.len() && raws.iter().all(|(g, _)| g.0 == raws[0].0 .0) {
+            let dtype = raws[0].0 .0;
+            let row = dtype.byte_size(k).unwrap_or(0);
+            let rows: Vec<Vec<u8>> = raws.iter().map(|(g, u)| interleave_rows(&g.1, &u.1, row)).collect();
+            let slices: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
+            return Ok(Linear::Quant(QuantWeight::concat_rows(gpu, label, dtype, k, &slices)?));
+        }
+        let mut data = Vec::new();
+        for (g, u, rows) in pairs {
+            let gv = finite16(g, ck.f16(g, &as_rows(ck, g, *rows, k)?)?)?;
+            let uv = finite16(u, ck.f16(u, &as_rows(ck, u, *rows, k)?)?)?;
+            data.extend(interleave_rows(&gv, &uv, k));
+        }
+        let n = data.len() / k;
+        Ok(Linear::F16(gpu.upload_f16(label, &[n, k], &data)?))
     }
-    if raws.len() == pairs.len() && raws.iter().all(|(g, _)| g.0 == raws[0].0 .0) {
-        let dtype = raws[0].0 .0;
-        let row = dtype.byte_size(k).unwrap_or(0);
-        let rows: Vec<Vec<u8>> = raws.iter().map(|(g, u)| interleave_rows(&g.1, &u.1, row)).collect();
-        let slices: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
-        return Ok(Linear::Quant(QuantWeight::concat_rows(gpu, label, dtype, k, &slices)?));
-    }
-    let mut data = Vec::new();
-    for (g, u, rows) in pairs {
-        let gv = finite16(g, ck.f16(g, &as_rows(ck, g, *rows, k)?)?)?;
-        let uv = finite16(u, ck.f16(u, &as_rows(ck, u, *rows, k)?)?)?;
-        data.extend(interleave_rows(&gv, &uv, k));
-    }
-    let n = data.len() / k;
-    Ok(Linear::F16(gpu.upload_f16(label, &[n, k], &data)?))
-}
 
-/// Weights (`(name, rows)` parts, each `[rows, k]`) stacked into one weight: the checkpoint's
-/// type when all parts share it, else f16.
-fn load_stack(
-    gpu: &Gpu,
-    ck: &dyn TensorSource,
-    label: &str,
-    parts: &[(String, usize)],
-    k: usize,
-    format: WeightFormat,
-) -> Result<Linear> {
-    let mut raws = Vec::new();
-    for (name, rows) in parts {
-        match gpu_rows(ck, name, *rows, k, format)? {
-            Some(r) => raws.push(r),
-            None => break,
+    /// Weights (`(name, rows)` parts, each `[rows, k]`) stacked into one weight: the checkpoint's
+    /// type when all parts share it, else f16.
+    fn stack(&self, label: &str, parts: &[(String, usize)], k: usize) -> Result<Linear> {
+        if let Some(raws) = self.gpu_parts(parts, k)? {
+            if raws.iter().all(|r| r.0 == raws[0].0) {
+                let slices: Vec<&[u8]> = raws.iter().map(|r| r.1.as_ref()).collect();
+                return Ok(Linear::Quant(QuantWeight::concat_rows(self.gpu, label, raws[0].0, k, &slices)?));
+            }
         }
+        let data = self.f16_parts(parts, k)?;
+        Ok(Linear::F16(self.gpu.upload_f16(label, &[data.len() / k, k], &data)?))
     }
-    if raws.len() == parts.len() && raws.iter().all(|r| r.0 == raws[0].0) {
-        let slices: Vec<&[u8]> = raws.iter().map(|r| r.1.as_ref()).collect();
-        return Ok(Linear::Quant(QuantWeight::concat_rows(gpu, label, raws[0].0, k, &slices)?));
-    }
-    let mut data = Vec::new();
-    for (name, rows) in parts {
-        data.extend(finite16(name, ck.f16(name, &as_rows(ck, name, *rows, k)?)?)?);
-    }
-    let n = data.len() / k;
-    Ok(Linear::F16(gpu.upload_f16(label, &[n, k], &data)?))
 }
 
 /// The values of `name` if they are all finite. A NaN or an infinity in a weight (a block scale

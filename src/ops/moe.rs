@@ -68,7 +68,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
-use crate::ops::matmul::{self, Input, LinearOpts, LinearShape};
+use crate::ops::matmul::{self, Input, LinearOpts, LinearShape, Operands};
 use crate::ops::signature::shared_params;
 use crate::weights::QuantWeight;
 
@@ -375,17 +375,22 @@ pub fn linear_experts(
         assert!(t.offset % align == 0, "{OP}: {what}'s offset {} is not a multiple of {align} bytes", t.offset);
     }
     assert!(s.out_span() < u32::MAX as usize && x.numel() < u32::MAX as usize, "{OP}: {s:?} overflows 32-bit indexing");
-    let route = matmul::Route { ids, experts: experts as u32, slots_per_row: slots_per_row as u32 };
+    let route = Some(matmul::Route { ids, experts: experts as u32, slots_per_row: slots_per_row as u32 });
     match *w {
         ExpertWeight::F16 { w, .. } => {
             assert!(groups.is_none(), "{OP}: f16 stacks run per slot");
             assert!(k % 2 == 0, "{OP}: K = {k} must be even (f16 rows are whole u32 words)");
             assert!(rows * k / 2 < u32::MAX as usize, "{OP}: [{rows}, {k}] overflows 32-bit indexing");
-            matmul::matvec_experts(gpu, x, input, w, route, y, &s, opts)
+            matmul::matvec_experts(gpu, &Operands { input, route, ..Operands::new(x, w, y, opts) }, &s)
         }
         ExpertWeight::Quant { w, .. } => {
             let groups = groups.map(|g| (g, group_tiles(s.t, experts)));
-            matmul::gguf::matvec_experts_quant(gpu, x, input, w, route, groups, y, &s, opts)
+            matmul::gguf::matvec_experts_quant(
+                gpu,
+                &Operands { input, route, ..Operands::new(x, w, y, opts) },
+                &s,
+                groups,
+            )
         }
     }
 }

@@ -44,7 +44,7 @@ fn plane_fields(dtype: DType) -> Option<Vec<Field>> {
     })
 }
 
-/// Whether [`QuantWeight`] and [`crate::ops::matmul::linear_quant`] take this type (the GGUF block types).
+/// Whether [`QuantWeight`] and [`crate::ops::matmul::linear`] take this type (the GGUF block types).
 pub fn is_supported(dtype: DType) -> bool {
     plane_fields(dtype).is_some()
 }
@@ -345,15 +345,7 @@ pub mod test_util {
 
     /// Deterministic pseudo-random bytes (xorshift).
     fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 32) as u8
-            })
-            .collect()
+        crate::gpu::tensor::test_util::xorshift(seed).take(n).map(|s| (s >> 32) as u8).collect()
     }
 
     /// `rows` random rows of `k` elements of type `t`: every byte random (quants, high bits,

@@ -4,7 +4,7 @@
 //! weights are dequantized in registers (matvec) or into workgroup memory (matmul), and every sum
 //! is f32. No f16 copy of the weight exists.
 //!
-//! [`linear_quant`] picks the kernel as [`super::linear`] does:
+//! [`super::linear`] picks the kernel for a [`QuantWeight`] as for an f16 one:
 //! - up to [`MATVEC_MAX_T`] tokens, `wgsl/matvec_quant.wgsl`: lanes stream whole blocks (units of
 //!   32 elements, 64 for Q6_K: one 16-byte load of quants plus the block's scales per row),
 //!   dequantize them in registers and meet them with x; for one token over Q4_0, Q4_1, Q4_K and
@@ -24,7 +24,7 @@
 //!
 //! This file holds the configuration rules of the quantized matvec ([`QMatvecConfig`], the staging
 //! apart, the mixed dispatch's [`mixes`]); the kernels' constructors live beside it in
-//! `gguf/`: [`linear`] (the dispatch: [`linear_quant`]), [`matvec`] (one-token and routed matvecs,
+//! `gguf/`: [`linear`] (the dispatch: `Weight for QuantWeight`), [`matvec`] (one-token and routed matvecs,
 //! the mixed dispatch, [`quantize_x16`]), [`batch`] (the batch step's matvec), [`matmul`] (tiled
 //! and cooperative-matrix matmuls), [`cpu`] (the CPU twins), `tests.rs`.
 //!
@@ -72,14 +72,13 @@ pub use super::staged_x_words;
 /// The quantized weights' storage, from [`crate::weights`] (kept at their former path).
 pub use crate::weights::{is_supported, repack, unpack, unpermute_rope_rows_raw, QuantWeight};
 pub(crate) use linear::matvec_experts_quant;
-pub use linear::{linear_quant, linear_quant_in};
 pub use matvec::{matvec_quant_mixed, matvec_quant_mixed_rows, quantize_x16};
 
-use super::{matvec_macros, matvec_shape, Input, LinearOpts, LinearShape, MATVEC_WG};
+use super::{matvec_shape, Input, LinearOpts, LinearShape, Operands, MATVEC_WG};
 use crate::dtype::DType;
 use crate::gpu::{Gpu, Macros};
 use crate::tuning::{InputKind, MatvecQuery, MatvecState};
-use crate::weights::{type_macros, unit_elems};
+use crate::weights::unit_elems;
 
 /// How matvec_quant runs for one shape on one device.
 #[doc(hidden)]
@@ -224,8 +223,8 @@ impl QMatvecConfig {
     /// The macros of wgsl/matvec_quant.wgsl every dispatch of this configuration sets: the fused
     /// input, the epilogue, W's type, where the norm weight binds, the workgroup shape and tokens a
     /// pass (`SUBGROUP` cleared where the configuration reduces without subgroups).
-    fn macros(&self, gpu: &Gpu, dtype: DType, input: Input<'_>, bias: bool, opts: &LinearOpts) -> Macros {
-        let m = type_macros(matvec_macros(gpu, &input, bias, opts), dtype).set("GB", if bias { 6 } else { 5 });
+    fn macros(&self, gpu: &Gpu, op: &Operands<'_, QuantWeight>) -> Macros {
+        let m = op.quant_macros(gpu).set("GB", if op.bias.is_some() { 6 } else { 5 });
         matvec_shape(m, self.wg, self.tpr, self.tok, self.subgroups)
     }
 
@@ -449,7 +448,7 @@ fn mix_config(gpu: &Gpu, a: DType, b: DType, s: &LinearShape, input: Input<'_>) 
     Some((QMatvecConfig { wg, ..cfg }, true))
 }
 
-/// What `benches/quant.rs` times beside [`linear_quant`]: the quantized kernels with their
+/// What `benches/quant.rs` times beside [`super::linear`]: the quantized kernels with their
 /// configuration given rather than chosen (re-exported by [`crate::ops::matmul::bench`]).
 #[doc(hidden)]
 pub mod bench {

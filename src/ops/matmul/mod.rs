@@ -8,7 +8,8 @@
 //! - more tokens (prefill): `wgsl/matmul.wgsl`, tiled in workgroup memory.
 //!
 //! W in a GGUF quantized type (Q4_0 ... Q6_K, read by the kernels without an f16 copy): [`gguf`]
-//! ([`QuantWeight`], [`linear_quant`]), with the same options and output views.
+//! ([`QuantWeight`], recorded by the same [`linear`] and [`linear_in`]: [`Weight`]), with the same
+//! options and output views.
 //!
 //! Stacks of experts' weights (mixture-of-experts layers): the matvec kernels' `EXPERTS` flag reads,
 //! per slot of a token and a chosen expert, the rows of the expert whose id a GPU buffer holds
@@ -28,7 +29,6 @@ use crate::ops::elementwise::Activation;
 
 pub mod gguf;
 pub use crate::weights::QuantWeight;
-pub use gguf::{linear_quant, linear_quant_in};
 
 /// What the kernel meets W with: `x` itself, or the op before the projection fused in (matvec
 /// only: up to [`MATVEC_MAX_T`] tokens, K a multiple of 4; see [`fuses_input`]):
@@ -50,7 +50,7 @@ pub enum Input<'a> {
     Staged(&'a Tensor),
 }
 
-impl Input<'_> {
+impl<'a> Input<'a> {
     /// Columns of x for a weight with K columns.
     pub(crate) fn x_cols(&self, k: usize) -> usize {
         match self {
@@ -85,7 +85,7 @@ impl Input<'_> {
     }
 
     /// The extra binding (the norm weight), after checking it against K.
-    pub(crate) fn binding(&self, k: usize) -> Option<wgpu::BindingResource<'_>> {
+    pub(crate) fn binding(&self, k: usize) -> Option<wgpu::BindingResource<'a>> {
         match self {
             Input::Norm { weight, .. } => {
                 assert!(
@@ -213,7 +213,7 @@ pub fn check_shapes(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, y: &Tensor, o
 }
 
 /// The checks of x, bias and y against a weight `[n, k]` shared by [`check_shapes`] and
-/// [`gguf::linear_quant`]; `op` names the op in the panic messages.
+/// the quantized [`Weight`]; `op` names the op in the panic messages.
 #[doc(hidden)]
 pub fn check_operands(
     op: &str,
@@ -263,12 +263,12 @@ pub fn check_operands(
 /// the third.
 pub const MATVEC_MAX_T: usize = 32;
 
-/// Records `y (+)= x · Wᵀ (+ bias)`: matvec for one token (or up to [`MATVEC_MAX_T`]), the tiled
-/// matmul for more.
-pub fn linear(
+/// Records `y (+)= x · Wᵀ (+ bias)` with an f16 or a quantized W ([`Weight`]): matvec for one
+/// token (or up to [`MATVEC_MAX_T`]), the tiled matmul for more.
+pub fn linear<W: Weight + ?Sized>(
     gpu: &Gpu,
     x: &Tensor,
-    w: &Tensor,
+    w: &W,
     bias: Option<&Tensor>,
     y: &Tensor,
     opts: LinearOpts,
@@ -277,32 +277,127 @@ pub fn linear(
 }
 
 /// [`linear`] with a fused [`Input`] (panics where [`fuses_input`] says no: the model decides).
-pub fn linear_in(
+pub fn linear_in<W: Weight + ?Sized>(
     gpu: &Gpu,
     x: &Tensor,
     input: Input<'_>,
-    w: &Tensor,
+    w: &W,
     bias: Option<&Tensor>,
     y: &Tensor,
     opts: LinearOpts,
 ) -> Result<Kernel> {
-    let k = *w.shape.get(1).unwrap_or(&0);
-    let s = check_shapes(&input.checked_x(x, k), w, bias, y, opts);
-    if s.t <= MATVEC_MAX_T {
-        let cfg = MatvecConfig::new(gpu, &tuned_shape(&s, &opts));
-        let cfg = if opts.batch && opts.one_token { cfg.for_rows(s.t) } else { cfg };
-        assert!(
-            matches!(input, Input::Plain) || (fuses_input(s.t, s.k) && cfg.vec > 1),
-            "linear: {input:?} cannot be fused at {s:?}"
-        );
-        matvec(gpu, x, input, w, bias, y, &s, opts, cfg)
-    } else {
-        check_matmul_input("linear", &input, &s, &opts);
-        matmul(gpu, x, w, bias, y, &s, opts, MatmulConfig::new(&s))
+    W::record(gpu, &Operands { x, input, w, bias, y, opts, route: None })
+}
+
+/// A weight [`linear_in`] records with: f16 ([`Tensor`]: `wgsl/matvec.wgsl`, `wgsl/matmul.wgsl`),
+/// quantized ([`QuantWeight`]: [`gguf`]'s kernels), or the model's either
+/// ([`crate::model::weights::Linear`]).
+pub trait Weight {
+    /// Checks the operands (a mismatch panics: shapes are fixed by the model) and records the
+    /// kernel their shape takes.
+    fn record(gpu: &Gpu, op: &Operands<'_, Self>) -> Result<Kernel>;
+}
+
+impl Weight for Tensor {
+    fn record(gpu: &Gpu, op: &Operands<'_, Tensor>) -> Result<Kernel> {
+        let Operands { x, input, w, bias, y, opts, .. } = *op;
+        let k = *w.shape.get(1).unwrap_or(&0);
+        let s = check_shapes(&input.checked_x(x, k), w, bias, y, opts);
+        if s.t <= MATVEC_MAX_T {
+            let cfg = MatvecConfig::new(gpu, &tuned_shape(&s, &opts));
+            let cfg = if opts.batch && opts.one_token { cfg.for_rows(s.t) } else { cfg };
+            assert!(
+                matches!(input, Input::Plain) || (fuses_input(s.t, s.k) && cfg.vec > 1),
+                "linear: {input:?} cannot be fused at {s:?}"
+            );
+            matvec(gpu, op, &s, cfg)
+        } else {
+            check_matmul_input("linear", &input, &s, &opts);
+            matmul(gpu, op, &s, MatmulConfig::new(&s))
+        }
     }
 }
 
-/// The tiled matmuls' part of the checks of [`linear_in`] and [`linear_quant_in`]: x read plain
+/// One linear layer's operands, `y (+)= input(x) · Wᵀ (+ bias)` with `opts`: what [`linear_in`]
+/// takes, and with their checked [`LinearShape`] what every kernel constructor of this module
+/// and of [`gguf`] takes (W f16 [`Tensor`] or [`QuantWeight`]).
+pub struct Operands<'a, W: ?Sized> {
+    pub x: &'a Tensor,
+    pub input: Input<'a>,
+    pub w: &'a W,
+    pub bias: Option<&'a Tensor>,
+    pub y: &'a Tensor,
+    pub opts: LinearOpts,
+    /// W a stack of experts' weights read per slot ([`Route`]; the expert projections').
+    pub route: Option<Route<'a>>,
+}
+
+impl<W: ?Sized> Clone for Operands<'_, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<W: ?Sized> Copy for Operands<'_, W> {}
+
+impl<'a, W: ?Sized> Operands<'a, W> {
+    /// x read plain, no bias, no route (set the others with `Operands { input, ..Operands::new(..) }`).
+    pub fn new(x: &'a Tensor, w: &'a W, y: &'a Tensor, opts: LinearOpts) -> Self {
+        Operands { x, input: Input::Plain, w, bias: None, y, opts, route: None }
+    }
+
+    /// The same operands with the weight `w`.
+    pub fn with_weight<V: ?Sized>(&self, w: &'a V) -> Operands<'a, V> {
+        let Operands { x, input, bias, y, opts, route, .. } = *self;
+        Operands { x, input, w, bias, y, opts, route }
+    }
+
+    /// The macros every linear kernel sets: the bias, accumulation and the soft-capping epilogue.
+    fn common_macros(&self, gpu: &Gpu) -> crate::gpu::Macros {
+        let m = gpu.macros().flag_if("BIAS", self.bias.is_some()).flag_if("ACCUMULATE", self.opts.accumulate);
+        match self.opts.softcap {
+            None => m,
+            Some(cap) => {
+                assert!(cap > 0.0 && cap.is_finite(), "linear: softcap {cap} must be positive");
+                assert!(
+                    !self.opts.accumulate && self.opts.glu.is_none(),
+                    "linear: softcap is the epilogue of a plain projection"
+                );
+                m.flag("SOFTCAP").set("SOFTCAP_BITS", cap.to_bits())
+            }
+        }
+    }
+
+    /// The macros of a matvec over x read as `input` ([`Self::common_macros`], the fused
+    /// input's, the GLU epilogue's): wgsl/matvec.wgsl, wgsl/matvec_quant.wgsl and
+    /// wgsl/matvec_quant_batch.wgsl.
+    fn matvec_macros(&self, gpu: &Gpu) -> crate::gpu::Macros {
+        let m = self.input.macros(self.common_macros(gpu));
+        match self.opts.glu {
+            None => m,
+            Some(act) => m.flag("GLU").flag_if("GELU_TANH", act == Activation::GeluTanhGated),
+        }
+    }
+
+    /// The bindings of a linear kernel, in order: W's (one or more views), x, y (its
+    /// [`LinearShape::out_span`]), the uniform, the bias where there is one, then the fused
+    /// input's ([`Input::binding`]) where it has one.
+    fn bindings(
+        &self,
+        gpu: &Gpu,
+        w: impl IntoIterator<Item = wgpu::BindingResource<'a>>,
+        s: &LinearShape,
+        params: &'a wgpu::Buffer,
+    ) -> Vec<wgpu::BindingResource<'a>> {
+        let mut bindings: Vec<_> = w.into_iter().collect();
+        bindings.extend([self.x.binding(), out_binding(gpu, self.y, s), params.as_entire_binding()]);
+        bindings.extend(self.bias.map(Tensor::binding));
+        bindings.extend(self.input.binding(s.k));
+        bindings
+    }
+}
+
+/// The tiled matmuls' part of the checks of [`linear_in`] (f16 and quantized W): x read plain
 /// and no GLU epilogue (both are the matvec's alone); `op` names the op in the panic messages.
 fn check_matmul_input(op: &str, input: &Input<'_>, s: &LinearShape, opts: &LinearOpts) {
     assert!(matches!(input, Input::Plain), "{op}: {input:?} cannot be fused into the matmul ({s:?})");
@@ -324,30 +419,13 @@ fn out_binding<'a>(gpu: &Gpu, y: &'a Tensor, s: &LinearShape) -> wgpu::BindingRe
     })
 }
 
-fn common_macros(gpu: &Gpu, bias: bool, opts: &LinearOpts) -> crate::gpu::Macros {
-    let m = gpu.macros().flag_if("BIAS", bias).flag_if("ACCUMULATE", opts.accumulate);
-    match opts.softcap {
-        None => m,
-        Some(cap) => {
-            assert!(cap > 0.0 && cap.is_finite(), "linear: softcap {cap} must be positive");
-            assert!(!opts.accumulate && opts.glu.is_none(), "linear: softcap is the epilogue of a plain projection");
-            m.flag("SOFTCAP").set("SOFTCAP_BITS", cap.to_bits())
-        }
-    }
-}
-
-/// The GLU epilogue's flags ([`LinearOpts::glu`]).
-fn glu_macros(m: crate::gpu::Macros, glu: Option<Activation>) -> crate::gpu::Macros {
-    match glu {
-        None => m,
-        Some(act) => m.flag("GLU").flag_if("GELU_TANH", act == Activation::GeluTanhGated),
-    }
-}
-
-/// The macros of a matvec over x read as `input` ([`common_macros`], the fused input's,
-/// [`glu_macros`]): wgsl/matvec.wgsl, wgsl/matvec_quant.wgsl and wgsl/matvec_quant_batch.wgsl.
-fn matvec_macros(gpu: &Gpu, input: &Input<'_>, bias: bool, opts: &LinearOpts) -> crate::gpu::Macros {
-    glu_macros(input.macros(common_macros(gpu, bias, opts)), opts.glu)
+/// Asserts a matvec's workgroup shape (wgsl/matvec.wgsl, wgsl/matvec_quant.wgsl): `tok` tokens a
+/// pass (1 or 4), row groups of `tpr` lanes (a power of two dividing the `wg` threads) with a
+/// storing lane for each output of a pass and the 8 lanes the reduction without subgroups folds.
+fn check_row_groups(wg: u32, tpr: u32, tok: u32) {
+    assert!(matches!(tok, 1 | 4));
+    assert!(tpr.is_power_of_two() && wg % tpr == 0);
+    assert!(tpr >= 8 && tpr >= 4 * tok);
 }
 
 /// A matvec's workgroup shape (wgsl/matvec.wgsl, wgsl/matvec_quant.wgsl): `wg` threads in row
@@ -359,23 +437,6 @@ fn matvec_shape(m: crate::gpu::Macros, wg: u32, tpr: u32, tok: u32, subgroups: b
         m.0.remove("SUBGROUP");
     }
     m
-}
-
-/// The bindings of a linear kernel, in order: W's (one or more views), x, y (its
-/// [`LinearShape::out_span`]), the uniform, then the bias where there is one.
-fn linear_bindings<'a>(
-    gpu: &Gpu,
-    w: impl IntoIterator<Item = wgpu::BindingResource<'a>>,
-    x: &'a Tensor,
-    y: &'a Tensor,
-    s: &LinearShape,
-    params: &'a wgpu::Buffer,
-    bias: Option<&'a Tensor>,
-) -> Vec<wgpu::BindingResource<'a>> {
-    let mut bindings: Vec<_> = w.into_iter().collect();
-    bindings.extend([x.binding(), out_binding(gpu, y, s), params.as_entire_binding()]);
-    bindings.extend(bias.map(Tensor::binding));
-    bindings
 }
 
 const MATVEC_WG: u32 = 256;
@@ -438,24 +499,6 @@ impl MatvecConfig {
     }
 }
 
-/// Records the f16 matvec with its configuration given (what [`linear_in`] records up to
-/// [`MATVEC_MAX_T`] tokens, with [`MatvecConfig::new`]'s).
-#[doc(hidden)]
-#[allow(clippy::too_many_arguments)]
-pub fn matvec(
-    gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    w: &Tensor,
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    s: &LinearShape,
-    opts: LinearOpts,
-    cfg: MatvecConfig,
-) -> Result<Kernel> {
-    matvec_routed(gpu, x, input, w, bias, y, s, opts, cfg, None)
-}
-
 /// The expert routing of a matvec over a stack of experts' weights (`EXPERTS` in
 /// wgsl/matvec.wgsl and wgsl/matvec_quant.wgsl; the op is [`crate::ops::moe::linear_experts`]):
 /// W holds `experts` weights of N rows each, y's `s.t` rows are slots, slot s reads expert
@@ -471,7 +514,7 @@ pub struct Route<'a> {
 impl Route<'_> {
     /// The kernel's flag, the ids' binding number (after `bindings`) and the grid's z (one per slot).
     fn apply<'a>(
-        route: Option<&Route<'a>>,
+        route: Option<Route<'a>>,
         macros: crate::gpu::Macros,
         bindings: &mut Vec<wgpu::BindingResource<'a>>,
         slots: usize,
@@ -494,18 +537,10 @@ fn experts_shape(s: &LinearShape) -> LinearShape {
 }
 
 /// Records the f16 expert projection of [`crate::ops::moe::linear_experts`] (its checks done):
-/// `s.t` slots of `s.n` rows (per expert) over K = `s.k`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn matvec_experts(
-    gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    w: &Tensor,
-    route: Route<'_>,
-    y: &Tensor,
-    s: &LinearShape,
-    opts: LinearOpts,
-) -> Result<Kernel> {
+/// `s.t` slots of `s.n` rows (per expert) over K = `s.k` (no bias).
+pub(crate) fn matvec_experts(gpu: &Gpu, op: &Operands<'_, Tensor>, s: &LinearShape) -> Result<Kernel> {
+    let input = op.input;
+    assert!(op.bias.is_none() && op.route.is_some(), "linear_experts: routed, no bias");
     let cfg = MatvecConfig::new(gpu, &experts_shape(s));
     assert!(cfg.tok == 1);
     assert!(
@@ -513,7 +548,7 @@ pub(crate) fn matvec_experts(
         "linear_experts: {input:?} cannot be fused at K = {}",
         s.k
     );
-    matvec_routed(gpu, x, input, w, None, y, s, opts, cfg, Some(&route))
+    matvec(gpu, op, s, cfg)
 }
 
 crate::ops::uniform::uniform_struct! {
@@ -534,35 +569,25 @@ crate::ops::uniform::uniform_struct! {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn matvec_routed(
-    gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    w: &Tensor,
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    s: &LinearShape,
-    opts: LinearOpts,
-    cfg: MatvecConfig,
-    route: Option<&Route<'_>>,
-) -> Result<Kernel> {
+/// Records the f16 matvec with its configuration given (what [`linear_in`] records up to
+/// [`MATVEC_MAX_T`] tokens, with [`MatvecConfig::new`]'s; routed: [`matvec_experts`]).
+#[doc(hidden)]
+pub fn matvec(gpu: &Gpu, op: &Operands<'_, Tensor>, s: &LinearShape, cfg: MatvecConfig) -> Result<Kernel> {
     assert!(s.k % (2 * cfg.vec as usize) == 0);
-    assert!(matches!(cfg.tok, 1 | 4));
-    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
-    assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
+    check_row_groups(cfg.wg, cfg.tpr, cfg.tok);
     let loads = (s.k / (2 * cfg.vec as usize)) as u32;
-    let macros = matvec_macros(gpu, &input, bias.is_some(), &opts)
+    let macros = op
+        .matvec_macros(gpu)
         .flag_if("VEC4", cfg.vec == 4)
         .flag_if("VEC1", cfg.vec == 1)
-        .set("GB", if bias.is_some() { 5 } else { 4 });
+        .set("GB", if op.bias.is_some() { 5 } else { 4 });
     let macros = matvec_shape(macros, cfg.wg, cfg.tpr, cfg.tok, cfg.subgroups);
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
     // x's row stride and the up half's offset, in the kernel's x vectors (XPL per load).
     let xpl = if cfg.vec == 4 { 2 } else { 1 };
     let row = loads * xpl;
-    let xs = if matches!(input, Input::Gated(_)) { 2 * row } else { row };
-    let (experts, spr) = route.map_or((0, 0), |r| (r.experts, r.slots_per_row));
+    let xs = if matches!(op.input, Input::Gated(_)) { 2 * row } else { row };
+    let (experts, spr) = op.route.map_or((0, 0), |r| (r.experts, r.slots_per_row));
     let params = gpu.uniform(
         "matvec.params",
         &MatvecUniform {
@@ -572,16 +597,15 @@ fn matvec_routed(
             ld_out: s.ld_out as u32,
             xs,
             half: row,
-            eps: input.eps(),
+            eps: op.input.eps(),
             k4: (s.k / 4) as u32,
             experts,
             spr,
             ..Default::default()
         },
     );
-    let mut bindings = linear_bindings(gpu, [w.binding()], x, y, s, &params, bias);
-    bindings.extend(input.binding(s.k));
-    let (macros, z) = Route::apply(route, macros, &mut bindings, s.t);
+    let mut bindings = op.bindings(gpu, [op.w.binding()], s, &params);
+    let (macros, z) = Route::apply(op.route, macros, &mut bindings, s.t);
     let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
     gpu.kernel("matvec", "main", &macros, &bindings, [gx, gy, z])
 }
@@ -596,7 +620,7 @@ pub struct MatmulConfig {
 }
 
 impl MatmulConfig {
-    /// The tile [`linear`] and [`linear_quant`] take for `s`.
+    /// The tile [`linear`] takes for `s` (f16 or quantized W).
     pub fn new(s: &LinearShape) -> Self {
         // The 128×128 tile does twice the work per staged word, but makes 4× fewer workgroups:
         // worth it once they fill a large GPU (measured on an H100, 132 SMs: 29.6 vs 17.3
@@ -629,26 +653,16 @@ crate::ops::uniform::uniform_struct! {
 /// Records the tiled f16 matmul with its tile given (what [`linear_in`] records past
 /// [`MATVEC_MAX_T`] tokens, with [`MatmulConfig::new`]'s).
 #[doc(hidden)]
-#[allow(clippy::too_many_arguments)]
-pub fn matmul(
-    gpu: &Gpu,
-    x: &Tensor,
-    w: &Tensor,
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    s: &LinearShape,
-    opts: LinearOpts,
-    cfg: MatmulConfig,
-) -> Result<Kernel> {
+pub fn matmul(gpu: &Gpu, op: &Operands<'_, Tensor>, s: &LinearShape, cfg: MatmulConfig) -> Result<Kernel> {
     let MatmulConfig { tile, bk } = cfg;
     // Staging: every thread loads 4 K pairs of each tile, and a K slice is whole groups of 4.
     assert!(matches!(tile, 4 | 8) && bk % 8 == 0 && 16 * tile * bk / 2 == 4 * 256);
-    let macros = common_macros(gpu, bias.is_some(), &opts).set("TILE", tile).flag_if("TILE8", tile == 8).set("BK", bk);
+    let macros = op.common_macros(gpu).set("TILE", tile).flag_if("TILE8", tile == 8).set("BK", bk);
     let params = gpu.uniform(
         "matmul.params",
         &MatmulUniform { t: s.t as u32, n: s.n as u32, k: s.k as u32, ld_out: s.ld_out as u32 },
     );
-    let bindings = linear_bindings(gpu, [w.binding()], x, y, s, &params, bias);
+    let bindings = op.bindings(gpu, [op.w.binding()], s, &params);
     gpu.kernel("matmul", "main", &macros, &bindings, cfg.groups(s))
 }
 

@@ -10,7 +10,7 @@ pub(crate) use super::test_util::{check, reference, weights};
 #[test]
 fn softcap_epilogue_matches_cpu() {
     use crate::dtype::DType;
-    use crate::ops::matmul::gguf::{linear_quant_in, tests::random_blocks, QuantWeight};
+    use crate::ops::matmul::gguf::{tests::random_blocks, QuantWeight};
     let (n, k, cap) = (96usize, 256usize, 1.5f32);
     for gpu in gpu_variants() {
         let (wh, _) = weights(n, k, 7);
@@ -23,7 +23,7 @@ fn softcap_epilogue_matches_cpu() {
                     let y = gpu.empty("y", &[t, n], ElemType::F32).unwrap();
                     let opts = LinearOpts { softcap, ..Default::default() };
                     let kern = if quant {
-                        linear_quant_in(&gpu, &x, Input::Plain, &wq, None, &y, opts)
+                        linear_in(&gpu, &x, Input::Plain, &wq, None, &y, opts)
                     } else {
                         linear_in(&gpu, &x, Input::Plain, &w16, None, &y, opts)
                     }
@@ -75,9 +75,10 @@ fn run_case(gpu: &Gpu, t: usize, n: usize, k: usize, with_bias: bool, accumulate
     let bias = with_bias.then_some(&b);
     let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false, one_token: false, softcap: None };
     let s = check_shapes(&x, &w, bias, &y, opts);
+    let op = Operands { bias, ..Operands::new(&x, &w, &y, opts) };
     let kern = match path {
-        Path::Matvec => matvec(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, MatvecConfig::new(gpu, &s)),
-        Path::Matmul(cfg) => matmul(gpu, &x, &w, bias, &y, &s, opts, cfg),
+        Path::Matvec => matvec(gpu, &op, &s, MatvecConfig::new(gpu, &s)),
+        Path::Matmul(cfg) => matmul(gpu, &op, &s, cfg),
     }
     .unwrap();
     gpu.run(&[&kern]).unwrap();
@@ -290,7 +291,7 @@ fn matvec_folded_grid() {
         let mut cfg = MatvecConfig::new(&gpu, &s);
         cfg.tpr = if cfg.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
         cfg.wg = cfg.tpr;
-        let kern = matvec(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, cfg).unwrap();
+        let kern = matvec(&gpu, &Operands::new(&x, &w, &y, opts), &s, cfg).unwrap();
         assert!(kern.workgroups[1] > 1, "{:?}", kern.workgroups);
         gpu.run(&[&kern]).unwrap();
         let got = gpu.read_f32(&y).unwrap();

@@ -1,10 +1,10 @@
 //! The batch step's quantized matvec (`wgsl/matvec_quant_batch.wgsl`).
 
-use super::matvec::{matvec_quant_params, quant_bindings};
+use super::matvec::matvec_quant_params;
 use crate::error::Result;
 use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
-use crate::ops::matmul::{matvec_macros, Input, LinearOpts, LinearShape, Route};
-use crate::weights::{type_macros, QuantWeight};
+use crate::ops::matmul::{LinearShape, Operands};
+use crate::weights::QuantWeight;
 
 /// Tokens a workgroup of `wgsl/matvec_quant_batch.wgsl` takes (the grid's z: groups of them).
 pub(super) const BATCH_TB: u32 = 8;
@@ -26,33 +26,28 @@ pub fn batch_rows(n: usize, t: usize) -> u32 {
 /// Records a batch step's projection (`LinearOpts::batch`, up to [`MATVEC_MAX_T`] tokens) with
 /// `wgsl/matvec_quant_batch.wgsl`: each unit of W dequantized once for 8 tokens, the tokens' x in
 /// workgroup memory; a token's sums do not depend on the batch (its size, the token's row, the
-/// others). With `grouped` (the route, the groups table and its tiles) the tokens are the slots
+/// others). With `grouped` (the groups table and its tiles; `op.route` set) the tokens are the slots
 /// of an expert projection grouped by expert ([`matvec_experts_quant`] with its groups), a tile a
 /// workgroup.
-#[allow(clippy::too_many_arguments)]
 pub fn matvec_quant_batch(
     gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    w: &QuantWeight,
-    bias: Option<&Tensor>,
-    y: &Tensor,
+    op: &Operands<'_, QuantWeight>,
     s: &LinearShape,
-    opts: LinearOpts,
     rw: u32,
-    grouped: Option<(&Route<'_>, &Tensor, usize)>,
+    grouped: Option<(&Tensor, usize)>,
 ) -> Result<Kernel> {
     assert!(matches!(rw, 16 | 32), "matvec_quant_batch: {rw} rows a workgroup");
-    let mut macros = type_macros(matvec_macros(gpu, &input, bias.is_some(), &opts), w.dtype)
-        .set("GB", if bias.is_some() { 6 } else { 5 })
+    assert!(grouped.is_some() == op.route.is_some(), "matvec_quant_batch: routed slots come grouped");
+    let mut macros = op
+        .quant_macros(gpu)
+        .set("GB", if op.bias.is_some() { 6 } else { 5 })
         .set("WG", rw * BATCH_TB)
         .set("RW", rw)
         .set("TB", BATCH_TB);
-    let params = matvec_quant_params(gpu, "matvec_quant_batch.params", &input, w, s, grouped.map(|g| g.0));
-    let mut bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
-    bindings.extend(input.binding(s.k));
+    let params = matvec_quant_params(gpu, "matvec_quant_batch.params", op, s);
+    let mut bindings = op.quant_bindings(gpu, s, &params);
     let mut z = (s.t as u32).div_ceil(BATCH_TB);
-    if let Some((_, groups, tiles)) = grouped {
+    if let Some((groups, tiles)) = grouped {
         assert!(
             groups.ty == ElemType::U32 && groups.numel() >= s.t + 3 * tiles,
             "linear_experts: the groups table must be u32 of {} elements, got {:?} {:?}",

@@ -30,22 +30,11 @@ pub fn dequantize_rows(dtype: DType, raw: &[u8], k: usize) -> Result<Vec<f32>> {
     to_f32(dtype, raw, raw.len() / row * k)
 }
 
-/// [`linear_quant`] as the tensor-core matmul computes it (wgsl/matmul_quant_coop.wgsl): x
-/// and W's dequantized values rounded to f16 (nearest even) before they meet; sums in f64.
-pub fn linear_quant_f16(
-    x: &[f32],
-    dtype: DType,
-    raw: &[u8],
-    k: usize,
-    bias: Option<&[f32]>,
-    y: &mut [f32],
-    accumulate: bool,
-) -> Result<()> {
-    let h = |v: f32| half::f16::from_f32(v).to_f32();
-    let w: Vec<f32> = dequantize_rows(dtype, raw, k)?.into_iter().map(h).collect();
-    let xh: Vec<f32> = x.iter().map(|&v| h(v)).collect();
-    super::super::cpu::linear(&xh, &w, k, bias, y, accumulate);
-    Ok(())
+/// Values as the tensor-core matmul (wgsl/matmul_quant_coop.wgsl) meets them: rounded to f16
+/// (nearest even). Its CPU twin is [`super::super::cpu::linear`] over x and W's dequantized values
+/// ([`dequantize_rows`]) so rounded, sums in f64.
+pub fn round_f16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
 }
 
 /// x as the DP4 matvec stages it (wgsl/matvec_quant.wgsl), for rows of `k` elements: per

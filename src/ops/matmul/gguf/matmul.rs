@@ -1,11 +1,10 @@
 //! The quantized matmuls of many tokens: tiled (`wgsl/matmul_quant.wgsl`) and on cooperative
 //! matrices (`wgsl/matmul_quant_coop.wgsl`).
 
-use super::matvec::quant_bindings;
 use crate::error::Result;
-use crate::gpu::{Gpu, Kernel, Tensor};
-use crate::ops::matmul::{common_macros, linear_bindings, LinearOpts, LinearShape, MatmulConfig};
-use crate::weights::{kernel_block, type_macros, QuantWeight};
+use crate::gpu::{Gpu, Kernel};
+use crate::ops::matmul::{LinearShape, MatmulConfig, Operands};
+use crate::weights::{kernel_block, QuantWeight};
 
 crate::ops::uniform::uniform_struct! {
     /// WGSL twin: `struct Params` of `wgsl/include/matmul_quant_params.wgsl` (matmul_quant, matmul_quant_coop).
@@ -22,7 +21,7 @@ crate::ops::uniform::uniform_struct! {
 }
 
 /// The uniform of both quantized matmuls (`Params`, wgsl/include/matmul_quant_params.wgsl).
-pub(super) fn matmul_quant_params(gpu: &Gpu, label: &str, w: &QuantWeight, s: &LinearShape) -> wgpu::Buffer {
+fn matmul_quant_params(gpu: &Gpu, label: &str, w: &QuantWeight, s: &LinearShape) -> wgpu::Buffer {
     let bpr = s.k / kernel_block(w.dtype);
     let params = MatmulQuantUniform {
         t: s.t as u32,
@@ -40,46 +39,23 @@ pub(super) fn matmul_quant_params(gpu: &Gpu, label: &str, w: &QuantWeight, s: &L
 /// Records the matmul on cooperative matrices (`wgsl/matmul_quant_coop.wgsl`: tensor cores,
 /// x and W's values met as f16, f32 sums) where the device has them (`Caps::coop`), with extra
 /// `flags` (none in the engine: the measurement probes of `benches/quant.rs`).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_quant_coop(
-    gpu: &Gpu,
-    x: &Tensor,
-    w: &QuantWeight,
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    s: &LinearShape,
-    opts: LinearOpts,
-    flags: &[&str],
-) -> Result<Kernel> {
+pub fn matmul_quant_coop(gpu: &Gpu, op: &Operands<'_, QuantWeight>, s: &LinearShape, flags: &[&str]) -> Result<Kernel> {
     assert!(gpu.caps.coop, "matmul_quant_coop on a device without cooperative matrices");
-    let macros = flags.iter().fold(type_macros(common_macros(gpu, bias.is_some(), &opts), w.dtype), |m, f| m.flag(f));
-    let params = matmul_quant_params(gpu, "matmul_quant_coop.params", w, s);
-    let bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
+    let macros = flags.iter().fold(op.type_macros(gpu), |m, f| m.flag(f));
+    let params = matmul_quant_params(gpu, "matmul_quant_coop.params", op.w, s);
+    let bindings = op.quant_bindings(gpu, s, &params);
     let groups = [(s.n as u32).div_ceil(64), (s.t as u32).div_ceil(128), 1];
     gpu.kernel("matmul_quant_coop", "main", &macros, &bindings, groups)
 }
 
 /// Records the tiled quantized matmul with its tile given.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_quant(
-    gpu: &Gpu,
-    x: &Tensor,
-    w: &QuantWeight,
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    s: &LinearShape,
-    opts: LinearOpts,
-    cfg: MatmulConfig,
-) -> Result<Kernel> {
+pub fn matmul_quant(gpu: &Gpu, op: &Operands<'_, QuantWeight>, s: &LinearShape, cfg: MatmulConfig) -> Result<Kernel> {
     let MatmulConfig { tile, bk } = cfg;
     // Staging: 2 runs of 4 k per thread and slice; a slice never straddles a block (K is whole
     // blocks of 32 or 256, and bk divides 32).
     assert!(matches!(tile, 4 | 8) && 16 * tile * bk / 4 == 2 * 256 && 32 % bk == 0);
-    let macros = type_macros(common_macros(gpu, bias.is_some(), &opts), w.dtype)
-        .set("TILE", tile)
-        .flag_if("TILE8", tile == 8)
-        .set("BK", bk);
-    let params = matmul_quant_params(gpu, "matmul_quant.params", w, s);
-    let bindings = linear_bindings(gpu, [w.buffer.as_entire_binding()], x, y, s, &params, bias);
+    let macros = op.type_macros(gpu).set("TILE", tile).flag_if("TILE8", tile == 8).set("BK", bk);
+    let params = matmul_quant_params(gpu, "matmul_quant.params", op.w, s);
+    let bindings = op.bindings(gpu, [op.w.buffer.as_entire_binding()], s, &params);
     gpu.kernel("matmul_quant", "main", &macros, &bindings, cfg.groups(s))
 }

@@ -3,9 +3,11 @@
 
 use super::{dp4_chunk, has_dp4, mix_config, mixes, stages_whole, QMatvecConfig};
 use crate::error::Result;
-use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
-use crate::ops::matmul::{check_operands, linear_bindings, staged_x_words, Input, LinearOpts, LinearShape, Route};
-use crate::weights::{type_flag, unit_elems, QuantWeight};
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Macros, Tensor};
+use crate::ops::matmul::{
+    check_operands, check_row_groups, staged_x_words, Input, LinearOpts, LinearShape, Operands, Route,
+};
+use crate::weights::{type_flag, type_macros, unit_elems, QuantWeight};
 
 crate::ops::uniform::uniform_struct! {
     /// WGSL twin: `struct Params` of `wgsl/quantize_x16.wgsl`.
@@ -45,47 +47,19 @@ pub fn quantize_x16(gpu: &Gpu, x: &Tensor, xs: &Tensor) -> Result<Kernel> {
     )
 }
 
-/// Records the quantized matvec with its configuration given (what [`linear_quant_in`] records
+/// Records the quantized matvec with its configuration given (what [`crate::ops::matmul::linear_in`] records
 /// up to [`MATVEC_MAX_T`](crate::ops::matmul::MATVEC_MAX_T) tokens, with the configuration the
 /// tuning table chooses).
-#[allow(clippy::too_many_arguments)]
-pub fn matvec_quant(
-    gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    w: &QuantWeight,
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    s: &LinearShape,
-    opts: LinearOpts,
-    cfg: QMatvecConfig,
-) -> Result<Kernel> {
-    matvec_quant_routed(gpu, x, input, w, bias, y, s, opts, cfg, None)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) fn matvec_quant_routed(
-    gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    w: &QuantWeight,
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    s: &LinearShape,
-    opts: LinearOpts,
-    cfg: QMatvecConfig,
-    route: Option<&Route<'_>>,
-) -> Result<Kernel> {
-    assert!(matches!(cfg.tok, 1 | 4));
-    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0);
-    assert!(cfg.tpr >= 8 && cfg.tpr >= 4 * cfg.tok);
-    let mut macros = cfg.macros(gpu, w.dtype, input, bias.is_some(), &opts);
-    if let Input::Staged(_) = input {
+pub fn matvec_quant(gpu: &Gpu, op: &Operands<'_, QuantWeight>, s: &LinearShape, cfg: QMatvecConfig) -> Result<Kernel> {
+    check_row_groups(cfg.wg, cfg.tpr, cfg.tok);
+    let (w, bias) = (op.w, op.bias);
+    let mut macros = cfg.macros(gpu, op);
+    if let Input::Staged(_) = op.input {
         assert!(
             cfg.dp4 && cfg.tok == 1 && s.t == 1,
             "linear_quant: x staged apart is one token's, DP4 ({cfg:?}, {s:?})"
         );
-        assert!(route.is_none(), "linear_quant: no expert projection reads x staged apart");
+        assert!(op.route.is_none(), "linear_quant: no expert projection reads x staged apart");
         assert!(has_dp4(w.dtype), "linear_quant: {} has no DP4 form", w.dtype);
         macros = macros.flag("DP4").set("XB", if bias.is_some() { 6 } else { 5 }).flag_if("PREFETCH", cfg.prefetch);
     } else if cfg.dp4 {
@@ -107,10 +81,9 @@ pub(super) fn matvec_quant_routed(
         macros = macros.flag(cfg.probe);
     }
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
-    let params = matvec_quant_params(gpu, "matvec_quant.params", &input, w, s, route);
-    let mut bindings = quant_bindings(gpu, w, x, y, s, &params, bias);
-    bindings.extend(input.binding(s.k));
-    let (macros, z) = Route::apply(route, macros, &mut bindings, s.t);
+    let params = matvec_quant_params(gpu, "matvec_quant.params", op, s);
+    let mut bindings = op.quant_bindings(gpu, s, &params);
+    let (macros, z) = Route::apply(op.route, macros, &mut bindings, s.t);
     let [gx, gy, _] = grid((s.n as u32).div_ceil(rows_per_wg));
     gpu.kernel("matvec_quant", "main", &macros, &bindings, [gx, gy, z])
 }
@@ -119,22 +92,12 @@ pub(super) fn matvec_quant_routed(
 /// wgsl/matvec_quant.wgsl): `a` writes columns 0 .. N_A of y, `b` columns `col` = N_A .. N,
 /// where y is `[1, N]` (row stride `opts.ld_out`) and the bias `[N]`. Each weight's columns are
 /// the sums of its float or DP4 path ([`mix_config`]) in the dispatch's workgroup shape: those of
-/// [`linear_quant_in`] for that weight alone in that shape ([`mixes`] says when it applies).
-#[allow(clippy::too_many_arguments)]
-pub fn matvec_quant_mixed(
-    gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    a: &QuantWeight,
-    b: (&QuantWeight, usize),
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    opts: LinearOpts,
-) -> Result<Kernel> {
-    let [na, k] = a.shape;
+/// [`crate::ops::matmul::linear_in`] for that weight alone in that shape ([`mixes`] says when it applies).
+pub fn matvec_quant_mixed(gpu: &Gpu, op: &Operands<'_, QuantWeight>, b: (&QuantWeight, usize)) -> Result<Kernel> {
+    let [na, k] = op.w.shape;
     let sa = LinearShape { t: 1, n: na, k, ld_out: na, cols: na };
-    let (cfg, b_dp4) = mix_config(gpu, a.dtype, b.0.dtype, &sa, input).expect("mixes");
-    matvec_quant_mixed_with(gpu, x, input, a, b, bias, y, opts, cfg, b_dp4)
+    let (cfg, b_dp4) = mix_config(gpu, op.w.dtype, b.0.dtype, &sa, op.input).expect("mixes");
+    matvec_quant_mixed_with(gpu, op, b, cfg, b_dp4)
 }
 
 crate::ops::uniform::uniform_struct! {
@@ -151,59 +114,50 @@ crate::ops::uniform::uniform_struct! {
     }
 }
 
-/// [`matvec_quant_mixed`] for a batch step's `T` rows in the one-token form ([`LinearOpts::one_token`],
-/// y `[T, N]`): one
-/// row is the mixed dispatch itself; more are two dispatches, each weight in the configuration
-/// the mixed dispatch gives it ([`mix_config`]: its workgroup shape, its float or DP4 path) run
-/// over the rows ([`QMatvecConfig::for_rows`]), so each row's sums are the one-token pass's.
-#[allow(clippy::too_many_arguments)]
+/// [`matvec_quant_mixed`] for a batch step's `T` rows in the one-token form
+/// ([`LinearOpts::one_token`], y `[T, N]`): one row is the mixed dispatch itself; more are two
+/// dispatches, each weight in the configuration the mixed dispatch gives it ([`mix_config`]: its
+/// workgroup shape, its float or DP4 path) run over the rows ([`QMatvecConfig::for_rows`]), so each
+/// row's sums are the one-token pass's.
 pub fn matvec_quant_mixed_rows(
     gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    a: &QuantWeight,
+    op: &Operands<'_, QuantWeight>,
     (b, col): (&QuantWeight, usize),
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    opts: LinearOpts,
 ) -> Result<Vec<Kernel>> {
-    let t = y.shape[0];
+    let t = op.y.shape[0];
     if t == 1 {
-        return Ok(vec![matvec_quant_mixed(gpu, x, input, a, (b, col), bias, y, opts)?]);
+        return Ok(vec![matvec_quant_mixed(gpu, op, (b, col))?]);
     }
-    assert!(opts.batch && opts.one_token, "linear_quant_mixed: {t} rows are a one-token batch step's");
+    assert!(op.opts.batch && op.opts.one_token, "linear_quant_mixed: {t} rows are a one-token batch step's");
+    let a = op.w;
     let [na, k] = a.shape;
     let one = LinearShape { t: 1, n: na, k, ld_out: na, cols: na };
-    let (cfg, b_dp4) = mix_config(gpu, a.dtype, b.dtype, &one, input).expect("mixes");
-    let ld_out = opts.ld_out.unwrap_or(na + b.shape[0]);
+    let (cfg, b_dp4) = mix_config(gpu, a.dtype, b.dtype, &one, op.input).expect("mixes");
+    let ld_out = op.opts.ld_out.unwrap_or(na + b.shape[0]);
     let parts = [(a, 0, cfg), (b, col, QMatvecConfig { dp4: b_dp4, prefetch: false, ..cfg })];
     parts
         .into_iter()
         .map(|(w, col, cfg)| {
             let n = w.shape[0];
-            let (yv, bv) = (y.view(col, &[t, n]), bias.map(|b| b.view(col, &[n])));
-            let opts = LinearOpts { ld_out: Some(ld_out), ..opts };
-            let s = check_operands("linear_quant_mixed", &input.checked_x(x, k), n, k, bv.as_ref(), &yv, opts);
-            let cfg = cfg.for_rows(gpu, w.dtype, k, t);
-            matvec_quant(gpu, x, input, w, bv.as_ref(), &yv, &s, opts, cfg)
+            let (y, bias) = (op.y.view(col, &[t, n]), op.bias.map(|b| b.view(col, &[n])));
+            let opts = LinearOpts { ld_out: Some(ld_out), ..op.opts };
+            let part = Operands { input: op.input, bias: bias.as_ref(), ..Operands::new(op.x, w, &y, opts) };
+            let s = check_operands("linear_quant_mixed", &op.input.checked_x(op.x, k), n, k, bias.as_ref(), &y, opts);
+            matvec_quant(gpu, &part, &s, cfg.for_rows(gpu, w.dtype, k, t))
         })
         .collect()
 }
 
 /// [`matvec_quant_mixed`] with its configuration given.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn matvec_quant_mixed_with(
     gpu: &Gpu,
-    x: &Tensor,
-    input: Input<'_>,
-    a: &QuantWeight,
+    op: &Operands<'_, QuantWeight>,
     (b, col): (&QuantWeight, usize),
-    bias: Option<&Tensor>,
-    y: &Tensor,
-    opts: LinearOpts,
     cfg: QMatvecConfig,
     b_dp4: bool,
 ) -> Result<Kernel> {
+    let Operands { x, input, w: a, bias, y, opts, route } = *op;
+    assert!(route.is_none(), "linear_quant_mixed: no expert projection mixes");
     let [na, k] = a.shape;
     let nb = b.shape[0];
     assert!(col == na && b.shape[1] == k, "linear_quant_mixed: parts {:?} at 0 and {:?} at {col}", a.shape, b.shape);
@@ -212,9 +166,8 @@ pub(super) fn matvec_quant_mixed_with(
     assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0 && cfg.tpr >= 8, "{cfg:?}");
     assert!(!b_dp4 || stages_whole(gpu, b.dtype, k, cfg.wg), "linear_quant_mixed: {} DP4 at K = {k}", b.dtype);
     let sa = LinearShape { n: na, cols: na, ..s };
-    let params = matvec_quant_params(gpu, "matvec_quant.params", &input, a, &sa, None);
-    let mut bindings = quant_bindings(gpu, a, x, y, &s, &params, bias);
-    bindings.extend(input.binding(k));
+    let params = matvec_quant_params(gpu, "matvec_quant.params", op, &sa);
+    let mut bindings = op.quant_bindings(gpu, &s, &params);
     let rows_per_wg = 4 * cfg.wg / cfg.tpr;
     let wg0 = (na as u32).div_ceil(rows_per_wg);
     let units_b = (k / unit_elems(b.dtype)) as u32;
@@ -232,7 +185,7 @@ pub(super) fn matvec_quant_mixed_with(
     );
     let mb = bindings.len();
     let mut macros = cfg
-        .macros(gpu, a.dtype, input, bias.is_some(), &opts)
+        .macros(gpu, op)
         .flag("MIX")
         .flag(&format!("MIX_{}", type_flag(b.dtype)))
         .set("MB", mb)
@@ -275,11 +228,10 @@ crate::ops::uniform::uniform_struct! {
 pub(super) fn matvec_quant_params(
     gpu: &Gpu,
     label: &str,
-    input: &Input<'_>,
-    w: &QuantWeight,
+    op: &Operands<'_, QuantWeight>,
     s: &LinearShape,
-    route: Option<&Route<'_>>,
 ) -> wgpu::Buffer {
+    let Operands { input, w, route, .. } = *op;
     let units = s.k / unit_elems(w.dtype);
     gpu.uniform(
         label,
@@ -300,17 +252,27 @@ pub(super) fn matvec_quant_params(
     )
 }
 
-/// The bindings the quantized kernels that read both views of W share, in order: W's 16-byte
-/// and word views (wgsl/include/quant_views.wgsl), x, y, the uniform, then the bias where there
-/// is one.
-pub(super) fn quant_bindings<'a>(
-    gpu: &Gpu,
-    w: &'a QuantWeight,
-    x: &'a Tensor,
-    y: &'a Tensor,
-    s: &LinearShape,
-    params: &'a wgpu::Buffer,
-    bias: Option<&'a Tensor>,
-) -> Vec<wgpu::BindingResource<'a>> {
-    linear_bindings(gpu, [w.buffer.as_entire_binding(), w.buffer.as_entire_binding()], x, y, s, params, bias)
+impl<'a> Operands<'a, QuantWeight> {
+    /// The macros of the quantized matmuls: [`Operands::common_macros`] and W's type.
+    pub(super) fn type_macros(&self, gpu: &Gpu) -> Macros {
+        type_macros(self.common_macros(gpu), self.w.dtype)
+    }
+
+    /// The macros of the quantized matvecs: [`Operands::matvec_macros`] and W's type.
+    pub(super) fn quant_macros(&self, gpu: &Gpu) -> Macros {
+        type_macros(self.matvec_macros(gpu), self.w.dtype)
+    }
+
+    /// The bindings of the quantized kernels that read both views of W, in order: W's 16-byte and
+    /// word views (wgsl/include/quant_views.wgsl), then [`Operands::bindings`]' x, y, the uniform,
+    /// the bias and the fused input's.
+    pub(super) fn quant_bindings(
+        &self,
+        gpu: &Gpu,
+        s: &LinearShape,
+        params: &'a wgpu::Buffer,
+    ) -> Vec<wgpu::BindingResource<'a>> {
+        let w = &self.w.buffer;
+        self.bindings(gpu, [w.as_entire_binding(), w.as_entire_binding()], s, params)
+    }
 }

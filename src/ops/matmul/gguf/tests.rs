@@ -1,5 +1,4 @@
 use super::batch::*;
-use super::linear::*;
 use super::matmul::*;
 use super::matvec::*;
 use super::*;
@@ -8,7 +7,7 @@ use crate::error::Result;
 use crate::gpu::tensor::test_util::*;
 use crate::gpu::{ElemType, Gpu, Tensor};
 use crate::ops::matmul::test_util::{check, tolerance};
-use crate::ops::matmul::{check_operands, MatmulConfig, MATVEC_MAX_T};
+use crate::ops::matmul::{check_operands, linear, linear_in, MatmulConfig, Operands, MATVEC_MAX_T};
 
 pub(crate) use crate::weights::test_util::{random_blocks, scale_field_offsets, TYPES};
 
@@ -62,7 +61,7 @@ pub(crate) fn reference(
 /// Which kernel a case runs.
 #[derive(Clone, Copy, Debug)]
 enum Path {
-    /// What `linear_quant` picks.
+    /// What `linear` picks for a quantized W.
     Auto,
     /// matvec with the narrowest row group the device allows (lanes loop over several units).
     NarrowMatvec,
@@ -104,29 +103,30 @@ fn run_case(
     let bias = with_bias.then_some(&b);
     let opts = LinearOpts { accumulate, ld_out: None, glu: None, batch: false, one_token: false, softcap: None };
     let s = check_operands("test", &x, n, k, bias, &y, opts);
+    let op = Operands { bias, ..Operands::new(&x, &w, &y, opts) };
     let kern = match path {
-        Path::Auto => linear_quant(gpu, &x, &w, bias, &y, opts),
-        Path::Matvec => matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, QMatvecConfig::new(gpu, ty, &s)),
+        Path::Auto => linear(gpu, &x, &w, bias, &y, opts),
+        Path::Matvec => matvec_quant(gpu, &op, &s, QMatvecConfig::new(gpu, ty, &s)),
         Path::MatvecFloat => {
             let c = QMatvecConfig { dp4: false, ..QMatvecConfig::new(gpu, ty, &s) };
-            matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, c)
+            matvec_quant(gpu, &op, &s, c)
         }
         Path::MatvecDp4 => {
             let auto = QMatvecConfig::new(gpu, ty, &s);
             let c = QMatvecConfig { dp4: dp4_fits(gpu, ty, k, auto.wg, auto.tok), ..auto };
-            matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, c)
+            matvec_quant(gpu, &op, &s, c)
         }
         Path::NarrowMatvec => {
             let auto = QMatvecConfig::new(gpu, ty, &s);
             let sg = if auto.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
             let tpr = (4 * auto.tok).max(8).max(sg);
-            matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, QMatvecConfig { tpr, ..auto })
+            matvec_quant(gpu, &op, &s, QMatvecConfig { tpr, ..auto })
         }
-        Path::Matmul(cfg) => matmul_quant(gpu, &x, &w, bias, &y, &s, opts, cfg),
+        Path::Matmul(cfg) => matmul_quant(gpu, &op, &s, cfg),
         Path::Wide(wg, tpr) => {
             assert!(stages_whole(gpu, ty, k, wg), "{ty} K = {k} does not stage whole at {wg} threads");
             let c = QMatvecConfig { wg, tpr, dp4: true, ..QMatvecConfig::new(gpu, ty, &s) };
-            matvec_quant(gpu, &x, Input::Plain, &w, bias, &y, &s, opts, c)
+            matvec_quant(gpu, &op, &s, c)
         }
     }
     .unwrap();
@@ -243,9 +243,14 @@ fn quant_fused_inputs_match_cpu_ops() {
                 let auto = QMatvecConfig::new(&gpu, ty, &s);
                 let dp4 = if t == 1 { dp4_fits(&gpu, ty, k, auto.wg, 1) && (kind < 2 || auto.dp4) } else { auto.dp4 };
                 let kern = if t == 1 {
-                    matvec_quant(&gpu, &x, input, &w, Some(&b), &y, &s, opts, QMatvecConfig { dp4, ..auto })
+                    matvec_quant(
+                        &gpu,
+                        &Operands { input, bias: Some(&b), ..Operands::new(&x, &w, &y, opts) },
+                        &s,
+                        QMatvecConfig { dp4, ..auto },
+                    )
                 } else {
-                    linear_quant_in(&gpu, &x, input, &w, Some(&b), &y, opts)
+                    linear_in(&gpu, &x, input, &w, Some(&b), &y, opts)
                 }
                 .unwrap();
                 gpu.run(&[&kern]).unwrap();
@@ -284,7 +289,7 @@ fn quant_fused_inputs_match_cpu_ops() {
 }
 
 /// The tensor-core matmul (`wgsl/matmul_quant_coop.wgsl`) against its CPU twin
-/// (`cpu::linear_quant_f16`: x and W's values rounded to f16), every type, tails in T and N,
+/// (`cpu::round_f16`: x and W's values rounded to f16), every type, tails in T and N,
 /// bias and accumulation. Tolerance: the products of f16 values are exact in f32; each of the
 /// tensor cores' f32 additions errs by at most an ulp of a partial sum (rounding or
 /// truncation), so K · 2^-23 · S with S = Σ_k |x_k w_k| + |bias| + |y_old| bounds the error
@@ -312,12 +317,13 @@ fn coop_matmul_matches_cpu() {
             let bias = with_bias.then_some(&b);
             let opts = LinearOpts { accumulate: acc, ..Default::default() };
             let s = check_operands("test", &x, n, k, bias, &y, opts);
-            let kern = matmul_quant_coop(&gpu, &x, &w, bias, &y, &s, opts, &[]).unwrap();
+            let kern = matmul_quant_coop(&gpu, &Operands { bias, ..Operands::new(&x, &w, &y, opts) }, &s, &[]).unwrap();
             gpu.run(&[&kern]).unwrap();
             let got = gpu.read_f32(&y).unwrap();
             let mut want = y0.clone();
             let bias_v = with_bias.then_some(&bv[..]);
-            cpu::linear_quant_f16(&xv, ty, &raw, k, bias_v, &mut want, acc).unwrap();
+            let w16 = cpu::round_f16(&cpu::dequantize_rows(ty, &raw, k).unwrap());
+            super::super::cpu::linear(&cpu::round_f16(&xv), &w16, k, bias_v, &mut want, acc);
             let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
             let mut mag = abs(&y0);
             let ab = bias_v.map(abs);
@@ -370,7 +376,7 @@ fn batch_kernel_matches_cpu() {
                     _ => Input::Gated(act),
                 };
                 let opts = LinearOpts { accumulate: acc, glu: glu.then_some(act), batch: true, ..Default::default() };
-                let kern = linear_quant_in(&gpu, &x, input, &w, with_bias.then_some(&b), &y, opts).unwrap();
+                let kern = linear_in(&gpu, &x, input, &w, with_bias.then_some(&b), &y, opts).unwrap();
                 gpu.run(&[&kern]).unwrap();
                 let got = gpu.read_f32(&y).unwrap();
                 // The projection's input, as the CPU ops make it.
@@ -421,16 +427,16 @@ fn batch_rows_do_not_depend_on_the_batch_size() {
         let g = gpu.upload_f32("g", &[k], &gv).unwrap();
         for norm in [false, true] {
             let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
-            // (rw: the batch kernel's rows a workgroup, forced; None: as linear_quant picks)
+            // (rw: the batch kernel's rows a workgroup, forced; None: as linear picks)
             let rows = |xs: &[f32], t: usize, rw: Option<u32>| {
                 let x = gpu.upload_f32("x", &[t, k], xs).unwrap();
                 let y = gpu.empty("y", &[t, n], ElemType::F32).unwrap();
                 let opts = LinearOpts { batch: true, ..Default::default() };
                 let kern = match rw {
-                    None => linear_quant_in(&gpu, &x, input, &w, None, &y, opts),
+                    None => linear_in(&gpu, &x, input, &w, None, &y, opts),
                     Some(rw) => {
                         let s = check_operands("test", &x, n, k, None, &y, opts);
-                        matvec_quant_batch(&gpu, &x, input, &w, None, &y, &s, opts, rw, None)
+                        matvec_quant_batch(&gpu, &Operands { input, ..Operands::new(&x, &w, &y, opts) }, &s, rw, None)
                     }
                 };
                 gpu.run(&[&kern.unwrap()]).unwrap();
@@ -516,7 +522,12 @@ fn quant_glu_epilogue_matches_cpu() {
                 let s = LinearShape { t, n, k, ld_out: n / 2, cols: n / 2 };
                 let auto = QMatvecConfig::new(&gpu, ty, &s);
                 let dp4 = dp4 && dp4_fits(&gpu, ty, k, auto.wg, auto.tok);
-                let kern = matvec_quant(&gpu, &x, input, &w, None, &y, &s, opts, QMatvecConfig { dp4, ..auto });
+                let kern = matvec_quant(
+                    &gpu,
+                    &Operands { input, ..Operands::new(&x, &w, &y, opts) },
+                    &s,
+                    QMatvecConfig { dp4, ..auto },
+                );
                 gpu.run(&[&kern.unwrap()]).unwrap();
                 let got = gpu.read_f32(&y).unwrap();
                 // The projection's input as the kernel meets it (see quant_fused_inputs_match_cpu_ops).
@@ -595,8 +606,14 @@ fn quant_mixed_matvec_matches_cpu() {
                     mixed += 1;
                     let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
                     let (bm, ym, c) = (Some(&b), &y, QMatvecConfig { dp4: a_dp4, ..cfg });
-                    let kern =
-                        matvec_quant_mixed_with(&gpu, &x, input, &wa, (&wb, na), bm, ym, opts, c, b_dp4).unwrap();
+                    let kern = matvec_quant_mixed_with(
+                        &gpu,
+                        &Operands { input, bias: bm, ..Operands::new(&x, &wa, ym, opts) },
+                        (&wb, na),
+                        c,
+                        b_dp4,
+                    )
+                    .unwrap();
                     gpu.run(&[&kern]).unwrap();
                     let got = gpu.read_f32(&y).unwrap();
                     // x as a part meets it: normalized, or (DP4) x ⊙ g staged, then r.
@@ -750,15 +767,8 @@ fn quant_row_chunks_write_logit_views() {
                         shape: vec![t, rows],
                         ty: ElemType::F32,
                     };
-                    let opts = LinearOpts {
-                        accumulate,
-                        ld_out: Some(v),
-                        glu: None,
-                        batch: false,
-                        one_token: false,
-                        softcap: None,
-                    };
-                    keep.push(linear_quant(&gpu, &x, w, None, &view, opts).unwrap());
+                    let opts = LinearOpts { accumulate, ld_out: Some(v), glu: None, ..Default::default() };
+                    keep.push(linear(&gpu, &x, w, None, &view, opts).unwrap());
                 }
                 gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();
                 let got = gpu.read_f32(&logits).unwrap();
@@ -784,7 +794,7 @@ fn quant_concat_rows_is_one_weight() {
             let x = gpu.upload_f32("x", &[t, k], &xv).unwrap();
             let b = gpu.upload_f32("b", &[128], &bv).unwrap();
             let y = gpu.empty("y", &[t, 128], ElemType::F32).unwrap();
-            let kern = linear_quant(&gpu, &x, &w, Some(&b), &y, LinearOpts::default()).unwrap();
+            let kern = linear(&gpu, &x, &w, Some(&b), &y, LinearOpts::default()).unwrap();
             gpu.run(&[&kern]).unwrap();
             let (want, tol) = reference(&xv, ty, &raw, k, Some(&bv), &vec![0.0; t * 128], false);
             check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{ty} qkv T={t}"));
@@ -829,7 +839,7 @@ fn dp4_staging_edges() {
         let s = check_operands("test", &x, n, k, None, &y, opts);
         let cfg = QMatvecConfig::new(&gpu, ty, &s);
         assert!(cfg.dp4 || gpu.info.backend != wgpu::Backend::Vulkan, "{ty}: no DP4 on Vulkan");
-        let kern = matvec_quant(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, QMatvecConfig { dp4: true, ..cfg });
+        let kern = matvec_quant(&gpu, &Operands::new(&x, &w, &y, opts), &s, QMatvecConfig { dp4: true, ..cfg });
         gpu.run(&[&kern.unwrap()]).unwrap();
         let (want, tol) = reference(&staged, ty, &raw, k, None, &vec![0.0; n], false);
         check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{ty} DP4 edges"));
@@ -866,7 +876,8 @@ fn dp4_prefetch_keeps_the_sums() {
                 for prefetch in [false, true] {
                     let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
                     let cfg = QMatvecConfig { dp4: true, prefetch, ..auto };
-                    let kern = matvec_quant(&gpu, &x, input, &w, None, &y, &s, opts, cfg).unwrap();
+                    let kern =
+                        matvec_quant(&gpu, &Operands { input, ..Operands::new(&x, &w, &y, opts) }, &s, cfg).unwrap();
                     assert_eq!(kern.variant.contains("PREFETCH"), prefetch);
                     gpu.run(&[&kern]).unwrap();
                     outs.push(gpu.read_f32(&y).unwrap());
@@ -949,7 +960,8 @@ fn staged_input_keeps_the_dp4_sums() {
                 let what = format!("{ty} K = {k} sg = {}", gpu.caps.subgroups);
                 let run = |cfg: QMatvecConfig, input: Input| {
                     let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
-                    let kern = matvec_quant(&gpu, &x, input, &w, None, &y, &s, opts, cfg).unwrap();
+                    let kern =
+                        matvec_quant(&gpu, &Operands { input, ..Operands::new(&x, &w, &y, opts) }, &s, cfg).unwrap();
                     assert_eq!(kern.variant.contains("XG"), matches!(input, Input::Staged(_)), "{what}");
                     gpu.run(&[&stage, &kern]).unwrap();
                     gpu.read_f32(&y).unwrap()
@@ -975,7 +987,13 @@ fn staged_input_keeps_the_dp4_sums() {
                 let b = gpu.upload_f32("b", &[n], &bias_v).unwrap();
                 let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
                 let acc = LinearOpts { accumulate: true, ..opts };
-                let kern = matvec_quant(&gpu, &x, Input::Staged(&xs), &w, Some(&b), &y, &s, acc, cfg).unwrap();
+                let kern = matvec_quant(
+                    &gpu,
+                    &Operands { input: Input::Staged(&xs), bias: Some(&b), ..Operands::new(&x, &w, &y, acc) },
+                    &s,
+                    cfg,
+                )
+                .unwrap();
                 gpu.run(&[&stage, &kern]).unwrap();
                 let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, Some(&bias_v), &y0, true);
                 check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{what}, the rule's {cfg:?}"));
@@ -1020,7 +1038,13 @@ fn dp4_chunks_on(gpu: &Gpu) {
                 let x = gpu.upload_f32("x", &[t, k], &xv[..t * k]).unwrap();
                 let y = gpu.empty("y", &[t, n], ElemType::F32).unwrap();
                 let s = LinearShape { t, n, k, ld_out: n, cols: n };
-                let kern = matvec_quant(&gpu, &x, input, &w, None, &y, &s, LinearOpts::default(), cfg).unwrap();
+                let kern = matvec_quant(
+                    &gpu,
+                    &Operands { input, ..Operands::new(&x, &w, &y, LinearOpts::default()) },
+                    &s,
+                    cfg,
+                )
+                .unwrap();
                 gpu.run(&[&kern]).unwrap();
                 gpu.read_f32(&y).unwrap()
             };
@@ -1034,7 +1058,12 @@ fn dp4_chunks_on(gpu: &Gpu) {
                 let y1 = gpu.empty("y", &[1, n], ElemType::F32).unwrap();
                 let s1 = LinearShape { t: 1, n, k, ld_out: n, cols: n };
                 for cfg in [one, QMatvecConfig { max_kc: 8, ..one }] {
-                    let kern = matvec_quant(&gpu, &x1, input, &w, None, &y1, &s1, LinearOpts::default(), cfg);
+                    let kern = matvec_quant(
+                        &gpu,
+                        &Operands { input, ..Operands::new(&x1, &w, &y1, LinearOpts::default()) },
+                        &s1,
+                        cfg,
+                    );
                     gpu.run(&[&kern.unwrap()]).unwrap();
                     let alone = gpu.read_f32(&y1).unwrap();
                     assert!(bits(row, &alone), "{ty} norm={norm}: token {j} of 5 differs from one token a pass");
@@ -1137,7 +1166,7 @@ fn quant_matvec_folded_grid() {
         let mut cfg = QMatvecConfig::new(&gpu, ty, &s);
         cfg.tpr = if cfg.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
         cfg.wg = cfg.tpr;
-        let kern = matvec_quant(&gpu, &x, Input::Plain, &w, None, &y, &s, opts, cfg).unwrap();
+        let kern = matvec_quant(&gpu, &Operands::new(&x, &w, &y, opts), &s, cfg).unwrap();
         assert!(kern.workgroups[1] > 1, "{:?}", kern.workgroups);
         gpu.run(&[&kern]).unwrap();
         let xs = if cfg.dp4 { cpu::stage_x16(&xv, k) } else { xv };
@@ -1153,7 +1182,7 @@ fn quant_shape_mismatch_panics() {
     let w = QuantWeight::new(&gpu, "w", DType::Q8_0, [16, 64], &random_blocks(DType::Q8_0, 16, 64, 1)).unwrap();
     let x = gpu.empty("x", &[2, 32], ElemType::F32).unwrap();
     let y = gpu.empty("y", &[2, 16], ElemType::F32).unwrap();
-    let _ = linear_quant(&gpu, &x, &w, None, &y, LinearOpts::default());
+    let _ = linear(&gpu, &x, &w, None, &y, LinearOpts::default());
 }
 
 #[test]
