@@ -45,19 +45,9 @@ use crate::model::config::{
     Activation, Arch, AttentionSpec, LayerAttention, LayerSpec, Mixer, MlpSpec, ModelConfig, PerLayerInput, RopeSpec,
 };
 
-/// `Gemma4TextConfig`'s defaults (every 6th layer full; full layers' own defaults, e.g.
-/// `global_head_dim` 512, are the loaders' to apply).
-pub const DEFAULTS: Defaults = Defaults {
-    head_dim: Some(256),
-    rms_norm_eps: 1e-6,
-    max_position_embeddings: 131_072,
-    rope_theta: 1_000_000.0,
-    activation_key: "hidden_activation",
-    activation: "gelu_pytorch_tanh",
-    tie_word_embeddings: true,
-    sliding_window_pattern: Some(6),
-    use_sliding_window: false,
-};
+/// `Gemma4TextConfig`'s defaults, Gemma 3's (every 6th layer full; full layers' own defaults,
+/// e.g. `global_head_dim` 512, are the loaders' to apply).
+pub const DEFAULTS: Defaults = super::gemma3::DEFAULTS;
 
 /// The model `h` describes (unchecked: [`validate`] first).
 pub fn model_config(h: &Hyperparams) -> ModelConfig {
