@@ -7,8 +7,8 @@ use super::tokenizer::{tokenizer_data, GgufTokenizerData};
 use super::value::GgufValue;
 use crate::error::{shown, Error, Result};
 use crate::loader::{
-    capped, check_layer_count, check_tensors, drop_shared_kv_tensors, limits as cfg_limits, open_regular, split_halves,
-    validate_config, Checkpoint, DataFile, Fixup, StoredTensor, TokenizerSource, END_OF_TURN_TOKENS,
+    capped, check_tensors, drop_shared_kv_tensors, limits as cfg_limits, open_regular, split_halves, validate_config,
+    Checkpoint, DataFile, Fixup, StoredTensor, TokenizerSource, END_OF_TURN_TOKENS,
 };
 use crate::model::arch::{self, Hyperparams};
 use crate::model::arch::{DeltaNetParams, MoeParams};
@@ -74,9 +74,7 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
 fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> {
     let m = Meta { g, path, arch: "qwen35moe" };
     let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
-    let layers_key = m.key("block_count");
-    let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
-    check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
+    let num_layers = m.layer_count()?;
     let heads = m.req_capped(&m.key("attention.head_count"), cfg_limits::HEADS)?;
     let head_dim = m.req_capped(&m.key("attention.key_length"), cfg_limits::HEAD_DIM)?;
     if let Some(vd) = m.opt_usize(&m.key("attention.value_length"))? {
@@ -213,11 +211,9 @@ fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoin
 fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> {
     let m = Meta { g, path, arch: "gemma4" };
     let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
-    let layers_key = m.key("block_count");
-    let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
-    check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
+    let num_layers = m.layer_count()?;
     if num_layers == 0 {
-        return Err(mismatch(format!("{layers_key} is 0")));
+        return Err(mismatch(format!("{} is 0", m.key("block_count"))));
     }
     let req = |k: &str, limit| m.req_capped(&m.key(k), limit);
     if m.opt_usize(&m.key("expert_count"))?.unwrap_or(0) > 0 {
@@ -429,11 +425,8 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
     let m = Meta { g, path, arch: arch_name };
     let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
 
-    // The layer count first, against its limit and the tensors present, before anything is
-    // sized by it.
-    let layers_key = m.key("block_count");
-    let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
-    check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
+    // The layer count first, before anything is sized by it.
+    let num_layers = m.layer_count()?;
     let hidden = m.req_capped(&m.key("embedding_length"), cfg_limits::HIDDEN)?;
     let ffn_key = m.key("feed_forward_length");
     let intermediate = m.uniform_usize(&ffn_key)?.ok_or_else(|| m.missing(&ffn_key))?;
