@@ -67,8 +67,22 @@ impl Cfg<'_> {
     /// Which layers are `full_attention` by `layer_types` (one per layer, each that or `other`),
     /// or when it is absent every `every`-th layer; `arch` names the model in errors.
     fn full_attention_layers(&self, num_layers: usize, other: &str, arch: &str, every: usize) -> Result<Vec<bool>> {
-        let Some(types) = self.get("layer_types") else {
+        let Some(types) = self.layer_types(num_layers)? else {
             return Ok((0..num_layers).map(|i| (i + 1) % every == 0).collect());
+        };
+        types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("full_attention") => Ok(true),
+                Some(o) if o == other => Ok(false),
+                _ => Err(Error::Unsupported(format!("layer type {} in a {arch} model", json_shown(t)))),
+            })
+            .collect()
+    }
+    /// `layer_types` if present: a list of one entry per layer.
+    fn layer_types(&self, num_layers: usize) -> Result<Option<&Vec<Value>>> {
+        let Some(types) = self.get("layer_types") else {
+            return Ok(None);
         };
         let types = types.as_array().ok_or_else(|| self.wrong("layer_types", "a list"))?;
         if types.len() != num_layers {
@@ -78,14 +92,7 @@ impl Cfg<'_> {
                 types.len()
             )));
         }
-        types
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("full_attention") => Ok(true),
-                Some(o) if o == other => Ok(false),
-                _ => Err(Error::Unsupported(format!("layer type {} in a {arch} model", json_shown(t)))),
-            })
-            .collect()
+        Ok(Some(types))
     }
     fn opt_str(&self, key: &str) -> Result<Option<&str>> {
         match self.get(key) {
@@ -245,15 +252,7 @@ pub(super) fn build_config(
         })?;
         u32::try_from(w).map_err(|_| Error::corrupt(c.path, format!("sliding_window {w} is too large")))
     };
-    let layer_attention: Vec<LayerAttention> = if let Some(types) = c.get("layer_types") {
-        let types = types.as_array().ok_or_else(|| c.wrong("layer_types", "a list"))?;
-        if types.len() != num_layers {
-            return Err(Error::Mismatch(format!(
-                "{}: layer_types has {} entries for {num_layers} layers",
-                c.path.display(),
-                types.len()
-            )));
-        }
+    let layer_attention: Vec<LayerAttention> = if let Some(types) = c.layer_types(num_layers)? {
         types
             .iter()
             .map(|t| match t.as_str() {
