@@ -11,7 +11,7 @@ use crate::loader::{
     Checkpoint, DataFile, Fixup, StoredTensor, TokenizerSource, END_OF_TURN_TOKENS,
 };
 use crate::model::arch::{self, Hyperparams};
-use crate::model::arch::{DeltaNetParams, MoeParams};
+use crate::model::arch::{DeltaNetParams, FullLayers, MoeParams};
 use crate::model::config::{Activation, PerLayerInput};
 use crate::model::config::{Arch, LayerAttention, Mixer, ModelConfig};
 use std::collections::HashMap;
@@ -297,10 +297,14 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
         intermediate_size: capped(path, &ffn_key, ffn[0], cfg_limits::INTERMEDIATE)?,
         num_attention_heads: heads,
         num_key_value_heads: sliding_kv,
-        full_kv_heads: Some(full_kv),
         head_dim,
-        full_head_dim: Some(global_head_dim),
-        k_eq_v,
+        // Full layers' RoPE kind: set from rope_freqs below.
+        full_layers: FullLayers {
+            head_dim: Some(global_head_dim),
+            kv_heads: Some(full_kv),
+            k_eq_v,
+            rope_proportional: false,
+        },
         attention_bias: false,
         layer_types: full_attention
             .iter()
@@ -308,9 +312,7 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
             .collect(),
         sliding_window: Some(window),
         rope_local_theta: Some(m.opt_f32(&m.key("rope.freq_base_swa"))?.unwrap_or(10_000.0)),
-        // Full layers' RoPE kind: set from rope_freqs below.
         rope_theta: m.opt_f32(&m.key("rope.freq_base"))?.unwrap_or(10_000.0),
-        full_rope_proportional: false,
         partial_rotary_factor: 1.0,
         final_logit_softcapping: (cap != 0.0).then_some(cap),
         rms_norm_eps: m
@@ -354,7 +356,7 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
                 factors.len()
             )));
         }
-        h.full_rope_proportional = true;
+        h.full_layers.rope_proportional = true;
         // Halfway between `turning` and `turning + 1` pairs: Gemma4Config::full_rotary_dim's
         // floor gives `turning` whatever the f32 rounding of the fraction.
         h.partial_rotary_factor = (2 * turning + 1) as f32 / global_head_dim as f32;

@@ -2,7 +2,7 @@
 
 use crate::error::{shown, Error, Result};
 use crate::loader::{capped, check_layer_count, limits, StoredTensor};
-use crate::model::arch::{self, DeltaNetParams, Hyperparams, MoeParams};
+use crate::model::arch::{self, DeltaNetParams, FullLayers, Hyperparams, MoeParams};
 use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig, PerLayerInput};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -575,10 +575,12 @@ pub(super) fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> 
         activation: Activation::GeluTanhGated,
         final_logit_softcapping,
         sliding_window: Some(sliding_window),
-        full_head_dim: Some(full_head_dim),
-        full_kv_heads,
-        k_eq_v,
-        full_rope_proportional,
+        full_layers: FullLayers {
+            head_dim: Some(full_head_dim),
+            kv_heads: full_kv_heads,
+            k_eq_v,
+            rope_proportional: full_rope_proportional,
+        },
         partial_rotary_factor,
         per_layer_input: (ple_dim > 0).then_some(PerLayerInput { dim: ple_dim, vocab: ple_vocab }),
         num_kv_shared_layers,
