@@ -26,15 +26,15 @@ impl Cfg<'_> {
         let v = self.obj.get(key).unwrap_or(&Value::Null);
         Error::corrupt(self.path, format!("{} should be {want}, is {}", shown(key), json_shown(v)))
     }
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+    /// The value of `key` read by `read`, if present; `want` says what it should be in the error.
+    fn opt<'v, T>(&'v self, key: &str, want: &str, read: impl FnOnce(&'v Value) -> Option<T>) -> Result<Option<T>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|x| usize::try_from(x).ok())
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a non-negative integer")),
+            Some(v) => read(v).map(Some).ok_or_else(|| self.wrong(key, want)),
         }
+    }
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        self.opt(key, "a non-negative integer", |v| v.as_u64().and_then(|x| usize::try_from(x).ok()))
     }
     fn req_usize(&self, key: &str) -> Result<usize> {
         self.opt_usize(key)?.ok_or_else(|| Error::corrupt(self.path, format!("required key {} is missing", shown(key))))
@@ -48,21 +48,10 @@ impl Cfg<'_> {
         capped(self.path, key, self.req_usize(key)?, limit)
     }
     fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(|x| x as f32)
-                .filter(|x| x.is_finite())
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a finite number (in f32 range)")),
-        }
+        self.opt(key, "a finite number (in f32 range)", |v| v.as_f64().map(|x| x as f32).filter(|x| x.is_finite()))
     }
     fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, "a bool")),
-        }
+        self.opt(key, "a bool", Value::as_bool)
     }
     /// Which layers are `full_attention` by `layer_types` (one per layer, each that or `other`),
     /// or when it is absent every `every`-th layer; `arch` names the model in errors.
@@ -95,10 +84,7 @@ impl Cfg<'_> {
         Ok(Some(types))
     }
     fn opt_str(&self, key: &str) -> Result<Option<&str>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.wrong(key, "a string")),
-        }
+        self.opt(key, "a string", Value::as_str)
     }
 }
 
