@@ -404,6 +404,18 @@ fn rd_f16(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
+/// The 32 5-bit quants of a Q5_0 / Q5_1 block from its `qh: u32` and `qs: [u8; 16]` (`b`): quant
+/// `j` is nibble `j` (the low nibbles of `qs`, then the high ones) with bit `j` of `qh` above it.
+#[inline(always)]
+fn q5_quants(b: &[u8]) -> [u32; 32] {
+    let qh = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    std::array::from_fn(|j| {
+        let q = b[4 + j % 16] as u32;
+        let nibble = if j < 16 { q & 0xF } else { q >> 4 };
+        nibble | (((qh >> j) << 4) & 0x10)
+    })
+}
+
 /// Dequantizes one block `b` (exactly `block_bytes` long) into `y` (exactly `block_size` long).
 #[inline]
 fn dequant_block(t: DType, b: &[u8], y: &mut [f32]) {
@@ -439,29 +451,16 @@ fn dequant_block(t: DType, b: &[u8], y: &mut [f32]) {
         }
         DType::Q5_0 => {
             let b: &[u8; 22] = b.try_into().unwrap();
-            let y: &mut [f32; 32] = y.try_into().unwrap();
             let d = rd_f16(b, 0);
-            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-            for j in 0..16 {
-                let q = b[6 + j] as u32;
-                let h0 = ((qh >> j) << 4) & 0x10;
-                let h1 = (qh >> (j + 12)) & 0x10;
-                y[j] = (((q & 0xF) | h0) as i32 - 16) as f32 * d;
-                y[j + 16] = (((q >> 4) | h1) as i32 - 16) as f32 * d;
+            for (y, q) in y.iter_mut().zip(q5_quants(&b[2..])) {
+                *y = (q as i32 - 16) as f32 * d;
             }
         }
         DType::Q5_1 => {
             let b: &[u8; 24] = b.try_into().unwrap();
-            let y: &mut [f32; 32] = y.try_into().unwrap();
-            let d = rd_f16(b, 0);
-            let m = rd_f16(b, 2);
-            let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-            for j in 0..16 {
-                let q = b[8 + j] as u32;
-                let h0 = ((qh >> j) << 4) & 0x10;
-                let h1 = (qh >> (j + 12)) & 0x10;
-                y[j] = ((q & 0xF) | h0) as f32 * d + m;
-                y[j + 16] = ((q >> 4) | h1) as f32 * d + m;
+            let (d, m) = (rd_f16(b, 0), rd_f16(b, 2));
+            for (y, q) in y.iter_mut().zip(q5_quants(&b[4..])) {
+                *y = q as f32 * d + m;
             }
         }
         DType::Q4_K => {
@@ -619,8 +618,6 @@ pub fn quantize_affine(t: DType, data: &[f32]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block.
-#[inline(always)]
 /// The (scale, min) of both 32-element halves of group `g` (of 4) of a Q4_K or Q5_K super-block
 /// `b`: its f16 `d` and `dmin`, times the group's 6-bit scales and mins.
 fn k4_group(b: &[u8], g: usize) -> [(f32, f32); 2] {
@@ -632,6 +629,8 @@ fn k4_group(b: &[u8], g: usize) -> [(f32, f32); 2] {
     })
 }
 
+/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block.
+#[inline(always)]
 fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
@@ -672,14 +671,25 @@ mod tests {
         (DType::Q6_K, "q6_k"),
     ];
 
+    /// What `convert` makes of each fixture's blocks (`{name}.bin`) and gguf-py's values
+    /// (`{name}.{ext}`, read by `read`), checked to be as many, with the fixture's name.
+    fn converted<T>(
+        ext: &'static str,
+        read: fn(&[u8]) -> Vec<T>,
+        convert: fn(DType, &[u8], usize) -> Result<Vec<T>>,
+    ) -> impl Iterator<Item = (&'static str, Vec<T>, Vec<T>)> {
+        FIXTURES.into_iter().map(move |(t, name)| {
+            let want = read(&fixture(&format!("{name}.{ext}")));
+            let got = convert(t, &fixture(&format!("{name}.bin")), want.len()).unwrap();
+            assert_eq!(got.len(), want.len(), "{name}");
+            (name, got, want)
+        })
+    }
+
     /// Bit-exact against gguf-py's numpy dequantization (an independent implementation).
     #[test]
     fn dequant_matches_gguf_py() {
-        for (t, name) in FIXTURES {
-            let raw = fixture(&format!("{name}.bin"));
-            let want = le_f32(&fixture(&format!("{name}.f32")));
-            let got = to_f32(t, &raw, want.len()).unwrap();
-            assert_eq!(got.len(), want.len(), "{name}");
+        for (name, got, want) in converted("f32", le_f32, to_f32) {
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(g.to_bits(), w.to_bits(), "{name}[{i}]: got {g}, want {w}");
             }
@@ -690,11 +700,7 @@ mod tests {
     /// f16 output: at most 1 ulp from numpy's rounding of the f32 reference (exact in practice).
     #[test]
     fn to_f16_matches_gguf_py() {
-        for (t, name) in FIXTURES {
-            let raw = fixture(&format!("{name}.bin"));
-            let want = le_f16(&fixture(&format!("{name}.f16")));
-            let got = to_f16(t, &raw, want.len()).unwrap();
-            assert_eq!(got.len(), want.len(), "{name}");
+        for (name, got, want) in converted("f16", le_f16, to_f16) {
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 let (g, w) = (g.to_bits() as i32, w.to_bits() as i32);
                 assert!((g - w).abs() <= 1, "{name}[{i}]: got {g:#x}, want {w:#x}");

@@ -434,17 +434,18 @@ mod tests {
     /// 1.5B: Q4_K / Q6_K, output Q6_K; 0.5B (rows of 896): the Q5_0 / Q8_0 fallbacks.
     #[test]
     fn q4_k_m_types_follow_llama_cpp() {
-        let c = preset_config("qwen2.5-1.5b").unwrap();
-        let plans = tensor_plans(&c, "q4_k_m");
-        let ty = |n: &str| plans.iter().find(|p| p.name == n).unwrap().dtype;
+        // The recipe's type of each tensor of a preset.
+        let types = |preset: &str| {
+            let plans = tensor_plans(&preset_config(preset).unwrap(), "q4_k_m");
+            move |n: &str| plans.iter().find(|p| p.name == n).unwrap().dtype
+        };
+        let ty = types("qwen2.5-1.5b");
         assert_eq!(ty("output.weight"), DType::Q6_K);
         assert_eq!(ty("token_embd.weight"), DType::Q4_K);
         assert_eq!(ty("blk.5.attn_q.weight"), DType::Q4_K);
         let v6 = (0..28).filter(|l| ty(&format!("blk.{l}.attn_v.weight")) == DType::Q6_K).count();
         assert!((12..=16).contains(&v6), "{v6} of 28 attn_v layers in Q6_K (the real file: 14)");
-        let c = preset_config("qwen2.5-0.5b").unwrap();
-        let plans = tensor_plans(&c, "q4_k_m");
-        let ty = |n: &str| plans.iter().find(|p| p.name == n).unwrap().dtype;
+        let ty = types("qwen2.5-0.5b");
         assert_eq!(ty("output.weight"), DType::Q8_0);
         assert_eq!(ty("token_embd.weight"), DType::Q5_0);
         assert_eq!(ty("blk.0.ffn_down.weight"), DType::Q6_K);

@@ -3,7 +3,7 @@
 use super::file::GgufFile;
 use super::value::GgufValue;
 use crate::error::{shown, Error, Result};
-use crate::loader::capped;
+use crate::loader::{capped, check_layer_count, limits};
 use std::path::Path;
 
 /// Typed metadata lookups with errors naming the key.
@@ -23,19 +23,34 @@ impl Meta<'_> {
     pub(super) fn missing(&self, key: &str) -> Error {
         Error::corrupt(self.path, format!("required metadata {} is missing", shown(key)))
     }
-    pub(super) fn opt_u64(&self, key: &str) -> Result<Option<u64>> {
+    /// The value of `key` read by `read`, if present; `want` says what it should be in the error.
+    fn opt<'v, T>(&'v self, key: &str, want: &str, read: impl FnOnce(&'v GgufValue) -> Option<T>) -> Result<Option<T>> {
         match self.g.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| self.wrong(key, "a non-negative integer", v)),
+            Some(v) => read(v).map(Some).ok_or_else(|| self.wrong(key, want, v)),
         }
     }
+    pub(super) fn opt_u64(&self, key: &str) -> Result<Option<u64>> {
+        self.opt(key, "a non-negative integer", GgufValue::as_u64)
+    }
+    /// A non-negative integer that fits `T`, if present.
+    fn opt_int<T: TryFrom<u64>>(&self, key: &str) -> Result<Option<T>> {
+        self.opt_u64(key)?.map(|v| self.fit(key, v)).transpose()
+    }
+    /// `v` (the value of `key`) as a `T`, or an error saying it is too large.
+    fn fit<T: TryFrom<u64>>(&self, key: &str, v: u64) -> Result<T> {
+        T::try_from(v).map_err(|_| Error::corrupt(self.path, format!("metadata {} = {v} is too large", shown(key))))
+    }
     pub(super) fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.opt_u64(key)? {
-            None => Ok(None),
-            Some(v) => usize::try_from(v)
-                .map(Some)
-                .map_err(|_| Error::corrupt(self.path, format!("metadata {} = {v} is too large", shown(key)))),
-        }
+        self.opt_int(key)
+    }
+    /// `{arch}.block_count`: at most the layer limit, and agreeing with the `blk.{i}.` tensors
+    /// present (checked before anything is sized by it).
+    pub(super) fn layer_count(&self) -> Result<usize> {
+        let key = self.key("block_count");
+        let n = self.req_capped(&key, limits::LAYERS)?;
+        check_layer_count(self.g.tensors.iter().map(|t| t.name.as_str()), n, &key, self.path)?;
+        Ok(n)
     }
     /// A required count, at most `limit`.
     pub(super) fn req_capped(&self, key: &str, limit: usize) -> Result<usize> {
@@ -43,39 +58,19 @@ impl Meta<'_> {
         capped(self.path, key, v, limit)
     }
     pub(super) fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
-        match self.opt_u64(key)? {
-            None => Ok(None),
-            Some(v) => u32::try_from(v)
-                .map(Some)
-                .map_err(|_| Error::corrupt(self.path, format!("metadata {} = {v} is too large", shown(key)))),
-        }
+        self.opt_int(key)
     }
     pub(super) fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
-        match self.g.get(key) {
-            None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if x.is_finite() => Ok(Some(x as f32)),
-                _ => Err(self.wrong(key, "a finite number", v)),
-            },
-        }
+        self.opt(key, "a finite number", |v| v.as_f64().filter(|x| x.is_finite()).map(|x| x as f32))
     }
     pub(super) fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.g.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, "a bool", v)),
-        }
+        self.opt(key, "a bool", GgufValue::as_bool)
     }
     pub(super) fn opt_str(&self, key: &str) -> Result<Option<&str>> {
-        match self.g.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.wrong(key, "a string", v)),
-        }
+        self.opt(key, "a string", GgufValue::as_str)
     }
     pub(super) fn opt_array(&self, key: &str) -> Result<Option<&[GgufValue]>> {
-        match self.g.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_array().map(Some).ok_or_else(|| self.wrong(key, "an array", v)),
-        }
+        self.opt(key, "an array", GgufValue::as_array)
     }
     /// A count llama.cpp takes per layer: an array of `layers` integers, or one for every layer;
     /// `None` when absent.
@@ -108,9 +103,7 @@ impl Meta<'_> {
             let vals: Option<Vec<u64>> = a.iter().map(|x| x.as_u64()).collect();
             let vals = vals.ok_or_else(|| self.wrong(key, "integers", v))?;
             return match vals.split_first() {
-                Some((first, rest)) if rest.iter().all(|x| x == first) => usize::try_from(*first)
-                    .map(Some)
-                    .map_err(|_| Error::corrupt(self.path, format!("metadata {} = {first} is too large", shown(key)))),
+                Some((first, rest)) if rest.iter().all(|x| x == first) => self.fit(key, *first).map(Some),
                 Some(_) => Err(Error::Unsupported(format!(
                     "per-layer values of {} ({} different values; this engine needs one)",
                     shown(key),

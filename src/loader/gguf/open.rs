@@ -7,11 +7,11 @@ use super::tokenizer::{tokenizer_data, GgufTokenizerData};
 use super::value::GgufValue;
 use crate::error::{shown, Error, Result};
 use crate::loader::{
-    capped, check_layer_count, check_tensors, drop_shared_kv_tensors, limits as cfg_limits, open_regular, split_halves,
-    validate_config, Checkpoint, DataFile, Fixup, StoredTensor, TokenizerSource, END_OF_TURN_TOKENS,
+    capped, check_tensors, drop_shared_kv_tensors, limits as cfg_limits, open_regular, split_halves, validate_config,
+    Checkpoint, DataFile, Fixup, StoredTensor, TokenizerSource, END_OF_TURN_TOKENS,
 };
 use crate::model::arch::{self, Hyperparams};
-use crate::model::arch::{DeltaNetParams, MoeParams};
+use crate::model::arch::{DeltaNetParams, FullLayers, MoeParams};
 use crate::model::config::{Activation, PerLayerInput};
 use crate::model::config::{Arch, LayerAttention, Mixer, ModelConfig};
 use std::collections::HashMap;
@@ -74,9 +74,7 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
 fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> {
     let m = Meta { g, path, arch: "qwen35moe" };
     let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
-    let layers_key = m.key("block_count");
-    let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
-    check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
+    let num_layers = m.layer_count()?;
     let heads = m.req_capped(&m.key("attention.head_count"), cfg_limits::HEADS)?;
     let head_dim = m.req_capped(&m.key("attention.key_length"), cfg_limits::HEAD_DIM)?;
     if let Some(vd) = m.opt_usize(&m.key("attention.value_length"))? {
@@ -213,11 +211,9 @@ fn open_qwen35moe(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoin
 fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> {
     let m = Meta { g, path, arch: "gemma4" };
     let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
-    let layers_key = m.key("block_count");
-    let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
-    check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
+    let num_layers = m.layer_count()?;
     if num_layers == 0 {
-        return Err(mismatch(format!("{layers_key} is 0")));
+        return Err(mismatch(format!("{} is 0", m.key("block_count"))));
     }
     let req = |k: &str, limit| m.req_capped(&m.key(k), limit);
     if m.opt_usize(&m.key("expert_count"))?.unwrap_or(0) > 0 {
@@ -301,10 +297,14 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
         intermediate_size: capped(path, &ffn_key, ffn[0], cfg_limits::INTERMEDIATE)?,
         num_attention_heads: heads,
         num_key_value_heads: sliding_kv,
-        full_kv_heads: Some(full_kv),
         head_dim,
-        full_head_dim: Some(global_head_dim),
-        k_eq_v,
+        // Full layers' RoPE kind: set from rope_freqs below.
+        full_layers: FullLayers {
+            head_dim: Some(global_head_dim),
+            kv_heads: Some(full_kv),
+            k_eq_v,
+            rope_proportional: false,
+        },
         attention_bias: false,
         layer_types: full_attention
             .iter()
@@ -312,9 +312,7 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
             .collect(),
         sliding_window: Some(window),
         rope_local_theta: Some(m.opt_f32(&m.key("rope.freq_base_swa"))?.unwrap_or(10_000.0)),
-        // Full layers' RoPE kind: set from rope_freqs below.
         rope_theta: m.opt_f32(&m.key("rope.freq_base"))?.unwrap_or(10_000.0),
-        full_rope_proportional: false,
         partial_rotary_factor: 1.0,
         final_logit_softcapping: (cap != 0.0).then_some(cap),
         rms_norm_eps: m
@@ -358,7 +356,7 @@ fn open_gemma4(g: &GgufFile, data: DataFile, path: &Path) -> Result<Checkpoint> 
                 factors.len()
             )));
         }
-        h.full_rope_proportional = true;
+        h.full_layers.rope_proportional = true;
         // Halfway between `turning` and `turning + 1` pairs: Gemma4Config::full_rotary_dim's
         // floor gives `turning` whatever the f32 rounding of the fraction.
         h.partial_rotary_factor = (2 * turning + 1) as f32 / global_head_dim as f32;
@@ -429,11 +427,8 @@ fn build_config(g: &GgufFile, path: &Path) -> Result<(ModelConfig, GgufTokenizer
     let m = Meta { g, path, arch: arch_name };
     let mismatch = |msg: String| Error::Mismatch(format!("{}: {msg}", path.display()));
 
-    // The layer count first, against its limit and the tensors present, before anything is
-    // sized by it.
-    let layers_key = m.key("block_count");
-    let num_layers = m.req_capped(&layers_key, cfg_limits::LAYERS)?;
-    check_layer_count(g.tensors.iter().map(|t| t.name.as_str()), num_layers, &layers_key, path)?;
+    // The layer count first, before anything is sized by it.
+    let num_layers = m.layer_count()?;
     let hidden = m.req_capped(&m.key("embedding_length"), cfg_limits::HIDDEN)?;
     let ffn_key = m.key("feed_forward_length");
     let intermediate = m.uniform_usize(&ffn_key)?.ok_or_else(|| m.missing(&ffn_key))?;

@@ -35,6 +35,9 @@ pub mod value_type {
     pub const U64: u32 = 10;
     pub const I64: u32 = 11;
     pub const F64: u32 = 12;
+    /// Each type's name in messages, by id.
+    pub const NAMES: [&str; 13] =
+        ["u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"];
 }
 
 impl GgufValue {
@@ -115,22 +118,19 @@ impl GgufValue {
     /// Short description for error messages: the value (strings quoted and cut short, arrays
     /// by length) and its type.
     pub fn describe(&self) -> String {
-        match self {
-            GgufValue::U8(v) => format!("{v} (u8)"),
-            GgufValue::I8(v) => format!("{v} (i8)"),
-            GgufValue::U16(v) => format!("{v} (u16)"),
-            GgufValue::I16(v) => format!("{v} (i16)"),
-            GgufValue::U32(v) => format!("{v} (u32)"),
-            GgufValue::I32(v) => format!("{v} (i32)"),
-            GgufValue::U64(v) => format!("{v} (u64)"),
-            GgufValue::I64(v) => format!("{v} (i64)"),
-            GgufValue::F32(v) => format!("{v} (f32)"),
-            GgufValue::F64(v) => format!("{v} (f64)"),
-            GgufValue::Bool(v) => format!("{v} (bool)"),
-            GgufValue::String(s) if s.len() > 40 => format!("a string of {} bytes", s.len()),
-            GgufValue::String(s) => format!("the string {}", crate::error::one_line(&format!("{s:?}"), 200)),
-            GgufValue::Array(a) => format!("an array of {} elements", a.len()),
-        }
+        let value = match (self, self.as_i128()) {
+            (_, Some(v)) => v.to_string(),
+            (GgufValue::F32(v), _) => v.to_string(),
+            (GgufValue::F64(v), _) => v.to_string(),
+            (GgufValue::Bool(v), _) => v.to_string(),
+            (GgufValue::String(s), _) if s.len() > 40 => return format!("a string of {} bytes", s.len()),
+            (GgufValue::String(s), _) => {
+                return format!("the string {}", crate::error::one_line(&format!("{s:?}"), 200))
+            }
+            (GgufValue::Array(a), _) => return format!("an array of {} elements", a.len()),
+            _ => unreachable!("every integer value has as_i128"),
+        };
+        format!("{value} ({})", value_type::NAMES[self.type_id() as usize])
     }
 }
 

@@ -174,10 +174,7 @@ impl GgufWriter {
         let intermediate = cfg.layers.first().map_or(0, |s| match s.mlp {
             MlpSpec::Dense { intermediate, .. } | MlpSpec::Moe { intermediate, .. } => intermediate,
         });
-        self.add_metadata("general.architecture", a);
-        self.add_metadata(k("context_length"), cfg.max_position_embeddings as u32);
-        self.add_metadata(k("embedding_length"), cfg.hidden_size as u32);
-        self.add_metadata(k("block_count"), cfg.num_layers() as u32);
+        self.add_architecture(a, cfg);
         self.add_metadata(k("feed_forward_length"), intermediate as u32);
         if let Some(f) = full {
             self.add_metadata(k("attention.head_count"), f.heads as u32);
@@ -209,6 +206,16 @@ impl GgufWriter {
         self
     }
 
+    /// Writes `general.architecture` (`arch`) and the sizes every architecture states:
+    /// `{arch}.block_count`, `context_length` and `embedding_length`.
+    fn add_architecture(&mut self, arch: &str, cfg: &ModelConfig) {
+        let k = |s: &str| format!("{arch}.{s}");
+        self.add_metadata("general.architecture", arch);
+        self.add_metadata(k("block_count"), cfg.num_layers() as u32);
+        self.add_metadata(k("context_length"), cfg.max_position_embeddings as u32);
+        self.add_metadata(k("embedding_length"), cfg.hidden_size as u32);
+    }
+
     /// Writes the `qwen35moe.*` keys of llama.cpp's Qwen3.5-MoE that [`open`](super::open) reads back into
     /// `cfg` (a Qwen3.5-MoE config: [`crate::model::qwen3_5_moe::Qwen35MoeConfig::model_config`]):
     /// the layer pattern as `full_attention_interval` when it is every n-th layer, else as
@@ -233,10 +240,7 @@ impl GgufWriter {
         };
         let k = |s: &str| format!("qwen35moe.{s}");
         let u = |v: usize| GgufValue::U32(v as u32);
-        self.add_metadata("general.architecture", "qwen35moe");
-        self.add_metadata(k("block_count"), u(cfg.num_layers()));
-        self.add_metadata(k("context_length"), u(cfg.max_position_embeddings));
-        self.add_metadata(k("embedding_length"), u(cfg.hidden_size));
+        self.add_architecture("qwen35moe", cfg);
         self.add_metadata(k("vocab_size"), u(cfg.vocab_size));
         self.add_metadata(k("attention.head_count"), u(a.heads));
         self.add_metadata(k("attention.head_count_kv"), u(a.kv_heads));
@@ -291,10 +295,7 @@ impl GgufWriter {
         let full = att.iter().find(|a| a.window.is_none()).ok_or_else(|| bad("no full layer"))?;
         let k = |s: &str| format!("gemma4.{s}");
         let u = |v: usize| GgufValue::U32(v as u32);
-        self.add_metadata("general.architecture", "gemma4");
-        self.add_metadata(k("block_count"), u(cfg.num_layers()));
-        self.add_metadata(k("context_length"), u(cfg.max_position_embeddings));
-        self.add_metadata(k("embedding_length"), u(cfg.hidden_size));
+        self.add_architecture("gemma4", cfg);
         let ffn: Vec<usize> = (0..cfg.num_layers())
             .map(|l| match cfg.layer(l).mlp {
                 MlpSpec::Dense { intermediate, .. } => intermediate,

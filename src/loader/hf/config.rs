@@ -2,7 +2,7 @@
 
 use crate::error::{shown, Error, Result};
 use crate::loader::{capped, check_layer_count, limits, StoredTensor};
-use crate::model::arch::{self, DeltaNetParams, Hyperparams, MoeParams};
+use crate::model::arch::{self, DeltaNetParams, FullLayers, Hyperparams, MoeParams};
 use crate::model::config::{Activation, Arch, LayerAttention, ModelConfig, PerLayerInput};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -26,15 +26,15 @@ impl Cfg<'_> {
         let v = self.obj.get(key).unwrap_or(&Value::Null);
         Error::corrupt(self.path, format!("{} should be {want}, is {}", shown(key), json_shown(v)))
     }
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+    /// The value of `key` read by `read`, if present; `want` says what it should be in the error.
+    fn opt<'v, T>(&'v self, key: &str, want: &str, read: impl FnOnce(&'v Value) -> Option<T>) -> Result<Option<T>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|x| usize::try_from(x).ok())
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a non-negative integer")),
+            Some(v) => read(v).map(Some).ok_or_else(|| self.wrong(key, want)),
         }
+    }
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        self.opt(key, "a non-negative integer", |v| v.as_u64().and_then(|x| usize::try_from(x).ok()))
     }
     fn req_usize(&self, key: &str) -> Result<usize> {
         self.opt_usize(key)?.ok_or_else(|| Error::corrupt(self.path, format!("required key {} is missing", shown(key))))
@@ -48,36 +48,17 @@ impl Cfg<'_> {
         capped(self.path, key, self.req_usize(key)?, limit)
     }
     fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(|x| x as f32)
-                .filter(|x| x.is_finite())
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a finite number (in f32 range)")),
-        }
+        self.opt(key, "a finite number (in f32 range)", |v| v.as_f64().map(|x| x as f32).filter(|x| x.is_finite()))
     }
     fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, "a bool")),
-        }
+        self.opt(key, "a bool", Value::as_bool)
     }
     /// Which layers are `full_attention` by `layer_types` (one per layer, each that or `other`),
     /// or when it is absent every `every`-th layer; `arch` names the model in errors.
     fn full_attention_layers(&self, num_layers: usize, other: &str, arch: &str, every: usize) -> Result<Vec<bool>> {
-        let Some(types) = self.get("layer_types") else {
+        let Some(types) = self.layer_types(num_layers)? else {
             return Ok((0..num_layers).map(|i| (i + 1) % every == 0).collect());
         };
-        let types = types.as_array().ok_or_else(|| self.wrong("layer_types", "a list"))?;
-        if types.len() != num_layers {
-            return Err(Error::Mismatch(format!(
-                "{}: layer_types has {} entries for {num_layers} layers",
-                self.path.display(),
-                types.len()
-            )));
-        }
         types
             .iter()
             .map(|t| match t.as_str() {
@@ -87,11 +68,23 @@ impl Cfg<'_> {
             })
             .collect()
     }
-    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.wrong(key, "a string")),
+    /// `layer_types` if present: a list of one entry per layer.
+    fn layer_types(&self, num_layers: usize) -> Result<Option<&Vec<Value>>> {
+        let Some(types) = self.get("layer_types") else {
+            return Ok(None);
+        };
+        let types = types.as_array().ok_or_else(|| self.wrong("layer_types", "a list"))?;
+        if types.len() != num_layers {
+            return Err(Error::Mismatch(format!(
+                "{}: layer_types has {} entries for {num_layers} layers",
+                self.path.display(),
+                types.len()
+            )));
         }
+        Ok(Some(types))
+    }
+    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
+        self.opt(key, "a string", Value::as_str)
     }
 }
 
@@ -245,15 +238,7 @@ pub(super) fn build_config(
         })?;
         u32::try_from(w).map_err(|_| Error::corrupt(c.path, format!("sliding_window {w} is too large")))
     };
-    let layer_attention: Vec<LayerAttention> = if let Some(types) = c.get("layer_types") {
-        let types = types.as_array().ok_or_else(|| c.wrong("layer_types", "a list"))?;
-        if types.len() != num_layers {
-            return Err(Error::Mismatch(format!(
-                "{}: layer_types has {} entries for {num_layers} layers",
-                c.path.display(),
-                types.len()
-            )));
-        }
+    let layer_attention: Vec<LayerAttention> = if let Some(types) = c.layer_types(num_layers)? {
         types
             .iter()
             .map(|t| match t.as_str() {
@@ -576,10 +561,12 @@ pub(super) fn build_gemma4(c: &Cfg, tensors: &HashMap<String, StoredTensor>) -> 
         activation: Activation::GeluTanhGated,
         final_logit_softcapping,
         sliding_window: Some(sliding_window),
-        full_head_dim: Some(full_head_dim),
-        full_kv_heads,
-        k_eq_v,
-        full_rope_proportional,
+        full_layers: FullLayers {
+            head_dim: Some(full_head_dim),
+            kv_heads: full_kv_heads,
+            k_eq_v,
+            rope_proportional: full_rope_proportional,
+        },
         partial_rotary_factor,
         per_layer_input: (ple_dim > 0).then_some(PerLayerInput { dim: ple_dim, vocab: ple_vocab }),
         num_kv_shared_layers,

@@ -43,16 +43,8 @@ pub struct Hyperparams {
     /// The sliding layers' window as the checkpoint says it, also where no layer slides (Gemma 4
     /// checks it); `None` = the windows of `layer_types`.
     pub sliding_window: Option<u32>,
-    /// Full-attention layers' head dim where it differs from `head_dim` (Gemma 4's
-    /// `global_head_dim`).
-    pub full_head_dim: Option<usize>,
-    /// Full-attention layers' KV heads with `k_eq_v` (Gemma 4's `num_global_key_value_heads`).
-    pub full_kv_heads: Option<usize>,
-    /// Full-attention layers have no v projection: values are k_proj's output
-    /// (`attention_k_eq_v`).
-    pub k_eq_v: bool,
-    /// Full-attention layers' RoPE is proportional (`rope_type: proportional`); else default.
-    pub full_rope_proportional: bool,
+    /// How full-attention layers differ from the others (Gemma 4).
+    pub full_layers: FullLayers,
     /// `partial_rotary_factor` of full-attention layers (1 = the whole head).
     pub partial_rotary_factor: f32,
     /// A sparse mixture of experts in every layer.
@@ -92,10 +84,7 @@ impl Default for Hyperparams {
             query_pre_attn_scalar: None,
             final_logit_softcapping: None,
             sliding_window: None,
-            full_head_dim: None,
-            full_kv_heads: None,
-            k_eq_v: false,
-            full_rope_proportional: false,
+            full_layers: FullLayers::default(),
             partial_rotary_factor: 1.0,
             moe: None,
             delta_net: None,
@@ -114,6 +103,20 @@ impl Hyperparams {
     pub fn partial_rotary_dim(&self) -> usize {
         (self.head_dim as f32 * self.partial_rotary_factor) as usize
     }
+}
+
+/// How a model's full-attention layers differ from its others (Gemma 4's `global_*` keys); the
+/// default: not at all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FullLayers {
+    /// Head dim where it differs from `head_dim` (`global_head_dim`).
+    pub head_dim: Option<usize>,
+    /// KV heads with `k_eq_v` (`num_global_key_value_heads`).
+    pub kv_heads: Option<usize>,
+    /// No v projection: values are k_proj's output (`attention_k_eq_v`).
+    pub k_eq_v: bool,
+    /// Proportional RoPE (`rope_type: proportional`); else default.
+    pub rope_proportional: bool,
 }
 
 /// A sparse MoE block's sizes (`num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,

@@ -45,19 +45,9 @@ use crate::model::config::{
     Activation, Arch, AttentionSpec, LayerAttention, LayerSpec, Mixer, MlpSpec, ModelConfig, PerLayerInput, RopeSpec,
 };
 
-/// `Gemma4TextConfig`'s defaults (every 6th layer full; full layers' own defaults, e.g.
-/// `global_head_dim` 512, are the loaders' to apply).
-pub const DEFAULTS: Defaults = Defaults {
-    head_dim: Some(256),
-    rms_norm_eps: 1e-6,
-    max_position_embeddings: 131_072,
-    rope_theta: 1_000_000.0,
-    activation_key: "hidden_activation",
-    activation: "gelu_pytorch_tanh",
-    tie_word_embeddings: true,
-    sliding_window_pattern: Some(6),
-    use_sliding_window: false,
-};
+/// `Gemma4TextConfig`'s defaults, Gemma 3's (every 6th layer full; full layers' own defaults,
+/// e.g. `global_head_dim` 512, are the loaders' to apply).
+pub const DEFAULTS: Defaults = super::gemma3::DEFAULTS;
 
 /// The model `h` describes (unchecked: [`validate`] first).
 pub fn model_config(h: &Hyperparams) -> ModelConfig {
@@ -119,8 +109,8 @@ pub struct Gemma4Config {
 impl Gemma4Config {
     /// Gemma 4's reading of the neutral hyperparameters: sliding layers at `head_dim`,
     /// `num_key_value_heads` and RoPE `rope_local_theta` (default 10000); full layers at
-    /// `full_head_dim`, `full_kv_heads` (with `k_eq_v`) and `rope_theta`, proportional by
-    /// `full_rope_proportional` / `partial_rotary_factor`.
+    /// `full_layers`' head dim and KV heads (with `k_eq_v`) and `rope_theta`, proportional by
+    /// `full_layers.rope_proportional` / `partial_rotary_factor`.
     pub fn from_hyperparams(h: &Hyperparams) -> Self {
         let first_window = h.layer_types.iter().find_map(|t| match t {
             LayerAttention::Sliding { window } => Some(*window),
@@ -132,10 +122,10 @@ impl Gemma4Config {
             intermediate_size: h.intermediate_size,
             num_attention_heads: h.num_attention_heads,
             num_key_value_heads: h.num_key_value_heads,
-            num_global_key_value_heads: h.full_kv_heads,
+            num_global_key_value_heads: h.full_layers.kv_heads,
             head_dim: h.head_dim,
-            global_head_dim: h.full_head_dim.unwrap_or(h.head_dim),
-            attention_k_eq_v: h.k_eq_v,
+            global_head_dim: h.full_layers.head_dim.unwrap_or(h.head_dim),
+            attention_k_eq_v: h.full_layers.k_eq_v,
             attention_bias: h.attention_bias,
             full_attention: h.layer_types.iter().map(|t| *t == LayerAttention::Full).collect(),
             sliding_window: h.sliding_window.or(first_window).unwrap_or(0),
@@ -146,7 +136,7 @@ impl Gemma4Config {
             },
             rope_full: Gemma4Rope {
                 theta: h.rope_theta,
-                proportional: h.full_rope_proportional,
+                proportional: h.full_layers.rope_proportional,
                 partial_rotary_factor: h.partial_rotary_factor,
             },
             final_logit_softcapping: h.final_logit_softcapping,

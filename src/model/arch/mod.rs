@@ -16,7 +16,7 @@ pub mod qwen3;
 pub mod qwen3_5_moe;
 
 use super::config::{Arch, ModelConfig};
-pub use common::{activation, Defaults, DeltaNetParams, GgufTensor, Hyperparams, MoeParams, TensorName};
+pub use common::{activation, Defaults, DeltaNetParams, FullLayers, GgufTensor, Hyperparams, MoeParams, TensorName};
 
 /// The defaults of `arch`'s config class (dense families).
 pub fn defaults(arch: Arch) -> Defaults {

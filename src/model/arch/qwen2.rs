@@ -5,17 +5,13 @@
 use super::common::{dense, dense_tensor_name, Defaults, DenseBlock, Hyperparams, TensorName};
 use crate::model::config::ModelConfig;
 
-/// `Qwen2Config`'s defaults.
+/// `Qwen2Config`'s defaults: Llama's but for the context, the RoPE base and sliding layers by
+/// `use_sliding_window`.
 pub const DEFAULTS: Defaults = Defaults {
-    head_dim: None,
-    rms_norm_eps: 1e-5,
     max_position_embeddings: 32768,
     rope_theta: 1_000_000.0,
-    activation_key: "hidden_act",
-    activation: "silu",
-    tie_word_embeddings: false,
-    sliding_window_pattern: None,
     use_sliding_window: true,
+    ..super::llama::DEFAULTS
 };
 
 pub fn model_config(h: &Hyperparams) -> ModelConfig {

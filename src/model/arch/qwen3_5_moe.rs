@@ -36,13 +36,9 @@ use crate::model::config::{
 pub const DEFAULTS: Defaults = Defaults {
     head_dim: Some(256),
     rms_norm_eps: 1e-6,
-    max_position_embeddings: 32768,
     rope_theta: 10_000_000.0,
-    activation_key: "hidden_act",
-    activation: "silu",
-    tie_word_embeddings: false,
-    sliding_window_pattern: None,
     use_sliding_window: false,
+    ..super::qwen3::DEFAULTS
 };
 
 /// The model `h` describes: its `Full` layers gated softmax attention, the others Gated DeltaNet
