@@ -372,6 +372,19 @@ impl Engine {
     pub fn run(&mut self, req: &Request, on_piece: &mut dyn FnMut(&str) -> Result<bool>) -> Result<Generation> {
         let params = req.sampling.resolve()?;
         let prompt_tokens = self.text.prompt_ids(req)?;
+        self.run_tokens(req, params, &prompt_tokens, true, on_piece)
+    }
+
+    /// Generates with `req`'s settings and `params` after `prompt_tokens`: from an empty context
+    /// (`fresh`) or after what the model holds ([`decode::continue_with`]).
+    pub(crate) fn run_tokens(
+        &mut self,
+        req: &Request,
+        params: SamplingParams,
+        prompt_tokens: &[u32],
+        fresh: bool,
+        on_piece: &mut dyn FnMut(&str) -> Result<bool>,
+    ) -> Result<Generation> {
         let mut host = HostSampler;
         let sampler: &mut dyn SamplingBackend = match req.sampler {
             SamplerChoice::Host => &mut host,
@@ -384,10 +397,11 @@ impl Engine {
         let mut stream = StreamDecoder::new(&self.text.tokenizer);
         let mut tokens = Vec::new();
         let mut text = String::new();
-        let stats = decode::generate_with(
+        let run = if fresh { decode::generate_with } else { decode::continue_with };
+        let stats = run(
             &mut self.model,
             sampler,
-            &prompt_tokens,
+            prompt_tokens,
             req.max_tokens,
             &params,
             stop,

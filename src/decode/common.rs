@@ -60,7 +60,11 @@ pub struct StepTiming {
 
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
+    /// Tokens prefilled: the prompt given to the loop.
     pub prompt_tokens: usize,
+    /// Positions the KV cache already held when the run began, which the prompt continued
+    /// ([`continue_with`](super::continue_with); 0 for [`generate_with`](super::generate_with)).
+    pub cached_tokens: usize,
     pub generated_tokens: usize,
     /// Prompt processing including the first sampled token.
     pub prefill: Duration,
@@ -112,14 +116,23 @@ pub fn non_finite_error(step: u32, pos: usize) -> Error {
     ))
 }
 
-/// What a loop is asked for: up to `max_tokens` tokens after `prompt`, sampled with `params`,
-/// ending at a token of `eos`.
+/// What a loop is asked for: up to `max_tokens` tokens after `prompt`, which goes at positions
+/// `start..` (the model's position when the run began), sampled with `params`, ending at a token
+/// of `eos`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Job<'a> {
+    pub start: usize,
     pub prompt: &'a [u32],
     pub max_tokens: usize,
     pub params: &'a SamplingParams,
     pub eos: &'a [u32],
+}
+
+impl Job<'_> {
+    /// The position after the prompt: where the first decode step's token goes.
+    pub fn end(&self) -> usize {
+        self.start + self.prompt.len()
+    }
 }
 
 /// Why a loop stops after delivering `token`, the `produced`-th token (1-based), if it does;
@@ -143,7 +156,7 @@ pub(super) fn stop_after(
     }
 }
 
-/// `room` of [`stop_after`] for a prompt of `prompt` tokens.
-pub(super) fn room(model: &Model, prompt: usize) -> usize {
-    model.max_ctx - prompt + 1
+/// `room` of [`stop_after`] for a prompt that ends at position `end`.
+pub(super) fn room(model: &Model, end: usize) -> usize {
+    model.max_ctx - end + 1
 }
