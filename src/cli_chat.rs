@@ -27,18 +27,16 @@ pub struct ChatArgs {
     /// model must ship a chat template.
     #[arg(long)]
     model: PathBuf,
+    /// Context length (KV cache positions): the whole conversation must fit; default
+    /// min(model maximum, 4096).
+    #[arg(long)]
+    ctx: Option<usize>,
     /// System message.
     #[arg(long)]
     system: Option<String>,
     /// Generated tokens at most in each answer.
     #[arg(long, default_value_t = 1024)]
     max_tokens: usize,
-    #[command(flatten)]
-    sampling: SamplingArgs,
-    /// Context length (KV cache positions): the whole conversation must fit; default
-    /// min(model maximum, 4096).
-    #[arg(long)]
-    ctx: Option<usize>,
     /// After each answer, print on stderr the tokens prefilled and reused from the KV cache,
     /// the speeds and why the answer ended.
     #[arg(long, short)]
@@ -46,6 +44,8 @@ pub struct ChatArgs {
     /// No progress bar or banner.
     #[arg(long, short)]
     quiet: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     #[command(flatten)]
     gpu: GpuArgs,
 }

@@ -376,7 +376,8 @@ impl Engine {
     }
 
     /// Generates with `req`'s settings and `params` after `prompt_tokens`: from an empty context
-    /// (`fresh`) or after what the model holds ([`decode::continue_with`]).
+    /// (`fresh`, [`decode::generate_with`]) or after what the model holds
+    /// ([`decode::continue_with`]).
     pub(crate) fn run_tokens(
         &mut self,
         req: &Request,
@@ -397,14 +398,12 @@ impl Engine {
         let mut stream = StreamDecoder::new(&self.text.tokenizer);
         let mut tokens = Vec::new();
         let mut text = String::new();
-        let run = if fresh { decode::generate_with } else { decode::continue_with };
-        let stats = run(
+        let job = decode::Job { prompt: prompt_tokens, max_tokens: req.max_tokens, params: &params, eos: stop };
+        let stats = decode::run_job(
             &mut self.model,
             sampler,
-            prompt_tokens,
-            req.max_tokens,
-            &params,
-            stop,
+            fresh,
+            job,
             &mut |t| {
                 tokens.push(t);
                 if !stop.contains(&t) {

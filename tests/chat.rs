@@ -140,23 +140,17 @@ fn session_matches_cold_runs(name: &str, sampling: Sampling) {
 }
 
 #[test]
-fn attention_session_gives_the_cold_tokens_greedy() {
-    session_matches_cold_runs("gemma4_tiny", Sampling::greedy());
+fn attention_session_gives_the_cold_tokens() {
+    for sampling in [Sampling::greedy(), sampled(7)] {
+        session_matches_cold_runs("gemma4_tiny", sampling);
+    }
 }
 
 #[test]
-fn attention_session_gives_the_cold_tokens_seeded() {
-    session_matches_cold_runs("gemma4_tiny", sampled(7));
-}
-
-#[test]
-fn recurrent_session_gives_the_cold_tokens_greedy() {
-    session_matches_cold_runs("qwen35moe_tiny", Sampling::greedy());
-}
-
-#[test]
-fn recurrent_session_gives_the_cold_tokens_seeded() {
-    session_matches_cold_runs("qwen35moe_tiny", sampled(11));
+fn recurrent_session_gives_the_cold_tokens() {
+    for sampling in [Sampling::greedy(), sampled(11)] {
+        session_matches_cold_runs("qwen35moe_tiny", sampling);
+    }
 }
 
 /// A turn that does not fit the context is an error that leaves the conversation as it was; the

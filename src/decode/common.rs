@@ -116,23 +116,14 @@ pub fn non_finite_error(step: u32, pos: usize) -> Error {
     ))
 }
 
-/// What a loop is asked for: up to `max_tokens` tokens after `prompt`, which goes at positions
-/// `start..` (the model's position when the run began), sampled with `params`, ending at a token
-/// of `eos`.
+/// What a loop is asked for: up to `max_tokens` tokens after `prompt`, sampled with `params`,
+/// ending at a token of `eos` ([`continue_with`](super::continue_with)'s request).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Job<'a> {
-    pub start: usize,
+pub struct Job<'a> {
     pub prompt: &'a [u32],
     pub max_tokens: usize,
     pub params: &'a SamplingParams,
     pub eos: &'a [u32],
-}
-
-impl Job<'_> {
-    /// The position after the prompt: where the first decode step's token goes.
-    pub fn end(&self) -> usize {
-        self.start + self.prompt.len()
-    }
 }
 
 /// Why a loop stops after delivering `token`, the `produced`-th token (1-based), if it does;

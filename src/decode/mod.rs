@@ -24,14 +24,14 @@ pub mod common;
 pub mod pipeline;
 
 pub use common::{
-    non_finite_error, DecodeOptions, Stats, StepTiming, StopReason, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT,
+    non_finite_error, DecodeOptions, Job, Stats, StepTiming, StopReason, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT,
     DEFAULT_SUBMISSIONS,
 };
 
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::sampling::{SamplingBackend, SamplingParams};
-use common::{room, stop_after, Job};
+use common::{room, stop_after};
 use std::time::{Duration, Instant};
 
 /// Generates up to `max_tokens` tokens after `prompt`, starting from an empty context. `on_token`
@@ -48,10 +48,10 @@ pub fn generate_with(
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     opts: DecodeOptions,
 ) -> Result<Stats> {
-    run_from(model, sampler, true, prompt, max_tokens, params, eos, on_token, opts)
+    run_job(model, sampler, true, Job { prompt, max_tokens, params, eos }, on_token, opts)
 }
 
-/// [`generate_with`] continuing the sequence the model holds: `prompt` goes at positions
+/// [`generate_with`] continuing the sequence the model holds: `job.prompt` goes at positions
 /// `model.pos..`, after the KV cache's (and recurrent states') first `model.pos` positions, which
 /// are kept. The run is the cold run of the whole sequence from there on: the sampling step
 /// counter starts at 0 at the first token sampled (from the prompt's last position), the room is
@@ -61,33 +61,26 @@ pub fn generate_with(
 /// ([`Model::rollback`]: to any earlier position for attention-only models, to a recent pass end
 /// for models with recurrent layers). The prompt must not be empty: the first token is sampled
 /// from its last position.
-#[allow(clippy::too_many_arguments)]
 pub fn continue_with(
     model: &mut Model,
     sampler: &mut dyn SamplingBackend,
-    prompt: &[u32],
-    max_tokens: usize,
-    params: &SamplingParams,
-    eos: &[u32],
+    job: Job,
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     opts: DecodeOptions,
 ) -> Result<Stats> {
-    run_from(model, sampler, false, prompt, max_tokens, params, eos, on_token, opts)
+    run_job(model, sampler, false, job, on_token, opts)
 }
 
 /// [`generate_with`] (`fresh`: the model reset first) or [`continue_with`].
-#[allow(clippy::too_many_arguments)]
-fn run_from(
+pub(crate) fn run_job(
     model: &mut Model,
     sampler: &mut dyn SamplingBackend,
     fresh: bool,
-    prompt: &[u32],
-    max_tokens: usize,
-    params: &SamplingParams,
-    eos: &[u32],
+    job: Job,
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     opts: DecodeOptions,
 ) -> Result<Stats> {
+    let Job { prompt, max_tokens, params, .. } = job;
     params.validate()?;
     if prompt.is_empty() {
         return Err(Error::InvalidArgument("the prompt is empty".into()));
@@ -110,7 +103,6 @@ fn run_from(
     if fresh {
         model.reset();
     }
-    let job = Job { start, prompt, max_tokens, params, eos };
     if opts.depth > 0 {
         if let Some(device) = sampler.as_device() {
             // A recurrent state rolls back only a few passes (the state ring): no more steps in
@@ -132,7 +124,7 @@ fn readback_loop(
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     mut stats: Stats,
 ) -> Result<Stats> {
-    let Job { prompt, max_tokens, params, eos, .. } = job;
+    let Job { prompt, max_tokens, params, eos } = job;
     let sampler_dispatches = if sampler.as_device().is_some() { pipeline::sampler_dispatches(params) } else { 0 };
     stats.dispatches_per_step = model.plan(1)?.dispatches() + sampler_dispatches;
     stats.submits_per_step = 2.0;
@@ -156,7 +148,9 @@ fn readback_loop(
             stats.stop = StopReason::Caller;
             break;
         }
-        if let Some(stop) = stop_after(token, stats.generated_tokens, max_tokens, room(model, job.end()), eos) {
+        if let Some(stop) =
+            stop_after(token, stats.generated_tokens, max_tokens, room(model, stats.cached_tokens + prompt.len()), eos)
+        {
             stats.stop = stop;
             break;
         }

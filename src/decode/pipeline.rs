@@ -144,7 +144,8 @@ struct Read {
     gpu: Option<Duration>,
 }
 
-/// Runs the loop; `model` holds the positions before `job.start` and `stats` has the prompt length.
+/// Runs the loop; `stats` has the prompt's length and its start (`cached_tokens`: the positions
+/// the model holds before it).
 pub(super) fn run(
     model: &mut Model,
     sampler: &mut DeviceSampler,
@@ -154,8 +155,8 @@ pub(super) fn run(
     steps: usize,
     mut stats: Stats,
 ) -> Result<Stats> {
-    let Job { prompt, max_tokens, params, eos, .. } = job;
-    let end = job.end();
+    let Job { prompt, max_tokens, params, eos } = job;
+    let end = stats.cached_tokens + prompt.len();
     let gpu = model.gpu.clone();
     let steps = steps.max(1);
     // A readback slot and a region of uniforms per submission in flight.
