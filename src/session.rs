@@ -36,7 +36,7 @@
 //! [`Stats::cached_tokens`](crate::decode::Stats::cached_tokens) says how many positions a turn
 //! reused (0 after such a fallback), `prompt_tokens` how many it prefilled.
 //!
-//! The tokens equal a cold run's of the same conversation (greedy and seeded; tests/chat_session.rs)
+//! The tokens equal a cold run's of the same conversation (greedy and seeded; tests/chat.rs)
 //! up to one difference of arithmetic: the reused positions' KV entries were computed by the
 //! passes that ran them (the earlier turn's prefill and one-token decode steps) where a cold run
 //! computes them in one prefill, and the two kernels may round differently in the last bits.
