@@ -372,6 +372,20 @@ impl Engine {
     pub fn run(&mut self, req: &Request, on_piece: &mut dyn FnMut(&str) -> Result<bool>) -> Result<Generation> {
         let params = req.sampling.resolve()?;
         let prompt_tokens = self.text.prompt_ids(req)?;
+        self.run_tokens(req, params, &prompt_tokens, true, on_piece)
+    }
+
+    /// Generates with `req`'s settings and `params` after `prompt_tokens`: from an empty context
+    /// (`fresh`, [`decode::generate_with`]) or after what the model holds
+    /// ([`decode::continue_with`]).
+    pub(crate) fn run_tokens(
+        &mut self,
+        req: &Request,
+        params: SamplingParams,
+        prompt_tokens: &[u32],
+        fresh: bool,
+        on_piece: &mut dyn FnMut(&str) -> Result<bool>,
+    ) -> Result<Generation> {
         let mut host = HostSampler;
         let sampler: &mut dyn SamplingBackend = match req.sampler {
             SamplerChoice::Host => &mut host,
@@ -384,13 +398,12 @@ impl Engine {
         let mut stream = StreamDecoder::new(&self.text.tokenizer);
         let mut tokens = Vec::new();
         let mut text = String::new();
-        let stats = decode::generate_with(
+        let job = decode::Job { prompt: prompt_tokens, max_tokens: req.max_tokens, params: &params, eos: stop };
+        let stats = decode::run_job(
             &mut self.model,
             sampler,
-            &prompt_tokens,
-            req.max_tokens,
-            &params,
-            stop,
+            fresh,
+            job,
             &mut |t| {
                 tokens.push(t);
                 if !stop.contains(&t) {

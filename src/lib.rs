@@ -12,7 +12,8 @@
 //! - [`decode`]: the decode loops, one sequence ([`decode::generate_with`]) or many ([`decode::batch`]).
 //! - [`engine`]: what a program embedding the engine starts from: [`Engine::load`] (model,
 //!   tokenizer, chat template and stop tokens in one call), then [`Engine::generate`]'s builder,
-//!   streaming text as it comes.
+//!   streaming text as it comes; [`session`]: a multi-turn chat whose history stays in the KV
+//!   cache ([`Engine::session`]).
 //! - `serve` (feature `serve`, on by default): the OpenAI-compatible HTTP server over the
 //!   batching engine, on tokio and axum. A library user who needs neither the server nor the
 //!   command line builds with `default-features = false` and compiles neither tokio, axum nor clap.
@@ -29,6 +30,7 @@ pub mod ops;
 pub mod sampling;
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod session;
 pub mod tokenizer;
 pub mod tuning;
 pub mod weights;

@@ -1,4 +1,4 @@
-//! `wgpu-llm`: run a model (generate), list adapters (devices), measure (bench).
+//! `wgpu-llm`: run a model (generate, chat), list adapters (devices), measure (bench).
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -15,6 +15,8 @@ use wgpu_llm::loader::{Checkpoint, DType};
 use wgpu_llm::model::{Model, WeightFormat};
 use wgpu_llm::sampling::{SamplingBackend, SamplingParams};
 
+mod cli_chat;
+
 #[derive(Parser)]
 #[command(name = "wgpu-llm", version, about = "LLM inference in WGSL compute shaders through wgpu")]
 struct Cli {
@@ -26,6 +28,9 @@ struct Cli {
 enum Cmd {
     /// Generate text from a prompt, streaming tokens to stdout.
     Generate(GenerateArgs),
+    /// Chat in the terminal: multi-turn, the model's chat template, the history kept in the KV
+    /// cache (a turn prefills only its new tokens); /help lists the commands.
+    Chat(cli_chat::ChatArgs),
     /// List GPU adapters with the features and limits that matter here.
     Devices {
         #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
@@ -304,6 +309,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Devices { backend } => devices(backend),
         Cmd::Generate(a) => run_generate(a),
+        Cmd::Chat(a) => cli_chat::run(a),
         Cmd::Bench(a) => run_bench(a),
         #[cfg(feature = "serve")]
         Cmd::Serve(a) => run_serve(a),

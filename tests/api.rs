@@ -152,6 +152,34 @@ fn seeded_sampling_repeats() {
     assert!(host.text.starts_with("The answer is"), "{}", host.text);
 }
 
+/// A session ([`Engine::session`]) keeps its history in the KV cache: the second turn reuses at
+/// least the first turn's prompt, prefills the rest, and answers what a cold run of the whole
+/// conversation answers (greedy and seeded).
+#[test]
+fn a_session_reuses_its_history_and_answers_as_a_cold_run() {
+    let mut engine = engine();
+    for sampling in [Sampling::greedy(), Sampling { seed: Some(5), ..Sampling::default() }] {
+        let (messages, answers) = {
+            let mut chat = engine.session().system("Answer briefly.").max_tokens(8).sampling(sampling);
+            let first = chat.send(QUESTION, |_| Ok(true)).unwrap();
+            let held = chat.cached_tokens();
+            let second = chat.send("And 4+4?", |_| Ok(true)).unwrap();
+            assert_eq!(first.stats.cached_tokens, 0);
+            let reused = second.stats.cached_tokens;
+            assert!(reused >= first.stats.prompt_tokens && reused <= held, "{reused} reused of {held}");
+            (chat.messages().to_vec(), [first, second])
+        };
+        assert_eq!(messages.len(), 5);
+        assert_eq!(messages[2], Message::assistant(answers[0].text.clone()));
+        // (The first turn ran from position 0, as a cold run does: the second is the one to check.)
+        let cold = engine.chat(&messages[..4]).max_tokens(8).sampling(sampling).run().unwrap();
+        let second = &answers[1];
+        assert_eq!(cold.stats.prompt_tokens, second.stats.prompt_tokens + second.stats.cached_tokens);
+        assert_eq!(cold.tokens, second.tokens, "{sampling:?}: the cold run's tokens");
+        assert_eq!(messages[4], Message::assistant(cold.text));
+    }
+}
+
 /// The error's message, checked fit for a user.
 fn message(e: Error) -> String {
     let m = e.to_string();

@@ -60,7 +60,11 @@ pub struct StepTiming {
 
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
+    /// Tokens prefilled: the prompt given to the loop.
     pub prompt_tokens: usize,
+    /// Positions the KV cache already held when the run began, which the prompt continued
+    /// ([`continue_with`](super::continue_with); 0 for [`generate_with`](super::generate_with)).
+    pub cached_tokens: usize,
     pub generated_tokens: usize,
     /// Prompt processing including the first sampled token.
     pub prefill: Duration,
@@ -113,9 +117,9 @@ pub fn non_finite_error(step: u32, pos: usize) -> Error {
 }
 
 /// What a loop is asked for: up to `max_tokens` tokens after `prompt`, sampled with `params`,
-/// ending at a token of `eos`.
+/// ending at a token of `eos` ([`continue_with`](super::continue_with)'s request).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Job<'a> {
+pub struct Job<'a> {
     pub prompt: &'a [u32],
     pub max_tokens: usize,
     pub params: &'a SamplingParams,
@@ -143,7 +147,7 @@ pub(super) fn stop_after(
     }
 }
 
-/// `room` of [`stop_after`] for a prompt of `prompt` tokens.
-pub(super) fn room(model: &Model, prompt: usize) -> usize {
-    model.max_ctx - prompt + 1
+/// `room` of [`stop_after`] for a prompt that ends at position `end`.
+pub(super) fn room(model: &Model, end: usize) -> usize {
+    model.max_ctx - end + 1
 }

@@ -14,20 +14,24 @@
 //!
 //! Sampling step schedule (the RNG counter): the token sampled from the prompt's last position
 //! is step 0, each decode step adds one. Chunked prefill does not advance it.
+//!
+//! [`generate_with`] starts from an empty context; [`continue_with`] puts the prompt after what
+//! the model already holds (a chat's earlier turns, [`crate::session`]) and is otherwise the
+//! same run.
 
 pub mod batch;
 pub mod common;
 pub mod pipeline;
 
 pub use common::{
-    non_finite_error, DecodeOptions, Stats, StepTiming, StopReason, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT,
+    non_finite_error, DecodeOptions, Job, Stats, StepTiming, StopReason, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT,
     DEFAULT_SUBMISSIONS,
 };
 
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::sampling::{SamplingBackend, SamplingParams};
-use common::{room, stop_after, Job};
+use common::{room, stop_after};
 use std::time::{Duration, Instant};
 
 /// Generates up to `max_tokens` tokens after `prompt`, starting from an empty context. `on_token`
@@ -44,25 +48,61 @@ pub fn generate_with(
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     opts: DecodeOptions,
 ) -> Result<Stats> {
+    run_job(model, sampler, true, Job { prompt, max_tokens, params, eos }, on_token, opts)
+}
+
+/// [`generate_with`] continuing the sequence the model holds: `job.prompt` goes at positions
+/// `model.pos..`, after the KV cache's (and recurrent states') first `model.pos` positions, which
+/// are kept. The run is the cold run of the whole sequence from there on: the sampling step
+/// counter starts at 0 at the first token sampled (from the prompt's last position), the room is
+/// what the context has left after the prompt, and a stop leaves the model at the position after
+/// the last token fed (the last token delivered is not fed), so a next call can continue again.
+/// A caller that keeps only part of what the model holds rolls it back first
+/// ([`Model::rollback`]: to any earlier position for attention-only models, to a recent pass end
+/// for models with recurrent layers). The prompt must not be empty: the first token is sampled
+/// from its last position.
+pub fn continue_with(
+    model: &mut Model,
+    sampler: &mut dyn SamplingBackend,
+    job: Job,
+    on_token: &mut dyn FnMut(u32) -> Result<bool>,
+    opts: DecodeOptions,
+) -> Result<Stats> {
+    run_job(model, sampler, false, job, on_token, opts)
+}
+
+/// [`generate_with`] (`fresh`: the model reset first) or [`continue_with`].
+pub(crate) fn run_job(
+    model: &mut Model,
+    sampler: &mut dyn SamplingBackend,
+    fresh: bool,
+    job: Job,
+    on_token: &mut dyn FnMut(u32) -> Result<bool>,
+    opts: DecodeOptions,
+) -> Result<Stats> {
+    let Job { prompt, max_tokens, params, .. } = job;
     params.validate()?;
     if prompt.is_empty() {
         return Err(Error::InvalidArgument("the prompt is empty".into()));
     }
-    if prompt.len() >= model.max_ctx {
+    let start = if fresh { 0 } else { model.pos };
+    if start + prompt.len() >= model.max_ctx {
+        let held = if start > 0 { format!(" after the {start} already in the KV cache") } else { String::new() };
         return Err(Error::InvalidArgument(format!(
-            "the prompt has {} tokens but the context holds {} (prompt plus at least one generated \
+            "the prompt has {} tokens{held} but the context holds {} (prompt plus at least one generated \
              token); shorten the prompt or raise --ctx (this model allows up to {})",
             prompt.len(),
             model.max_ctx,
             model.config.max_position_embeddings
         )));
     }
-    let stats = Stats { prompt_tokens: prompt.len(), ..Default::default() };
+    let stats = Stats { prompt_tokens: prompt.len(), cached_tokens: start, ..Default::default() };
     if max_tokens == 0 {
         return Ok(stats);
     }
-    model.reset();
-    let job = Job { prompt, max_tokens, params, eos };
+    if fresh {
+        model.reset();
+    }
     if opts.depth > 0 {
         if let Some(device) = sampler.as_device() {
             // A recurrent state rolls back only a few passes (the state ring): no more steps in
@@ -108,7 +148,9 @@ fn readback_loop(
             stats.stop = StopReason::Caller;
             break;
         }
-        if let Some(stop) = stop_after(token, stats.generated_tokens, max_tokens, room(model, prompt.len()), eos) {
+        if let Some(stop) =
+            stop_after(token, stats.generated_tokens, max_tokens, room(model, stats.cached_tokens + prompt.len()), eos)
+        {
             stats.stop = stop;
             break;
         }

@@ -144,7 +144,8 @@ struct Read {
     gpu: Option<Duration>,
 }
 
-/// Runs the loop; `model` was reset and `stats` has the prompt length.
+/// Runs the loop; `stats` has the prompt's length and its start (`cached_tokens`: the positions
+/// the model holds before it).
 pub(super) fn run(
     model: &mut Model,
     sampler: &mut DeviceSampler,
@@ -155,6 +156,7 @@ pub(super) fn run(
     mut stats: Stats,
 ) -> Result<Stats> {
     let Job { prompt, max_tokens, params, eos } = job;
+    let end = stats.cached_tokens + prompt.len();
     let gpu = model.gpu.clone();
     let steps = steps.max(1);
     // A readback slot and a region of uniforms per submission in flight.
@@ -163,7 +165,7 @@ pub(super) fn run(
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     // Tokens that can be produced: max_tokens, and one per free position plus the one sampled
     // from the prompt's last position.
-    let room = room(model, prompt.len());
+    let room = room(model, end);
     let budget = max_tokens.min(room);
     let ids = model.plan(1)?.ids.clone();
     stats.depth = depth;
@@ -228,8 +230,8 @@ pub(super) fn run(
         };
         let wait = tw.elapsed();
         if read.non_finite {
-            // The logits of step s came from position prompt + s - 1.
-            break Err(non_finite_error(f.step, prompt.len() + f.step as usize - 1));
+            // The logits of step s came from position end + s - 1.
+            break Err(non_finite_error(f.step, end + f.step as usize - 1));
         }
         if f.step == 0 {
             stats.prefill = t0.elapsed();
@@ -262,7 +264,7 @@ pub(super) fn run(
         // back may be past it.
         model.reset();
     } else if delivered > 0 {
-        model.rollback(prompt.len() + delivered - 1);
+        model.rollback(end + delivered - 1);
     }
     if let Some(t1) = t1 {
         stats.decode = t1.elapsed();
