@@ -278,6 +278,19 @@ struct ServeArgs {
     /// Request bodies above this many bytes get 413.
     #[arg(long, default_value_t = 1 << 20)]
     max_body_bytes: usize,
+    /// Seconds a request's headers may take to arrive (and a kept-alive connection may stay idle);
+    /// past them the connection is closed.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    header_timeout: f64,
+    /// Seconds a request's body may take to arrive; past them it gets 408.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Connections open at most; beyond, a connection gets 503 and is closed.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    max_connections: usize,
+    /// On SIGINT/SIGTERM, seconds running requests get to finish (a second signal stops at once).
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    shutdown_timeout: f64,
     /// Sampling for what a request leaves out (as `generate`; a request without a seed gets a
     /// random one, so `--seed` is not taken here).
     #[command(flatten)]
@@ -464,7 +477,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
 
 #[cfg(feature = "serve")]
 fn run_serve(a: ServeArgs) -> Result<()> {
-    use wgpu_llm::serve::{worker::Worker, ServerState};
+    use wgpu_llm::serve::{worker::Worker, Ended, Limits, ServerState};
     use wgpu_llm::tokenizer::Tokenizer;
     if a.sampling.seed.is_some() {
         anyhow::bail!("serve takes no --seed: each request has its own (`seed`), or a random one");
@@ -474,6 +487,21 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     if a.max_batch == 0 {
         anyhow::bail!("--max-batch must be at least 1");
     }
+    if a.max_connections == 0 {
+        anyhow::bail!("--max-connections must be at least 1");
+    }
+    let secs = |v: f64, flag: &str| {
+        std::time::Duration::try_from_secs_f64(v)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .with_context(|| format!("--{flag} {v}: a number of seconds above 0"))
+    };
+    let limits = Limits {
+        header_timeout: secs(a.header_timeout, "header-timeout")?,
+        body_timeout: secs(a.body_timeout, "body-timeout")?,
+        max_connections: a.max_connections,
+        drain: secs(a.shutdown_timeout, "shutdown-timeout")?,
+    };
     let ck = Checkpoint::open(&a.model)?;
     let tokenizer = Tokenizer::from_source(&ck.tokenizer, ck.config.add_bos, ck.config.bos_token_id)?;
     let template = match ck.chat_template.as_deref() {
@@ -516,6 +544,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         model_name,
         defaults,
         max_body_bytes: a.max_body_bytes,
+        limits,
         created: wgpu_llm::serve::now(),
     });
     let addr = listener.local_addr().context("the listening address")?;
@@ -529,30 +558,18 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         a.sampling.sampler
     );
     eprintln!("listening on http://{addr}");
-    rt.block_on(wgpu_llm::serve::serve(listener, state, shutdown_signal())).context("serving")?;
-    Ok(())
-}
-
-/// Ctrl-C, or SIGTERM on Unix.
-#[cfg(feature = "serve")]
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    let ended = rt
+        .block_on(async { wgpu_llm::serve::serve(listener, state, wgpu_llm::serve::signals()?).await })
+        .context("serving")?;
+    // Whatever still runs (the engine's thread, connections past the deadline) ends with the
+    // process.
+    rt.shutdown_background();
+    match ended {
+        Ended::Drained => Ok(()),
+        Ended::DeadlinePassed(n) => {
+            anyhow::bail!("stopped after --shutdown-timeout with {n} connection(s) still open")
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        Ended::Forced(n) => anyhow::bail!("stopped by a second signal with {n} connection(s) still open"),
     }
 }
 

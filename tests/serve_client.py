@@ -57,6 +57,9 @@ r = chat(QUESTION, temperature=0)
 c = r.choices[0]
 assert c.message.role == "assistant" and c.message.content, r
 assert c.finish_reason in ("stop", "length"), r
+# An unseeded request says the seed it was given.
+assert r.system_fingerprint.startswith("seed-"), r
+assert r.usage.prompt_tokens_details.cached_tokens == 0, r.usage
 assert r.usage.completion_tokens >= 1 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 assert r.usage.completion_tokens <= 12
 out["chat_greedy"] = c.message.content
@@ -66,6 +69,7 @@ assert text == c.message.content, (text, c.message.content)
 assert finish == c.finish_reason and roles == ["assistant"], (finish, roles)
 assert usage is not None and [usage.prompt_tokens, usage.completion_tokens] == out["chat_greedy_usage"], usage
 r = chat(QUESTION, max_tokens=16, **SAMPLED)
+assert r.system_fingerprint == "seed-11", r
 out["chat_sampled"] = r.choices[0].message.content
 text, _, _, _ = stream_text(QUESTION, max_tokens=16, **SAMPLED)
 assert text == out["chat_sampled"], (text, out["chat_sampled"])

@@ -62,16 +62,71 @@ pub struct SamplingFields {
     pub min_p: Option<f64>,
     pub seed: Option<i64>,
     pub n: Option<i64>,
-    pub stop: Option<Stop>,
+    pub stop: Option<OneOrMany<String>>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    /// Every other field: those of OpenAI's API that this server does not implement are refused
+    /// by name when they ask for something ([`unimplemented`]); the rest (`user`, `metadata`, ..)
+    /// change nothing here.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
 
+/// The first field of OpenAI's API that the server does not implement which `fields` asks for,
+/// as a 400 naming it. `null`, and values that ask for nothing (`logprobs: false`, a penalty of
+/// 0, `best_of: 1`, `response_format: {"type": "text"}`, `tools: []`, `tool_choice: "none"`),
+/// pass.
+pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    let nothing = |v: &Value| match v {
+        Value::Null | Value::Bool(false) => true,
+        Value::Bool(true) => false,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        Value::Number(n) => n.as_f64() == Some(0.0),
+    };
+    // "none" and "auto" ask for no tool when there are none.
+    let no_tool = |v: &Value| nothing(v) || v == "none" || v == "auto";
+    let asks = |name: &str, v: &Value| match name {
+        "logit_bias" | "presence_penalty" | "frequency_penalty" | "suffix" | "logprobs" | "top_logprobs" | "tools"
+        | "functions" => !nothing(v),
+        "best_of" => !(v.is_null() || v == 1),
+        "response_format" => !(nothing(v) || *v == json!({"type": "text"})),
+        "tool_choice" | "function_call" => !no_tool(v),
+        _ => false,
+    };
+    match UNIMPLEMENTED.into_iter().find(|&name| fields.get(name).is_some_and(|v| asks(name, v))) {
+        None => Ok(()),
+        Some(name) => Err(ApiError::invalid(
+            format!("Unsupported parameter: '{name}' is not supported by this server."),
+            Some(name),
+        )
+        .with_code("unsupported_parameter")),
+    }
+}
+
+/// The fields [`unimplemented`] refuses.
+const UNIMPLEMENTED: [&str; 12] = [
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "suffix",
+    "best_of",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+];
+
+/// One value or a list of them (`stop`, a message's `content`).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-pub enum Stop {
+pub enum OneOrMany<T> {
     One(String),
-    Many(Vec<String>),
+    Many(Vec<T>),
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -94,15 +149,8 @@ pub struct ChatRequest {
 pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
-    pub content: Option<Content>,
-}
-
-/// A message's content: a string, or parts of which only text is understood here.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
+    /// A string, or parts of which only text is understood here.
+    pub content: Option<OneOrMany<ContentPart>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -117,8 +165,8 @@ impl ChatMessage {
     pub fn text(&self) -> Result<String, ApiError> {
         match &self.content {
             None => Ok(String::new()),
-            Some(Content::Text(s)) => Ok(s.clone()),
-            Some(Content::Parts(parts)) => {
+            Some(OneOrMany::One(s)) => Ok(s.clone()),
+            Some(OneOrMany::Many(parts)) => {
                 let mut s = String::new();
                 for p in parts {
                     match (p.kind.as_str(), &p.text) {
@@ -182,6 +230,7 @@ pub fn generation(
             return Err(ApiError::invalid(format!("n = {n}: only one choice per request is supported"), Some("n")));
         }
     }
+    unimplemented(&f.other)?;
     let mut p = *defaults;
     if let Some(t) = f.temperature {
         if !(0.0..=2.0).contains(&t) {
@@ -222,9 +271,9 @@ pub fn generation(
     };
     let stops = match &f.stop {
         None => Vec::new(),
-        Some(Stop::One(s)) => vec![s.clone()],
-        Some(Stop::Many(v)) if v.len() <= 4 => v.clone(),
-        Some(Stop::Many(v)) => {
+        Some(OneOrMany::One(s)) => vec![s.clone()],
+        Some(OneOrMany::Many(v)) if v.len() <= 4 => v.clone(),
+        Some(OneOrMany::Many(v)) => {
             return Err(ApiError::invalid(format!("{} stop sequences: at most 4", v.len()), Some("stop")))
         }
     };
@@ -237,16 +286,36 @@ pub fn generation(
     })
 }
 
+impl Generation {
+    /// The seed as a request gives it (OpenAI's signed 64 bits): sent back in the `x-seed` header
+    /// and in `system_fingerprint` (`seed-N`), so that any answer can be asked for again.
+    pub fn seed(&self) -> i64 {
+        self.params.seed as i64
+    }
+}
+
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV came from the prefix cache (the engine has none yet: 0).
+    pub cached_tokens: usize,
 }
 
 impl Usage {
     pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
-        Self { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: 0 },
+        }
     }
 }
 
@@ -293,5 +362,37 @@ mod tests {
         }
         let e = generation(&fields(json!({})), Some(0), &d, || 0).unwrap_err();
         assert_eq!(e.param, Some("max_tokens"));
+    }
+
+    #[test]
+    fn unimplemented_fields_are_refused_by_name() {
+        let d = SamplingParams::default();
+        for (v, param) in [
+            (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
+            (json!({"presence_penalty": 0.5}), "presence_penalty"),
+            (json!({"frequency_penalty": -1}), "frequency_penalty"),
+            (json!({"suffix": "end"}), "suffix"),
+            (json!({"best_of": 3}), "best_of"),
+            (json!({"logprobs": true}), "logprobs"),
+            (json!({"logprobs": 2}), "logprobs"),
+            (json!({"top_logprobs": 5}), "top_logprobs"),
+            (json!({"response_format": {"type": "json_object"}}), "response_format"),
+            (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"functions": [{"name": "f"}]}), "functions"),
+            (json!({"function_call": {"name": "f"}}), "function_call"),
+        ] {
+            let e = generation(&fields(v.clone()), None, &d, || 0).unwrap_err();
+            assert_eq!((e.status, e.param, e.code), (400, Some(param), Some("unsupported_parameter")), "{v}");
+            assert!(e.message.contains(param), "{v}: {}", e.message);
+        }
+        // Values that ask for nothing, and fields OpenAI's clients send that change nothing here.
+        let harmless = json!({
+            "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": null, "best_of": 1,
+            "logprobs": false, "top_logprobs": null, "response_format": {"type": "text"}, "tools": [],
+            "tool_choice": "none", "functions": null, "function_call": "auto", "user": "u-1",
+            "stream_options": {"include_usage": false}, "parallel_tool_calls": false, "metadata": {"k": "v"},
+        });
+        generation(&fields(harmless), None, &d, || 0).unwrap();
     }
 }

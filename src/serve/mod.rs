@@ -1,15 +1,24 @@
 //! `wgpu-llm serve`: an HTTP server with the OpenAI API (`POST /v1/chat/completions`,
 //! `POST /v1/completions`, streaming with server-sent events or not; `GET /v1/models`,
-//! `GET /health`) over one [`BatchEngine`].
+//! `GET /v1/models/{id}`, `GET /health`, `GET /metrics` in Prometheus' format) over one
+//! [`BatchEngine`](crate::decode::batch::BatchEngine).
 //!
 //! The engine runs on a thread of its own ([`worker`]); the HTTP tasks (axum on tokio) parse and
 //! check a request, tokenize it (the model's chat template for chat), hand it to the engine and
 //! turn the token ids it sends back into text, stop strings included ([`text`]). Requests run
 //! concurrently through continuous batching; a client that goes away drops its receiver, and the
 //! engine cancels its sequence at the next step. Beyond the engine's queue a request gets a 429;
-//! bad requests get OpenAI's error shape with a 4xx, and nothing a client sends reaches a panic.
+//! bad requests get OpenAI's error shape with a 4xx (fields of OpenAI's API the server does not
+//! implement included, by name), and nothing a client sends reaches a panic. Slow clients,
+//! too many connections and shutdown are [`listen`]'s.
+//!
+//! Every completion says its seed (the request's, or the random one it was given): in the
+//! `x-seed` response header and as `system_fingerprint: "seed-N"`; the same request with
+//! `"seed": N` gives the same answer.
 
 pub mod api;
+pub mod listen;
+pub mod metrics;
 pub mod text;
 pub mod worker;
 
@@ -19,12 +28,13 @@ use crate::decode::StopReason;
 use crate::sampling::{random_seed, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use api::{ApiError, ChatRequest, CompletionRequest, Generation, Prompt, Usage};
-use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::extract::{MatchedPath, Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+pub use listen::{serve, signals, Ended, Limits};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -47,19 +57,49 @@ pub struct ServerState {
     pub defaults: SamplingParams,
     /// Request bodies above this many bytes get a 413.
     pub max_body_bytes: usize,
+    /// Timeouts, the connection bound, the drain deadline.
+    pub limits: Limits,
     /// Unix seconds when the server started.
     pub created: u64,
 }
 
-/// The routes; anything else is a 404 in OpenAI's error shape.
+/// Request targets longer than this get a 414 (hyper answers one without a body past 64 KiB).
+const MAX_URI_BYTES: usize = 8192;
+
+/// The routes; anything else is a 404 in OpenAI's error shape, a known route with another
+/// method a 405.
 pub fn router(state: Arc<ServerState>) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
+        .route("/v1/models/{model}", get(model))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .fallback(|| async { ApiError::invalid("no such route", None).with_status(404) })
+        .method_not_allowed_fallback(|req: axum::extract::Request| async move {
+            ApiError::invalid(format!("method {} is not allowed here", req.method()), None).with_status(405)
+        })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), account))
         .with_state(state)
+}
+
+/// Refuses request targets over [`MAX_URI_BYTES`] and counts every response (`/metrics`).
+async fn account(
+    State(st): State<Arc<ServerState>>,
+    route: Option<MatchedPath>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let len = req.uri().to_string().len();
+    let r = if len > MAX_URI_BYTES {
+        let msg = format!("the request target has {len} bytes; at most {MAX_URI_BYTES}");
+        ApiError::invalid(msg, None).with_status(414).into_response()
+    } else {
+        next.run(req).await
+    };
+    st.worker.metrics.count_request(route.as_ref().map(|m| m.as_str()), r.status().as_u16());
+    r
 }
 
 impl IntoResponse for ApiError {
@@ -91,17 +131,40 @@ async fn health(State(st): State<Arc<ServerState>>) -> Response {
     (status, Json(body)).into_response()
 }
 
-async fn models(State(st): State<Arc<ServerState>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": st.model_name, "object": "model", "created": st.created, "owned_by": "wgpu-llm",
-                  "max_model_len": st.max_ctx}],
-    }))
+async fn metrics(State(st): State<Arc<ServerState>>) -> Response {
+    let text = st.worker.metrics.render(&st.worker.load);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
-/// Reads a body of at most `limit` bytes and parses it as `T`.
-async fn parse<T: serde::de::DeserializeOwned>(req: axum::extract::Request, limit: usize) -> Result<T, ApiError> {
-    let bytes = axum::body::to_bytes(req.into_body(), limit).await.map_err(|e| {
+impl ServerState {
+    /// The model as `/v1/models` lists it.
+    fn model_card(&self) -> Value {
+        json!({"id": self.model_name, "object": "model", "created": self.created, "owned_by": "wgpu-llm",
+               "max_model_len": self.max_ctx})
+    }
+}
+
+async fn models(State(st): State<Arc<ServerState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [st.model_card()]}))
+}
+
+async fn model(State(st): State<Arc<ServerState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    if id != st.model_name {
+        let msg = format!("The model '{id}' does not exist; this server has '{}'", st.model_name);
+        return Err(ApiError::invalid(msg, Some("model")).with_status(404).with_code("model_not_found"));
+    }
+    Ok(Json(st.model_card()))
+}
+
+/// Reads a body of at most `max_body_bytes` within the body timeout and parses it as `T`.
+async fn parse<T: serde::de::DeserializeOwned>(st: &ServerState, req: axum::extract::Request) -> Result<T, ApiError> {
+    let (limit, wait) = (st.max_body_bytes, st.limits.body_timeout);
+    let read = tokio::time::timeout(wait, axum::body::to_bytes(req.into_body(), limit)).await.map_err(|_| {
+        st.worker.metrics.body_timeouts.fetch_add(1, Ordering::Relaxed);
+        ApiError::invalid(format!("the request body did not arrive within {} s", wait.as_secs_f64()), None)
+            .with_status(408)
+    })?;
+    let bytes = read.map_err(|e| {
         let too_large = std::error::Error::source(&e)
             .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some());
         if too_large {
@@ -114,7 +177,7 @@ async fn parse<T: serde::de::DeserializeOwned>(req: axum::extract::Request, limi
 }
 
 async fn chat(State(st): State<Arc<ServerState>>, req: axum::extract::Request) -> Result<Response, ApiError> {
-    let r: ChatRequest = parse(req, st.max_body_bytes).await?;
+    let r: ChatRequest = parse(&st, req).await?;
     let template = st
         .template
         .as_ref()
@@ -125,13 +188,13 @@ async fn chat(State(st): State<Arc<ServerState>>, req: axum::extract::Request) -
     let msgs = r.messages.iter().map(|m| Ok(Message::new(&m.role, m.text()?))).collect::<Result<Vec<_>, ApiError>>()?;
     let text = template.render(&msgs, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let ids = st.tokenizer.encode(&text, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    let g = api::generation(&r.sampling, r.max_completion_tokens.or(r.max_tokens), &st.defaults, random_seed)?;
+    let g = api::generation(&r.sampling, r.max_completion_tokens.or(r.max_tokens), &st.defaults, seed63)?;
     let model = r.model.unwrap_or_else(|| st.model_name.clone());
     run(st, Kind::Chat, model, ids, String::new(), g, "messages").await
 }
 
 async fn completions(State(st): State<Arc<ServerState>>, req: axum::extract::Request) -> Result<Response, ApiError> {
-    let r: CompletionRequest = parse(req, st.max_body_bytes).await?;
+    let r: CompletionRequest = parse(&st, req).await?;
     let tok = &st.tokenizer;
     let one = |n: usize| {
         (n == 1).then_some(()).ok_or_else(|| {
@@ -164,9 +227,14 @@ async fn completions(State(st): State<Arc<ServerState>>, req: axum::extract::Req
             (ids, text)
         }
     };
-    let g = api::generation(&r.sampling, Some(r.max_tokens.unwrap_or(16)), &st.defaults, random_seed)?;
+    let g = api::generation(&r.sampling, Some(r.max_tokens.unwrap_or(16)), &st.defaults, seed63)?;
     let model = r.model.unwrap_or_else(|| st.model_name.clone());
     run(st, Kind::Completion, model, ids, echo, g, "prompt").await
+}
+
+/// A random seed that a request can give back as it is (OpenAI's `seed` is signed).
+fn seed63() -> u64 {
+    random_seed() >> 1
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -215,14 +283,20 @@ async fn run(
         Kind::Chat => ("chatcmpl", "chat.completion"),
         Kind::Completion => ("cmpl", "text_completion"),
     };
-    let head = Head { id: format!("{prefix}-{:016x}", random_seed()), created: now(), model, kind };
+    let seed = g.seed();
+    let fingerprint = format!("seed-{seed}");
+    let head = Head { id: format!("{prefix}-{:016x}", random_seed()), created: now(), model, kind, fingerprint };
+    let seed_header = |mut r: Response| {
+        r.headers_mut().insert("x-seed", HeaderValue::from(seed));
+        r
+    };
     if g.stream {
         let (tx, events) = mpsc::channel::<SseEvent>(64);
         tokio::spawn(stream(st, head, rx, tx, g, prompt_tokens, echo));
         let body = futures_util::stream::unfold(events, |mut ev| async move {
             ev.recv().await.map(|e| (Ok::<_, std::convert::Infallible>(e), ev))
         });
-        return Ok(Sse::new(body).keep_alive(KeepAlive::default()).into_response());
+        return Ok(seed_header(Sse::new(body).keep_alive(KeepAlive::default()).into_response()));
     }
     let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops);
     let mut text = echo;
@@ -241,11 +315,13 @@ async fn run(
                             "finish_reason": finish}),
         Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
     };
-    Ok(Json(json!({
-        "id": head.id, "object": object, "created": head.created, "model": head.model,
-        "choices": [choice], "usage": usage,
-    }))
-    .into_response())
+    Ok(seed_header(
+        Json(json!({
+            "id": head.id, "object": object, "created": head.created, "model": head.model,
+            "system_fingerprint": head.fingerprint, "choices": [choice], "usage": usage,
+        }))
+        .into_response(),
+    ))
 }
 
 /// What every chunk of a completion repeats.
@@ -254,6 +330,8 @@ struct Head {
     created: u64,
     model: String,
     kind: Kind,
+    /// `seed-N`: the request's seed.
+    fingerprint: String,
 }
 
 impl Head {
@@ -286,7 +364,8 @@ impl Head {
             Kind::Chat => "chat.completion.chunk",
             Kind::Completion => "text_completion",
         };
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": choices})
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
+               "system_fingerprint": self.fingerprint, "choices": choices})
     }
 }
 
@@ -389,13 +468,4 @@ impl<'t> Decoded<'t> {
             }
         }
     }
-}
-
-/// Serves on `listener` until `shutdown` resolves (requests in progress finish first).
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: Arc<ServerState>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }

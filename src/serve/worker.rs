@@ -3,11 +3,13 @@
 //! A request whose receiver is dropped (its client went away, or a stop string ended it) is
 //! cancelled at the next step boundary, which frees its sequence.
 
+use super::metrics::Metrics;
 use crate::decode::batch::{BatchEngine, Event, Request, SeqId, SubmitError};
 use crate::decode::StopReason;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 /// What the engine sends a request.
@@ -24,7 +26,16 @@ struct Job {
     accepted: oneshot::Sender<Result<(), SubmitError>>,
 }
 
-/// Counters the HTTP side reads (`/health`).
+/// A running request: where its tokens go, and its timing (`/metrics`).
+struct Running {
+    replies: mpsc::UnboundedSender<Reply>,
+    /// When it was submitted, then when its last token came.
+    last: Instant,
+    first: bool,
+}
+
+/// Counters the HTTP side reads (`/health`, `/metrics`); set from the engine before the first
+/// request and after each step.
 #[derive(Debug, Default)]
 pub struct Load {
     pub active: AtomicUsize,
@@ -41,6 +52,7 @@ pub struct Load {
 pub struct Worker {
     jobs: std_mpsc::Sender<Job>,
     pub load: Arc<Load>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Why a request did not start.
@@ -56,9 +68,11 @@ impl Worker {
     pub fn spawn(engine: BatchEngine) -> std::io::Result<Self> {
         let (jobs, rx) = std_mpsc::channel();
         let load = Arc::new(Load::default());
-        let l = load.clone();
-        std::thread::Builder::new().name("engine".into()).spawn(move || run(engine, rx, &l))?;
-        Ok(Self { jobs, load })
+        load.update(&engine);
+        let metrics = Arc::new(Metrics::default());
+        let (l, m) = (load.clone(), metrics.clone());
+        std::thread::Builder::new().name("engine".into()).spawn(move || run(engine, rx, &l, &m))?;
+        Ok(Self { jobs, load, metrics })
     }
 
     /// Queues `req`; its replies come on the returned receiver. Dropping the receiver cancels it.
@@ -77,30 +91,42 @@ impl Worker {
     }
 }
 
-fn run(mut engine: BatchEngine, jobs: std_mpsc::Receiver<Job>, load: &Load) {
-    let mut replies: HashMap<SeqId, mpsc::UnboundedSender<Reply>> = HashMap::new();
-    let take = |engine: &mut BatchEngine, replies: &mut HashMap<SeqId, _>, job: Job| match engine.submit(job.req) {
-        Ok(id) => {
-            replies.insert(id, job.replies);
-            let _ = job.accepted.send(Ok(()));
-        }
-        Err(e) => {
-            let _ = job.accepted.send(Err(e));
+impl Load {
+    fn update(&self, engine: &BatchEngine) {
+        self.active.store(engine.active(), Ordering::Relaxed);
+        self.queued.store(engine.queued(), Ordering::Relaxed);
+        self.free.store(engine.free_sequences(), Ordering::Relaxed);
+    }
+}
+
+fn run(mut engine: BatchEngine, jobs: std_mpsc::Receiver<Job>, load: &Load, metrics: &Metrics) {
+    let mut running: HashMap<SeqId, Running> = HashMap::new();
+    let take = |engine: &mut BatchEngine, running: &mut HashMap<SeqId, _>, job: Job| {
+        let prompt = job.req.prompt.len() as u64;
+        match engine.submit(job.req) {
+            Ok(id) => {
+                metrics.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
+                running.insert(id, Running { replies: job.replies, last: Instant::now(), first: true });
+                let _ = job.accepted.send(Ok(()));
+            }
+            Err(e) => {
+                let _ = job.accepted.send(Err(e));
+            }
         }
     };
     loop {
         // Idle: sleep until a request comes (or every sender is gone: the server stopped).
         if engine.is_idle() {
             match jobs.recv() {
-                Ok(job) => take(&mut engine, &mut replies, job),
+                Ok(job) => take(&mut engine, &mut running, job),
                 Err(_) => return,
             }
         }
         while let Ok(job) = jobs.try_recv() {
-            take(&mut engine, &mut replies, job);
+            take(&mut engine, &mut running, job);
         }
-        replies.retain(|&id, tx| {
-            if tx.is_closed() {
+        running.retain(|&id, r| {
+            if r.replies.is_closed() {
                 engine.cancel(id);
                 false
             } else {
@@ -109,25 +135,32 @@ fn run(mut engine: BatchEngine, jobs: std_mpsc::Receiver<Job>, load: &Load) {
         });
         if !engine.is_idle() {
             let r = engine.step(&mut |id, event| {
-                let Some(tx) = replies.get(&id) else { return };
+                let Some(r) = running.get_mut(&id) else { return };
                 let (reply, last) = match event {
-                    Event::Token(t) => (Reply::Token(t), false),
+                    Event::Token(t) => {
+                        let now = Instant::now();
+                        let h = if r.first { &metrics.ttft } else { &metrics.itl };
+                        h.observe(now - r.last);
+                        (r.last, r.first) = (now, false);
+                        metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                        (Reply::Token(t), false)
+                    }
                     Event::Finished { reason, prompt_tokens, generated_tokens } => {
                         (Reply::Finished { reason, prompt_tokens, generated_tokens }, true)
                     }
                     Event::Failed(e) => (Reply::Failed(e.to_string()), true),
                 };
-                let _ = tx.send(reply);
+                let _ = r.replies.send(reply);
                 if last {
-                    replies.remove(&id);
+                    running.remove(&id);
                     load.served.fetch_add(1, Ordering::Relaxed);
                 }
             });
             if let Err(e) = r {
                 // The GPU failed: every request gets the error and the server stops taking more.
                 load.broken.store(true, Ordering::Relaxed);
-                for (_, tx) in replies.drain() {
-                    let _ = tx.send(Reply::Failed(format!("the engine failed: {e}")));
+                for (_, r) in running.drain() {
+                    let _ = r.replies.send(Reply::Failed(format!("the engine failed: {e}")));
                 }
                 while let Ok(job) = jobs.recv() {
                     drop(job);
@@ -135,8 +168,6 @@ fn run(mut engine: BatchEngine, jobs: std_mpsc::Receiver<Job>, load: &Load) {
                 return;
             }
         }
-        load.active.store(engine.active(), Ordering::Relaxed);
-        load.queued.store(engine.queued(), Ordering::Relaxed);
-        load.free.store(engine.free_sequences(), Ordering::Relaxed);
+        load.update(&engine);
     }
 }
