@@ -233,12 +233,8 @@ fn batch_logits_rows_do_not_depend_on_the_batch() {
     let step = |m: &mut Model, rows: &[usize]| -> Vec<f32> {
         let seqs: Vec<(u32, u32)> = rows.iter().map(|&r| at[r]).collect();
         let ids: Vec<u32> = rows.iter().map(|&r| next[r]).collect();
-        let plan = m.stage_batch(&seqs).unwrap();
-        gpu.queue.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(&ids));
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        plan.encode(&mut enc);
-        gpu.queue.submit([enc.finish()]);
-        gpu.read_f32(&plan.logits).unwrap()
+        let logits = m.stage_batch(&seqs).unwrap().submit_with(&gpu, &ids);
+        gpu.read_f32(&logits).unwrap()
     };
     let v = m.config.vocab_size;
     let all = step(&mut m, &[2, 0, 1]);
@@ -339,12 +335,8 @@ fn batch_rows_are_the_one_sequence_pass() {
         for rows in [vec![2usize, 0, 1], vec![0], vec![1], vec![2]] {
             let seqs: Vec<(u32, u32)> = rows.iter().map(|&r| at[r]).collect();
             let ids: Vec<u32> = rows.iter().map(|&r| next[r]).collect();
-            let plan = m.stage_batch(&seqs).unwrap();
-            gpu.queue.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(&ids));
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
-            plan.encode(&mut enc);
-            gpu.queue.submit([enc.finish()]);
-            let got = gpu.read_f32(&plan.logits).unwrap();
+            let logits = m.stage_batch(&seqs).unwrap().submit_with(&gpu, &ids);
+            let got = gpu.read_f32(&logits).unwrap();
             for (row, &r) in rows.iter().enumerate() {
                 let row_logits = &got[row * v..][..v];
                 assert!(row_logits.iter().all(|x| x.is_finite()), "{what}: sequence {r} not finite");

@@ -99,6 +99,16 @@ impl Plan {
         }
     }
 
+    /// Writes `ids` (the plan's `t` token ids) and submits the plan in a command buffer of its
+    /// own (its uniforms as last written); returns its logits.
+    pub fn submit_with(&self, gpu: &Gpu, ids: &[u32]) -> Tensor {
+        gpu.queue.write_buffer(&self.ids.buffer, self.ids.offset, bytemuck::cast_slice(ids));
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        self.encode(&mut enc);
+        gpu.queue.submit([enc.finish()]);
+        self.logits.clone()
+    }
+
     /// Encodes the pass into `enc` (compute passes split around copies).
     pub fn encode(&self, enc: &mut wgpu::CommandEncoder) {
         let mut i = 0;
@@ -563,12 +573,7 @@ impl Model {
             let pos = i * self.prefill_chunk;
             let step = StepParams { pos: pos as u32, n_tokens: chunk.len() as u32, slot: slot as u32, _pad: 0 };
             gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
-            let plan = self.plan(chunk.len())?;
-            gpu.queue.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(chunk));
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
-            plan.encode(&mut enc);
-            gpu.queue.submit([enc.finish()]);
-            logits = Some(plan.logits.clone());
+            logits = Some(self.plan(chunk.len())?.submit_with(&gpu, chunk));
         }
         gpu.check()?;
         Ok(logits.expect("at least one chunk"))
@@ -631,12 +636,7 @@ impl Model {
         let mut logits = None;
         let gpu = self.gpu.clone();
         for chunk in tokens.chunks(self.prefill_chunk) {
-            let plan = self.stage(chunk.len())?;
-            gpu.queue.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(chunk));
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
-            plan.encode(&mut enc);
-            gpu.queue.submit([enc.finish()]);
-            logits = Some(plan.logits.clone());
+            logits = Some(self.stage(chunk.len())?.submit_with(&gpu, chunk));
         }
         self.gpu.check()?;
         Ok(logits.expect("at least one chunk"))
