@@ -15,7 +15,9 @@ use wgpu_llm::gpu::{Gpu, Tensor};
 use wgpu_llm::sampling::device::{philox_bits, DeviceSampler};
 use wgpu_llm::sampling::host::{self, distribution, distribution_masked, kept_tokens, plan_row, RowPlan};
 use wgpu_llm::sampling::philox::{bits_to_unit, gumbel, uniform_bits};
-use wgpu_llm::sampling::{sample_row, sample_row_masked, HostSampler, SamplingBackend, SamplingParams, TokenMask};
+use wgpu_llm::sampling::{
+    sample_row, sample_row_masked, HostSampler, Rows, SamplingBackend, SamplingParams, TokenMask,
+};
 use wgpu_llm::Error;
 
 // ---------------------------------------------------------------------------------------
@@ -514,6 +516,20 @@ fn host_device_parity() {
 // ---------------------------------------------------------------------------------------
 // Batches, the encode API, bind groups and pipelines, bad input.
 
+/// Rows of every parameter kind in turn: greedy, temperature, top-k, top-p, all filters, min-p.
+fn mixed_params(rows: usize) -> Vec<SamplingParams> {
+    (0..rows)
+        .map(|r| match r % 6 {
+            0 => SamplingParams::greedy(),
+            1 => params(1.0, 0, 1.0, 0.0, r as u64),
+            2 => params(0.5, 10, 1.0, 0.0, r as u64),
+            3 => params(1.3, 0, 0.8, 0.0, r as u64),
+            4 => params(0.9, 30, 0.9, 0.05, r as u64),
+            _ => params(2.0, 0, 1.0, 0.2, r as u64),
+        })
+        .collect()
+}
+
 #[test]
 fn batch_rows_with_different_params_match_the_host() {
     for gpu in gpu_variants() {
@@ -523,16 +539,7 @@ fn batch_rows_with_different_params_match_the_host() {
             let rows = 24;
             let l = random_logits(&mut rng, rows * v, 1.5);
             let t = gpu.upload_f32("logits", &[rows, v], &l).unwrap();
-            let ps: Vec<SamplingParams> = (0..rows)
-                .map(|r| match r % 6 {
-                    0 => SamplingParams::greedy(),
-                    1 => params(1.0, 0, 1.0, 0.0, r as u64),
-                    2 => params(0.5, 10, 1.0, 0.0, r as u64),
-                    3 => params(1.3, 0, 0.8, 0.0, r as u64),
-                    4 => params(0.9, 30, 0.9, 0.05, r as u64),
-                    _ => params(2.0, 0, 1.0, 0.2, r as u64),
-                })
-                .collect();
+            let ps = mixed_params(rows);
             for step in [0u32, 5] {
                 let got = s.sample(&gpu, &t, &ps, step).unwrap();
                 assert_eq!(s.dispatches(), 3);
@@ -709,16 +716,7 @@ fn masked_rows_match_the_host_bit_for_bit() {
             l[2 * v + 2] = f32::INFINITY;
             l[4 * v + 3] = f32::NAN;
             let t = gpu.upload_f32("logits", &[rows, v], &l).unwrap();
-            let ps: Vec<SamplingParams> = (0..rows)
-                .map(|r| match r % 6 {
-                    0 => SamplingParams::greedy(),
-                    1 => params(1.0, 0, 1.0, 0.0, r as u64),
-                    2 => params(0.5, 10, 1.0, 0.0, r as u64),
-                    3 => params(1.3, 0, 0.8, 0.0, r as u64),
-                    4 => params(0.9, 30, 0.9, 0.05, r as u64),
-                    _ => params(2.0, 0, 1.0, 0.2, r as u64),
-                })
-                .collect();
+            let ps = mixed_params(rows);
             // Rows 0..4 free; the rest masked: one token, a few, half, nearly all.
             let masks: Vec<Option<TokenMask>> = (0..rows)
                 .map(|r| {
@@ -741,8 +739,9 @@ fn masked_rows_match_the_host_bit_for_bit() {
             let refs: Vec<Option<&TokenMask>> = masks.iter().map(Option::as_ref).collect();
             for step in [0u32, 9] {
                 let keys = row_keys(rows, step);
-                let got = s.draw_masked(&gpu, &t, &ps, &keys, &refs).unwrap().ids;
-                let host = HostSampler.draw_masked(&gpu, &t, &ps, &keys, &refs).unwrap().ids;
+                let input = Rows { params: &ps, keys: &keys, masks: &refs };
+                let got = s.draw_masked(&gpu, &t, input).unwrap().ids;
+                let host = HostSampler.draw_masked(&gpu, &t, input).unwrap().ids;
                 for r in 0..rows {
                     let prepared = ps[r].prepare_stream(step, r as u32);
                     let want = sample_row_masked(&l[r * v..(r + 1) * v], &prepared, refs[r]);
@@ -771,8 +770,8 @@ fn masked_fixed_outcomes() {
     let v = 300;
     let base: Vec<f32> = (0..v).map(|i| (i % 17) as f32 * 0.1).collect();
     let mut none_left = base.clone();
-    for i in 100..200 {
-        none_left[i] = if i % 2 == 0 { f32::NEG_INFINITY } else { f32::NAN };
+    for (i, x) in none_left.iter_mut().enumerate().take(200).skip(100) {
+        *x = if i % 2 == 0 { f32::NEG_INFINITY } else { f32::NAN };
     }
     let mut inf = base.clone();
     inf[150] = f32::INFINITY;
@@ -787,8 +786,9 @@ fn masked_fixed_outcomes() {
     for (l, p, want) in cases {
         let t = gpu.upload_f32("logits", &[1, v], &l).unwrap();
         let keys = row_keys(1, 0);
-        let dev = s.draw_masked(&gpu, &t, &[p], &keys, &[Some(&mask)]).unwrap().ids[0];
-        let host = HostSampler.draw_masked(&gpu, &t, &[p], &keys, &[Some(&mask)]).unwrap().ids[0];
+        let input = Rows { params: &[p], keys: &keys, masks: &[Some(&mask)] };
+        let dev = s.draw_masked(&gpu, &t, input).unwrap().ids[0];
+        let host = HostSampler.draw_masked(&gpu, &t, input).unwrap().ids[0];
         assert_eq!((dev, host), (want, want), "{p:?}");
     }
 }
@@ -818,7 +818,8 @@ fn chi_square_masked() {
         let ps = vec![p; FIT_ROWS];
         let mut counts = vec![0u64; l.len()];
         for step in 0..FIT_STEPS {
-            for tok in s.draw_masked(&gpu, &t, &ps, &row_keys(FIT_ROWS, step), &masks).unwrap().ids {
+            let keys = row_keys(FIT_ROWS, step);
+            for tok in s.draw_masked(&gpu, &t, Rows { params: &ps, keys: &keys, masks: &masks }).unwrap().ids {
                 counts[tok as usize] += 1;
             }
         }
@@ -857,15 +858,16 @@ fn bad_masks_are_errors() {
     let other = TokenMask::all(41);
     let ok = TokenMask::from_ids(40, [7]);
     for masks in [[Some(&empty), None], [None, Some(&other)], [Some(&ok), Some(&empty)]] {
-        let dev = s.draw_masked(&gpu, &t, &ps, &keys, &masks).unwrap_err();
-        let host = HostSampler.draw_masked(&gpu, &t, &ps, &keys, &masks).unwrap_err();
+        let input = Rows { params: &ps, keys: &keys, masks: &masks };
+        let dev = s.draw_masked(&gpu, &t, input).unwrap_err();
+        let host = HostSampler.draw_masked(&gpu, &t, input).unwrap_err();
         for e in [dev, host] {
             assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
             common::assert_clean_message(&e.to_string());
         }
     }
-    assert!(s.draw_masked(&gpu, &t, &ps, &keys, &[Some(&ok)]).is_err(), "one mask for two rows");
-    let got = s.draw_masked(&gpu, &t, &ps, &keys, &[Some(&ok), None]).unwrap().ids;
+    assert!(s.draw_masked(&gpu, &t, Rows { params: &ps, keys: &keys, masks: &[Some(&ok)] }).is_err(), "one mask");
+    let got = s.draw_masked(&gpu, &t, Rows { params: &ps, keys: &keys, masks: &[Some(&ok), None] }).unwrap().ids;
     assert_eq!(got[0], 7);
     assert!(s.step_params(&ps, 1).is_err(), "step parameters after masks");
 }

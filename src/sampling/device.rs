@@ -62,7 +62,7 @@
 //! Scratch grows with the largest `(rows, vocab)` seen: `rows · V · 24` bytes (the bucketed list
 //! and one fetched bin, 12 bytes an entry) plus `rows · G · 2.6 KB` of metadata.
 
-use super::mask::{check_masks, TokenMask};
+use super::mask::{check_masks, Rows};
 use super::params::{check_keys, logits_shape, prepare_rows, row_keys, Draw, RowKey, SamplingParams};
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Tensor};
@@ -271,20 +271,15 @@ impl DeviceSampler {
 
     /// [`set_params`](Self::set_params) with each row's own decode step and Philox stream.
     pub fn set_rows(&mut self, gpu: &Gpu, params: &[SamplingParams], keys: &[RowKey]) -> Result<()> {
-        self.set_masked(gpu, params, keys, &vec![None; params.len()])
+        self.set_masked(gpu, Rows { params, keys, masks: &vec![None; params.len()] })
     }
 
     /// [`set_rows`](Self::set_rows) with an optional token mask per row ([`super::mask`]): only
     /// the masked rows' masks are uploaded (`⌈V / 32⌉` words each); rows without one read none.
     /// The masks must share one vocabulary (the logits' at [`encode`](Self::encode)) and each
     /// allow some token.
-    pub fn set_masked(
-        &mut self,
-        gpu: &Gpu,
-        params: &[SamplingParams],
-        keys: &[RowKey],
-        masks: &[Option<&TokenMask>],
-    ) -> Result<()> {
+    pub fn set_masked(&mut self, gpu: &Gpu, rows: Rows<'_>) -> Result<()> {
+        let Rows { params, keys, masks } = rows;
         if params.is_empty() {
             return Err(Error::InvalidArgument("sampling: no rows".into()));
         }
@@ -608,24 +603,17 @@ impl DeviceSampler {
 impl DeviceSampler {
     /// [`SamplingBackend::draw_rows`](super::SamplingBackend::draw_rows): records the passes,
     /// submits them and waits for the ids and the rows' status words.
-    pub fn draw_now(
-        &mut self,
-        gpu: &Gpu,
-        logits: &Tensor,
-        params: &[SamplingParams],
-        keys: &[RowKey],
-        masks: &[Option<&TokenMask>],
-    ) -> Result<Draw> {
-        let (rows, vocab) = logits_shape(logits, params)?;
-        check_keys(params, keys)?;
-        check_masks(masks, rows, vocab)?;
+    pub fn draw_now(&mut self, gpu: &Gpu, logits: &Tensor, input: Rows<'_>) -> Result<Draw> {
+        let (rows, vocab) = logits_shape(logits, input.params)?;
+        check_keys(input.params, input.keys)?;
+        check_masks(input.masks, rows, vocab)?;
         if logits.ty != ElemType::F32 {
             return Err(Error::InvalidArgument(format!("sampling needs f32 logits, got {:?}", logits.ty)));
         }
         if vocab == 0 {
             return Ok(Draw { ids: vec![0; rows], non_finite: vec![false; rows] });
         }
-        self.set_masked(gpu, params, keys, masks)?;
+        self.set_masked(gpu, input)?;
         let out = self.ids(gpu, rows)?;
         let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sampling") });
         self.encode(gpu, &mut enc, logits, rows, &out)?;

@@ -16,7 +16,17 @@
 //! A row's reported non-finite status still looks at the whole row. A mask with no allowed
 //! token is an error before anything runs (never a token outside the mask).
 
+use super::params::{RowKey, SamplingParams};
 use crate::error::{Error, Result};
+
+/// The rows of one draw: each row's parameters, its place in the random streams and its token
+/// mask (`None`: free).
+#[derive(Clone, Copy, Debug)]
+pub struct Rows<'a> {
+    pub params: &'a [SamplingParams],
+    pub keys: &'a [RowKey],
+    pub masks: &'a [Option<&'a TokenMask>],
+}
 
 /// One bit per token: bit `i % 32` of word `i / 32` set = token `i` allowed. Bits past the
 /// vocabulary are always clear.

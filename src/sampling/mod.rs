@@ -113,7 +113,7 @@ pub mod philox;
 
 pub use device::DeviceSampler;
 pub use host::{sample_row, sample_row_masked, sample_row_prepared};
-pub use mask::TokenMask;
+pub use mask::{Rows, TokenMask};
 pub use params::{check_keys, logits_shape, Draw, PreparedParams, RowKey, SamplingParams, MODE_GREEDY, MODE_SAMPLE};
 pub use philox::{bits_to_unit, gumbel, philox4x32_10, random_seed, uniform_bits};
 
@@ -142,20 +142,13 @@ pub trait SamplingBackend {
     /// [`draw`](Self::draw) with each row's own decode step and Philox stream: rows of different
     /// requests in one batch, each drawing what it draws alone.
     fn draw_rows(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], keys: &[RowKey]) -> Result<Draw> {
-        self.draw_masked(gpu, logits, params, keys, &vec![None; params.len()])
+        self.draw_masked(gpu, logits, Rows { params, keys, masks: &vec![None; params.len()] })
     }
 
     /// [`draw_rows`](Self::draw_rows) with an optional token mask per row ([`mask`]'s spec):
     /// constrained and free rows in one batch. A mask that allows no token (or has another
     /// vocabulary) is an error before anything runs.
-    fn draw_masked(
-        &mut self,
-        gpu: &Gpu,
-        logits: &Tensor,
-        params: &[SamplingParams],
-        keys: &[RowKey],
-        masks: &[Option<&TokenMask>],
-    ) -> Result<Draw>;
+    fn draw_masked(&mut self, gpu: &Gpu, logits: &Tensor, rows: Rows<'_>) -> Result<Draw>;
 
     /// [`draw`](Self::draw)'s ids alone.
     fn sample(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Vec<u32>> {
@@ -178,17 +171,10 @@ impl SamplingBackend for HostSampler {
         "host"
     }
 
-    fn draw_masked(
-        &mut self,
-        gpu: &Gpu,
-        logits: &Tensor,
-        params: &[SamplingParams],
-        keys: &[RowKey],
-        masks: &[Option<&TokenMask>],
-    ) -> Result<Draw> {
-        let (rows, vocab) = logits_shape(logits, params)?;
-        let prepared = params::prepare_rows(params, keys)?;
-        mask::check_masks(masks, rows, vocab)?;
+    fn draw_masked(&mut self, gpu: &Gpu, logits: &Tensor, input: Rows<'_>) -> Result<Draw> {
+        let (rows, vocab) = logits_shape(logits, input.params)?;
+        let prepared = params::prepare_rows(input.params, input.keys)?;
+        mask::check_masks(input.masks, rows, vocab)?;
         let host_logits = gpu.read_f32(logits)?;
         let ids = if vocab == 0 {
             vec![0; rows]
@@ -196,7 +182,7 @@ impl SamplingBackend for HostSampler {
             host_logits
                 .chunks(vocab)
                 .zip(&prepared)
-                .zip(masks)
+                .zip(input.masks)
                 .map(|((l, p), m)| host::sample_row_masked(l, p, *m))
                 .collect()
         };
@@ -211,15 +197,8 @@ impl SamplingBackend for DeviceSampler {
         "device"
     }
 
-    fn draw_masked(
-        &mut self,
-        gpu: &Gpu,
-        logits: &Tensor,
-        params: &[SamplingParams],
-        keys: &[RowKey],
-        masks: &[Option<&TokenMask>],
-    ) -> Result<Draw> {
-        self.draw_now(gpu, logits, params, keys, masks)
+    fn draw_masked(&mut self, gpu: &Gpu, logits: &Tensor, rows: Rows<'_>) -> Result<Draw> {
+        self.draw_now(gpu, logits, rows)
     }
 
     fn as_device(&mut self) -> Option<&mut DeviceSampler> {
