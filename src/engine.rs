@@ -34,6 +34,7 @@ use crate::chat::{ChatTemplate, Message};
 use crate::decode::{self, DecodeOptions, Stats};
 use crate::error::{Error, Result};
 use crate::gpu::{BackendChoice, Gpu, GpuOptions};
+use crate::grammar::{Constraint, Vocabulary};
 use crate::loader::Checkpoint;
 use crate::model::{Model, WeightFormat};
 use crate::sampling::{random_seed, DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
@@ -323,7 +324,7 @@ impl<'p> Opened<'p> {
             None => &mut none,
         };
         let model = Model::load_with(gpu, &self.ck, b.ctx, b.weights, progress)?;
-        Ok(Engine { model, text: self.text, decode: b.decode, device_sampler: None })
+        Ok(Engine { model, text: self.text, decode: b.decode, device_sampler: None, grammar: None })
     }
 }
 
@@ -334,6 +335,8 @@ pub struct Engine {
     decode: DecodeOptions,
     /// Made at the first generation that samples on the device, kept for the next.
     device_sampler: Option<DeviceSampler>,
+    /// The vocabulary for structured output, made at the first constrained generation.
+    grammar: Option<Vocabulary>,
 }
 
 impl Engine {
@@ -359,7 +362,7 @@ impl Engine {
     /// configured by [`Generate`]'s methods and run by [`Generate::run`] or
     /// [`Generate::stream`].
     pub fn generate(&mut self, prompt: impl Into<String>) -> Generate<'_> {
-        Generate { engine: self, req: Request::new(prompt) }
+        Generate { engine: self, req: Request::new(prompt), constraint: None }
     }
 
     /// A generation answering the conversation `messages` through the chat template.
@@ -370,8 +373,34 @@ impl Engine {
     /// Runs `req`, calling `on_piece` with each piece of text as it completes (returning false
     /// stops the generation; the text held back, if any, still comes as a last piece).
     pub fn run(&mut self, req: &Request, on_piece: &mut dyn FnMut(&str) -> Result<bool>) -> Result<Generation> {
+        self.run_constrained(req, None, on_piece)
+    }
+
+    /// [`run`](Self::run) with the output held to `constraint` ([`crate::grammar`]; `None`:
+    /// free): an invalid schema or grammar is an error before the GPU runs; an output the limit
+    /// cuts short ends with [`decode::StopReason::MaxTokens`], never as complete.
+    pub fn run_constrained(
+        &mut self,
+        req: &Request,
+        constraint: Option<&Constraint>,
+        on_piece: &mut dyn FnMut(&str) -> Result<bool>,
+    ) -> Result<Generation> {
         let params = req.sampling.resolve()?;
         let prompt_tokens = self.text.prompt_ids(req)?;
+        let mut matcher = match constraint {
+            Some(c) => {
+                let vocab = match &self.grammar {
+                    Some(v) => v,
+                    None => self.grammar.insert(Vocabulary::new(
+                        &self.text.tokenizer,
+                        self.model.config.vocab_size,
+                        &self.text.stop_ids,
+                    )?),
+                };
+                Some(vocab.matcher(c)?)
+            }
+            None => None,
+        };
         let mut host = HostSampler;
         let sampler: &mut dyn SamplingBackend = match req.sampler {
             SamplerChoice::Host => &mut host,
@@ -384,25 +413,25 @@ impl Engine {
         let mut stream = StreamDecoder::new(&self.text.tokenizer);
         let mut tokens = Vec::new();
         let mut text = String::new();
-        let stats = decode::generate_with(
-            &mut self.model,
-            sampler,
-            &prompt_tokens,
-            req.max_tokens,
-            &params,
-            stop,
-            &mut |t| {
-                tokens.push(t);
-                if !stop.contains(&t) {
-                    if let Some(piece) = stream.push(t)? {
-                        text.push_str(&piece);
-                        return on_piece(&piece);
-                    }
+        let mut on_token = |t| {
+            tokens.push(t);
+            if !stop.contains(&t) {
+                if let Some(piece) = stream.push(t)? {
+                    text.push_str(&piece);
+                    return on_piece(&piece);
                 }
-                Ok(true)
-            },
-            self.decode,
-        )?;
+            }
+            Ok(true)
+        };
+        let (model, max) = (&mut self.model, req.max_tokens);
+        let stats = match &mut matcher {
+            Some(m) => {
+                decode::constrained::generate(model, sampler, &prompt_tokens, max, &params, m, stop, &mut on_token)?
+            }
+            None => {
+                decode::generate_with(model, sampler, &prompt_tokens, max, &params, stop, &mut on_token, self.decode)?
+            }
+        };
         if let Some(rest) = stream.finish()? {
             text.push_str(&rest);
             on_piece(&rest)?;
@@ -459,6 +488,7 @@ impl Engine {
 pub struct Generate<'e> {
     engine: &'e mut Engine,
     req: Request,
+    constraint: Option<Constraint>,
 }
 
 /// Builder methods that set one field of the request each.
@@ -513,6 +543,11 @@ impl Generate<'_> {
     pub fn request(&self) -> &Request {
         &self.req
     }
+    /// Hold the output to a JSON schema, a regex or a grammar ([`crate::grammar`]).
+    pub fn constraint(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
 
     /// Generates and returns the whole text.
     pub fn run(self) -> Result<Generation> {
@@ -526,6 +561,6 @@ impl Generate<'_> {
     /// [`stream`](Self::stream) with a callback that can fail (the error ends the generation
     /// and is returned).
     pub fn try_stream(self, mut on_piece: impl FnMut(&str) -> Result<bool>) -> Result<Generation> {
-        self.engine.run(&self.req, &mut on_piece)
+        self.engine.run_constrained(&self.req, self.constraint.as_ref(), &mut on_piece)
     }
 }
