@@ -34,6 +34,7 @@ use crate::chat::{ChatTemplate, Message};
 use crate::decode::{self, DecodeOptions, Stats};
 use crate::error::{Error, Result};
 use crate::gpu::{BackendChoice, Gpu, GpuOptions};
+use crate::grammar::{Constraint, Matcher, Vocabulary};
 use crate::loader::Checkpoint;
 use crate::model::{Model, WeightFormat};
 use crate::sampling::{random_seed, DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
@@ -323,7 +324,7 @@ impl<'p> Opened<'p> {
             None => &mut none,
         };
         let model = Model::load_with(gpu, &self.ck, b.ctx, b.weights, progress)?;
-        Ok(Engine { model, text: self.text, decode: b.decode, device_sampler: None })
+        Ok(Engine { model, text: self.text, decode: b.decode, device_sampler: None, grammar: None })
     }
 }
 
@@ -334,6 +335,8 @@ pub struct Engine {
     decode: DecodeOptions,
     /// Made at the first generation that samples on the device, kept for the next.
     device_sampler: Option<DeviceSampler>,
+    /// The vocabulary for structured output, made at the first constrained generation.
+    grammar: Option<Vocabulary>,
 }
 
 impl Engine {
@@ -359,7 +362,7 @@ impl Engine {
     /// configured by [`Generate`]'s methods and run by [`Generate::run`] or
     /// [`Generate::stream`].
     pub fn generate(&mut self, prompt: impl Into<String>) -> Generate<'_> {
-        Generate { engine: self, req: Request::new(prompt) }
+        Generate { engine: self, req: Request::new(prompt), constraint: None }
     }
 
     /// A generation answering the conversation `messages` through the chat template.
@@ -370,22 +373,52 @@ impl Engine {
     /// Runs `req`, calling `on_piece` with each piece of text as it completes (returning false
     /// stops the generation; the text held back, if any, still comes as a last piece).
     pub fn run(&mut self, req: &Request, on_piece: &mut dyn FnMut(&str) -> Result<bool>) -> Result<Generation> {
+        self.run_constrained(req, None, on_piece)
+    }
+
+    /// [`run`](Self::run) with the output held to `constraint` ([`crate::grammar`]; `None`:
+    /// free): an invalid schema or grammar is an error before the GPU runs; an output the limit
+    /// cuts short ends with [`decode::StopReason::MaxTokens`], never as complete.
+    pub fn run_constrained(
+        &mut self,
+        req: &Request,
+        constraint: Option<&Constraint>,
+        on_piece: &mut dyn FnMut(&str) -> Result<bool>,
+    ) -> Result<Generation> {
         let params = req.sampling.resolve()?;
         let prompt_tokens = self.text.prompt_ids(req)?;
-        self.run_tokens(req, params, &prompt_tokens, true, on_piece)
+        let matcher = match constraint {
+            Some(c) => {
+                let vocab = match &self.grammar {
+                    Some(v) => v,
+                    None => self.grammar.insert(Vocabulary::new(
+                        &self.text.tokenizer,
+                        self.model.config.vocab_size,
+                        &self.text.stop_ids,
+                    )?),
+                };
+                Some(vocab.matcher(c)?)
+            }
+            None => None,
+        };
+        self.run_tokens(req, params, &prompt_tokens, true, matcher, on_piece)
     }
 
     /// Generates with `req`'s settings and `params` after `prompt_tokens`: from an empty context
-    /// (`fresh`, [`decode::generate_with`]) or after what the model holds
-    /// ([`decode::continue_with`]).
+    /// (`fresh`, [`decode::generate_with`], or held to `matcher`: [`decode::constrained::generate`])
+    /// or after what the model holds ([`decode::continue_with`]; not constrained).
     pub(crate) fn run_tokens(
         &mut self,
         req: &Request,
         params: SamplingParams,
         prompt_tokens: &[u32],
         fresh: bool,
+        mut matcher: Option<Matcher>,
         on_piece: &mut dyn FnMut(&str) -> Result<bool>,
     ) -> Result<Generation> {
+        if matcher.is_some() && !fresh {
+            return Err(Error::Unsupported("a constrained generation after a kept history".into()));
+        }
         let mut host = HostSampler;
         let sampler: &mut dyn SamplingBackend = match req.sampler {
             SamplerChoice::Host => &mut host,
@@ -398,24 +431,26 @@ impl Engine {
         let mut stream = StreamDecoder::new(&self.text.tokenizer);
         let mut tokens = Vec::new();
         let mut text = String::new();
-        let job = decode::Job { prompt: prompt_tokens, max_tokens: req.max_tokens, params: &params, eos: stop };
-        let stats = decode::run_job(
-            &mut self.model,
-            sampler,
-            fresh,
-            job,
-            &mut |t| {
-                tokens.push(t);
-                if !stop.contains(&t) {
-                    if let Some(piece) = stream.push(t)? {
-                        text.push_str(&piece);
-                        return on_piece(&piece);
-                    }
+        let mut on_token = |t| {
+            tokens.push(t);
+            if !stop.contains(&t) {
+                if let Some(piece) = stream.push(t)? {
+                    text.push_str(&piece);
+                    return on_piece(&piece);
                 }
-                Ok(true)
-            },
-            self.decode,
-        )?;
+            }
+            Ok(true)
+        };
+        let (model, max) = (&mut self.model, req.max_tokens);
+        let stats = match &mut matcher {
+            Some(m) => {
+                decode::constrained::generate(model, sampler, prompt_tokens, max, &params, m, stop, &mut on_token)?
+            }
+            None => {
+                let job = decode::Job { prompt: prompt_tokens, max_tokens: max, params: &params, eos: stop };
+                decode::run_job(model, sampler, fresh, job, &mut on_token, self.decode)?
+            }
+        };
         if let Some(rest) = stream.finish()? {
             text.push_str(&rest);
             on_piece(&rest)?;
@@ -472,6 +507,7 @@ impl Engine {
 pub struct Generate<'e> {
     engine: &'e mut Engine,
     req: Request,
+    constraint: Option<Constraint>,
 }
 
 /// Builder methods that set one field of the request each.
@@ -527,6 +563,12 @@ impl Generate<'_> {
         &self.req
     }
 
+    /// Hold the output to a JSON schema, a regex or a grammar ([`crate::grammar`]).
+    pub fn constraint(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
     /// Generates and returns the whole text.
     pub fn run(self) -> Result<Generation> {
         self.try_stream(|_| Ok(true))
@@ -539,6 +581,6 @@ impl Generate<'_> {
     /// [`stream`](Self::stream) with a callback that can fail (the error ends the generation
     /// and is returned).
     pub fn try_stream(self, mut on_piece: impl FnMut(&str) -> Result<bool>) -> Result<Generation> {
-        self.engine.run(&self.req, &mut on_piece)
+        self.engine.run_constrained(&self.req, self.constraint.as_ref(), &mut on_piece)
     }
 }

@@ -8,7 +8,8 @@
 //! - [`model`]: the model description ([`model::config::ModelConfig`]) and the one layer loop; it reads
 //!   weights through [`model::source::TensorSource`], which [`loader::Checkpoint`] implements.
 //! - [`sampling`]: the [`sampling::SamplingBackend`] trait with its host and device implementations.
-//! - [`tokenizer`], [`chat`]: text in and out.
+//! - [`tokenizer`], [`chat`]: text in and out; [`grammar`]: structured output (JSON schema, regex,
+//!   Lark) as a token mask the samplers apply.
 //! - [`decode`]: the decode loops, one sequence ([`decode::generate_with`]) or many ([`decode::batch`]).
 //! - [`engine`]: what a program embedding the engine starts from: [`Engine::load`] (model,
 //!   tokenizer, chat template and stop tokens in one call), then [`Engine::generate`]'s builder,
@@ -24,6 +25,7 @@ pub mod dtype;
 pub mod engine;
 pub mod error;
 pub mod gpu;
+pub mod grammar;
 pub mod loader;
 pub mod model;
 pub mod ops;

@@ -198,6 +198,36 @@ struct GenerateArgs {
     quiet: bool,
     #[command(flatten)]
     gpu: GpuArgs,
+    #[command(flatten)]
+    constraint: ConstraintArgs,
+}
+
+/// Structured output: at most one constraint on what `generate` writes.
+#[derive(Args)]
+#[group(multiple = false)]
+struct ConstraintArgs {
+    /// Hold the output to the JSON schema in FILE (one JSON value valid under it).
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
+    /// Hold the output to a regular expression (the whole output matches it).
+    #[arg(long, value_name = "RE")]
+    regex: Option<String>,
+    /// Hold the output to the grammar in FILE, in llguidance's Lark syntax (GBNF is refused).
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
+}
+
+impl ConstraintArgs {
+    fn constraint(&self) -> Result<Option<wgpu_llm::grammar::Constraint>> {
+        use wgpu_llm::grammar::Constraint;
+        let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+        Ok(match (&self.json_schema, &self.regex, &self.grammar) {
+            (Some(p), _, _) => Some(Constraint::JsonSchema(read(p)?)),
+            (_, Some(rx), _) => Some(Constraint::Regex(rx.clone())),
+            (_, _, Some(p)) => Some(Constraint::Lark(read(p)?)),
+            _ => None,
+        })
+    }
 }
 
 #[derive(Args)]
@@ -411,6 +441,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         }
     };
     let params = a.sampling.params()?;
+    let constraint = a.constraint.constraint()?;
     let req = wgpu_llm::engine::Request {
         prompt,
         chat: a.chat.then(|| Chat { system: a.system.clone(), messages: vec![] }),
@@ -453,7 +484,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             Err(e) => Err(wgpu_llm::Error::io("standard output", e)),
         }
     };
-    let stats = engine.run(&req, &mut emit)?.stats;
+    let stats = engine.run_constrained(&req, constraint.as_ref(), &mut emit)?.stats;
     emit("\n")?;
     if !a.quiet {
         let model = engine.model();

@@ -135,7 +135,7 @@ impl<'e> Session<'e> {
             model.rollback(keep);
         }
         self.held.truncate(keep);
-        match self.engine.run_tokens(&req, params, &tokens[keep..], false, on_piece) {
+        match self.engine.run_tokens(&req, params, &tokens[keep..], false, None, on_piece) {
             Ok(answer) => {
                 // What the model holds now: the prompt and the answer but its last token.
                 let pos = self.engine.model().pos;

@@ -2,7 +2,8 @@
 //! `src/sampling/mod.rs` and the host twin: Philox/Gumbel bits, greedy and defined outcomes,
 //! determinism, chi-square fits (with a negative control), nucleus exactness, large f16-range
 //! vocabularies, host/device parity, batches with mixed parameters, bad input and bind-group
-//! / pipeline reuse. Fixed seeds throughout. Draws are batched: one call of B rows holding the
+//! / pipeline reuse, token masks (bit for bit against the host, fixed outcomes, a chi-square
+//! fit against the restricted distribution, bad masks). Fixed seeds throughout. Draws are batched: one call of B rows holding the
 //! same logits gives B independent draws (the row index is a Philox counter word).
 
 mod common;
@@ -12,9 +13,11 @@ use common::{gpu, gpu_variants};
 use std::collections::BTreeSet;
 use wgpu_llm::gpu::{Gpu, Tensor};
 use wgpu_llm::sampling::device::{philox_bits, DeviceSampler};
-use wgpu_llm::sampling::host::{self, distribution, kept_tokens, plan_row, RowPlan};
+use wgpu_llm::sampling::host::{self, distribution, distribution_masked, kept_tokens, plan_row, RowPlan};
 use wgpu_llm::sampling::philox::{bits_to_unit, gumbel, uniform_bits};
-use wgpu_llm::sampling::{sample_row, HostSampler, SamplingBackend, SamplingParams};
+use wgpu_llm::sampling::{
+    sample_row, sample_row_masked, HostSampler, Rows, SamplingBackend, SamplingParams, TokenMask,
+};
 use wgpu_llm::Error;
 
 // ---------------------------------------------------------------------------------------
@@ -513,6 +516,20 @@ fn host_device_parity() {
 // ---------------------------------------------------------------------------------------
 // Batches, the encode API, bind groups and pipelines, bad input.
 
+/// Rows of every parameter kind in turn: greedy, temperature, top-k, top-p, all filters, min-p.
+fn mixed_params(rows: usize) -> Vec<SamplingParams> {
+    (0..rows)
+        .map(|r| match r % 6 {
+            0 => SamplingParams::greedy(),
+            1 => params(1.0, 0, 1.0, 0.0, r as u64),
+            2 => params(0.5, 10, 1.0, 0.0, r as u64),
+            3 => params(1.3, 0, 0.8, 0.0, r as u64),
+            4 => params(0.9, 30, 0.9, 0.05, r as u64),
+            _ => params(2.0, 0, 1.0, 0.2, r as u64),
+        })
+        .collect()
+}
+
 #[test]
 fn batch_rows_with_different_params_match_the_host() {
     for gpu in gpu_variants() {
@@ -522,16 +539,7 @@ fn batch_rows_with_different_params_match_the_host() {
             let rows = 24;
             let l = random_logits(&mut rng, rows * v, 1.5);
             let t = gpu.upload_f32("logits", &[rows, v], &l).unwrap();
-            let ps: Vec<SamplingParams> = (0..rows)
-                .map(|r| match r % 6 {
-                    0 => SamplingParams::greedy(),
-                    1 => params(1.0, 0, 1.0, 0.0, r as u64),
-                    2 => params(0.5, 10, 1.0, 0.0, r as u64),
-                    3 => params(1.3, 0, 0.8, 0.0, r as u64),
-                    4 => params(0.9, 30, 0.9, 0.05, r as u64),
-                    _ => params(2.0, 0, 1.0, 0.2, r as u64),
-                })
-                .collect();
+            let ps = mixed_params(rows);
             for step in [0u32, 5] {
                 let got = s.sample(&gpu, &t, &ps, step).unwrap();
                 assert_eq!(s.dispatches(), 3);
@@ -675,4 +683,191 @@ fn rows_keyed_by_request_draw_as_alone() {
         differs += usize::from(sample_row(&logits[r], &ps[r], keys[r].step, 1) != alone);
     }
     assert!(differs > 0, "stream 1 drew stream 0's tokens in every row");
+}
+
+// ---------------------------------------------------------------------------------------
+// Token masks (src/sampling/mask.rs).
+
+/// A random mask over `v` tokens allowing about `density` of them (at least one).
+fn random_mask(rng: &mut Mix, v: usize, density: f64) -> TokenMask {
+    let mut m = TokenMask::from_ids(v, (0..v as u32).filter(|_| rng.unit() < density));
+    if m.count() == 0 {
+        m.allow(rng.u32() % v as u32);
+    }
+    m
+}
+
+/// Masked and free rows in one batch, every parameter kind, three vocabulary sizes (the three
+/// workgroup configurations), every device variant: the device's tokens are the host's, bit for
+/// bit, and always allowed.
+#[test]
+fn masked_rows_match_the_host_bit_for_bit() {
+    for gpu in gpu_variants() {
+        let mut s = DeviceSampler::new(&gpu).unwrap();
+        let mut rng = Mix(90);
+        for v in [50usize, 777, 17_000] {
+            let rows = 24;
+            let mut l = random_logits(&mut rng, rows * v, 2.0);
+            // A disallowed token with the row's largest logit, and a disallowed +inf and NaN:
+            // the mask must hide all three.
+            for r in 0..rows {
+                l[r * v + 1] = 30.0;
+            }
+            l[2 * v + 2] = f32::INFINITY;
+            l[4 * v + 3] = f32::NAN;
+            let t = gpu.upload_f32("logits", &[rows, v], &l).unwrap();
+            let ps = mixed_params(rows);
+            // Rows 0..4 free; the rest masked: one token, a few, half, nearly all.
+            let masks: Vec<Option<TokenMask>> = (0..rows)
+                .map(|r| {
+                    let mut m = match r {
+                        0..4 => return None,
+                        4..8 => TokenMask::from_ids(v, [(r as u32 * 7) % v as u32]),
+                        8..14 => random_mask(&mut rng, v, 0.02),
+                        14..20 => random_mask(&mut rng, v, 0.5),
+                        _ => random_mask(&mut rng, v, 0.98),
+                    };
+                    for bad in [1, 2, 3] {
+                        m = TokenMask::from_ids(v, (0..v as u32).filter(|&i| i != bad && m.allows(i)));
+                    }
+                    if m.count() == 0 {
+                        m.allow(0);
+                    }
+                    Some(m)
+                })
+                .collect();
+            let refs: Vec<Option<&TokenMask>> = masks.iter().map(Option::as_ref).collect();
+            for step in [0u32, 9] {
+                let keys = row_keys(rows, step);
+                let input = Rows { params: &ps, keys: &keys, masks: &refs };
+                let got = s.draw_masked(&gpu, &t, input).unwrap().ids;
+                let host = HostSampler.draw_masked(&gpu, &t, input).unwrap().ids;
+                for r in 0..rows {
+                    let prepared = ps[r].prepare_stream(step, r as u32);
+                    let want = sample_row_masked(&l[r * v..(r + 1) * v], &prepared, refs[r]);
+                    assert_eq!(host[r], want, "host backend V={v} row {r}");
+                    assert_eq!(got[r], want, "V={v} row {r} {:?} subgroups={}", ps[r], gpu.caps.subgroups);
+                    if let Some(m) = refs[r] {
+                        assert!(m.allows(got[r]), "V={v} row {r}: token {} is not allowed", got[r]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn row_keys(rows: usize, step: u32) -> Vec<wgpu_llm::sampling::RowKey> {
+    (0..rows as u32).map(|stream| wgpu_llm::sampling::RowKey { step, stream }).collect()
+}
+
+/// The masked spec's fixed outcomes on the device: greedy is the best allowed token; an
+/// allowed +inf decides; a row whose allowed logits are all -inf / NaN gives the lowest allowed
+/// token (never 0 when 0 is not allowed).
+#[test]
+fn masked_fixed_outcomes() {
+    let gpu = gpu();
+    let mut s = DeviceSampler::new(&gpu).unwrap();
+    let v = 300;
+    let base: Vec<f32> = (0..v).map(|i| (i % 17) as f32 * 0.1).collect();
+    let mut none_left = base.clone();
+    for (i, x) in none_left.iter_mut().enumerate().take(200).skip(100) {
+        *x = if i % 2 == 0 { f32::NEG_INFINITY } else { f32::NAN };
+    }
+    let mut inf = base.clone();
+    inf[150] = f32::INFINITY;
+    inf[10] = f32::INFINITY;
+    let mask = TokenMask::from_ids(v, 120..180);
+    let cases = [
+        (base, SamplingParams::greedy(), 135u32), // i % 17 == 16 first at 135
+        (inf, params(1.0, 0, 1.0, 0.0, 2), 150),
+        (none_left.clone(), params(1.0, 0, 1.0, 0.0, 3), 120),
+        (none_left, SamplingParams::greedy(), 120),
+    ];
+    for (l, p, want) in cases {
+        let t = gpu.upload_f32("logits", &[1, v], &l).unwrap();
+        let keys = row_keys(1, 0);
+        let input = Rows { params: &[p], keys: &keys, masks: &[Some(&mask)] };
+        let dev = s.draw_masked(&gpu, &t, input).unwrap().ids[0];
+        let host = HostSampler.draw_masked(&gpu, &t, input).unwrap().ids[0];
+        assert_eq!((dev, host), (want, want), "{p:?}");
+    }
+}
+
+/// 100,000 masked device draws fit the model's distribution restricted to the mask and
+/// renormalized (an f64 reference over the allowed tokens alone), with top-k and min-p too; a
+/// draw at the wrong temperature fails the same test.
+#[test]
+fn chi_square_masked() {
+    let gpu = gpu();
+    let l = fit_logits();
+    let mask = TokenMask::from_ids(l.len(), (0..l.len() as u32).filter(|i| i % 3 != 1));
+    let allowed: Vec<u32> = (0..l.len() as u32).filter(|&i| mask.allows(i)).collect();
+    let sub: Vec<f32> = allowed.iter().map(|&i| l[i as usize]).collect();
+    let reference = |t: f64, k: usize, min_p: f64| {
+        let r = reference_distribution(&sub, t, k, 1.0, min_p);
+        let mut full = vec![0.0; l.len()];
+        for (&i, &q) in allowed.iter().zip(&r) {
+            full[i as usize] = q;
+        }
+        full
+    };
+    let fit = |p: SamplingParams, reference: &[f64]| {
+        let mut s = DeviceSampler::new(&gpu).unwrap();
+        let t = upload_rows(&gpu, &l, FIT_ROWS);
+        let masks = vec![Some(&mask); FIT_ROWS];
+        let ps = vec![p; FIT_ROWS];
+        let mut counts = vec![0u64; l.len()];
+        for step in 0..FIT_STEPS {
+            let keys = row_keys(FIT_ROWS, step);
+            for tok in s.draw_masked(&gpu, &t, Rows { params: &ps, keys: &keys, masks: &masks }).unwrap().ids {
+                counts[tok as usize] += 1;
+            }
+        }
+        for (i, (&c, &q)) in counts.iter().zip(reference).enumerate() {
+            assert!(q > 0.0 || c == 0, "token {i} outside the mask's kept set drawn {c} times ({p:?})");
+        }
+        let (stat, df, pv) = chi_square(&counts, reference);
+        eprintln!("masked {p:?}: chi2 {stat:.1} df {df} p {pv:.4}");
+        pv
+    };
+    // (The host's fit at T = 1 is in tests/sampling_host.rs; here the filters, then the control.)
+    for (t, k, min_p, seed) in [(0.8f32, 12u32, 0.02f32, 201u64)] {
+        let want = reference(t as f64, k as usize, min_p as f64);
+        let host = distribution_masked(&l, &params(t, k, 1.0, min_p, seed).prepare(0), Some(&mask));
+        for (i, (&a, &b)) in host.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() < 1e-6, "token {i}: host {a} vs reference {b}");
+        }
+        let pv = fit(params(t, k, 1.0, min_p, seed), &want);
+        assert!(pv > 0.001, "p-value {pv}");
+    }
+    // Negative control: draws at 1.1 T against the reference at T = 1.
+    let pv = fit(params(1.1, 0, 1.0, 0.0, 200), &reference(1.0, 0, 0.0));
+    assert!(pv < 0.001, "10% temperature error under a mask not detected: p = {pv}");
+}
+
+/// A mask that allows nothing, or was made for another vocabulary, is an error before anything
+/// runs, on both samplers; step parameters cannot carry masks.
+#[test]
+fn bad_masks_are_errors() {
+    let gpu = gpu();
+    let mut s = DeviceSampler::new(&gpu).unwrap();
+    let t = gpu.upload_f32("logits", &[2, 40], &[0.5; 80]).unwrap();
+    let ps = [SamplingParams::default(); 2];
+    let keys = row_keys(2, 0);
+    let empty = TokenMask::none(40);
+    let other = TokenMask::all(41);
+    let ok = TokenMask::from_ids(40, [7]);
+    for masks in [[Some(&empty), None], [None, Some(&other)], [Some(&ok), Some(&empty)]] {
+        let input = Rows { params: &ps, keys: &keys, masks: &masks };
+        let dev = s.draw_masked(&gpu, &t, input).unwrap_err();
+        let host = HostSampler.draw_masked(&gpu, &t, input).unwrap_err();
+        for e in [dev, host] {
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+            common::assert_clean_message(&e.to_string());
+        }
+    }
+    assert!(s.draw_masked(&gpu, &t, Rows { params: &ps, keys: &keys, masks: &[Some(&ok)] }).is_err(), "one mask");
+    let got = s.draw_masked(&gpu, &t, Rows { params: &ps, keys: &keys, masks: &[Some(&ok), None] }).unwrap().ids;
+    assert_eq!(got[0], 7);
+    assert!(s.step_params(&ps, 1).is_err(), "step parameters after masks");
 }

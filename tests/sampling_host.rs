@@ -1,12 +1,13 @@
 //! The host sampler against the spec in `src/sampling/mod.rs`: RNG arithmetic, parameter
 //! validation, greedy and degenerate outcomes, determinism, chi-square goodness of fit of the
 //! draws (with a negative control), exact nucleus membership and tie rules, and a large
-//! f16-range vocabulary. Every test uses fixed seeds.
+//! f16-range vocabulary; token masks (fixed outcomes, chi-square against the restricted
+//! distribution). Every test uses fixed seeds.
 
 use wgpu_llm::sampling::host::sample_rows;
-use wgpu_llm::sampling::host::{self, distribution, kept_tokens, plan_row, RowPlan};
+use wgpu_llm::sampling::host::{self, distribution, distribution_masked, kept_tokens, plan_row, RowPlan};
 use wgpu_llm::sampling::philox::{mulhilo32, mulhilo32_emulated};
-use wgpu_llm::sampling::{sample_row, SamplingParams};
+use wgpu_llm::sampling::{sample_row, sample_row_masked, SamplingParams, TokenMask};
 use wgpu_llm::Error;
 
 mod common;
@@ -436,4 +437,81 @@ fn large_vocab_f16_range() {
     assert_eq!(sample_row(&l, &p, 3, 0), saturated[0]);
     // Host helpers agree with the plan.
     assert_eq!(host::argmax(&l), saturated[0]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Token masks (src/sampling/mask.rs).
+
+/// The mask of the fit tests: every token but those `i % 3 == 1` (a third of them).
+fn fit_mask(v: usize) -> TokenMask {
+    TokenMask::from_ids(v, (0..v as u32).filter(|i| i % 3 != 1))
+}
+
+/// The f64 reference restricted to `mask`: [`reference_distribution`] over the allowed logits
+/// alone, 0 elsewhere.
+fn masked_reference(l: &[f32], mask: &TokenMask, t: f64, k: usize, top_p: f64, min_p: f64) -> Vec<f64> {
+    let allowed: Vec<usize> = (0..l.len()).filter(|&i| mask.allows(i as u32)).collect();
+    let sub: Vec<f32> = allowed.iter().map(|&i| l[i]).collect();
+    let mut full = vec![0.0; l.len()];
+    for (&i, q) in allowed.iter().zip(reference_distribution(&sub, t, k, top_p, min_p)) {
+        full[i] = q;
+    }
+    full
+}
+
+fn masked_fit(l: &[f32], mask: &TokenMask, p: &SamplingParams, reference: &[f64]) -> f64 {
+    let mut counts = vec![0u64; l.len()];
+    for step in 0..DRAWS {
+        counts[sample_row_masked(l, &p.prepare(step), Some(mask)) as usize] += 1;
+    }
+    for (i, (&c, &q)) in counts.iter().zip(reference).enumerate() {
+        assert!(q > 0.0 || c == 0, "token {i} outside the mask's kept set drawn {c} times");
+    }
+    let (stat, df, pv) = chi_square(&counts, reference);
+    eprintln!("masked {p:?}: chi2 {stat:.1} df {df} p {pv:.4}");
+    pv
+}
+
+#[test]
+fn chi_square_masked() {
+    let l = fit_logits();
+    let mask = fit_mask(l.len());
+    for (t, k, top_p, min_p, seed) in [(1.0f32, 0u32, 1.0f32, 0.0f32, 300u64), (0.8, 12, 0.9, 0.02, 301)] {
+        let p = params(t, k, top_p, min_p, seed);
+        let reference = masked_reference(&l, &mask, t as f64, k as usize, top_p as f64, min_p as f64);
+        let host = distribution_masked(&l, &p.prepare(0), Some(&mask));
+        for (i, (&a, &b)) in host.iter().zip(&reference).enumerate() {
+            assert_eq!(a > 0.0, b > 0.0, "token {i}: kept sets differ");
+            assert!((a - b).abs() < 1e-6, "token {i}: {a} vs {b}");
+        }
+        let pv = masked_fit(&l, &mask, &p, &reference);
+        assert!(pv > 0.001, "p-value {pv}");
+    }
+    // Negative control: draws at 1.1 T against the masked reference at T = 1 must fail.
+    let reference = masked_reference(&l, &mask, 1.0, 0, 1.0, 0.0);
+    let pv = masked_fit(&l, &mask, &params(1.1, 0, 1.0, 0.0, 300), &reference);
+    assert!(pv < 0.001, "10% temperature error under a mask not detected: p = {pv}");
+}
+
+#[test]
+fn masked_greedy_and_fixed_outcomes() {
+    let l = [0.5f32, 3.0, f32::NAN, 2.0, 2.0, f32::INFINITY, -1.0];
+    let prep = |p: SamplingParams| p.prepare(0);
+    let g = prep(SamplingParams::greedy());
+    let s = prep(params(1.0, 0, 1.0, 0.0, 7));
+    // The best allowed token, the lowest index on ties; an allowed +inf decides.
+    assert_eq!(sample_row_masked(&l, &g, Some(&TokenMask::from_ids(7, [0, 3, 4, 6]))), 3);
+    assert_eq!(sample_row_masked(&l, &g, Some(&TokenMask::from_ids(7, [0, 4, 5]))), 5);
+    assert_eq!(sample_row_masked(&l, &s, Some(&TokenMask::from_ids(7, [0, 4, 5]))), 5);
+    // Only a NaN and -inf allowed: the lowest allowed index, sampling or greedy.
+    let dead = [f32::NEG_INFINITY, 1.0, f32::NAN, f32::NEG_INFINITY];
+    let only = TokenMask::from_ids(4, [2, 3]);
+    assert_eq!(sample_row_masked(&dead, &g, Some(&only)), 2);
+    assert_eq!(sample_row_masked(&dead, &s, Some(&only)), 2);
+    // One allowed token is drawn whatever the seed; no mask is the plain spec.
+    for seed in 0..50 {
+        let p = prep(params(1.0, 0, 1.0, 0.0, seed));
+        assert_eq!(sample_row_masked(&l, &p, Some(&TokenMask::from_ids(7, [6]))), 6);
+        assert_eq!(sample_row_masked(&l, &p, None), host::sample_row_prepared(&l, &p));
+    }
 }

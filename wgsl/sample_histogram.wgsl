@@ -14,11 +14,13 @@
 //      parts of its exact 64-bit sums: exact, order-independent, nothing returned to wait for).
 // Slots inside a bucket come from atomics, so their order varies between runs; every consumer
 // is order-independent (integer sums, lowest-index tie-breaks), so the tokens do not.
+// A row's token mask (include/sample_mask) leaves its disallowed tokens out (not candidates).
 // Grid: rows * groups workgroups, 2-D folded (see gpu/kernel.rs), as in sample_stats.
 // Rust: src/sampling/device.rs pipelines_for, bind
 #include "sample_common"
 #include "sample_reduce"
 #include "philox"
+#include "sample_mask"
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;               // (B, V)
 @group(0) @binding(1) var<storage, read> params: array<Params>;            // (B)
@@ -27,6 +29,7 @@
 @group(0) @binding(4) var<storage, read_write> list: array<vec2<u32>>;     // (B, V) candidates (key, index) bucketed per workgroup
 @group(0) @binding(5) var<storage, read_write> buckets: array<u32>;           // (B, G, META) bucket offsets, best records
 @group(0) @binding(6) var<storage, read> info: Info;
+@group(0) @binding(7) var<storage, read> token_mask: array<u32>;           // (masked rows, ceil(V / 32))
 
 var<workgroup> h_cnt: array<atomic<u32>, NBINS>;
 var<workgroup> h_lo: array<atomic<u32>, NBINS>;
@@ -88,12 +91,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var e_slot: array<u32, 4>;
     var e_gkey: array<u32, 4>;
     var e_drawn: array<bool, 4>;
+    let allowed = mask_bits4(p, i0, vocab);
     for (var j = 0u; j < 4u; j++) {
         e_bin[j] = NO_INDEX;
         e_key[j] = KEY_NEG_INF;
         e_d[j] = 0.0;
         let k = okey_nan(bitcast<u32>(lv[j] * p.inv_temperature));
-        if (i0 + j < vocab && k > KEY_NEG_INF) {
+        if (i0 + j < vocab && k > KEY_NEG_INF && ((allowed >> j) & 1u) != 0u) {
             // s from its key: an integer round trip, so l * inv_t is rounded before `- m`.
             let d = fr(fr(from_key(k)) - m);
             e_key[j] = k;

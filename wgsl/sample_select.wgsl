@@ -435,9 +435,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let pos_inf = (rs.inf & FLAG_POS_INF) != 0u;
     if (!sampling || pos_inf || rs.count == 0u) {
         if (lid == 0u) {
-            // Greedy and +inf: the argmax of the raw logits; no candidate: 0.
+            // Greedy and +inf: the argmax of the raw logits; no candidate: 0. With a token
+            // mask: all three the masked argmax (sample_stats skipped the disallowed tokens).
             var t = select(rs.lidx, 0u, rs.lidx == NO_INDEX);
-            if (sampling && !pos_inf) {
+            if (sampling && !pos_inf && p.mask == 0u) {
                 t = 0u;
             }
             put_id(p, r, t);

@@ -4,18 +4,22 @@
 //   - for sampling rows: the largest order key of s = l * inv_temperature (NaN as -inf), the
 //     number of candidates (s > -inf) and whether some s is +inf;
 //   - for every row: whether some raw logit is NaN or +-inf.
+// A row's token mask (include/sample_mask) leaves its disallowed tokens out of the argmax and
+// the candidates (the NaN / inf flag still sees the whole row).
 // Also zeroes the row's global bin histogram for sample_histogram (sampling rows).
 // Grid: rows * groups workgroups, 2-D folded (see gpu/kernel.rs); workgroup w is chunk
 // w % groups of row w / groups; each thread reads 4 consecutive logits.
 // Rust: src/sampling/device.rs pipelines_for, bind
 #include "sample_common"
 #include "sample_reduce"
+#include "sample_mask"
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;              // (B, V)
 @group(0) @binding(1) var<storage, read> params: array<Params>;           // (B)
 @group(0) @binding(2) var<storage, read_write> partials: array<vec4<u32>>; // (B, G): argmax key of l, its index, max key of s, candidates | flags << 30
 @group(0) @binding(3) var<storage, read_write> hist: array<u32>;          // (B, NBINS, HW) zeroed
 @group(0) @binding(4) var<uniform> info: Info;
+@group(0) @binding(5) var<storage, read> token_mask: array<u32>;          // (masked rows, ceil(V / 32))
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, ids: LaneIds) {
@@ -27,12 +31,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let i0 = g * CHUNK + lid * 4u;
 
     var st = stats_empty();  // lkey 0 is below every key: the first entry always takes it
+    let allowed = mask_bits4(p, i0, vocab);
     for (var j = 0u; j < 4u; j++) {
         let i = i0 + j;
         if (i < vocab) {
             let l = logits[base + i];
             let k = okey_nan(bitcast<u32>(l));
             st.inf |= select(0u, FLAG_NON_FINITE, (bitcast<u32>(l) & 0x7F800000u) == 0x7F800000u);
+            if (((allowed >> j) & 1u) == 0u) {
+                continue;
+            }
             if (k > st.lkey) {
                 st.lkey = k;
                 st.lidx = i;

@@ -21,6 +21,7 @@
 
 pub mod batch;
 pub mod common;
+pub mod constrained;
 pub mod pipeline;
 
 pub use common::{

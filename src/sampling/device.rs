@@ -33,6 +33,14 @@
 //!
 //! Greedy is passes 1 and 3 (in a mixed batch, pass 2 skips greedy rows).
 //!
+//! # Token masks
+//! A row with a mask ([`set_masked`](DeviceSampler::set_masked), [`super::mask`]'s spec) has
+//! its disallowed tokens left out where the logits are read: passes 1 and 2 read the mask word
+//! of a thread's 4 logits (one `u32`) and skip those tokens for the argmax, the candidates and
+//! the bins, so every later step sees the restricted row; `sample_select` gives the masked
+//! argmax where the unmasked spec gives 0 (no candidate). Only masked rows' masks are uploaded
+//! (`⌈V / 32⌉` words each, one binding of passes 1 and 2); a row without one reads nothing.
+//!
 //! # Why the window is exact
 //! `u ∈ [2^-24, 1 - 2^-24]` bounds the Gumbel noise to `g ∈ [-2.812, 16.636]`, so the maximum
 //! (`d = 0`, always kept) has key `≥ -2.812` and a token with `d ≤ -20` has key
@@ -54,6 +62,7 @@
 //! Scratch grows with the largest `(rows, vocab)` seen: `rows · V · 24` bytes (the bucketed list
 //! and one fetched bin, 12 bytes an entry) plus `rows · G · 2.6 KB` of metadata.
 
+use super::mask::{check_masks, Rows};
 use super::params::{check_keys, logits_shape, prepare_rows, row_keys, Draw, RowKey, SamplingParams};
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Tensor};
@@ -164,6 +173,11 @@ pub struct DeviceSampler {
     status: Scratch,
     /// The step log of [`encode_pass`](Self::encode_pass) with [`PassLog::Steps`].
     log: Scratch,
+    /// The token masks of the masked rows ([`set_masked`](Self::set_masked)), `⌈V / 32⌉` words
+    /// each; the rows' parameters say which is theirs.
+    masks: Scratch,
+    /// The vocabulary of the masks of the last `set_masked` (`None`: no row has a mask).
+    mask_vocab: Option<usize>,
     /// Ids of [`sample`](super::SamplingBackend::sample) and their readback buffer.
     ids: Option<Tensor>,
     staging: Option<wgpu::Buffer>,
@@ -191,6 +205,8 @@ impl DeviceSampler {
             fetched: Scratch::new("sampler fetched bin"),
             status: Scratch::new("sampler status"),
             log: Scratch::new("sampler step log"),
+            masks: Scratch::new("sampler token masks"),
+            mask_vocab: None,
             ids: None,
             staging: None,
             rows: 0,
@@ -255,10 +271,35 @@ impl DeviceSampler {
 
     /// [`set_params`](Self::set_params) with each row's own decode step and Philox stream.
     pub fn set_rows(&mut self, gpu: &Gpu, params: &[SamplingParams], keys: &[RowKey]) -> Result<()> {
+        self.set_masked(gpu, Rows { params, keys, masks: &vec![None; params.len()] })
+    }
+
+    /// [`set_rows`](Self::set_rows) with an optional token mask per row ([`super::mask`]): only
+    /// the masked rows' masks are uploaded (`⌈V / 32⌉` words each); rows without one read none.
+    /// The masks must share one vocabulary (the logits' at [`encode`](Self::encode)) and each
+    /// allow some token.
+    pub fn set_masked(&mut self, gpu: &Gpu, rows: Rows<'_>) -> Result<()> {
+        let Rows { params, keys, masks } = rows;
         if params.is_empty() {
             return Err(Error::InvalidArgument("sampling: no rows".into()));
         }
-        let prepared = prepare_rows(params, keys)?;
+        let mut prepared = prepare_rows(params, keys)?;
+        let mask_vocab = masks.iter().flatten().next().map(|m| m.vocab());
+        check_masks(masks, params.len(), mask_vocab.unwrap_or(0))?;
+        let mut words = Vec::new();
+        for (p, m) in prepared.iter_mut().zip(masks) {
+            if let Some(m) = m {
+                p.mask = 1 + (words.len() / m.words().len()) as u32;
+                words.extend_from_slice(m.words());
+            }
+        }
+        if self.masks.ensure(gpu, std::mem::size_of_val(words.as_slice()) as u64)? {
+            self.invalidate();
+        }
+        if !words.is_empty() {
+            gpu.queue.write_buffer(self.masks.get(), 0, bytemuck::cast_slice(&words));
+        }
+        self.mask_vocab = mask_vocab;
         let bytes = std::mem::size_of_val(prepared.as_slice()) as u64;
         if self.params.ensure(gpu, bytes)? {
             self.invalidate();
@@ -277,6 +318,11 @@ impl DeviceSampler {
         if params.len() != self.rows || params.iter().all(|p| p.is_greedy()) != self.all_greedy {
             return Err(Error::InvalidArgument(
                 "sampling: step parameters must keep the rows (and greedy or not) of the last set_params".into(),
+            ));
+        }
+        if self.mask_vocab.is_some() {
+            return Err(Error::InvalidArgument(
+                "sampling: step parameters cannot carry token masks (set_masked each step)".into(),
             ));
         }
         Ok(bytemuck::cast_slice(&prepare_rows(params, &row_keys(params.len(), step))?).to_vec())
@@ -403,6 +449,12 @@ impl DeviceSampler {
             return Err(Error::InvalidArgument(format!("{n} logits do not split into {rows} non-empty rows")));
         }
         let vocab = n / rows;
+        if self.mask_vocab.is_some_and(|v| v != vocab) {
+            return Err(Error::InvalidArgument(format!(
+                "token masks for a vocabulary of {} applied to logits of {vocab}",
+                self.mask_vocab.unwrap_or(0)
+            )));
+        }
         if vocab >= MAX_VOCAB {
             return Err(Error::InvalidArgument(format!(
                 "vocabulary of {vocab} entries: the device sampler supports < {MAX_VOCAB}"
@@ -430,6 +482,7 @@ impl DeviceSampler {
         grown |= self.fetched.ensure(gpu, sampling * rv * 8)?;
         grown |= self.status.ensure(gpu, rows as u64 * 4)?;
         grown |= self.log.ensure(gpu, log.unwrap_or(0) as u64 * rows as u64 * 8)?;
+        grown |= self.masks.ensure(gpu, 0)?;
         if grown {
             self.invalidate();
         }
@@ -499,12 +552,12 @@ impl DeviceSampler {
         let stats = make(
             &pipelines[0],
             "sample_stats",
-            [vec![logits.binding()], shared(), vec![info.as_entire_binding()]].concat(),
+            [vec![logits.binding()], shared(), vec![info.as_entire_binding(), whole(&self.masks)]].concat(),
         )?;
         let histogram = make(
             &pipelines[1],
             "sample_histogram",
-            [vec![logits.binding()], listed(), vec![info.as_entire_binding()]].concat(),
+            [vec![logits.binding()], listed(), vec![info.as_entire_binding(), whole(&self.masks)]].concat(),
         )?;
         let mut select_bindings =
             [listed(), vec![whole(&self.fetched), out.binding(), info.as_entire_binding(), whole(&self.status)]]
@@ -550,16 +603,17 @@ impl DeviceSampler {
 impl DeviceSampler {
     /// [`SamplingBackend::draw_rows`](super::SamplingBackend::draw_rows): records the passes,
     /// submits them and waits for the ids and the rows' status words.
-    pub fn draw_now(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], keys: &[RowKey]) -> Result<Draw> {
-        let (rows, vocab) = logits_shape(logits, params)?;
-        check_keys(params, keys)?;
+    pub fn draw_now(&mut self, gpu: &Gpu, logits: &Tensor, input: Rows<'_>) -> Result<Draw> {
+        let (rows, vocab) = logits_shape(logits, input.params)?;
+        check_keys(input.params, input.keys)?;
+        check_masks(input.masks, rows, vocab)?;
         if logits.ty != ElemType::F32 {
             return Err(Error::InvalidArgument(format!("sampling needs f32 logits, got {:?}", logits.ty)));
         }
         if vocab == 0 {
             return Ok(Draw { ids: vec![0; rows], non_finite: vec![false; rows] });
         }
-        self.set_rows(gpu, params, keys)?;
+        self.set_masked(gpu, input)?;
         let out = self.ids(gpu, rows)?;
         let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sampling") });
         self.encode(gpu, &mut enc, logits, rows, &out)?;

@@ -1,6 +1,7 @@
 //! The host (CPU) sampler: the reference implementation of the spec in the
 //! [module docs](super). Pure functions of `(logits, params, step, row)`.
 
+use super::mask::TokenMask;
 use super::params::{PreparedParams, SamplingParams, MODE_GREEDY};
 use super::philox::{bits_to_unit, counter_block, gumbel, philox4x32_10};
 use crate::error::{Error, Result};
@@ -23,6 +24,35 @@ pub fn sample_row_prepared(logits: &[f32], params: &PreparedParams) -> u32 {
         RowPlan::Fixed(token) => token,
         RowPlan::Draw(thresholds) => draw(logits, params, &thresholds),
     }
+}
+
+/// [`sample_row_prepared`] restricted to the tokens `mask` allows ([`super::mask`]'s spec; no
+/// mask: the plain spec). The mask must allow some token of the row ([`TokenMask::check`]).
+pub fn sample_row_masked(logits: &[f32], params: &PreparedParams, mask: Option<&TokenMask>) -> u32 {
+    let Some(mask) = mask else { return sample_row_prepared(logits, params) };
+    let masked = mask_logits(logits, mask);
+    match plan_row(&masked, params) {
+        RowPlan::Fixed(_) => masked_argmax(logits, mask),
+        RowPlan::Draw(thresholds) => draw(&masked, params, &thresholds),
+    }
+}
+
+/// The row with `-inf` for every token `mask` disallows.
+pub fn mask_logits(logits: &[f32], mask: &TokenMask) -> Vec<f32> {
+    logits.iter().enumerate().map(|(i, &l)| if mask.allows(i as u32) { l } else { f32::NEG_INFINITY }).collect()
+}
+
+/// The masked argmax: the lowest allowed index of the largest allowed logit (NaN as `-inf`);
+/// the lowest allowed index when every allowed logit is NaN or `-inf`; 0 when none is allowed.
+pub fn masked_argmax(logits: &[f32], mask: &TokenMask) -> u32 {
+    let mut best: Option<(u32, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        let l = if l.is_nan() { f32::NEG_INFINITY } else { l };
+        if mask.allows(i as u32) && best.is_none_or(|(_, b)| l > b) {
+            best = Some((i as u32, l));
+        }
+    }
+    best.map_or(0, |(i, _)| i)
 }
 
 /// Sample every row of a row-major `params.len() × vocab` matrix into `tokens`
@@ -246,9 +276,23 @@ pub fn kept_tokens(logits: &[f32], params: &PreparedParams) -> Vec<u32> {
 /// The distribution the draw samples from: `exp(d[i]) / Σ_K exp(d)` on `K`, 0 elsewhere
 /// (one-hot for a fixed outcome), in `f64`. For statistical tests of both implementations.
 pub fn distribution(logits: &[f32], params: &PreparedParams) -> Vec<f64> {
+    distribution_masked(logits, params, None)
+}
+
+/// [`distribution`] restricted to the tokens `mask` allows.
+pub fn distribution_masked(logits: &[f32], params: &PreparedParams, mask: Option<&TokenMask>) -> Vec<f64> {
+    let masked;
+    let logits = match mask {
+        Some(m) => {
+            masked = mask_logits(logits, m);
+            &masked[..]
+        }
+        None => logits,
+    };
     let mut p = vec![0f64; logits.len()];
     match plan_row(logits, params) {
         RowPlan::Fixed(t) => {
+            let t = mask.map_or(t, |m| masked_argmax(logits, m));
             if let Some(x) = p.get_mut(t as usize) {
                 *x = 1.0;
             }

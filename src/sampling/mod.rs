@@ -77,6 +77,10 @@
 //! **Order** is scale → top-k → top-p → min-p → draw. Top-p's softmax is over the top-k set;
 //! min-p is relative to the overall maximum, which every filter keeps.
 //!
+//! **Token masks** ([`mask`]): a row may carry a set of allowed tokens (a grammar's next
+//! tokens); before step 1 its disallowed logits become `-inf`, and its fixed outcomes are the
+//! best allowed token. Rows with and without masks mix in one batch.
+//!
 //! **Seed schedule**: the token sampled from the prompt's last position is `step = 0`; each
 //! decode step adds 1. `row` is the row's stream: by default its index in the logits matrix
 //! passed to the sampler, so the same seed in a different row draws different tokens (the
@@ -103,11 +107,13 @@
 
 pub mod device;
 pub mod host;
+pub mod mask;
 pub mod params;
 pub mod philox;
 
 pub use device::DeviceSampler;
-pub use host::{sample_row, sample_row_prepared};
+pub use host::{sample_row, sample_row_masked, sample_row_prepared};
+pub use mask::{Rows, TokenMask};
 pub use params::{check_keys, logits_shape, Draw, PreparedParams, RowKey, SamplingParams, MODE_GREEDY, MODE_SAMPLE};
 pub use philox::{bits_to_unit, gumbel, philox4x32_10, random_seed, uniform_bits};
 
@@ -135,7 +141,14 @@ pub trait SamplingBackend {
 
     /// [`draw`](Self::draw) with each row's own decode step and Philox stream: rows of different
     /// requests in one batch, each drawing what it draws alone.
-    fn draw_rows(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], keys: &[RowKey]) -> Result<Draw>;
+    fn draw_rows(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], keys: &[RowKey]) -> Result<Draw> {
+        self.draw_masked(gpu, logits, Rows { params, keys, masks: &vec![None; params.len()] })
+    }
+
+    /// [`draw_rows`](Self::draw_rows) with an optional token mask per row ([`mask`]'s spec):
+    /// constrained and free rows in one batch. A mask that allows no token (or has another
+    /// vocabulary) is an error before anything runs.
+    fn draw_masked(&mut self, gpu: &Gpu, logits: &Tensor, rows: Rows<'_>) -> Result<Draw>;
 
     /// [`draw`](Self::draw)'s ids alone.
     fn sample(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Vec<u32>> {
@@ -158,14 +171,20 @@ impl SamplingBackend for HostSampler {
         "host"
     }
 
-    fn draw_rows(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], keys: &[RowKey]) -> Result<Draw> {
-        let (rows, vocab) = logits_shape(logits, params)?;
-        let prepared = params::prepare_rows(params, keys)?;
+    fn draw_masked(&mut self, gpu: &Gpu, logits: &Tensor, input: Rows<'_>) -> Result<Draw> {
+        let (rows, vocab) = logits_shape(logits, input.params)?;
+        let prepared = params::prepare_rows(input.params, input.keys)?;
+        mask::check_masks(input.masks, rows, vocab)?;
         let host_logits = gpu.read_f32(logits)?;
         let ids = if vocab == 0 {
             vec![0; rows]
         } else {
-            host_logits.chunks(vocab).zip(&prepared).map(|(l, p)| host::sample_row_prepared(l, p)).collect()
+            host_logits
+                .chunks(vocab)
+                .zip(&prepared)
+                .zip(input.masks)
+                .map(|((l, p), m)| host::sample_row_masked(l, p, *m))
+                .collect()
         };
         let non_finite =
             (0..rows).map(|r| host_logits[r * vocab..(r + 1) * vocab].iter().any(|l| !l.is_finite())).collect();
@@ -178,8 +197,8 @@ impl SamplingBackend for DeviceSampler {
         "device"
     }
 
-    fn draw_rows(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], keys: &[RowKey]) -> Result<Draw> {
-        self.draw_now(gpu, logits, params, keys)
+    fn draw_masked(&mut self, gpu: &Gpu, logits: &Tensor, rows: Rows<'_>) -> Result<Draw> {
+        self.draw_now(gpu, logits, rows)
     }
 
     fn as_device(&mut self) -> Option<&mut DeviceSampler> {

@@ -83,6 +83,7 @@ impl SamplingParams {
             seed_hi: (self.seed >> 32) as u32,
             step,
             stream,
+            mask: 0,
         }
     }
 }
@@ -92,7 +93,7 @@ pub const MODE_GREEDY: u32 = 0;
 /// [`PreparedParams::mode`]: scale, filter, Gumbel-max draw.
 pub const MODE_SAMPLE: u32 = 1;
 
-/// One row's parameters in the form the kernel reads (36 bytes, nine 4-byte fields, no
+/// One row's parameters in the form the kernel reads (40 bytes, ten 4-byte fields, no
 /// padding: a WGSL `struct` of `u32`/`f32` members in this order matches it), computed by
 /// [`SamplingParams::prepare`]. The host implementation reads the same struct, so derived
 /// values (`1/T`, `ln(min_p)`) are bit-identical on both sides.
@@ -117,6 +118,9 @@ pub struct PreparedParams {
     pub step: u32,
     /// Philox counter word 1: the row's stream ([`SamplingParams::prepare_stream`]).
     pub stream: u32,
+    /// `0`: no token mask; `1 + j`: the row's mask is the `j`-th of the device sampler's
+    /// uploaded masks ([`super::mask`]). The host sampler takes the mask itself.
+    pub mask: u32,
 }
 
 impl PreparedParams {

@@ -49,7 +49,7 @@ const NO_INDEX: u32 = 0xFFFFFFFFu;
 const FLAG_POS_INF: u32 = 1u;
 const FLAG_NON_FINITE: u32 = 2u;
 
-// PreparedParams (src/sampling/mod.rs), 36 bytes.
+// PreparedParams (src/sampling/params.rs), 40 bytes.
 struct Params {
     mode: u32,
     inv_temperature: f32,
@@ -60,6 +60,7 @@ struct Params {
     seed_hi: u32,
     step: u32,
     stream: u32,
+    mask: u32,  // 0: no token mask; 1 + j: the j-th mask of token_mask (include/sample_mask)
 }
 
 struct Info {
