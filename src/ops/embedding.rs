@@ -311,6 +311,24 @@ mod tests {
         assert!(plan_row_chunks(1000, 100, 6399).is_err());
     }
 
+    /// What `out` (f32 `[ids, cols]`, starting as `init`) holds after one [`embedding`] dispatch
+    /// per chunk of `chunks` (row start, table chunk) gathers `ids` times `scale`.
+    fn gather<W: EmbeddingTable>(
+        gpu: &Gpu,
+        chunks: &[(u32, W)],
+        ids: &[u32],
+        init: &[f32],
+        cols: usize,
+        scale: f32,
+    ) -> Vec<f32> {
+        let ids_t = gpu.upload_u32("ids", &[ids.len()], ids).unwrap();
+        let out = gpu.upload_f32("out", &[ids.len(), cols], init).unwrap();
+        let ks: Vec<Kernel> =
+            chunks.iter().map(|(start, w)| embedding(gpu, w, *start, &ids_t, &out, scale).unwrap()).collect();
+        gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
+        gpu.read_f32(&out).unwrap()
+    }
+
     #[test]
     fn embedding_matches_cpu_across_chunks() {
         for gpu in gpu_variants() {
@@ -329,13 +347,8 @@ mod tests {
                     assert!(k + 1 == chunks.len() || t.shape[0] % CHUNK_ROW_ALIGN == 0);
                 }
                 let init = random(ids.len() * cols, 62, 1.0);
-                let ids_t = gpu.upload_u32("ids", &[ids.len()], &ids).unwrap();
-                let out = gpu.upload_f32("out", &[ids.len(), cols], &init).unwrap();
                 let scale = 29.93;
-                let ks: Vec<Kernel> =
-                    chunks.iter().map(|(start, t)| embedding(&gpu, t, *start, &ids_t, &out, scale).unwrap()).collect();
-                gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
-                let got = gpu.read_f32(&out).unwrap();
+                let got = gather(&gpu, &chunks, &ids, &init, cols, scale);
                 let mut want = init.clone();
                 cpu::embedding(&table, cols, &ids, &mut want, scale);
                 // f16 → f32 is exact; one f32 multiply: bit-exact up to rounding mode (≤ 1 ulp).
@@ -360,13 +373,8 @@ mod tests {
             assert!(chunks.len() >= 3, "{ty}: {} chunk(s)", chunks.len());
             let ids: Vec<u32> = vec![0, 299, 5, 128, 127, 200, 64, 1, 300, 17, 256, 255, u32::MAX];
             let init = random(ids.len() * cols, 82, 1.0);
-            let ids_t = gpu.upload_u32("ids", &[ids.len()], &ids).unwrap();
-            let out = gpu.upload_f32("out", &[ids.len(), cols], &init).unwrap();
             let scale = 22.63;
-            let ks: Vec<Kernel> =
-                chunks.iter().map(|(start, w)| embedding(&gpu, w, *start, &ids_t, &out, scale).unwrap()).collect();
-            gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
-            let got = gpu.read_f32(&out).unwrap();
+            let got = gather(&gpu, &chunks, &ids, &init, cols, scale);
             let table = to_f32(ty, &raw, rows * cols).unwrap();
             let mut want = init.clone();
             for (t, &id) in ids.iter().enumerate() {
@@ -429,11 +437,7 @@ mod tests {
             let t = gpu.upload_f16("emb", &[rows, cols], &table).unwrap();
             let ids = [3u32, 70, u32::MAX, 69];
             let init = random(ids.len() * cols, 72, 1.0);
-            let ids_t = gpu.upload_u32("ids", &[ids.len()], &ids).unwrap();
-            let out = gpu.upload_f32("out", &[ids.len(), cols], &init).unwrap();
-            let k = embedding(&gpu, &t, 0, &ids_t, &out, 1.0).unwrap();
-            gpu.run(&[&k]).unwrap();
-            let got = gpu.read_f32(&out).unwrap();
+            let got = gather(&gpu, &[(0, t)], &ids, &init, cols, 1.0);
             let mut want = init.clone();
             cpu::embedding(&table, cols, &ids, &mut want, 1.0);
             assert_eq!(got, want);
