@@ -6,7 +6,7 @@ use crate::dtype::to_f32;
 use crate::error::Result;
 use crate::gpu::tensor::test_util::*;
 use crate::gpu::{ElemType, Gpu, Tensor};
-use crate::ops::matmul::test_util::{check, tolerance};
+use crate::ops::matmul::test_util::{check, reference, RefWeight};
 use crate::ops::matmul::{check_operands, linear, linear_in, MatmulConfig, Operands, MATVEC_MAX_T};
 
 pub(crate) use crate::weights::test_util::{random_blocks, scale_field_offsets, TYPES};
@@ -30,7 +30,7 @@ fn magnitudes(t: DType, raw: &[u8], n: usize) -> Vec<f32> {
     to_f32(t, &m, n).unwrap().into_iter().map(f32::abs).collect()
 }
 
-/// Reference result and per-element tolerance of `y (+)= x·Wᵀ (+ bias)` for quantized W.
+/// Quantized W for [`reference`]: a type's raw rows of `k` elements.
 ///
 /// Tolerance: the reference dequantizes with `to_f32` (exact: the kernels' dequantized values
 /// are the same floats, or products of the same exact factors) and sums in f64, so the error
@@ -43,19 +43,16 @@ fn magnitudes(t: DType, raw: &[u8], n: usize) -> Vec<f32> {
 /// (S ~ K/4 ~ 220 for |x|, |w| ~ U(0, 1): 2.7e-3, against outputs of ~sqrt(K)/3 ~ 10), far
 /// below one term's typical size (~0.25): a dropped, doubled, misplaced or mis-scaled term,
 /// or a wrong sub-block scale, fails.
-pub(crate) fn reference(
-    x: &[f32],
-    t: DType,
-    raw: &[u8],
-    k: usize,
-    bias: Option<&[f32]>,
-    y0: &[f32],
-    accumulate: bool,
-) -> (Vec<f32>, Vec<f32>) {
-    let mut want = y0.to_vec();
-    cpu::linear_quant(x, t, raw, k, bias, &mut want, accumulate).unwrap();
-    let n = raw.len() / t.byte_size(k).unwrap();
-    (want, tolerance(x, &magnitudes(t, raw, n * k), k, bias, y0, accumulate))
+pub(crate) struct Quant<'a>(pub DType, pub &'a [u8]);
+
+impl RefWeight for Quant<'_> {
+    fn linear(&self, x: &[f32], k: usize, bias: Option<&[f32]>, y: &mut [f32], accumulate: bool) {
+        cpu::linear_quant(x, self.0, self.1, k, bias, y, accumulate).unwrap();
+    }
+    fn magnitudes(&self, k: usize) -> Vec<f32> {
+        let n = self.1.len() / self.0.byte_size(k).unwrap();
+        magnitudes(self.0, self.1, n * k)
+    }
 }
 
 /// Which kernel a case runs.
@@ -145,7 +142,7 @@ fn run_case(
         Path::Wide(..) => true,
     };
     let xs = if dp4 { cpu::stage_x16(&xv, k) } else { xv.clone() };
-    let (want, tol) = reference(&xs, ty, &raw, k, with_bias.then_some(&bv[..]), &y0, accumulate);
+    let (want, tol) = reference(&xs, &Quant(ty, &raw), k, with_bias.then_some(&bv[..]), &y0, accumulate);
     let what = format!(
         "{ty} T={t} N={n} K={k} bias={with_bias} acc={accumulate} {path:?} dp4={dp4} f16={} sg={}",
         gpu.caps.f16, gpu.caps.subgroups
@@ -271,7 +268,7 @@ fn quant_fused_inputs_match_cpu_ops() {
                 } else {
                     norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false);
                 }
-                let (want, mut tol) = reference(&xin, ty, &raw, k, Some(&bv[..]), &y0, kind != 0);
+                let (want, mut tol) = reference(&xin, &Quant(ty, &raw), k, Some(&bv[..]), &y0, kind != 0);
                 let wf = to_f32(ty, &raw, n * k).unwrap();
                 add_input_rounding(&mut tol, &xin, &wf, k, if gated { 16.0 } else { 8.0 } * eps_f);
                 if dp4 && gated {
@@ -395,7 +392,7 @@ fn batch_kernel_matches_cpu() {
                 if glu {
                     // The pair's sums (no bias / accumulation under GLU here), then act(g) · u.
                     assert!(!with_bias && !acc);
-                    let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; t * n], false);
+                    let (want, mut tol) = reference(&xin, &Quant(ty, &raw), k, None, &vec![0.0; t * n], false);
                     if kind > 0 {
                         let wf = to_f32(ty, &raw, n * k).unwrap();
                         add_input_rounding(&mut tol, &xin, &wf, k, if kind == 2 { 16.0 } else { 8.0 } * eps_f);
@@ -403,7 +400,7 @@ fn batch_kernel_matches_cpu() {
                     let (want, tol) = glu_expected(&want, &tol, act);
                     check(&got, &want, &tol, &what);
                 } else {
-                    let (want, mut tol) = reference(&xin, ty, &raw, k, bias, &y0, acc);
+                    let (want, mut tol) = reference(&xin, &Quant(ty, &raw), k, bias, &y0, acc);
                     if kind > 0 {
                         let wf = to_f32(ty, &raw, n * k).unwrap();
                         add_input_rounding(&mut tol, &xin, &wf, k, if kind == 2 { 16.0 } else { 8.0 } * eps_f);
@@ -465,7 +462,7 @@ fn batch_rows_do_not_depend_on_the_batch_size() {
                 }
             }
             if !norm {
-                let (want, tol) = reference(&xv[..k], ty, &raw, k, None, &vec![0.0; n], false);
+                let (want, tol) = reference(&xv[..k], &Quant(ty, &raw), k, None, &vec![0.0; n], false);
                 check(&alone[0], &want, &tol, &format!("{ty} batch of 1"));
             }
         }
@@ -542,7 +539,7 @@ fn quant_glu_epilogue_matches_cpu() {
                 } else {
                     xv.clone()
                 };
-                let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; t * n], false);
+                let (want, mut tol) = reference(&xin, &Quant(ty, &raw), k, None, &vec![0.0; t * n], false);
                 if norm {
                     // The norm's own rounding (8 eps S, as in quant_fused_inputs_match_cpu_ops).
                     let wf = to_f32(ty, &raw, n * k).unwrap();
@@ -629,7 +626,7 @@ fn quant_mixed_matvec_matches_cpu() {
                         if norm { norm_scaled_input(&xv, &gv, k, true) } else { cpu::stage_x16(&xv, k) };
                     let (xa, xb) = (if a_dp4 { &staged } else { &xin }, if b_dp4 { &staged } else { &xin });
                     for (ty, raw, c0, c1, xp) in [(ta, &ra, 0, na, xa), (tb, &rb, na, n, xb)] {
-                        let (want, mut tol) = reference(xp, ty, raw, k, Some(&bv[c0..c1]), &y0[c0..c1], acc);
+                        let (want, mut tol) = reference(xp, &Quant(ty, raw), k, Some(&bv[c0..c1]), &y0[c0..c1], acc);
                         if norm {
                             let wf = to_f32(ty, raw, (c1 - c0) * k).unwrap();
                             add_input_rounding(&mut tol, xp, &wf, k, 8.0 * eps_f);
@@ -776,7 +773,7 @@ fn quant_row_chunks_write_logit_views() {
                 }
                 gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();
                 let got = gpu.read_f32(&logits).unwrap();
-                let (want, tol) = reference(&xv, ty, &raw, k, None, &y0, accumulate);
+                let (want, tol) = reference(&xv, &Quant(ty, &raw), k, None, &y0, accumulate);
                 check(&got, &want, &tol, &format!("{ty} split T={t} acc={accumulate}"));
             }
         }
@@ -800,7 +797,7 @@ fn quant_concat_rows_is_one_weight() {
             let y = gpu.empty("y", &[t, 128], ElemType::F32).unwrap();
             let kern = linear(&gpu, &x, &w, Some(&b), &y, LinearOpts::default()).unwrap();
             gpu.run(&[&kern]).unwrap();
-            let (want, tol) = reference(&xv, ty, &raw, k, Some(&bv), &vec![0.0; t * 128], false);
+            let (want, tol) = reference(&xv, &Quant(ty, &raw), k, Some(&bv), &vec![0.0; t * 128], false);
             check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{ty} qkv T={t}"));
         }
     }
@@ -845,7 +842,7 @@ fn dp4_staging_edges() {
         assert!(cfg.shape.dp4 || gpu.info.backend != wgpu::Backend::Vulkan, "{ty}: no DP4 on Vulkan");
         let kern = matvec_quant(&gpu, &Operands::new(&x, &w, &y, opts), &s, cfg.with(|s| s.dp4 = true));
         gpu.run(&[&kern.unwrap()]).unwrap();
-        let (want, tol) = reference(&staged, ty, &raw, k, None, &vec![0.0; n], false);
+        let (want, tol) = reference(&staged, &Quant(ty, &raw), k, None, &vec![0.0; n], false);
         check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{ty} DP4 edges"));
     }
 }
@@ -890,7 +887,8 @@ fn dp4_prefetch_keeps_the_sums() {
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&outs[0]), bits(&outs[1]), "{what}: PREFETCH changed the sums");
                 if !norm {
-                    let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, None, &vec![0.0; n], false);
+                    let (want, tol) =
+                        reference(&cpu::stage_x16(&xv, k), &Quant(ty, &raw), k, None, &vec![0.0; n], false);
                     check(&outs[1], &want, &tol, &what);
                 }
             }
@@ -982,7 +980,7 @@ fn staged_input_keeps_the_dp4_sums() {
                     let cfg = auto.with(|s| (s.wg, s.tpr, s.tok, s.dp4, s.prefetch) = (4 * tpr, tpr, 1, true, false));
                     assert_eq!(bits(&outs[0]), bits(&run(cfg, Input::Plain)), "{what}: not the DP4 kernel's sums");
                 }
-                let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, None, &vec![0.0; n], false);
+                let (want, tol) = reference(&cpu::stage_x16(&xv, k), &Quant(ty, &raw), k, None, &vec![0.0; n], false);
                 check(&outs[0], &want, &tol, &what);
                 // The rule's own configuration (up to 128-lane row groups), with a bias and
                 // accumulating into y (the binding after the bias).
@@ -999,7 +997,7 @@ fn staged_input_keeps_the_dp4_sums() {
                 )
                 .unwrap();
                 gpu.run(&[&stage, &kern]).unwrap();
-                let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, Some(&bias_v), &y0, true);
+                let (want, tol) = reference(&cpu::stage_x16(&xv, k), &Quant(ty, &raw), k, Some(&bias_v), &y0, true);
                 check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{what}, the rule's {cfg:?}"));
             }
         }
@@ -1082,7 +1080,7 @@ fn dp4_chunks_on(gpu: &Gpu) {
                     xin.extend(cpu::stage_x16(row, k));
                 }
             }
-            let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; t * n], false);
+            let (want, mut tol) = reference(&xin, &Quant(ty, &raw), k, None, &vec![0.0; t * n], false);
             if norm {
                 let wf = to_f32(ty, &raw, n * k).unwrap();
                 add_input_rounding(&mut tol, &xin, &wf, k, 8.0 * f32::EPSILON / 2.0);
@@ -1179,7 +1177,7 @@ fn quant_matvec_folded_grid() {
         assert!(kern.workgroups[1] > 1, "{:?}", kern.workgroups);
         gpu.run(&[&kern]).unwrap();
         let xs = if cfg.shape.dp4 { cpu::stage_x16(&xv, k) } else { xv };
-        let (want, tol) = reference(&xs, ty, &raw, k, None, &y0, true);
+        let (want, tol) = reference(&xs, &Quant(ty, &raw), k, None, &y0, true);
         check(&gpu.read_f32(&y).unwrap(), &want, &tol, "folded grid");
     }
 }
