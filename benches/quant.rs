@@ -83,15 +83,15 @@ fn probe(a: &Args) {
             let auto = QMatvecConfig::new(&gpu, ty, &s);
             let mut line = format!(
                 "{ty} N={n} K={k} tpr {} wg {} dp4 {} ({:.1} MB x{copies}):",
-                auto.tpr,
-                auto.wg,
-                auto.dp4,
+                auto.shape.tpr,
+                auto.shape.wg,
+                auto.shape.dp4,
                 bytes as f64 / 1e6
             );
-            let float = QMatvecConfig { dp4: false, ..auto };
+            let float = auto.with(|s| s.dp4 = false);
             for (name, c) in [
                 ("auto", auto),
-                ("dp4", QMatvecConfig { dp4: dp4_fits(&gpu, ty, k, auto.wg, auto.tok), ..auto }),
+                ("dp4", auto.with(|s| s.dp4 = dp4_fits(&gpu, ty, k, auto.shape.wg, auto.shape.tok))),
                 ("float", float),
                 ("nox", QMatvecConfig { probe: "PROBE_NOX", ..float }),
                 ("nomath", QMatvecConfig { probe: "PROBE_NOMATH", ..float }),
@@ -151,16 +151,16 @@ fn matvecs(a: &Args) {
             let mut cfgs = vec![auto];
             // Every workgroup size from 32 threads, every row group width it holds, with and
             // without DP4 (--auto-wg: the auto workgroup size only).
-            let wgs: Vec<u32> = if a.flag("auto-wg") { vec![auto.wg] } else { vec![32, 64, 128, 256] };
+            let wgs: Vec<u32> = if a.flag("auto-wg") { vec![auto.shape.wg] } else { vec![32, 64, 128, 256] };
             for wg in wgs {
                 for tpr in [16u32, 32, 64, 128, 256] {
-                    let sg_ok = tpr >= gpu.caps.subgroup_max_size || !auto.subgroups;
+                    let sg_ok = tpr >= gpu.caps.subgroup_max_size || !auto.shape.subgroups;
                     if !sg_ok || tpr > wg {
                         continue;
                     }
                     for dp4 in [false, true] {
-                        let c = QMatvecConfig { tpr, dp4, wg, ..auto };
-                        if (dp4 && !dp4_fits(&gpu, ty, k, wg, auto.tok)) || c == auto {
+                        let c = auto.with(|s| (s.tpr, s.dp4, s.wg) = (tpr, dp4, wg));
+                        if (dp4 && !dp4_fits(&gpu, ty, k, wg, auto.shape.tok)) || c == auto {
                             continue;
                         }
                         cfgs.push(c);
@@ -176,8 +176,8 @@ fn matvecs(a: &Args) {
                 let first = first.get_or_insert(out.clone());
                 let (d, at) = max_abs_diff(first, &out);
                 assert!(d < 1e-3 * (1.0 + first[at].abs()), "{ty} N={n} K={k} {c:?}: differs by {d} at {at}");
-                let dp = if c.dp4 { "+dp4" } else { "" };
-                let name = format!("{}wg {} tpr {}{dp}", if i == 0 { "auto " } else { "" }, c.wg, c.tpr);
+                let dp = if c.shape.dp4 { "+dp4" } else { "" };
+                let name = format!("{}wg {} tpr {}{dp}", if i == 0 { "auto " } else { "" }, c.shape.wg, c.shape.tpr);
                 line += &format!(" {name} {:.1}us {:.0}GB/s;", t * 1e6, w.gpu_bytes() as f64 / t / 1e9);
             }
             // x staged apart (quantize_x16, then XG), the staging counted once a call.
@@ -186,14 +186,14 @@ fn matvecs(a: &Args) {
                 let stage = quantize_x16(&gpu, &x, &xs).unwrap();
                 let ts = time_per_call(&gpu, QUICK, &|pass| stage.encode(pass));
                 line += &format!(" | quantize_x16 {:.1}us;", ts * 1e6);
-                let sg = if auto.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
+                let sg = if auto.shape.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
                 for (wg, tpr) in [(32, 32), (64, 32), (64, 64), (128, 32), (128, 64), (128, 128), (256, 64), (256, 256)]
                 {
                     for prefetch in [false, true] {
                         if tpr < sg || tpr > wg {
                             continue;
                         }
-                        let c = QMatvecConfig { wg, tpr, tok: 1, dp4: true, prefetch, ..auto };
+                        let c = auto.with(|s| (s.wg, s.tpr, s.tok, s.dp4, s.prefetch) = (wg, tpr, 1, true, prefetch));
                         let ks: Vec<Kernel> = ws
                             .iter()
                             .map(|w| {
@@ -321,10 +321,10 @@ fn batch(a: &Args) {
                 let auto = QMatvecConfig::new(&gpu, ty, &tuned_shape(&s, &opts));
                 line += &format!(" T={t}");
                 for dp4 in [true, false] {
-                    if dp4 && !dp4_fits(&gpu, ty, k, auto.wg, auto.tok) {
+                    if dp4 && !dp4_fits(&gpu, ty, k, auto.shape.wg, auto.shape.tok) {
                         continue;
                     }
-                    let c = QMatvecConfig { dp4, ..auto };
+                    let c = auto.with(|s| s.dp4 = dp4);
                     let kern = matvec_quant(&gpu, &Operands::new(&x, &w, &y, opts), &s, c).unwrap();
                     let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
                     line += &format!(" {}{:.1}us", if dp4 { "dp4 " } else { "float " }, tm * 1e6);

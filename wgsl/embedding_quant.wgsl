@@ -4,7 +4,7 @@
 // [row_start, row_start + chunk_rows). Other tokens' rows of out are left untouched (another
 // chunk's dispatch writes them; an id >= vocab is written by none). A thread writes 4 columns.
 // Grid: 1-D over ceil(n_tokens * cols / 4 / WG) workgroups, 2-D folded (see gpu/kernel.rs).
-// Rust: src/ops/embedding.rs embedding_quant
+// Rust: src/ops/embedding.rs embedding
 #define WG 256
 
 #include "quant"

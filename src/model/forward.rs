@@ -28,7 +28,7 @@ use super::source::TensorSource;
 use super::weights::{self, linear, Linear, MixerWeights, MlpWeights, WeightFormat, Weights};
 use crate::error::{Error, Result};
 use crate::gpu::{ElemType, Gpu, Kernel, Tensor};
-use crate::ops::embedding::{embedding, embedding_quant, per_layer_inputs};
+use crate::ops::embedding::{embedding, per_layer_inputs};
 use crate::ops::matmul::gguf::StageApart;
 use crate::ops::matmul::{fuses_norm, Input, LinearOpts, MATVEC_MAX_T};
 use crate::ops::norm::{rms_norm, rms_norm_in_place, RowLayout};
@@ -659,7 +659,7 @@ impl Model {
         for (row_start, chunk) in &w.embed {
             items.push(Item::Kernel(match chunk {
                 Linear::F16(t) => embedding(g, t, *row_start, &ids, &x, c.embedding_scale)?,
-                Linear::Quant(q) => embedding_quant(g, q, *row_start, &ids, &x, c.embedding_scale)?,
+                Linear::Quant(q) => embedding(g, q, *row_start, &ids, &x, c.embedding_scale)?,
             }));
         }
         let eps = c.rms_norm_eps;
@@ -687,7 +687,7 @@ impl Model {
             for (row_start, chunk) in &pw.embed {
                 items.push(Item::Kernel(match chunk {
                     Linear::F16(tb) => embedding(g, tb, *row_start, &ids, &tok, (ple.dim as f32).sqrt())?,
-                    Linear::Quant(q) => embedding_quant(g, q, *row_start, &ids, &tok, (ple.dim as f32).sqrt())?,
+                    Linear::Quant(q) => embedding(g, q, *row_start, &ids, &tok, (ple.dim as f32).sqrt())?,
                 }));
             }
             items.push(Item::Kernel(linear(g, &x, Input::Plain, &pw.model_proj, None, &proj, lp.opts())?));

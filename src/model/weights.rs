@@ -7,7 +7,7 @@
 //! `gate_up` = [gate; up] ([`Proj`]); where the parts' formats differ (a Q4_K_M file's Q6_K `v`
 //! beside Q4_K `q`, `k`), each part is its own weight writing its columns of the same output.
 //! The lm_head is split into row chunks that each fit the device's max storage binding. The
-//! embedding table stays in its quantized type too (`ops::embedding::embedding_quant` dequantizes
+//! embedding table stays in its quantized type too (`ops::embedding::embedding` dequantizes
 //! the rows it gathers), and a tied lm_head reads the embedding's own chunks.
 
 use super::config::{Mixer, MlpSpec, ModelConfig};

@@ -10,14 +10,15 @@
 //! 256 bytes and can be bound as a view.
 
 use crate::error::{Error, Result};
-use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Tensor};
+use crate::gpu::{kernel::grid, ElemType, Gpu, Kernel, Macros, Tensor};
 /// The row chunks of a large table, from [`crate::weights`] (kept at their former path).
 pub use crate::weights::{plan_row_chunks, upload_row_chunks, upload_row_chunks_max, CHUNK_ROW_ALIGN};
 use crate::weights::{type_macros, QuantWeight};
 
 crate::ops::uniform::uniform_struct! {
-    /// WGSL twin: `struct Params` of `wgsl/embedding.wgsl`.
-    pub(crate) struct EmbeddingUniform = "Params" {
+    /// WGSL twin: `struct Params` of `wgsl/embedding.wgsl`; its first five members begin every
+    /// [`EmbeddingTable`] kernel's `Params`.
+    pub struct EmbeddingUniform = "Params" {
         n_tokens: u32,
         cols: u32,
         row_start: u32,
@@ -34,40 +35,94 @@ crate::ops::uniform::uniform_struct! {
 /// Other rows of `out` are left as they are (other chunks' dispatches write them; an id ≥ vocab
 /// is written by none, so the host must validate ids).
 ///
-/// `table_chunk`: f16 `[chunk_rows, C]` (from [`upload_row_chunks`]; a whole table is the chunk
-/// with `row_start` 0); `ids`: u32 `[T]`; `out`: f32 `[T, C]`.
-pub fn embedding(
+/// `table_chunk`: f16 `[chunk_rows, C]` ([`Tensor`], from [`upload_row_chunks`]; a whole table is
+/// the chunk with `row_start` 0), or a GGUF quantized type ([`QuantWeight`], chunks from
+/// [`QuantWeight::row_chunks`]: rows dequantized as `to_f32` does, bit for bit, then scaled);
+/// `ids`: u32 `[T]`; `out`: f32 `[T, C]`.
+pub fn embedding<W: EmbeddingTable + ?Sized>(
     gpu: &Gpu,
-    table_chunk: &Tensor,
+    table_chunk: &W,
     row_start: u32,
     ids: &Tensor,
     out: &Tensor,
     scale: f32,
 ) -> Result<Kernel> {
-    let bad = |msg: String| Err(Error::InvalidArgument(format!("embedding: {msg}")));
-    if table_chunk.ty != ElemType::F16 || table_chunk.shape.len() != 2 {
-        return bad(format!("table must be f16 [rows, C], is {:?} {:?}", table_chunk.ty, table_chunk.shape));
+    let [chunk_rows, cols] = table_chunk.rows_cols()?;
+    let (n_tokens, n) = check_ids_out(W::KERNEL, ids, out, cols, W::PER_THREAD)?;
+    let head = EmbeddingUniform {
+        n_tokens: n_tokens as u32,
+        cols: cols as u32,
+        row_start,
+        chunk_rows: chunk_rows as u32,
+        scale,
+        ..Default::default()
+    };
+    let p = table_chunk.params(gpu, head);
+    let mut bindings = table_chunk.bindings();
+    bindings.extend([ids.binding(), out.binding(), p.as_entire_binding()]);
+    gpu.kernel(W::KERNEL, "main", &table_chunk.macros(gpu), &bindings, grid((n as u32).div_ceil(256)))
+}
+
+/// A table chunk [`embedding`] gathers from, and the kernel that reads it.
+pub trait EmbeddingTable {
+    /// The lookup's kernel (`wgsl/<KERNEL>.wgsl`); errors are named after it.
+    const KERNEL: &'static str;
+    /// Columns of `out` each thread writes.
+    const PER_THREAD: u64;
+    /// The chunk's `[rows, cols]`, or why it is not a table.
+    fn rows_cols(&self) -> Result<[usize; 2]>;
+    /// The kernel's uniform: `head` (the members both kernels' `Params` begin with) and the
+    /// table's own.
+    fn params(&self, gpu: &Gpu, head: EmbeddingUniform) -> wgpu::Buffer;
+    /// The kernel's macros.
+    fn macros(&self, gpu: &Gpu) -> Macros;
+    /// The table's bindings (before ids, out and the uniform).
+    fn bindings(&self) -> Vec<wgpu::BindingResource<'_>>;
+}
+
+/// An f16 table (`wgsl/embedding.wgsl`).
+impl EmbeddingTable for Tensor {
+    const KERNEL: &'static str = "embedding";
+    const PER_THREAD: u64 = 1;
+    fn rows_cols(&self) -> Result<[usize; 2]> {
+        match *self.shape {
+            [rows, cols] if self.ty == ElemType::F16 => Ok([rows, cols]),
+            _ => Err(Error::InvalidArgument(format!(
+                "embedding: table must be f16 [rows, C], is {:?} {:?}",
+                self.ty, self.shape
+            ))),
+        }
     }
-    let (chunk_rows, cols) = (table_chunk.shape[0], table_chunk.shape[1]);
-    let (n_tokens, n) = check_ids_out("embedding", ids, out, cols, 1)?;
-    let p = gpu.uniform(
-        "embedding.params",
-        &EmbeddingUniform {
-            n_tokens: n_tokens as u32,
-            cols: cols as u32,
-            row_start,
-            chunk_rows: chunk_rows as u32,
-            scale,
-            ..Default::default()
-        },
-    );
-    gpu.kernel(
-        "embedding",
-        "main",
-        &gpu.macros(),
-        &[table_chunk.binding(), ids.binding(), out.binding(), p.as_entire_binding()],
-        grid((n as u32).div_ceil(256)),
-    )
+    fn params(&self, gpu: &Gpu, head: EmbeddingUniform) -> wgpu::Buffer {
+        gpu.uniform("embedding.params", &head)
+    }
+    fn macros(&self, gpu: &Gpu) -> Macros {
+        gpu.macros()
+    }
+    fn bindings(&self) -> Vec<wgpu::BindingResource<'_>> {
+        vec![self.binding()]
+    }
+}
+
+/// A table in a GGUF quantized type (`wgsl/embedding_quant.wgsl`): four columns a thread.
+impl EmbeddingTable for QuantWeight {
+    const KERNEL: &'static str = "embedding_quant";
+    const PER_THREAD: u64 = 4;
+    fn rows_cols(&self) -> Result<[usize; 2]> {
+        Ok(self.shape)
+    }
+    /// `head` with the planes' first words where embedding.wgsl's `Params` pads (the two twins
+    /// have the same layout: `ops::uniform_registry` checks both against their kernels).
+    fn params(&self, gpu: &Gpu, head: EmbeddingUniform) -> wgpu::Buffer {
+        let [o1, o2] = [self.planes[0], self.planes[1]];
+        gpu.uniform("embedding_quant.params", &EmbeddingQuantUniform { o1, o2, ..bytemuck::cast(head) })
+    }
+    fn macros(&self, gpu: &Gpu) -> Macros {
+        type_macros(gpu.macros(), self.dtype)
+    }
+    fn bindings(&self) -> Vec<wgpu::BindingResource<'_>> {
+        vec![self.buffer.as_entire_binding(); 2]
+    }
 }
 
 crate::ops::uniform::uniform_struct! {
@@ -84,7 +139,7 @@ crate::ops::uniform::uniform_struct! {
     }
 }
 
-/// Checks both lookups' `ids` (u32 `[T]`) and `out` (f32 `[T, cols]`); returns T and the threads
+/// Checks a lookup's `ids` (u32 `[T]`) and `out` (f32 `[T, cols]`); returns T and the threads
 /// of the lookup, `T · cols / per_thread`, which must fit u32 indexing; errors name `op`.
 fn check_ids_out(op: &str, ids: &Tensor, out: &Tensor, cols: usize, per_thread: u64) -> Result<(usize, u64)> {
     let bad = |msg: String| Err(Error::InvalidArgument(format!("{op}: {msg}")));
@@ -100,42 +155,6 @@ fn check_ids_out(op: &str, ids: &Tensor, out: &Tensor, cols: usize, per_thread: 
         return bad(format!("{n_tokens} tokens × {cols} columns overflow u32 indexing"));
     }
     Ok((n_tokens, n))
-}
-
-/// [`embedding`] from a table chunk kept in a GGUF quantized type (`wgsl/embedding_quant.wgsl`,
-/// chunks from [`QuantWeight::row_chunks`]): rows dequantized as `to_f32` does, bit for bit, then
-/// scaled. `ids`: u32 `[T]`; `out`: f32 `[T, C]`.
-pub fn embedding_quant(
-    gpu: &Gpu,
-    table_chunk: &QuantWeight,
-    row_start: u32,
-    ids: &Tensor,
-    out: &Tensor,
-    scale: f32,
-) -> Result<Kernel> {
-    let [chunk_rows, cols] = table_chunk.shape;
-    let (n_tokens, n) = check_ids_out("embedding_quant", ids, out, cols, 4)?;
-    let p = gpu.uniform(
-        "embedding_quant.params",
-        &EmbeddingQuantUniform {
-            n_tokens: n_tokens as u32,
-            cols: cols as u32,
-            row_start,
-            chunk_rows: chunk_rows as u32,
-            scale,
-            o1: table_chunk.planes[0],
-            o2: table_chunk.planes[1],
-            _pad: 0,
-        },
-    );
-    let w = table_chunk.buffer.as_entire_binding();
-    gpu.kernel(
-        "embedding_quant",
-        "main",
-        &type_macros(gpu.macros(), table_chunk.dtype),
-        &[w.clone(), w, ids.binding(), out.binding(), p.as_entire_binding()],
-        grid((n as u32).div_ceil(256)),
-    )
 }
 
 crate::ops::uniform::uniform_struct! {
@@ -292,6 +311,24 @@ mod tests {
         assert!(plan_row_chunks(1000, 100, 6399).is_err());
     }
 
+    /// What `out` (f32 `[ids, cols]`, starting as `init`) holds after one [`embedding`] dispatch
+    /// per chunk of `chunks` (row start, table chunk) gathers `ids` times `scale`.
+    fn gather<W: EmbeddingTable>(
+        gpu: &Gpu,
+        chunks: &[(u32, W)],
+        ids: &[u32],
+        init: &[f32],
+        cols: usize,
+        scale: f32,
+    ) -> Vec<f32> {
+        let ids_t = gpu.upload_u32("ids", &[ids.len()], ids).unwrap();
+        let out = gpu.upload_f32("out", &[ids.len(), cols], init).unwrap();
+        let ks: Vec<Kernel> =
+            chunks.iter().map(|(start, w)| embedding(gpu, w, *start, &ids_t, &out, scale).unwrap()).collect();
+        gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
+        gpu.read_f32(&out).unwrap()
+    }
+
     #[test]
     fn embedding_matches_cpu_across_chunks() {
         for gpu in gpu_variants() {
@@ -310,13 +347,8 @@ mod tests {
                     assert!(k + 1 == chunks.len() || t.shape[0] % CHUNK_ROW_ALIGN == 0);
                 }
                 let init = random(ids.len() * cols, 62, 1.0);
-                let ids_t = gpu.upload_u32("ids", &[ids.len()], &ids).unwrap();
-                let out = gpu.upload_f32("out", &[ids.len(), cols], &init).unwrap();
                 let scale = 29.93;
-                let ks: Vec<Kernel> =
-                    chunks.iter().map(|(start, t)| embedding(&gpu, t, *start, &ids_t, &out, scale).unwrap()).collect();
-                gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
-                let got = gpu.read_f32(&out).unwrap();
+                let got = gather(&gpu, &chunks, &ids, &init, cols, scale);
                 let mut want = init.clone();
                 cpu::embedding(&table, cols, &ids, &mut want, scale);
                 // f16 → f32 is exact; one f32 multiply: bit-exact up to rounding mode (≤ 1 ulp).
@@ -341,15 +373,8 @@ mod tests {
             assert!(chunks.len() >= 3, "{ty}: {} chunk(s)", chunks.len());
             let ids: Vec<u32> = vec![0, 299, 5, 128, 127, 200, 64, 1, 300, 17, 256, 255, u32::MAX];
             let init = random(ids.len() * cols, 82, 1.0);
-            let ids_t = gpu.upload_u32("ids", &[ids.len()], &ids).unwrap();
-            let out = gpu.upload_f32("out", &[ids.len(), cols], &init).unwrap();
             let scale = 22.63;
-            let ks: Vec<Kernel> = chunks
-                .iter()
-                .map(|(start, w)| embedding_quant(&gpu, w, *start, &ids_t, &out, scale).unwrap())
-                .collect();
-            gpu.run(&ks.iter().collect::<Vec<_>>()).unwrap();
-            let got = gpu.read_f32(&out).unwrap();
+            let got = gather(&gpu, &chunks, &ids, &init, cols, scale);
             let table = to_f32(ty, &raw, rows * cols).unwrap();
             let mut want = init.clone();
             for (t, &id) in ids.iter().enumerate() {
@@ -390,7 +415,7 @@ mod tests {
             let ids: Vec<u32> = (0..rows as u32).collect();
             let ids_t = gpu.upload_u32("ids", &[rows], &ids).unwrap();
             let out = gpu.empty("out", &[rows, cols], ElemType::F32).unwrap();
-            let kern = embedding_quant(&gpu, &w, 0, &ids_t, &out, 1.0).unwrap();
+            let kern = embedding(&gpu, &w, 0, &ids_t, &out, 1.0).unwrap();
             gpu.run(&[&kern]).unwrap();
             let got = gpu.read_f32(&out).unwrap();
             let bad = got.iter().zip(&table).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
@@ -412,11 +437,7 @@ mod tests {
             let t = gpu.upload_f16("emb", &[rows, cols], &table).unwrap();
             let ids = [3u32, 70, u32::MAX, 69];
             let init = random(ids.len() * cols, 72, 1.0);
-            let ids_t = gpu.upload_u32("ids", &[ids.len()], &ids).unwrap();
-            let out = gpu.upload_f32("out", &[ids.len(), cols], &init).unwrap();
-            let k = embedding(&gpu, &t, 0, &ids_t, &out, 1.0).unwrap();
-            gpu.run(&[&k]).unwrap();
-            let got = gpu.read_f32(&out).unwrap();
+            let got = gather(&gpu, &[(0, t)], &ids, &init, cols, 1.0);
             let mut want = init.clone();
             cpu::embedding(&table, cols, &ids, &mut want, 1.0);
             assert_eq!(got, want);

@@ -68,14 +68,21 @@ impl MatvecQuery<'_> {
     }
 }
 
-/// The shape the rows build.
+/// The shape the rows build: the quantized matvec's workgroup shape and path (the engine runs it
+/// as `QMatvecConfig::shape`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MatvecState {
+    /// Threads per workgroup.
     pub wg: u32,
+    /// Threads per row group of 4 rows (a power of two dividing the workgroup).
     pub tpr: u32,
+    /// Tokens per pass over W: 1 or 4.
     pub tok: u32,
+    /// Reduce with subgroup operations.
     pub subgroups: bool,
+    /// Stage x as 16-bit fixed point and sum with integer dot products (`DP4`).
     pub dp4: bool,
+    /// With `dp4`, one token, the row staged whole: each unit's loads issued one iteration early.
     pub prefetch: bool,
     /// Set by the rows (for later rows): the wide DP4 rows, the whole-row Q6_K/Q4_1 rows, a vocabulary.
     pub wide_rows: bool,

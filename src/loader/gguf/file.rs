@@ -1,7 +1,7 @@
 //! The GGUF parser: a file's header (metadata and tensor infos) read and validated, bounds
 //! checked against the file's length.
 
-use super::value::{value_type, GgufValue};
+use super::value::{GgufType, GgufValue};
 use crate::dtype::DType;
 use crate::error::{shown, Error, Result};
 use crate::loader::{fmt_shape, open_regular, StoredTensor};
@@ -411,8 +411,8 @@ impl<R: std::io::Read> Reader<'_, R> {
         Ok(String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 
-    fn value(&mut self, ty: u32, key: &str, depth: usize) -> Result<GgufValue> {
-        use value_type as t;
+    fn value(&mut self, id: u32, key: &str, depth: usize) -> Result<GgufValue> {
+        use GgufType as t;
         self.values += 1;
         if self.values > limits::VALUES {
             return Err(self.corrupt(format!(
@@ -422,6 +422,9 @@ impl<R: std::io::Read> Reader<'_, R> {
             )));
         }
         let what = || format!("metadata {}", shown(key));
+        let Some(ty) = GgufType::from_id(id) else {
+            return Err(self.corrupt(format!("{}: unknown value type {id}", what())));
+        };
         Ok(match ty {
             t::U8 => GgufValue::U8(self.arr::<1>(&what())?[0]),
             t::I8 => GgufValue::I8(self.arr::<1>(&what())?[0] as i8),
@@ -430,28 +433,28 @@ impl<R: std::io::Read> Reader<'_, R> {
             t::U32 => GgufValue::U32(u32::from_le_bytes(self.arr(&what())?)),
             t::I32 => GgufValue::I32(i32::from_le_bytes(self.arr(&what())?)),
             t::F32 => GgufValue::F32(f32::from_le_bytes(self.arr(&what())?)),
-            t::BOOL => match self.arr::<1>(&what())?[0] {
+            t::Bool => match self.arr::<1>(&what())?[0] {
                 0 => GgufValue::Bool(false),
                 1 => GgufValue::Bool(true),
                 b => return Err(self.corrupt(format!("{}: bool byte {b}", what()))),
             },
-            t::STRING => GgufValue::String(self.string(&what(), limits::STRING_BYTES)?),
+            t::String => GgufValue::String(self.string(&what(), limits::STRING_BYTES)?),
             t::U64 => GgufValue::U64(u64::from_le_bytes(self.arr(&what())?)),
             t::I64 => GgufValue::I64(i64::from_le_bytes(self.arr(&what())?)),
             t::F64 => GgufValue::F64(f64::from_le_bytes(self.arr(&what())?)),
-            t::ARRAY => {
+            t::Array => {
                 if depth >= MAX_NESTING {
                     return Err(self.corrupt(format!("{}: arrays nested too deep", what())));
                 }
                 let elem = self.u32(&what())?;
                 let count = self.u64(&what())?;
-                let min = match elem {
-                    t::U8 | t::I8 | t::BOOL => 1,
-                    t::U16 | t::I16 => 2,
-                    t::U32 | t::I32 | t::F32 => 4,
-                    t::U64 | t::I64 | t::F64 | t::STRING => 8,
-                    t::ARRAY => 12,
-                    other => return Err(self.corrupt(format!("{}: unknown array element type {other}", what()))),
+                let min = match GgufType::from_id(elem) {
+                    Some(t::U8 | t::I8 | t::Bool) => 1,
+                    Some(t::U16 | t::I16) => 2,
+                    Some(t::U32 | t::I32 | t::F32) => 4,
+                    Some(t::U64 | t::I64 | t::F64 | t::String) => 8,
+                    Some(t::Array) => 12,
+                    None => return Err(self.corrupt(format!("{}: unknown array element type {elem}", what()))),
                 };
                 if count > limits::VALUES {
                     return Err(self.corrupt(format!(
@@ -473,7 +476,6 @@ impl<R: std::io::Read> Reader<'_, R> {
                 }
                 GgufValue::Array(v)
             }
-            other => return Err(self.corrupt(format!("{}: unknown value type {other}", what()))),
         })
     }
 }

@@ -22,5 +22,5 @@ mod writer;
 pub use file::{limits, GgufFile, GgufTensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION};
 pub use open::open;
 pub use tokenizer::{token_type, GgufTokenizerData};
-pub use value::{value_type, GgufValue};
+pub use value::{GgufType, GgufValue};
 pub use writer::GgufWriter;

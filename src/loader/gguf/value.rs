@@ -20,30 +20,47 @@ pub enum GgufValue {
     F64(f64),
 }
 
-/// GGUF value type ids (`enum gguf_type`).
-pub mod value_type {
-    pub const U8: u32 = 0;
-    pub const I8: u32 = 1;
-    pub const U16: u32 = 2;
-    pub const I16: u32 = 3;
-    pub const U32: u32 = 4;
-    pub const I32: u32 = 5;
-    pub const F32: u32 = 6;
-    pub const BOOL: u32 = 7;
-    pub const STRING: u32 = 8;
-    pub const ARRAY: u32 = 9;
-    pub const U64: u32 = 10;
-    pub const I64: u32 = 11;
-    pub const F64: u32 = 12;
-    /// Each type's name in messages, by id.
-    pub const NAMES: [&str; 13] =
-        ["u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"];
+/// GGUF value types (`enum gguf_type`): the discriminant is the type id in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum GgufType {
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    F32,
+    Bool,
+    String,
+    Array,
+    U64,
+    I64,
+    F64,
+}
+
+impl GgufType {
+    /// Every type, by id.
+    const ALL: [GgufType; 13] = {
+        use GgufType::*;
+        [U8, I8, U16, I16, U32, I32, F32, Bool, String, Array, U64, I64, F64]
+    };
+
+    /// The type of id `id` (None: no GGUF type has it).
+    pub fn from_id(id: u32) -> Option<GgufType> {
+        Self::ALL.get(id as usize).copied()
+    }
+
+    /// The type's name in messages.
+    pub fn name(self) -> &'static str {
+        ["u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"][self as usize]
+    }
 }
 
 impl GgufValue {
-    /// The GGUF value type id.
-    pub fn type_id(&self) -> u32 {
-        use value_type as t;
+    /// The value's GGUF type.
+    pub fn ty(&self) -> GgufType {
+        use GgufType as t;
         match self {
             GgufValue::U8(_) => t::U8,
             GgufValue::I8(_) => t::I8,
@@ -52,13 +69,18 @@ impl GgufValue {
             GgufValue::U32(_) => t::U32,
             GgufValue::I32(_) => t::I32,
             GgufValue::F32(_) => t::F32,
-            GgufValue::Bool(_) => t::BOOL,
-            GgufValue::String(_) => t::STRING,
-            GgufValue::Array(_) => t::ARRAY,
+            GgufValue::Bool(_) => t::Bool,
+            GgufValue::String(_) => t::String,
+            GgufValue::Array(_) => t::Array,
             GgufValue::U64(_) => t::U64,
             GgufValue::I64(_) => t::I64,
             GgufValue::F64(_) => t::F64,
         }
+    }
+
+    /// The GGUF value type id.
+    pub fn type_id(&self) -> u32 {
+        self.ty() as u32
     }
 
     /// Any integer value (not bool, not float) as u64, if non-negative.
@@ -130,7 +152,7 @@ impl GgufValue {
             (GgufValue::Array(a), _) => return format!("an array of {} elements", a.len()),
             _ => unreachable!("every integer value has as_i128"),
         };
-        format!("{value} ({})", value_type::NAMES[self.type_id() as usize])
+        format!("{value} ({})", self.ty().name())
     }
 }
 

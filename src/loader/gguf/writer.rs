@@ -2,7 +2,7 @@
 
 use super::file::{limits, DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, MAX_DIMS};
 use super::tokenizer::GgufTokenizerData;
-use super::value::{value_type, GgufValue};
+use super::value::{GgufType, GgufValue};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::loader::fmt_shape;
@@ -440,7 +440,7 @@ fn write_value(out: &mut Vec<u8>, v: &GgufValue) {
         GgufValue::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
         GgufValue::Array(a) => {
             // An empty array has no element to take the type from: call it u8.
-            let elem = a.first().map_or(value_type::U8, |e| e.type_id());
+            let elem = a.first().map_or(GgufType::U8 as u32, |e| e.type_id());
             out.extend_from_slice(&elem.to_le_bytes());
             out.extend_from_slice(&(a.len() as u64).to_le_bytes());
             for e in a {

@@ -80,32 +80,35 @@ use crate::gpu::{Gpu, Macros};
 use crate::tuning::{InputKind, MatvecQuery, MatvecState};
 use crate::weights::unit_elems;
 
-/// How matvec_quant runs for one shape on one device.
+/// How matvec_quant runs for one shape on one device: the shape the tuning table's rows chose
+/// ([`MatvecState`]: threads per workgroup, lanes per row group of 4 rows, tokens a pass,
+/// subgroups, `DP4`, `PREFETCH`), and the measurement settings no rule picks.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QMatvecConfig {
-    /// Threads per workgroup.
-    pub wg: u32,
-    /// Threads per row group of 4 rows (a power of two dividing the workgroup).
-    pub tpr: u32,
-    /// Tokens per pass over W: 1 or 4.
-    pub tok: u32,
-    /// Reduce with subgroup operations.
-    pub subgroups: bool,
-    /// Stage x as 16-bit fixed point and sum with integer dot products (`DP4` in
-    /// wgsl/matvec_quant.wgsl): Q4_0 / Q4_1 / Q4_K / Q6_K where the backend has the instructions;
-    /// one token a pass with the whole row staged, or (Q6_K) passes of 4 tokens, staged in chunks
-    /// where they do not fit workgroup memory ([`dp4_chunk`]).
-    pub dp4: bool,
-    /// With `dp4`, one token, the row staged whole: each unit's loads issued one iteration
-    /// early (`PREFETCH`).
-    pub prefetch: bool,
+    /// The workgroup shape and path. `dp4` (`DP4` in wgsl/matvec_quant.wgsl): Q4_0 / Q4_1 /
+    /// Q4_K / Q6_K where the backend has the instructions; one token a pass with the whole row
+    /// staged, or (Q6_K) passes of 4 tokens, staged in chunks where they do not fit workgroup
+    /// memory ([`dp4_chunk`]).
+    pub shape: MatvecState,
     /// A measurement probe of wgsl/matvec_quant.wgsl set as a flag (`benches/quant.rs`:
     /// PROBE_NOX, PROBE_NOMATH); empty (none) wherever the engine picks the configuration.
     pub probe: &'static str,
     /// At most this many blocks staged a chunk (tests only; 0: as many as fit).
     #[cfg(test)]
     max_kc: u32,
+}
+
+/// The configuration of the shape the tuning table chose (no probe, chunks as large as fit).
+impl From<MatvecState> for QMatvecConfig {
+    fn from(shape: MatvecState) -> Self {
+        QMatvecConfig {
+            shape,
+            probe: "",
+            #[cfg(test)]
+            max_kc: 0,
+        }
+    }
 }
 
 impl QMatvecConfig {
@@ -117,7 +120,7 @@ impl QMatvecConfig {
         let subgroups = gpu.caps.subgroups && sg_max <= MATVEC_WG;
         let tok = if s.t >= 2 { 4 } else { 1 };
         let st = Self::query(gpu, dtype, s, tok, subgroups, InputKind::Plain, |q| gpu.tuning().matvec(q));
-        Self::from_state(st).knob(gpu, dtype, s)
+        Self::from(st).knob(gpu, dtype, s)
     }
 
     /// Runs `f` on what the tuning table's rows see of this projection ([`MatvecQuery`]): the
@@ -169,28 +172,14 @@ impl QMatvecConfig {
         if t < 2 {
             return self;
         }
-        let four = self.tpr >= 16 && (!self.dp4 || dp4_fits(gpu, dtype, k, self.wg, 4));
-        QMatvecConfig { tok: if four { 4 } else { 1 }, ..self }
+        let four = self.shape.tpr >= 16 && (!self.shape.dp4 || dp4_fits(gpu, dtype, k, self.shape.wg, 4));
+        self.with(|c| c.tok = if four { 4 } else { 1 })
     }
 
-    fn from_state(st: MatvecState) -> Self {
-        QMatvecConfig {
-            wg: st.wg,
-            tpr: st.tpr,
-            tok: st.tok,
-            subgroups: st.subgroups,
-            dp4: st.dp4,
-            prefetch: st.prefetch,
-            probe: "",
-            #[cfg(test)]
-            max_kc: 0,
-        }
-    }
-
-    fn state(&self) -> MatvecState {
-        let (wg, tpr, tok, subgroups, dp4, prefetch) =
-            (self.wg, self.tpr, self.tok, self.subgroups, self.dp4, self.prefetch);
-        MatvecState { wg, tpr, tok, subgroups, dp4, prefetch, ..Default::default() }
+    /// This configuration with its shape changed by `f` (the probe and the chunk cap kept).
+    pub fn with(mut self, f: impl FnOnce(&mut MatvecState)) -> Self {
+        f(&mut self.shape);
+        self
     }
 
     /// The measurement knobs (TUNING.md): `WGPU_LLM_QMV="TYPE:N:K:wg:tpr:dp4,..."` (TYPE as `Q4_K`,
@@ -200,11 +189,11 @@ impl QMatvecConfig {
     fn knob(self, gpu: &Gpu, dtype: DType, s: &LinearShape) -> Self {
         let knobs = &gpu.tuning().knobs;
         let mut cfg = match knobs.qmv_pf {
-            Some(false) => QMatvecConfig { prefetch: false, ..self },
-            Some(true) => QMatvecConfig { prefetch: self.dp4 && self.tok == 1, ..self },
+            Some(false) => self.with(|s| s.prefetch = false),
+            Some(true) => self.with(|s| s.prefetch = s.dp4 && s.tok == 1),
             None => self,
         };
-        if cfg.tok != 1 {
+        if cfg.shape.tok != 1 {
             return cfg;
         }
         for e in &knobs.qmv {
@@ -212,7 +201,7 @@ impl QMatvecConfig {
             if ty_ok && e.n == s.n && e.k == s.k && (e.dp4 == 0 || stages_whole(gpu, dtype, s.k, e.wg)) {
                 let dp4 = e.dp4 == 1 && gpu.tuning().int_dot();
                 let prefetch = dp4 && knobs.qmv_pf == Some(true);
-                cfg = QMatvecConfig { wg: e.wg, tpr: e.tpr, dp4, prefetch, ..cfg };
+                cfg = cfg.with(|s| (s.wg, s.tpr, s.dp4, s.prefetch) = (e.wg, e.tpr, dp4, prefetch));
             }
         }
         cfg
@@ -225,7 +214,7 @@ impl QMatvecConfig {
     /// pass (`SUBGROUP` cleared where the configuration reduces without subgroups).
     fn macros(&self, gpu: &Gpu, op: &Operands<'_, QuantWeight>) -> Macros {
         let m = op.quant_macros(gpu).set("GB", if op.bias.is_some() { 6 } else { 5 });
-        matvec_shape(m, self.wg, self.tpr, self.tok, self.subgroups)
+        matvec_shape(m, self.shape.wg, self.shape.tpr, self.shape.tok, self.shape.subgroups)
     }
 
     /// The configuration for x read as `input`: one-token Q4_K rows of at most 1536 elements
@@ -242,9 +231,10 @@ impl QMatvecConfig {
             return self.staged(gpu, dtype, s);
         }
         let kind = if matches!(input, Input::Norm { .. }) { InputKind::Norm } else { InputKind::Plain };
-        match Self::query(gpu, dtype, s, self.tok, self.subgroups, kind, |q| gpu.tuning().matvec_input(q, self.state()))
-        {
-            Some(st) => Self::from_state(st).knob(gpu, dtype, s),
+        match Self::query(gpu, dtype, s, self.shape.tok, self.shape.subgroups, kind, |q| {
+            gpu.tuning().matvec_input(q, self.shape)
+        }) {
+            Some(st) => Self::from(st).knob(gpu, dtype, s),
             None => self,
         }
     }
@@ -261,14 +251,14 @@ impl QMatvecConfig {
         // at 128 lanes (30.0 / 39.0 at 64, 41.3 / 53.5 at 32; the kernel staging in workgroup
         // memory: 38.3 / 48.3), Q6_K (64-element units) 35.5 / 45.9 at 64 lanes (34.9 / 44.2 at
         // 32; before: 48.9 / 64.5).)
-        let st = Self::query(gpu, dtype, s, self.tok, self.subgroups, InputKind::Staged, |q| {
-            gpu.tuning().matvec_staged(q, self.state())
+        let st = Self::query(gpu, dtype, s, self.shape.tok, self.shape.subgroups, InputKind::Staged, |q| {
+            gpu.tuning().matvec_staged(q, self.shape)
         });
-        let mut cfg = Self::from_state(st);
+        let mut cfg = Self::from(st);
         if let Some([w, t, pf]) = gpu.tuning().knobs.xg_cfg {
-            let sg = if self.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
+            let sg = if self.shape.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
             let t = t.max(sg);
-            (cfg.wg, cfg.tpr, cfg.prefetch) = (w.max(t), t, pf == 1);
+            (cfg.shape.wg, cfg.shape.tpr, cfg.shape.prefetch) = (w.max(t), t, pf == 1);
         }
         cfg
     }
@@ -289,7 +279,7 @@ pub(crate) fn tuned_matvec(
     let g = gpu.upload_f32("g", &[k], &vec![1.0; k]).unwrap();
     let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
     let c = QMatvecConfig::new(gpu, dtype, &s).for_input(gpu, dtype, &s, input);
-    (c.wg, c.tpr, c.dp4, c.prefetch)
+    (c.shape.wg, c.shape.tpr, c.shape.dp4, c.shape.prefetch)
 }
 
 /// Whether a one-token projection of `dtype` over rows of `k` reads x staged apart
@@ -380,7 +370,7 @@ pub fn dp4_fits(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> bool {
 /// The matvec config of a quantized expert projection ([`super::experts_shape`]).
 fn experts_config(gpu: &Gpu, dtype: DType, s: &LinearShape) -> QMatvecConfig {
     let cfg = QMatvecConfig::new(gpu, dtype, &super::experts_shape(s));
-    assert!(cfg.tok == 1);
+    assert!(cfg.shape.tok == 1);
     cfg
 }
 
@@ -388,7 +378,7 @@ fn experts_config(gpu: &Gpu, dtype: DType, s: &LinearShape) -> QMatvecConfig {
 /// Whether [`matvec_experts_quant`] stages x for the integer dot products (`DP4`): the test
 /// references meet x as [`cpu::stage_x16`] stages it there.
 pub(crate) fn experts_use_dp4(gpu: &Gpu, dtype: DType, s: &LinearShape) -> bool {
-    experts_config(gpu, dtype, s).dp4
+    experts_config(gpu, dtype, s).shape.dp4
 }
 
 /// Whether a projection of two quantized weights over the same x (the first writing columns
@@ -430,22 +420,22 @@ fn mix_config(gpu: &Gpu, a: DType, b: DType, s: &LinearShape, input: Input<'_>) 
     let dp4 = |t: DType, wg: u32| has_dp4(t) && int_dot && stages_whole(gpu, t, s.k, wg);
     if let Some([wg, tpr, bd, ad]) = gpu.tuning().knobs.mix_cfg {
         // (row groups of whole subgroups, whole row groups a workgroup)
-        let tpr = tpr.max(cfg.tpr.min(gpu.caps.subgroup_max_size.max(8))).next_power_of_two();
+        let tpr = tpr.max(cfg.shape.tpr.min(gpu.caps.subgroup_max_size.max(8))).next_power_of_two();
         let wg = wg.max(tpr).next_multiple_of(tpr);
         let b_dp4 = bd == 1 && dp4(b, wg);
         let a_dp4 = ad == 1 && b_dp4 && dp4(a, wg);
-        return Some((QMatvecConfig { wg, tpr, dp4: a_dp4, prefetch: false, ..cfg }, b_dp4));
+        return Some((cfg.with(|s| (s.wg, s.tpr, s.dp4, s.prefetch) = (wg, tpr, a_dp4, false)), b_dp4));
     }
-    if cfg.dp4 {
+    if cfg.shape.dp4 {
         // (a whole row staged: no chunks, no prefetch, one token)
-        let whole = cfg.tok == 1 && !cfg.prefetch && dp4(a, cfg.wg);
-        return (whole && dp4(b, cfg.wg)).then_some((cfg, true));
+        let whole = cfg.shape.tok == 1 && !cfg.shape.prefetch && dp4(a, cfg.shape.wg);
+        return (whole && dp4(b, cfg.shape.wg)).then_some((cfg, true));
     }
     let wg = gpu.tuning().mix_float_wg();
-    if !dp4(b, wg) || wg % cfg.tpr != 0 {
-        return Some((cfg, dp4(b, cfg.wg)));
+    if !dp4(b, wg) || wg % cfg.shape.tpr != 0 {
+        return Some((cfg, dp4(b, cfg.shape.wg)));
     }
-    Some((QMatvecConfig { wg, ..cfg }, true))
+    Some((cfg.with(|s| s.wg = wg), true))
 }
 
 /// What `benches/quant.rs` times beside [`super::linear`]: the quantized kernels with their

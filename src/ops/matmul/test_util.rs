@@ -24,18 +24,36 @@ pub fn weights(n: usize, k: usize, seed: u64) -> (Vec<f16>, Vec<f32>) {
 /// (S ≈ K/4), K = 1536 gives 3.6e-3 against outputs of size ~sqrt(K)/3 ≈ 13 (~3e-4
 /// relative), still far below one term's typical magnitude (~0.25), so a dropped, doubled or
 /// misplaced term fails.
-pub fn reference(
+pub fn reference<W: RefWeight + ?Sized>(
     x: &[f32],
-    w: &[f32],
+    w: &W,
     k: usize,
     bias: Option<&[f32]>,
     y0: &[f32],
     accumulate: bool,
 ) -> (Vec<f32>, Vec<f32>) {
     let mut want = y0.to_vec();
-    cpu::linear(x, w, k, bias, &mut want, accumulate);
-    let w_abs: Vec<f32> = w.iter().map(|a| a.abs()).collect();
-    (want, tolerance(x, &w_abs, k, bias, y0, accumulate))
+    w.linear(x, k, bias, &mut want, accumulate);
+    (want, tolerance(x, &w.magnitudes(k), k, bias, y0, accumulate))
+}
+
+/// A weight [`reference`] multiplies by: f16 weights widened to f32 (a slice or a `Vec`), or a
+/// quantized type's rows (`gguf::tests::Quant`).
+pub trait RefWeight {
+    /// `y (+)= x·Wᵀ (+ bias)` on the CPU, summed in f64.
+    fn linear(&self, x: &[f32], k: usize, bias: Option<&[f32]>, y: &mut [f32], accumulate: bool);
+    /// Per element of W, the magnitude of the terms a kernel sums for it ([`tolerance`]'s `w_mag`).
+    fn magnitudes(&self, k: usize) -> Vec<f32>;
+}
+
+/// f16 weights widened to f32: the terms are x·w, their magnitudes |W|.
+impl<T: AsRef<[f32]> + ?Sized> RefWeight for T {
+    fn linear(&self, x: &[f32], k: usize, bias: Option<&[f32]>, y: &mut [f32], accumulate: bool) {
+        cpu::linear(x, self.as_ref(), k, bias, y, accumulate);
+    }
+    fn magnitudes(&self, _k: usize) -> Vec<f32> {
+        self.as_ref().iter().map(|a| a.abs()).collect()
+    }
 }
 
 /// The tolerance of [`reference`] (and of the quantized tests' reference): 4·eps·sqrt(K)·S per

@@ -298,7 +298,7 @@ impl Case {
                 Wt::F16 => ft::reference(xr, we, k, None, &y0s, acc),
                 Wt::Q(ty) => {
                     let rb = ty.byte_size(k).unwrap();
-                    qt::reference(xr, ty, &raw[e * n * rb..(e + 1) * n * rb], k, None, &y0s, acc)
+                    ft::reference(xr, &qt::Quant(ty, &raw[e * n * rb..(e + 1) * n * rb]), k, None, &y0s, acc)
                 }
             };
             assert_eq!(want_s, pre[s * n..(s + 1) * n], "{what}: the CPU twin, slot {s}");

@@ -51,36 +51,37 @@ pub fn quantize_x16(gpu: &Gpu, x: &Tensor, xs: &Tensor) -> Result<Kernel> {
 /// up to [`MATVEC_MAX_T`](crate::ops::matmul::MATVEC_MAX_T) tokens, with the configuration the
 /// tuning table chooses).
 pub fn matvec_quant(gpu: &Gpu, op: &Operands<'_, QuantWeight>, s: &LinearShape, cfg: QMatvecConfig) -> Result<Kernel> {
-    check_row_groups(cfg.wg, cfg.tpr, cfg.tok);
+    check_row_groups(cfg.shape.wg, cfg.shape.tpr, cfg.shape.tok);
     let (w, bias) = (op.w, op.bias);
     let mut macros = cfg.macros(gpu, op);
     if let Input::Staged(_) = op.input {
         assert!(
-            cfg.dp4 && cfg.tok == 1 && s.t == 1,
+            cfg.shape.dp4 && cfg.shape.tok == 1 && s.t == 1,
             "linear_quant: x staged apart is one token's, DP4 ({cfg:?}, {s:?})"
         );
         assert!(op.route.is_none(), "linear_quant: no expert projection reads x staged apart");
         assert!(has_dp4(w.dtype), "linear_quant: {} has no DP4 form", w.dtype);
-        macros = macros.flag("DP4").set("XB", if bias.is_some() { 6 } else { 5 }).flag_if("PREFETCH", cfg.prefetch);
-    } else if cfg.dp4 {
-        let kc = dp4_chunk(gpu, w.dtype, s.k, cfg.wg, cfg.tok);
+        macros =
+            macros.flag("DP4").set("XB", if bias.is_some() { 6 } else { 5 }).flag_if("PREFETCH", cfg.shape.prefetch);
+    } else if cfg.shape.dp4 {
+        let kc = dp4_chunk(gpu, w.dtype, s.k, cfg.shape.wg, cfg.shape.tok);
         let kc = kc.unwrap_or_else(|| panic!("DP4 for {} K = {} ({cfg:?})", w.dtype, s.k));
         #[cfg(test)]
         let kc = if cfg.max_kc > 0 { kc.min(cfg.max_kc) } else { kc };
         // Chunks of whole 256-element super-blocks (the k-quants' units never straddle one).
         assert!(kc as usize == s.k / 32 || kc % 8 == 0, "DP4 chunks of {kc} blocks");
-        let chunked = (kc as usize) < s.k / 32 || cfg.tok > 1;
+        let chunked = (kc as usize) < s.k / 32 || cfg.shape.tok > 1;
         macros = macros
             .flag("DP4")
             .set("KC", kc)
             .flag_if("DP4X", chunked)
-            .flag_if("STAGE8", cfg.subgroups && gpu.caps.shuffles8())
-            .flag_if("PREFETCH", cfg.prefetch && !chunked);
+            .flag_if("STAGE8", cfg.shape.subgroups && gpu.caps.shuffles8())
+            .flag_if("PREFETCH", cfg.shape.prefetch && !chunked);
     }
     if !cfg.probe.is_empty() {
         macros = macros.flag(cfg.probe);
     }
-    let rows_per_wg = 4 * cfg.wg / cfg.tpr;
+    let rows_per_wg = 4 * cfg.shape.wg / cfg.shape.tpr;
     let params = matvec_quant_params(gpu, "matvec_quant.params", op, s);
     let mut bindings = op.quant_bindings(gpu, s, &params);
     let (macros, z) = Route::apply(op.route, macros, &mut bindings, s.t);
@@ -134,7 +135,7 @@ pub fn matvec_quant_mixed_rows(
     let one = LinearShape { t: 1, n: na, k, ld_out: na, cols: na };
     let (cfg, b_dp4) = mix_config(gpu, a.dtype, b.dtype, &one, op.input).expect("mixes");
     let ld_out = op.opts.ld_out.unwrap_or(na + b.shape[0]);
-    let parts = [(a, 0, cfg), (b, col, QMatvecConfig { dp4: b_dp4, prefetch: false, ..cfg })];
+    let parts = [(a, 0, cfg), (b, col, cfg.with(|s| (s.dp4, s.prefetch) = (b_dp4, false)))];
     parts
         .into_iter()
         .map(|(w, col, cfg)| {
@@ -163,12 +164,12 @@ pub(super) fn matvec_quant_mixed_with(
     assert!(col == na && b.shape[1] == k, "linear_quant_mixed: parts {:?} at 0 and {:?} at {col}", a.shape, b.shape);
     let s = check_operands("linear_quant_mixed", &input.checked_x(x, k), na + nb, k, bias, y, opts);
     assert!(mixes(gpu, a, b, s.t, input, &opts), "linear_quant_mixed: {} + {} at {s:?} ({input:?})", a.dtype, b.dtype);
-    assert!(cfg.tpr.is_power_of_two() && cfg.wg % cfg.tpr == 0 && cfg.tpr >= 8, "{cfg:?}");
-    assert!(!b_dp4 || stages_whole(gpu, b.dtype, k, cfg.wg), "linear_quant_mixed: {} DP4 at K = {k}", b.dtype);
+    assert!(cfg.shape.tpr.is_power_of_two() && cfg.shape.wg % cfg.shape.tpr == 0 && cfg.shape.tpr >= 8, "{cfg:?}");
+    assert!(!b_dp4 || stages_whole(gpu, b.dtype, k, cfg.shape.wg), "linear_quant_mixed: {} DP4 at K = {k}", b.dtype);
     let sa = LinearShape { n: na, cols: na, ..s };
     let params = matvec_quant_params(gpu, "matvec_quant.params", op, &sa);
     let mut bindings = op.quant_bindings(gpu, &s, &params);
-    let rows_per_wg = 4 * cfg.wg / cfg.tpr;
+    let rows_per_wg = 4 * cfg.shape.wg / cfg.shape.tpr;
     let wg0 = (na as u32).div_ceil(rows_per_wg);
     let units_b = (k / unit_elems(b.dtype)) as u32;
     let pb = gpu.uniform(
@@ -192,13 +193,13 @@ pub(super) fn matvec_quant_mixed_with(
         .set("MB1", mb + 1)
         .set("MB2", mb + 2);
     // DP4 for the second weight, and the first unless MIX_FLOAT_A (never the first alone).
-    assert!(!cfg.dp4 || b_dp4, "linear_quant_mixed: DP4 for {} but not {}", a.dtype, b.dtype);
+    assert!(!cfg.shape.dp4 || b_dp4, "linear_quant_mixed: DP4 for {} but not {}", a.dtype, b.dtype);
     if b_dp4 {
         macros = macros
             .flag("DP4")
-            .flag_if("MIX_FLOAT_A", !cfg.dp4)
+            .flag_if("MIX_FLOAT_A", !cfg.shape.dp4)
             .set("KC", k / 32)
-            .flag_if("STAGE8", cfg.subgroups && gpu.caps.shuffles8());
+            .flag_if("STAGE8", cfg.shape.subgroups && gpu.caps.shuffles8());
     }
     bindings.extend([b.buffer.as_entire_binding(), b.buffer.as_entire_binding(), pb.as_entire_binding()]);
     let [gx, gy, _] = grid(wg0 + (nb as u32).div_ceil(rows_per_wg));

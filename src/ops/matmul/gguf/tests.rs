@@ -6,7 +6,7 @@ use crate::dtype::to_f32;
 use crate::error::Result;
 use crate::gpu::tensor::test_util::*;
 use crate::gpu::{ElemType, Gpu, Tensor};
-use crate::ops::matmul::test_util::{check, tolerance};
+use crate::ops::matmul::test_util::{check, reference, RefWeight};
 use crate::ops::matmul::{check_operands, linear, linear_in, MatmulConfig, Operands, MATVEC_MAX_T};
 
 pub(crate) use crate::weights::test_util::{random_blocks, scale_field_offsets, TYPES};
@@ -30,7 +30,7 @@ fn magnitudes(t: DType, raw: &[u8], n: usize) -> Vec<f32> {
     to_f32(t, &m, n).unwrap().into_iter().map(f32::abs).collect()
 }
 
-/// Reference result and per-element tolerance of `y (+)= x·Wᵀ (+ bias)` for quantized W.
+/// Quantized W for [`reference`]: a type's raw rows of `k` elements.
 ///
 /// Tolerance: the reference dequantizes with `to_f32` (exact: the kernels' dequantized values
 /// are the same floats, or products of the same exact factors) and sums in f64, so the error
@@ -43,19 +43,16 @@ fn magnitudes(t: DType, raw: &[u8], n: usize) -> Vec<f32> {
 /// (S ~ K/4 ~ 220 for |x|, |w| ~ U(0, 1): 2.7e-3, against outputs of ~sqrt(K)/3 ~ 10), far
 /// below one term's typical size (~0.25): a dropped, doubled, misplaced or mis-scaled term,
 /// or a wrong sub-block scale, fails.
-pub(crate) fn reference(
-    x: &[f32],
-    t: DType,
-    raw: &[u8],
-    k: usize,
-    bias: Option<&[f32]>,
-    y0: &[f32],
-    accumulate: bool,
-) -> (Vec<f32>, Vec<f32>) {
-    let mut want = y0.to_vec();
-    cpu::linear_quant(x, t, raw, k, bias, &mut want, accumulate).unwrap();
-    let n = raw.len() / t.byte_size(k).unwrap();
-    (want, tolerance(x, &magnitudes(t, raw, n * k), k, bias, y0, accumulate))
+pub(crate) struct Quant<'a>(pub DType, pub &'a [u8]);
+
+impl RefWeight for Quant<'_> {
+    fn linear(&self, x: &[f32], k: usize, bias: Option<&[f32]>, y: &mut [f32], accumulate: bool) {
+        cpu::linear_quant(x, self.0, self.1, k, bias, y, accumulate).unwrap();
+    }
+    fn magnitudes(&self, k: usize) -> Vec<f32> {
+        let n = self.1.len() / self.0.byte_size(k).unwrap();
+        magnitudes(self.0, self.1, n * k)
+    }
 }
 
 /// Which kernel a case runs.
@@ -108,24 +105,24 @@ fn run_case(
         Path::Auto => linear(gpu, &x, &w, bias, &y, opts),
         Path::Matvec => matvec_quant(gpu, &op, &s, QMatvecConfig::new(gpu, ty, &s)),
         Path::MatvecFloat => {
-            let c = QMatvecConfig { dp4: false, ..QMatvecConfig::new(gpu, ty, &s) };
+            let c = QMatvecConfig::new(gpu, ty, &s).with(|s| s.dp4 = false);
             matvec_quant(gpu, &op, &s, c)
         }
         Path::MatvecDp4 => {
             let auto = QMatvecConfig::new(gpu, ty, &s);
-            let c = QMatvecConfig { dp4: dp4_fits(gpu, ty, k, auto.wg, auto.tok), ..auto };
+            let c = auto.with(|s| s.dp4 = dp4_fits(gpu, ty, k, auto.shape.wg, auto.shape.tok));
             matvec_quant(gpu, &op, &s, c)
         }
         Path::NarrowMatvec => {
             let auto = QMatvecConfig::new(gpu, ty, &s);
-            let sg = if auto.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
-            let tpr = (4 * auto.tok).max(8).max(sg);
-            matvec_quant(gpu, &op, &s, QMatvecConfig { tpr, ..auto })
+            let sg = if auto.shape.subgroups { gpu.caps.subgroup_max_size.max(1).next_power_of_two() } else { 1 };
+            let tpr = (4 * auto.shape.tok).max(8).max(sg);
+            matvec_quant(gpu, &op, &s, auto.with(|s| s.tpr = tpr))
         }
         Path::Matmul(cfg) => matmul_quant(gpu, &op, &s, cfg),
         Path::Wide(wg, tpr) => {
             assert!(stages_whole(gpu, ty, k, wg), "{ty} K = {k} does not stage whole at {wg} threads");
-            let c = QMatvecConfig { wg, tpr, dp4: true, ..QMatvecConfig::new(gpu, ty, &s) };
+            let c = QMatvecConfig::new(gpu, ty, &s).with(|s| (s.wg, s.tpr, s.dp4) = (wg, tpr, true));
             matvec_quant(gpu, &op, &s, c)
         }
     }
@@ -135,17 +132,17 @@ fn run_case(
     // The DP4 kernel meets x as staged (cpu::stage_x16).
     let dp4 = match path {
         Path::Auto | Path::Matvec | Path::NarrowMatvec => {
-            (t <= MATVEC_MAX_T || !matches!(path, Path::Auto)) && QMatvecConfig::new(gpu, ty, &s).dp4
+            (t <= MATVEC_MAX_T || !matches!(path, Path::Auto)) && QMatvecConfig::new(gpu, ty, &s).shape.dp4
         }
         Path::MatvecDp4 => {
             let auto = QMatvecConfig::new(gpu, ty, &s);
-            dp4_fits(gpu, ty, k, auto.wg, auto.tok)
+            dp4_fits(gpu, ty, k, auto.shape.wg, auto.shape.tok)
         }
         Path::MatvecFloat | Path::Matmul(_) => false,
         Path::Wide(..) => true,
     };
     let xs = if dp4 { cpu::stage_x16(&xv, k) } else { xv.clone() };
-    let (want, tol) = reference(&xs, ty, &raw, k, with_bias.then_some(&bv[..]), &y0, accumulate);
+    let (want, tol) = reference(&xs, &Quant(ty, &raw), k, with_bias.then_some(&bv[..]), &y0, accumulate);
     let what = format!(
         "{ty} T={t} N={n} K={k} bias={with_bias} acc={accumulate} {path:?} dp4={dp4} f16={} sg={}",
         gpu.caps.f16, gpu.caps.subgroups
@@ -241,13 +238,17 @@ fn quant_fused_inputs_match_cpu_ops() {
                 // T = 1: the DP4 kernel where the type allows it (kind 0, 1), else as picked.
                 let s = LinearShape { t, n, k, ld_out: n, cols: n };
                 let auto = QMatvecConfig::new(&gpu, ty, &s);
-                let dp4 = if t == 1 { dp4_fits(&gpu, ty, k, auto.wg, 1) && (kind < 2 || auto.dp4) } else { auto.dp4 };
+                let dp4 = if t == 1 {
+                    dp4_fits(&gpu, ty, k, auto.shape.wg, 1) && (kind < 2 || auto.shape.dp4)
+                } else {
+                    auto.shape.dp4
+                };
                 let kern = if t == 1 {
                     matvec_quant(
                         &gpu,
                         &Operands { input, bias: Some(&b), ..Operands::new(&x, &w, &y, opts) },
                         &s,
-                        QMatvecConfig { dp4, ..auto },
+                        auto.with(|s| s.dp4 = dp4),
                     )
                 } else {
                     linear_in(&gpu, &x, input, &w, Some(&b), &y, opts)
@@ -267,7 +268,7 @@ fn quant_fused_inputs_match_cpu_ops() {
                 } else {
                     norm::cpu::rms_norm(&xv, &gv, &mut xin, 1e-6, false);
                 }
-                let (want, mut tol) = reference(&xin, ty, &raw, k, Some(&bv[..]), &y0, kind != 0);
+                let (want, mut tol) = reference(&xin, &Quant(ty, &raw), k, Some(&bv[..]), &y0, kind != 0);
                 let wf = to_f32(ty, &raw, n * k).unwrap();
                 add_input_rounding(&mut tol, &xin, &wf, k, if gated { 16.0 } else { 8.0 } * eps_f);
                 if dp4 && gated {
@@ -391,7 +392,7 @@ fn batch_kernel_matches_cpu() {
                 if glu {
                     // The pair's sums (no bias / accumulation under GLU here), then act(g) · u.
                     assert!(!with_bias && !acc);
-                    let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; t * n], false);
+                    let (want, mut tol) = reference(&xin, &Quant(ty, &raw), k, None, &vec![0.0; t * n], false);
                     if kind > 0 {
                         let wf = to_f32(ty, &raw, n * k).unwrap();
                         add_input_rounding(&mut tol, &xin, &wf, k, if kind == 2 { 16.0 } else { 8.0 } * eps_f);
@@ -399,7 +400,7 @@ fn batch_kernel_matches_cpu() {
                     let (want, tol) = glu_expected(&want, &tol, act);
                     check(&got, &want, &tol, &what);
                 } else {
-                    let (want, mut tol) = reference(&xin, ty, &raw, k, bias, &y0, acc);
+                    let (want, mut tol) = reference(&xin, &Quant(ty, &raw), k, bias, &y0, acc);
                     if kind > 0 {
                         let wf = to_f32(ty, &raw, n * k).unwrap();
                         add_input_rounding(&mut tol, &xin, &wf, k, if kind == 2 { 16.0 } else { 8.0 } * eps_f);
@@ -461,7 +462,7 @@ fn batch_rows_do_not_depend_on_the_batch_size() {
                 }
             }
             if !norm {
-                let (want, tol) = reference(&xv[..k], ty, &raw, k, None, &vec![0.0; n], false);
+                let (want, tol) = reference(&xv[..k], &Quant(ty, &raw), k, None, &vec![0.0; n], false);
                 check(&alone[0], &want, &tol, &format!("{ty} batch of 1"));
             }
         }
@@ -521,12 +522,12 @@ fn quant_glu_epilogue_matches_cpu() {
                 let opts = LinearOpts { glu: Some(act), ..Default::default() };
                 let s = LinearShape { t, n, k, ld_out: n / 2, cols: n / 2 };
                 let auto = QMatvecConfig::new(&gpu, ty, &s);
-                let dp4 = dp4 && dp4_fits(&gpu, ty, k, auto.wg, auto.tok);
+                let dp4 = dp4 && dp4_fits(&gpu, ty, k, auto.shape.wg, auto.shape.tok);
                 let kern = matvec_quant(
                     &gpu,
                     &Operands { input, ..Operands::new(&x, &w, &y, opts) },
                     &s,
-                    QMatvecConfig { dp4, ..auto },
+                    auto.with(|s| s.dp4 = dp4),
                 );
                 gpu.run(&[&kern.unwrap()]).unwrap();
                 let got = gpu.read_f32(&y).unwrap();
@@ -538,7 +539,7 @@ fn quant_glu_epilogue_matches_cpu() {
                 } else {
                     xv.clone()
                 };
-                let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; t * n], false);
+                let (want, mut tol) = reference(&xin, &Quant(ty, &raw), k, None, &vec![0.0; t * n], false);
                 if norm {
                     // The norm's own rounding (8 eps S, as in quant_fused_inputs_match_cpu_ops).
                     let wf = to_f32(ty, &raw, n * k).unwrap();
@@ -597,15 +598,15 @@ fn quant_mixed_matvec_matches_cpu() {
                 let (cfg, auto_dp4) = mix_config(&gpu, ta, tb, &sa, input).unwrap();
                 // As configured (B's integer dot products where its type has them), both
                 // weights' float paths, and both DP4 where both types have it.
-                let whole = |t: DType| has_dp4(t) && stages_whole(&gpu, t, k, cfg.wg);
-                let mut modes = vec![(cfg.dp4, auto_dp4), (false, false)];
+                let whole = |t: DType| has_dp4(t) && stages_whole(&gpu, t, k, cfg.shape.wg);
+                let mut modes = vec![(cfg.shape.dp4, auto_dp4), (false, false)];
                 if whole(ta) && whole(tb) {
                     modes.push((true, true));
                 }
                 for (a_dp4, b_dp4) in modes {
                     mixed += 1;
                     let y = gpu.upload_f32("y", &[1, n], &y0).unwrap();
-                    let (bm, ym, c) = (Some(&b), &y, QMatvecConfig { dp4: a_dp4, ..cfg });
+                    let (bm, ym, c) = (Some(&b), &y, cfg.with(|s| s.dp4 = a_dp4));
                     let kern = matvec_quant_mixed_with(
                         &gpu,
                         &Operands { input, bias: bm, ..Operands::new(&x, &wa, ym, opts) },
@@ -625,7 +626,7 @@ fn quant_mixed_matvec_matches_cpu() {
                         if norm { norm_scaled_input(&xv, &gv, k, true) } else { cpu::stage_x16(&xv, k) };
                     let (xa, xb) = (if a_dp4 { &staged } else { &xin }, if b_dp4 { &staged } else { &xin });
                     for (ty, raw, c0, c1, xp) in [(ta, &ra, 0, na, xa), (tb, &rb, na, n, xb)] {
-                        let (want, mut tol) = reference(xp, ty, raw, k, Some(&bv[c0..c1]), &y0[c0..c1], acc);
+                        let (want, mut tol) = reference(xp, &Quant(ty, raw), k, Some(&bv[c0..c1]), &y0[c0..c1], acc);
                         if norm {
                             let wf = to_f32(ty, raw, (c1 - c0) * k).unwrap();
                             add_input_rounding(&mut tol, xp, &wf, k, 8.0 * eps_f);
@@ -772,7 +773,7 @@ fn quant_row_chunks_write_logit_views() {
                 }
                 gpu.run(&keep.iter().collect::<Vec<_>>()).unwrap();
                 let got = gpu.read_f32(&logits).unwrap();
-                let (want, tol) = reference(&xv, ty, &raw, k, None, &y0, accumulate);
+                let (want, tol) = reference(&xv, &Quant(ty, &raw), k, None, &y0, accumulate);
                 check(&got, &want, &tol, &format!("{ty} split T={t} acc={accumulate}"));
             }
         }
@@ -796,7 +797,7 @@ fn quant_concat_rows_is_one_weight() {
             let y = gpu.empty("y", &[t, 128], ElemType::F32).unwrap();
             let kern = linear(&gpu, &x, &w, Some(&b), &y, LinearOpts::default()).unwrap();
             gpu.run(&[&kern]).unwrap();
-            let (want, tol) = reference(&xv, ty, &raw, k, Some(&bv), &vec![0.0; t * 128], false);
+            let (want, tol) = reference(&xv, &Quant(ty, &raw), k, Some(&bv), &vec![0.0; t * 128], false);
             check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{ty} qkv T={t}"));
         }
     }
@@ -838,10 +839,10 @@ fn dp4_staging_edges() {
         let opts = LinearOpts::default();
         let s = check_operands("test", &x, n, k, None, &y, opts);
         let cfg = QMatvecConfig::new(&gpu, ty, &s);
-        assert!(cfg.dp4 || gpu.info.backend != wgpu::Backend::Vulkan, "{ty}: no DP4 on Vulkan");
-        let kern = matvec_quant(&gpu, &Operands::new(&x, &w, &y, opts), &s, QMatvecConfig { dp4: true, ..cfg });
+        assert!(cfg.shape.dp4 || gpu.info.backend != wgpu::Backend::Vulkan, "{ty}: no DP4 on Vulkan");
+        let kern = matvec_quant(&gpu, &Operands::new(&x, &w, &y, opts), &s, cfg.with(|s| s.dp4 = true));
         gpu.run(&[&kern.unwrap()]).unwrap();
-        let (want, tol) = reference(&staged, ty, &raw, k, None, &vec![0.0; n], false);
+        let (want, tol) = reference(&staged, &Quant(ty, &raw), k, None, &vec![0.0; n], false);
         check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{ty} DP4 edges"));
     }
 }
@@ -871,11 +872,11 @@ fn dp4_prefetch_keeps_the_sums() {
                 let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
                 let s = LinearShape { t: 1, n, k, ld_out: n, cols: n };
                 let auto = QMatvecConfig::new(&gpu, ty, &s);
-                assert!(stages_whole(&gpu, ty, k, auto.wg), "{ty} K = {k}");
+                assert!(stages_whole(&gpu, ty, k, auto.shape.wg), "{ty} K = {k}");
                 let mut outs = Vec::new();
                 for prefetch in [false, true] {
                     let y = gpu.upload_f32("y", &[1, n], &vec![0.0; n]).unwrap();
-                    let cfg = QMatvecConfig { dp4: true, prefetch, ..auto };
+                    let cfg = auto.with(|s| (s.dp4, s.prefetch) = (true, prefetch));
                     let kern =
                         matvec_quant(&gpu, &Operands { input, ..Operands::new(&x, &w, &y, opts) }, &s, cfg).unwrap();
                     assert_eq!(kern.variant.contains("PREFETCH"), prefetch);
@@ -886,7 +887,8 @@ fn dp4_prefetch_keeps_the_sums() {
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&outs[0]), bits(&outs[1]), "{what}: PREFETCH changed the sums");
                 if !norm {
-                    let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, None, &vec![0.0; n], false);
+                    let (want, tol) =
+                        reference(&cpu::stage_x16(&xv, k), &Quant(ty, &raw), k, None, &vec![0.0; n], false);
                     check(&outs[1], &want, &tol, &what);
                 }
             }
@@ -969,16 +971,16 @@ fn staged_input_keeps_the_dp4_sums() {
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 let mut outs = Vec::new();
                 for (wg, prefetch) in [(tpr, false), (tpr, true), (4 * tpr, false)] {
-                    let cfg = QMatvecConfig { wg, tpr, tok: 1, dp4: true, prefetch, ..auto };
+                    let cfg = auto.with(|s| (s.wg, s.tpr, s.tok, s.dp4, s.prefetch) = (wg, tpr, 1, true, prefetch));
                     outs.push(run(cfg, Input::Staged(&xs)));
                 }
                 assert_eq!(bits(&outs[0]), bits(&outs[1]), "{what}: PREFETCH changed the sums");
                 assert_eq!(bits(&outs[0]), bits(&outs[2]), "{what}: the workgroup size changed the sums");
                 if stages_whole(&gpu, ty, k, 4 * tpr) {
-                    let cfg = QMatvecConfig { wg: 4 * tpr, tpr, tok: 1, dp4: true, prefetch: false, ..auto };
+                    let cfg = auto.with(|s| (s.wg, s.tpr, s.tok, s.dp4, s.prefetch) = (4 * tpr, tpr, 1, true, false));
                     assert_eq!(bits(&outs[0]), bits(&run(cfg, Input::Plain)), "{what}: not the DP4 kernel's sums");
                 }
-                let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, None, &vec![0.0; n], false);
+                let (want, tol) = reference(&cpu::stage_x16(&xv, k), &Quant(ty, &raw), k, None, &vec![0.0; n], false);
                 check(&outs[0], &want, &tol, &what);
                 // The rule's own configuration (up to 128-lane row groups), with a bias and
                 // accumulating into y (the binding after the bias).
@@ -995,7 +997,7 @@ fn staged_input_keeps_the_dp4_sums() {
                 )
                 .unwrap();
                 gpu.run(&[&stage, &kern]).unwrap();
-                let (want, tol) = reference(&cpu::stage_x16(&xv, k), ty, &raw, k, Some(&bias_v), &y0, true);
+                let (want, tol) = reference(&cpu::stage_x16(&xv, k), &Quant(ty, &raw), k, Some(&bias_v), &y0, true);
                 check(&gpu.read_f32(&y).unwrap(), &want, &tol, &format!("{what}, the rule's {cfg:?}"));
             }
         }
@@ -1031,9 +1033,9 @@ fn dp4_chunks_on(gpu: &Gpu) {
         for norm in [false, true] {
             let input = if norm { Input::Norm { weight: &g, eps: 1e-6 } } else { Input::Plain };
             let s5 = LinearShape { t, n, k, ld_out: n, cols: n };
-            let tok4 = QMatvecConfig { dp4: true, ..QMatvecConfig::new(&gpu, ty, &s5) };
-            assert_eq!(tok4.tok, 4);
-            let one = QMatvecConfig { tok: 1, tpr: tok4.tpr, wg: tok4.wg, ..tok4 };
+            let tok4 = QMatvecConfig::new(&gpu, ty, &s5).with(|s| s.dp4 = true);
+            assert_eq!(tok4.shape.tok, 4);
+            let one = tok4.with(|s| s.tok = 1);
             let run = |t: usize, cfg: QMatvecConfig| {
                 let x = gpu.upload_f32("x", &[t, k], &xv[..t * k]).unwrap();
                 let y = gpu.empty("y", &[t, n], ElemType::F32).unwrap();
@@ -1050,7 +1052,7 @@ fn dp4_chunks_on(gpu: &Gpu) {
             };
             let whole = run(t, tok4);
             let chunked = run(t, QMatvecConfig { max_kc: 8, ..tok4 });
-            assert!(dp4_chunk(&gpu, ty, k, tok4.wg, 4).unwrap() > 8, "{ty}: the whole row was chunked anyway");
+            assert!(dp4_chunk(&gpu, ty, k, tok4.shape.wg, 4).unwrap() > 8, "{ty}: the whole row was chunked anyway");
             let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(bits(&whole, &chunked), "{ty} norm={norm}: chunks of 8 blocks change the sums");
             for (j, row) in whole.chunks(n).enumerate() {
@@ -1078,7 +1080,7 @@ fn dp4_chunks_on(gpu: &Gpu) {
                     xin.extend(cpu::stage_x16(row, k));
                 }
             }
-            let (want, mut tol) = reference(&xin, ty, &raw, k, None, &vec![0.0; t * n], false);
+            let (want, mut tol) = reference(&xin, &Quant(ty, &raw), k, None, &vec![0.0; t * n], false);
             if norm {
                 let wf = to_f32(ty, &raw, n * k).unwrap();
                 add_input_rounding(&mut tol, &xin, &wf, k, 8.0 * f32::EPSILON / 2.0);
@@ -1099,7 +1101,7 @@ fn one_token_shapes_follow_the_step_measurements() {
     let shape = |n: usize, k: usize| LinearShape { t: 1, n, k, ld_out: n, cols: n };
     let pick = |ty: DType, n: usize, k: usize| {
         let c = QMatvecConfig::new(&gpu, ty, &shape(n, k)).for_input(&gpu, ty, &shape(n, k), Input::Plain);
-        (c.wg, c.tpr, c.dp4)
+        (c.shape.wg, c.shape.tpr, c.shape.dp4)
     };
     if !vulkan {
         for (ty, n, k) in [(DType::Q6_K, 1536, 8960), (DType::Q4_K, 1536, 1536)] {
@@ -1120,7 +1122,7 @@ fn one_token_shapes_follow_the_step_measurements() {
     assert_eq!(pick(DType::Q4_K, 43008, 5376), (if wide { 1024 } else { 256 }, 32, true), "Gemma's gate_up");
     assert_eq!(pick(DType::Q4_K, 5376, 8192), (256, 32, true), "Gemma's o projection");
     // Gemma's wide DP4 rows load an iteration ahead; Qwen2.5's do not.
-    let prefetch = |ty: DType, n: usize, k: usize| QMatvecConfig::new(&gpu, ty, &shape(n, k)).prefetch;
+    let prefetch = |ty: DType, n: usize, k: usize| QMatvecConfig::new(&gpu, ty, &shape(n, k)).shape.prefetch;
     assert!(prefetch(DType::Q4_K, 43008, 5376) && prefetch(DType::Q6_K, 262144, 5376), "Gemma's gate_up, lm_head");
     assert!(!prefetch(DType::Q4_K, 17920, 1536) && !prefetch(DType::Q6_K, 1536, 8960), "Qwen2.5-1.5B's");
     assert_eq!(pick(DType::Q4_K, 17920, 1536), (128, 32, true), "Qwen2.5-1.5B's gate_up");
@@ -1132,18 +1134,23 @@ fn one_token_shapes_follow_the_step_measurements() {
     let norm = Input::Norm { weight: &g, eps: 1e-6 };
     let normed = |n: usize, k: usize| {
         let c = QMatvecConfig::new(&gpu, DType::Q4_K, &shape(n, k)).for_input(&gpu, DType::Q4_K, &shape(n, k), norm);
-        (c.wg, c.tpr, c.dp4)
+        (c.shape.wg, c.shape.tpr, c.shape.dp4)
     };
     assert_eq!(normed(2048, 1536), (256, 64, true), "Qwen2.5-1.5B's q/k/v with its norm fused");
     assert!(!normed(1152, 896).2, "Qwen2.5-0.5B-like q/k/v with its norm fused");
     // The 1.5B's q/k (Q4_K) and Q6_K v mix, both DP4 in the q/k's configuration; the 0.5B's
     // Q5_0 q/k and Q8_0 v, both float.
     assert_eq!(
-        mix_config(&gpu, DType::Q4_K, DType::Q6_K, &shape(1792, 1536), norm).map(|(c, b)| (c.wg, c.tpr, c.dp4, b)),
+        mix_config(&gpu, DType::Q4_K, DType::Q6_K, &shape(1792, 1536), norm).map(|(c, b)| (
+            c.shape.wg,
+            c.shape.tpr,
+            c.shape.dp4,
+            b
+        )),
         Some((256, 64, true, true))
     );
     assert_eq!(
-        mix_config(&gpu, DType::Q5_0, DType::Q8_0, &shape(1024, 896), norm).map(|(c, b)| (c.dp4, b)),
+        mix_config(&gpu, DType::Q5_0, DType::Q8_0, &shape(1024, 896), norm).map(|(c, b)| (c.shape.dp4, b)),
         Some((false, false))
     );
 }
@@ -1164,13 +1171,13 @@ fn quant_matvec_folded_grid() {
             LinearOpts { accumulate: true, ld_out: None, glu: None, batch: false, one_token: false, softcap: None };
         let s = check_operands("test", &x, n, k, None, &y, opts);
         let mut cfg = QMatvecConfig::new(&gpu, ty, &s);
-        cfg.tpr = if cfg.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
-        cfg.wg = cfg.tpr;
+        cfg.shape.tpr = if cfg.shape.subgroups { gpu.caps.subgroup_max_size.max(8) } else { 8 };
+        cfg.shape.wg = cfg.shape.tpr;
         let kern = matvec_quant(&gpu, &Operands::new(&x, &w, &y, opts), &s, cfg).unwrap();
         assert!(kern.workgroups[1] > 1, "{:?}", kern.workgroups);
         gpu.run(&[&kern]).unwrap();
-        let xs = if cfg.dp4 { cpu::stage_x16(&xv, k) } else { xv };
-        let (want, tol) = reference(&xs, ty, &raw, k, None, &y0, true);
+        let xs = if cfg.shape.dp4 { cpu::stage_x16(&xv, k) } else { xv };
+        let (want, tol) = reference(&xs, &Quant(ty, &raw), k, None, &y0, true);
         check(&gpu.read_f32(&y).unwrap(), &want, &tol, "folded grid");
     }
 }
