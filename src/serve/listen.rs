@@ -8,7 +8,7 @@
 //! semaphore of `max_connections` permits (a connection beyond it gets a 503 in OpenAI's error
 //! shape and is closed). Bodies have their own timeout where a handler reads them (a 408).
 
-use super::{router, ServerState};
+use super::metrics::Metrics;
 use futures_util::{Stream, StreamExt};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -55,16 +55,15 @@ pub enum Ended {
     Forced(usize),
 }
 
-/// Serves on `listener` until the first item of `signals`, then drains (see [`Limits::drain`]);
-/// a second item ends it at once.
-pub async fn serve(
+/// Serves `app` on `listener` within `limits` until the first item of `signals`, then drains
+/// (see [`Limits::drain`]); a second item ends it at once (the server's [`super::serve`]).
+pub async fn serve_app(
     listener: tokio::net::TcpListener,
-    state: Arc<ServerState>,
+    app: axum::Router,
+    limits: Limits,
+    metrics: Arc<Metrics>,
     signals: impl Stream<Item = ()>,
 ) -> std::io::Result<Ended> {
-    let limits = state.limits;
-    let metrics = state.worker.metrics.clone();
-    let app = router(state);
     let graceful = GracefulShutdown::new();
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let mut signals = std::pin::pin!(signals);

@@ -5,12 +5,24 @@
 //! token (from a request's submission to the engine to its first token) and inter-token latency
 //! (between a request's consecutive tokens).
 
-use super::worker::Load;
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+
+/// Counters the HTTP side reads (`/health`, `/metrics`); set from the engine before the first
+/// request and after each step.
+#[derive(Debug, Default)]
+pub struct Load {
+    pub active: AtomicUsize,
+    pub queued: AtomicUsize,
+    pub served: AtomicUsize,
+    /// Sequences free for new requests.
+    pub free: AtomicUsize,
+    /// The engine failed (the GPU): requests are refused.
+    pub broken: AtomicBool,
+}
 
 /// A histogram of durations with fixed upper bounds (seconds).
 #[derive(Debug)]

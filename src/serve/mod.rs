@@ -34,7 +34,18 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-pub use listen::{serve, signals, Ended, Limits};
+pub use listen::{signals, Ended, Limits};
+
+/// Serves the OpenAI API over `state` on `listener` until the first item of `signals`, then
+/// drains (see [`Limits::drain`]); a second item ends it at once.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<ServerState>,
+    signals: impl futures_util::Stream<Item = ()>,
+) -> std::io::Result<Ended> {
+    let (limits, metrics) = (state.limits, state.worker.metrics.clone());
+    listen::serve_app(listener, router(state), limits, metrics, signals).await
+}
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -3,11 +3,12 @@
 //! A request whose receiver is dropped (its client went away, or a stop string ended it) is
 //! cancelled at the next step boundary, which frees its sequence.
 
+pub use super::metrics::Load;
 use super::metrics::Metrics;
 use crate::decode::batch::{BatchEngine, Event, Request, SeqId, SubmitError};
 use crate::decode::StopReason;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
@@ -32,19 +33,6 @@ struct Running {
     /// When it was submitted, then when its last token came.
     last: Instant,
     first: bool,
-}
-
-/// Counters the HTTP side reads (`/health`, `/metrics`); set from the engine before the first
-/// request and after each step.
-#[derive(Debug, Default)]
-pub struct Load {
-    pub active: AtomicUsize,
-    pub queued: AtomicUsize,
-    pub served: AtomicUsize,
-    /// Sequences free for new requests.
-    pub free: AtomicUsize,
-    /// The engine failed (the GPU): requests are refused.
-    pub broken: AtomicBool,
 }
 
 /// The HTTP side's handle on the engine thread.
