@@ -182,7 +182,7 @@ impl DType {
     /// Bytes that `n` elements take, or `None` when `n` is not a whole number of blocks
     /// (or the size overflows).
     pub fn byte_size(self, n: usize) -> Option<usize> {
-        if n % self.block_size() != 0 {
+        if !n.is_multiple_of(self.block_size()) {
             return None;
         }
         (n / self.block_size()).checked_mul(self.block_bytes())
@@ -590,7 +590,7 @@ pub fn quantize_affine(t: DType, data: &[f32]) -> Result<Vec<u8>> {
         return Err(Error::InvalidArgument(format!("{t} is not an affine type")));
     };
     let g = group as usize;
-    if data.len() % g != 0 {
+    if !data.len().is_multiple_of(g) {
         return Err(Error::InvalidArgument(format!("{} values are not whole groups of {g}", data.len())));
     }
     let levels = ((1u32 << bits) - 1) as f32;

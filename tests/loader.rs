@@ -735,7 +735,7 @@ fn safetensors(tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
         );
     }
     let mut h = serde_json::to_vec(&header).unwrap();
-    while (h.len() + 8) % 8 != 0 {
+    while !(h.len() + 8).is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

@@ -50,7 +50,7 @@ impl Tensor {
     /// A view of `shape` starting `elems` elements in (the byte offset must suit the device's
     /// storage offset alignment, 256 bytes at most, when the view is bound).
     pub fn view(&self, elems: usize, shape: &[usize]) -> Tensor {
-        assert!(self.ty != ElemType::F16 || elems % 2 == 0, "f16 views start on a u32 word");
+        assert!(self.ty != ElemType::F16 || elems.is_multiple_of(2), "f16 views start on a u32 word");
         let t = Tensor {
             buffer: self.buffer.clone(),
             offset: self.offset + self.ty.bytes(elems),
@@ -104,7 +104,7 @@ impl Gpu {
     fn upload_bytes(&self, label: &str, shape: &[usize], ty: ElemType, bytes: &[u8]) -> Result<Tensor> {
         let t = self.empty(label, shape, ty)?;
         let mut padded;
-        let data = if bytes.len() % 4 != 0 {
+        let data = if !bytes.len().is_multiple_of(4) {
             padded = bytes.to_vec();
             padded.resize(bytes.len().next_multiple_of(4), 0);
             &padded[..]

@@ -149,7 +149,7 @@ fn weight_type(recipe: &str, name: &str, layer: Option<usize>, layers: usize, co
             // mlx-lm's quant_predicate for MoE models keeps the routers at 8 bits.
             let router = name.ends_with("ffn_gate_inp.weight") || name.ends_with("ffn_gate_inp_shexp.weight");
             let bits = if recipe == "mlx4" && !router { 4 } else { 8 };
-            return if cols % 64 == 0 { DType::Affine { bits, group: 64, bf16: true } } else { DType::F16 };
+            return if cols.is_multiple_of(64) { DType::Affine { bits, group: 64, bf16: true } } else { DType::F16 };
         }
         _ => DType::Q4_K,
     };
@@ -171,8 +171,8 @@ fn weight_type(recipe: &str, name: &str, layer: Option<usize>, layers: usize, co
         base
     };
     match want {
-        DType::Q4_K if cols % QK_K != 0 => DType::Q5_0,
-        DType::Q6_K if cols % QK_K != 0 => DType::Q8_0,
+        DType::Q4_K if !cols.is_multiple_of(QK_K) => DType::Q5_0,
+        DType::Q6_K if !cols.is_multiple_of(QK_K) => DType::Q8_0,
         t => t,
     }
 }

@@ -347,7 +347,7 @@ pub(crate) fn split_halves(
             [r, k] => (head_dim, vec![r / 2, *k]),
             _ => return Err(Error::Mismatch(format!("{}: tensor {name} has shape {:?}", path.display(), t.shape))),
         };
-        if n == 0 || rows % (2 * n) != 0 {
+        if n == 0 || !rows.is_multiple_of(2 * n) {
             return Err(Error::Mismatch(format!(
                 "{}: tensor {} has {rows} rows, not groups of 2 x {n}",
                 path.display(),

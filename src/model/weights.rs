@@ -313,7 +313,7 @@ fn gpu_rows<'a>(
             check_scales(name, dtype, &bytes)?;
             Ok(Some((dtype, bytes)))
         }
-        (_, WeightFormat::Quantize(t)) if k % t.block_size() == 0 => {
+        (_, WeightFormat::Quantize(t)) if k.is_multiple_of(t.block_size()) => {
             let x = finite32(name, ck.f32(name, &as_rows(ck, name, n, k)?)?)?;
             Ok(Some((t, Cow::Owned(crate::dtype::quantize_affine(t, &x)?))))
         }

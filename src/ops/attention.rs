@@ -86,8 +86,11 @@ impl AttnParams {
     }
     fn check(&self, qkv: &Tensor, k_cache: &Tensor, v_cache: &Tensor) {
         let d = self.head_dim;
-        assert!(d >= 16 && d % 16 == 0 && d <= 512, "attention: head_dim {d} must be a multiple of 16, at most 512");
-        assert!(self.kv_heads > 0 && self.heads % self.kv_heads == 0, "attention: Hkv must divide H");
+        assert!(
+            d >= 16 && d.is_multiple_of(16) && d <= 512,
+            "attention: head_dim {d} must be a multiple of 16, at most 512"
+        );
+        assert!(self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads), "attention: Hkv must divide H");
         assert!(self.n_tokens > 0 && self.max_ctx > 0);
         assert_eq!(qkv.ty, ElemType::F32, "attention: qkv must be f32");
         assert!(qkv.numel() >= self.n_tokens * self.row_stride(), "attention: qkv holds fewer than T rows");
@@ -226,7 +229,7 @@ impl Tiling {
     #[doc(hidden)]
     pub fn valid(&self, d: usize, budget: usize) -> bool {
         let (kpl, nw, ld, ql) = self.slots(d);
-        self.bk % self.lpr == 0
+        self.bk.is_multiple_of(self.lpr)
             && (1..=4).contains(&kpl)
             && nw <= 8
             && ld <= 8
@@ -386,7 +389,7 @@ shared_params! {
 /// Whether [`attention_decode`] can write one token's output staged (`STAGE8`): subgroups of 8
 /// or more (a block's eight threads meet by shuffles), heads of whole 32-element blocks.
 pub fn stages_output(gpu: &Gpu, p: &AttnParams) -> bool {
-    p.n_tokens == 1 && p.head_dim % 32 == 0 && gpu.caps.shuffles8()
+    p.n_tokens == 1 && p.head_dim.is_multiple_of(32) && gpu.caps.shuffles8()
 }
 
 impl<'a> Io<'a> {
@@ -535,7 +538,7 @@ impl DecodeTiling {
         let ce = self.ck * d;
         (ce == 8192 || ce == 4096)
             && (4..=256).contains(&self.ck)
-            && d % 16 == 0
+            && d.is_multiple_of(16)
             && (1..=8).contains(&g)
             && g * d / 4 <= 512
             && (1..=128).contains(&self.nsplit)

@@ -171,7 +171,7 @@ pub struct DeltaRuleArgs<'a> {
 /// largest power of two up to 32 that divides Dv, RG filling 256 threads (at most Dk rounded up).
 /// Both kernels use it.
 fn delta_tiling(dk: usize, dv: usize) -> (usize, usize) {
-    let cb = (0..=5).rev().map(|e| 1usize << e).find(|c| dv % c == 0).unwrap_or(1);
+    let cb = (0..=5).rev().map(|e| 1usize << e).find(|c| dv.is_multiple_of(*c)).unwrap_or(1);
     let rg = (256 / cb).min(dk.next_power_of_two());
     (cb, rg)
 }

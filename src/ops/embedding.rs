@@ -190,12 +190,12 @@ pub fn per_layer_inputs(
 ) -> Result<Kernel> {
     let bad = |msg: String| Err(Error::InvalidArgument(format!("per_layer_inputs: {msg}")));
     let width = layers * dim;
-    if width == 0 || proj.numel() % width != 0 || tok.numel() != proj.numel() {
+    if width == 0 || !proj.numel().is_multiple_of(width) || tok.numel() != proj.numel() {
         return bad(format!("proj {:?} and tok {:?} must be [T, {layers} x {dim}]", proj.shape, tok.shape));
     }
     let n_tokens = proj.numel() / width;
     let slot = out.numel() / layers;
-    if slot < n_tokens * 2 * dim || slot % 64 != 0 || out.numel() < layers * slot {
+    if slot < n_tokens * 2 * dim || !slot.is_multiple_of(64) || out.numel() < layers * slot {
         return bad(format!(
             "out has {} floats for {layers} slots of {slot} ({n_tokens} rows of {})",
             out.numel(),

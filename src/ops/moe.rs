@@ -159,7 +159,7 @@ fn check_tensor(gpu: &Gpu, op: &str, what: &str, t: &Tensor, ty: ElemType, need:
         return Err(invalid(format!("{op}: {what} has {} elements ({:?}), needs {need}", t.numel(), t.shape)));
     }
     let align = gpu.limits.min_storage_buffer_offset_alignment as u64;
-    if t.offset % align != 0 {
+    if !t.offset.is_multiple_of(align) {
         return Err(invalid(format!("{op}: {what}'s offset {} is not a multiple of {align} bytes", t.offset)));
     }
     Ok(())
@@ -247,7 +247,7 @@ pub fn router(
     }
     let slots = ids.numel();
     let per_row = top_k + usize::from(shared_slot);
-    if slots == 0 || slots % per_row != 0 || (shared_slot && top_k >= 256) {
+    if slots == 0 || !slots.is_multiple_of(per_row) || (shared_slot && top_k >= 256) {
         return Err(invalid(format!("{OP}: ids has {slots} elements, not T · {per_row}")));
     }
     let t = slots / per_row;
@@ -358,7 +358,7 @@ pub fn linear_experts(
     assert_eq!(y.ty, ElemType::F32, "{OP}: y must be f32, got {:?}", y.ty);
     let cols = match opts.glu {
         Some(_) => {
-            assert!(n % 2 == 0, "{OP}: GLU needs (gate, up) row pairs, N = {n}");
+            assert!(n.is_multiple_of(2), "{OP}: GLU needs (gate, up) row pairs, N = {n}");
             assert!(!opts.accumulate, "{OP}: GLU takes no accumulation");
             n / 2
         }

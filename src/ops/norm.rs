@@ -58,7 +58,7 @@ fn check(gpu: &Gpu, what: &str, t: &Tensor, rows: u32, n: u32, stride: u32) -> R
         )));
     }
     let align = gpu.limits.min_storage_buffer_offset_alignment as u64;
-    if t.offset % align != 0 {
+    if !t.offset.is_multiple_of(align) {
         return Err(Error::InvalidArgument(format!(
             "rms_norm: {what} view offset {} is not a multiple of {align} bytes",
             t.offset
@@ -161,7 +161,7 @@ fn rms_norm_with(
     // The rows the dispatch ends with (out2, else out) staged: whole 32-element blocks.
     if let Some(xs) = stage {
         let need = 4 * crate::ops::matmul::gguf::staged_x_words(layout.rows as usize, layout.n as usize) as u64;
-        if layout.n % 32 != 0 || xs.size_bytes() < need {
+        if !layout.n.is_multiple_of(32) || xs.size_bytes() < need {
             return Err(Error::InvalidArgument(format!(
                 "rms_norm: staging rows of {} needs a multiple of 32 and {need} bytes, got {:?}",
                 layout.n, xs.shape
@@ -193,7 +193,7 @@ fn rms_norm_with(
 /// Contiguous rows of `n = w.numel()` covering x.
 fn whole_rows(x: &Tensor, w: &Tensor) -> Result<RowLayout> {
     let n = w.numel() as u32;
-    if n == 0 || x.numel() % n as usize != 0 {
+    if n == 0 || !x.numel().is_multiple_of(n as usize) {
         return Err(Error::InvalidArgument(format!(
             "rms_norm: x has {} elements, not a whole number of rows of {n}",
             x.numel()
@@ -223,7 +223,7 @@ fn norm_wg(gpu: &Gpu, n: u32) -> u32 {
 fn norm_shape(gpu: &Gpu, n: u32) -> (u32, Option<u32>) {
     let wg = norm_wg(gpu, n);
     let rv = n.div_ceil(4 * wg);
-    (wg, (n % 4 == 0 && rv <= 8).then_some(rv))
+    (wg, (n.is_multiple_of(4) && rv <= 8).then_some(rv))
 }
 
 /// `x[r * stride ..][..n] = norm(x[r * stride ..][..n]) * w` in place (`layout.out_stride` is

@@ -148,9 +148,9 @@ fn record(
     seqs: Option<&Tensor>,
 ) -> Result<Kernel> {
     let d = p.head_dim;
-    assert!(d >= 2 && d % 2 == 0, "rope: head_dim {d} must be even");
+    assert!(d >= 2 && d.is_multiple_of(2), "rope: head_dim {d} must be even");
     assert!(
-        p.rotary_dim >= 2 && p.rotary_dim % 2 == 0 && p.rotary_dim <= d,
+        p.rotary_dim >= 2 && p.rotary_dim.is_multiple_of(2) && p.rotary_dim <= d,
         "rope: rotary_dim {} must be even and at most {d}",
         p.rotary_dim
     );

@@ -445,7 +445,7 @@ impl DeviceSampler {
             return Err(Error::InvalidArgument(format!("sampling needs f32 logits, got {:?}", logits.ty)));
         }
         let n = logits.numel();
-        if n == 0 || n % rows != 0 {
+        if n == 0 || !n.is_multiple_of(rows) {
             return Err(Error::InvalidArgument(format!("{n} logits do not split into {rows} non-empty rows")));
         }
         let vocab = n / rows;

@@ -174,7 +174,7 @@ pub fn prepare_rows(params: &[SamplingParams], keys: &[RowKey]) -> Result<Vec<Pr
 /// Rows and vocabulary of `logits` for `params.len()` rows.
 pub fn logits_shape(logits: &Tensor, params: &[SamplingParams]) -> Result<(usize, usize)> {
     let rows = params.len();
-    if rows == 0 || logits.numel() % rows != 0 {
+    if rows == 0 || !logits.numel().is_multiple_of(rows) {
         return Err(Error::InvalidArgument(format!("{} logits do not split into {rows} rows", logits.numel())));
     }
     Ok((rows, logits.numel() / rows))

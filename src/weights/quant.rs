@@ -111,7 +111,7 @@ fn plane_layout(fields: &[Field], blocks: usize) -> ([usize; 3], usize) {
 pub fn repack(dtype: DType, raw: &[u8]) -> (Vec<u8>, [u32; 2]) {
     let fields = &plane_fields(dtype).expect("repack: not a quantized type")[..];
     let bb = dtype.block_bytes();
-    assert!(raw.len() % bb == 0, "repack: {} bytes are not whole {dtype} blocks", raw.len());
+    assert!(raw.len().is_multiple_of(bb), "repack: {} bytes are not whole {dtype} blocks", raw.len());
     let blocks = raw.len() / bb;
     let (starts, total) = plane_layout(fields, blocks);
     let mut out = vec![0u8; total];
@@ -265,7 +265,10 @@ impl QuantWeight {
 /// blocks, so llama.cpp's Q/K row permutation is undone by moving rows of `row_bytes` bytes (no
 /// dequantization).
 pub fn unpermute_rope_rows_raw(raw: &[u8], rows: usize, row_bytes: usize, heads: usize) -> Vec<u8> {
-    assert!(raw.len() == rows * row_bytes && heads > 0 && rows % (2 * heads) == 0, "unpermute_rope_rows_raw: shape");
+    assert!(
+        raw.len() == rows * row_bytes && heads > 0 && rows.is_multiple_of(2 * heads),
+        "unpermute_rope_rows_raw: shape"
+    );
     let per_head = rows / heads;
     let half = per_head / 2;
     let mut out = vec![0u8; raw.len()];

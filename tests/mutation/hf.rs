@@ -95,7 +95,7 @@ pub fn header_json(entries: &[Entry]) -> Map<String, Value> {
 /// `data_len` bytes of hole.
 pub fn st_file(text: &str, data_len: u64) -> Content {
     let mut h = text.as_bytes().to_vec();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut head = (h.len() as u64).to_le_bytes().to_vec();

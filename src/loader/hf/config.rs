@@ -385,7 +385,7 @@ pub(super) fn build_qwen35_moe(c: &Cfg, tensors: &HashMap<String, StoredTensor>)
         return bad(format!("num_experts_per_tok {} is not in 1..={}", moe.num_experts_per_tok, moe.num_experts));
     }
     let rot = h.partial_rotary_dim();
-    if !(partial > 0.0 && partial <= 1.0) || rot < 2 || rot % 2 != 0 {
+    if !(partial > 0.0 && partial <= 1.0) || rot < 2 || !rot.is_multiple_of(2) {
         return bad(format!(
             "partial_rotary_factor {partial} gives {rot} rotary dims of {} (need an even count >= 2)",
             h.head_dim

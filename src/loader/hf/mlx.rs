@@ -93,7 +93,7 @@ pub(super) fn mlx_affine(
         let k = packed * 32 / bits as usize;
         let groups = k / group as usize;
         let want: Vec<usize> = lead.iter().copied().chain([groups]).collect();
-        if k % group as usize != 0 || scales.5 != want || biases.5 != want {
+        if !k.is_multiple_of(group as usize) || scales.5 != want || biases.5 != want {
             return Err(mismatch(format!(
                 "weight {shape:?} ({bits}-bit: K = {k}) needs scales and biases {want:?} (group {group}), \
                  got {:?} and {:?}",

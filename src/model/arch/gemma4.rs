@@ -209,7 +209,7 @@ impl Gemma4Config {
             return Err("sliding_window is 0".into());
         }
         for (what, kv) in [("num_key_value_heads", self.num_key_value_heads), ("full layers' KV heads", full_kv)] {
-            if kv == 0 || heads % kv != 0 {
+            if kv == 0 || !heads.is_multiple_of(kv) {
                 return Err(format!("{what} {kv} does not divide {heads} heads"));
             }
         }
@@ -228,7 +228,7 @@ impl Gemma4Config {
         if let Some(l) = (layers - self.num_kv_shared_layers..layers).find(|&l| self.kv_source(l).is_none()) {
             return Err(format!("shared KV layer {l} has no earlier unshared layer of its kind to read"));
         }
-        if self.hidden_size_per_layer_input % 2 != 0 {
+        if !self.hidden_size_per_layer_input.is_multiple_of(2) {
             return Err(format!("hidden_size_per_layer_input {} is odd", self.hidden_size_per_layer_input));
         }
         if self.hidden_size_per_layer_input > 0 && self.vocab_size_per_layer_input < self.vocab_size {

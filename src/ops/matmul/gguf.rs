@@ -286,7 +286,7 @@ pub(crate) fn tuned_matvec(
 /// ([`quantize_x16`] then [`Input::Staged`]): DP4 types on Vulkan, rows of `min_k` or more
 /// ([`StageApart`]).
 pub fn stages_apart(gpu: &Gpu, dtype: DType, t: usize, k: usize, min_k: usize) -> bool {
-    t == 1 && k >= min_k && k % 32 == 0 && gpu.tuning().int_dot() && has_dp4(dtype)
+    t == 1 && k >= min_k && k.is_multiple_of(32) && gpu.tuning().int_dot() && has_dp4(dtype)
 }
 
 /// Which one-token quantized projections read x staged apart ([`stages_apart`], [`Input::Staged`]).
@@ -432,7 +432,7 @@ fn mix_config(gpu: &Gpu, a: DType, b: DType, s: &LinearShape, input: Input<'_>) 
         return (whole && dp4(b, cfg.shape.wg)).then_some((cfg, true));
     }
     let wg = gpu.tuning().mix_float_wg();
-    if !dp4(b, wg) || wg % cfg.shape.tpr != 0 {
+    if !dp4(b, wg) || !wg.is_multiple_of(cfg.shape.tpr) {
         return Some((cfg, dp4(b, cfg.shape.wg)));
     }
     Some((cfg.with(|s| s.wg = wg), true))

@@ -127,7 +127,7 @@ pub fn staged_x_words(t: usize, k: usize) -> usize {
 /// Whether a projection of `t` tokens with K = `k` can take a fused [`Input`] (otherwise run the
 /// norm or the activation as its own op first).
 pub fn fuses_input(t: usize, k: usize) -> bool {
-    t <= MATVEC_MAX_T && k % 4 == 0
+    t <= MATVEC_MAX_T && k.is_multiple_of(4)
 }
 
 /// Whether a projection of `t` tokens with K = `k` takes its RMSNorm fused ([`Input::Norm`]):
@@ -231,7 +231,7 @@ pub fn check_operands(
     assert_eq!(y.ty, ElemType::F32, "{op}: y must be f32, got {:?}", y.ty);
     let cols = match opts.glu {
         Some(_) => {
-            assert!(n % 2 == 0, "{op}: GLU needs (gate, up) row pairs, N = {n}");
+            assert!(n.is_multiple_of(2), "{op}: GLU needs (gate, up) row pairs, N = {n}");
             assert!(bias.is_none() && !opts.accumulate, "{op}: GLU takes no bias and no accumulation");
             n / 2
         }
@@ -408,7 +408,7 @@ fn check_matmul_input(op: &str, input: &Input<'_>, s: &LinearShape, opts: &Linea
 fn out_binding<'a>(gpu: &Gpu, y: &'a Tensor, s: &LinearShape) -> wgpu::BindingResource<'a> {
     let align = gpu.limits.min_storage_buffer_offset_alignment as u64;
     assert!(
-        y.offset % align == 0,
+        y.offset.is_multiple_of(align),
         "linear: y's offset {} is not a multiple of the storage offset alignment {align}",
         y.offset
     );
@@ -424,7 +424,7 @@ fn out_binding<'a>(gpu: &Gpu, y: &'a Tensor, s: &LinearShape) -> wgpu::BindingRe
 /// storing lane for each output of a pass and the 8 lanes the reduction without subgroups folds.
 fn check_row_groups(wg: u32, tpr: u32, tok: u32) {
     assert!(matches!(tok, 1 | 4));
-    assert!(tpr.is_power_of_two() && wg % tpr == 0);
+    assert!(tpr.is_power_of_two() && wg.is_multiple_of(tpr));
     assert!(tpr >= 8 && tpr >= 4 * tok);
 }
 
@@ -461,9 +461,9 @@ pub struct MatvecConfig {
 impl MatvecConfig {
     /// The configuration [`linear`] takes for `s` on this device.
     pub fn new(gpu: &Gpu, s: &LinearShape) -> Self {
-        let vec = if s.k % 8 == 0 {
+        let vec = if s.k.is_multiple_of(8) {
             4
-        } else if s.k % 4 == 0 {
+        } else if s.k.is_multiple_of(4) {
             2
         } else {
             1
@@ -544,7 +544,7 @@ pub(crate) fn matvec_experts(gpu: &Gpu, op: &Operands<'_, Tensor>, s: &LinearSha
     let cfg = MatvecConfig::new(gpu, &experts_shape(s));
     assert!(cfg.tok == 1);
     assert!(
-        matches!(input, Input::Plain) || (s.k % 4 == 0 && cfg.vec > 1),
+        matches!(input, Input::Plain) || (s.k.is_multiple_of(4) && cfg.vec > 1),
         "linear_experts: {input:?} cannot be fused at K = {}",
         s.k
     );
@@ -573,7 +573,7 @@ crate::ops::uniform::uniform_struct! {
 /// [`MATVEC_MAX_T`] tokens, with [`MatvecConfig::new`]'s; routed: [`matvec_experts`]).
 #[doc(hidden)]
 pub fn matvec(gpu: &Gpu, op: &Operands<'_, Tensor>, s: &LinearShape, cfg: MatvecConfig) -> Result<Kernel> {
-    assert!(s.k % (2 * cfg.vec as usize) == 0);
+    assert!(s.k.is_multiple_of(2 * cfg.vec as usize));
     check_row_groups(cfg.wg, cfg.tpr, cfg.tok);
     let loads = (s.k / (2 * cfg.vec as usize)) as u32;
     let macros = op
@@ -678,7 +678,7 @@ pub mod cpu {
     /// `y (+)= x · Wᵀ (+ bias)` with x `[T, K]`, w `[N, K]` (f32, e.g. the f16 weight widened),
     /// y `[T, N]`; sums in f64, so it serves as the exact reference.
     pub fn linear(x: &[f32], w: &[f32], k: usize, bias: Option<&[f32]>, y: &mut [f32], accumulate: bool) {
-        assert!(k > 0 && x.len() % k == 0 && w.len() % k == 0);
+        assert!(k > 0 && x.len().is_multiple_of(k) && w.len().is_multiple_of(k));
         let (t, n) = (x.len() / k, w.len() / k);
         assert_eq!(y.len(), t * n);
         for ti in 0..t {

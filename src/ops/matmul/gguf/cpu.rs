@@ -44,7 +44,7 @@ pub fn round_f16(v: &[f32]) -> Vec<f32> {
 /// 2^-113 become 0; a block with a non-finite value becomes NaN. Exact in f32 (d is a power of
 /// two), so the kernel's integer sums over these values equal the reference's.
 pub fn stage_x16(x: &[f32], k: usize) -> Vec<f32> {
-    assert!(k % 32 == 0);
+    assert!(k.is_multiple_of(32));
     let mut out = Vec::with_capacity(x.len());
     for blk in x.chunks(32) {
         match block_scale(blk) {
@@ -76,7 +76,7 @@ pub(crate) fn block_exponent(blk: &[f32]) -> u32 {
 /// complement) in the next 8 words, then the bits of d · Σ q over each half, of d, and 0;
 /// q = round(x / d) and d as [`stage_x16`] (so q · d is its output).
 pub fn quantize_x16(x: &[f32], k: usize) -> Vec<u32> {
-    assert!(k % 32 == 0 && x.len() % k == 0);
+    assert!(k.is_multiple_of(32) && x.len().is_multiple_of(k));
     let mut out = Vec::with_capacity(x.len() / 32 * 20);
     for blk in x.chunks(32) {
         let (inv, d) = block_scale(blk);

@@ -52,7 +52,7 @@ impl Weight for QuantWeight {
 /// names the op in the message.
 fn check_blocks(what: &str, w: &QuantWeight, s: &LinearShape) {
     assert!(
-        is_supported(w.dtype) && s.k % w.dtype.block_size() == 0,
+        is_supported(w.dtype) && s.k.is_multiple_of(w.dtype.block_size()),
         "{what}: K = {} is not whole {} blocks",
         s.k,
         w.dtype
@@ -74,7 +74,11 @@ pub(crate) fn matvec_experts_quant(
     let input = op.input;
     check_blocks("linear_experts", op.w, s);
     assert!(op.bias.is_none() && op.route.is_some(), "linear_experts: routed, no bias");
-    assert!(matches!(input, Input::Plain) || s.k % 4 == 0, "linear_experts: {input:?} cannot be fused at K = {}", s.k);
+    assert!(
+        matches!(input, Input::Plain) || s.k.is_multiple_of(4),
+        "linear_experts: {input:?} cannot be fused at K = {}",
+        s.k
+    );
     match groups {
         None => matvec_quant(gpu, op, s, experts_config(gpu, op.w.dtype, s)),
         Some(grouped) => matvec_quant_batch(gpu, op, s, 32, Some(grouped)),

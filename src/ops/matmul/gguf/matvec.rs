@@ -69,7 +69,7 @@ pub fn matvec_quant(gpu: &Gpu, op: &Operands<'_, QuantWeight>, s: &LinearShape, 
         #[cfg(test)]
         let kc = if cfg.max_kc > 0 { kc.min(cfg.max_kc) } else { kc };
         // Chunks of whole 256-element super-blocks (the k-quants' units never straddle one).
-        assert!(kc as usize == s.k / 32 || kc % 8 == 0, "DP4 chunks of {kc} blocks");
+        assert!(kc as usize == s.k / 32 || kc.is_multiple_of(8), "DP4 chunks of {kc} blocks");
         let chunked = (kc as usize) < s.k / 32 || cfg.shape.tok > 1;
         macros = macros
             .flag("DP4")
@@ -164,7 +164,10 @@ pub(super) fn matvec_quant_mixed_with(
     assert!(col == na && b.shape[1] == k, "linear_quant_mixed: parts {:?} at 0 and {:?} at {col}", a.shape, b.shape);
     let s = check_operands("linear_quant_mixed", &input.checked_x(x, k), na + nb, k, bias, y, opts);
     assert!(mixes(gpu, a, b, s.t, input, &opts), "linear_quant_mixed: {} + {} at {s:?} ({input:?})", a.dtype, b.dtype);
-    assert!(cfg.shape.tpr.is_power_of_two() && cfg.shape.wg % cfg.shape.tpr == 0 && cfg.shape.tpr >= 8, "{cfg:?}");
+    assert!(
+        cfg.shape.tpr.is_power_of_two() && cfg.shape.wg.is_multiple_of(cfg.shape.tpr) && cfg.shape.tpr >= 8,
+        "{cfg:?}"
+    );
     assert!(!b_dp4 || stages_whole(gpu, b.dtype, k, cfg.shape.wg), "linear_quant_mixed: {} DP4 at K = {k}", b.dtype);
     let sa = LinearShape { n: na, cols: na, ..s };
     let params = matvec_quant_params(gpu, "matvec_quant.params", op, &sa);
