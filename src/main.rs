@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use wgpu_llm::decode::batch::{BatchEngine, BatchForm, BatchOptions, Event, Request};
 use wgpu_llm::decode::{
-    generate_with, DecodeOptions, Stats, StepTiming, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT, DEFAULT_SUBMISSIONS,
+    continue_with, generate_with, DecodeOptions, Job, Stats, StepTiming, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT,
+    DEFAULT_SUBMISSIONS,
 };
 use wgpu_llm::engine::{Chat, Engine, SamplerChoice, Sampling};
 use wgpu_llm::gpu::{list_adapters, BackendChoice, Gpu, GpuOptions};
@@ -244,6 +245,11 @@ struct BenchArgs {
     /// Prompt tokens for the prefill measurement.
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,
+    /// Measure a multi-turn chat's time to first token instead: a conversation of this many
+    /// tokens is already held, then a new message of --prompt-tokens arrives; cold (the whole
+    /// conversation prefilled) against the history kept in the KV cache (only the message).
+    #[arg(long, value_name = "N", conflicts_with = "streams")]
+    history_tokens: Option<usize>,
     /// Tokens for the decode measurement.
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
@@ -643,7 +649,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     let opts = a.sampling.decode()?;
     // Several sequences at once: the batch engine's steps in flight (checked before the model loads).
     let batch_depth = a.streams.map(|_| a.sampling.batch_depth()).transpose()?;
-    let need = (a.prompt_tokens + a.gen_tokens + 1).max(16);
+    let need = (a.history_tokens.unwrap_or(0) + a.prompt_tokens + a.gen_tokens + 1).max(16);
     if a.ctx.is_some_and(|c| c < need) {
         anyhow::bail!(
             "--ctx {} is below the {need} positions the measurement needs (--prompt-tokens + --gen-tokens + 1)",
@@ -674,6 +680,10 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             .collect()
     };
     let prompt = prompt_of(0);
+    if let Some(h) = a.history_tokens {
+        let history: Vec<u32> = prompt_of(1).into_iter().cycle().take(h).collect();
+        return bench_history(&a, &mut model, sampler.as_mut(), &history, &prompt, &params, opts, &source);
+    }
     if let (Some(n), Some(depth)) = (a.streams, batch_depth) {
         let form = a.batch_form.map(BatchFormArg::form);
         let engine = BatchEngine::new(model, sampler, BatchOptions { form, ..BatchOptions::new(n, n) }, depth)?;
@@ -937,6 +947,93 @@ fn bench_streams(
         if let Some(rows) = &profile {
             print_profile(rows);
         }
+    }
+    Ok(())
+}
+
+/// `bench --history-tokens H`: a new message of `message` after a conversation `history` already
+/// held, time to first token cold (history and message prefilled from an empty context, one
+/// token sampled) against the history kept in the KV cache (the history prefilled and waited for
+/// outside the timing, then only the message: `decode::continue_with`). Both first tokens are
+/// the same token (checked).
+#[allow(clippy::too_many_arguments)]
+fn bench_history(
+    a: &BenchArgs,
+    model: &mut Model,
+    sampler: &mut dyn SamplingBackend,
+    history: &[u32],
+    message: &[u32],
+    params: &SamplingParams,
+    opts: DecodeOptions,
+    source: &str,
+) -> Result<()> {
+    let whole: Vec<u32> = history.iter().chain(message).copied().collect();
+    let (mut cold, mut cached) = (Vec::new(), Vec::new());
+    for rep in 0..=a.reps {
+        let mut first = [0u32; 2];
+        let s = generate_with(
+            model,
+            sampler,
+            &whole,
+            1,
+            params,
+            &[],
+            &mut |t| {
+                first[0] = t;
+                Ok(true)
+            },
+            opts,
+        )?;
+        model.reset();
+        model.forward(history)?;
+        model.gpu.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None })?;
+        let job = Job { prompt: message, max_tokens: 1, params, eos: &[] };
+        let c = continue_with(
+            model,
+            sampler,
+            job,
+            &mut |t| {
+                first[1] = t;
+                Ok(true)
+            },
+            opts,
+        )?;
+        anyhow::ensure!(
+            first[0] == first[1],
+            "the cached turn's first token {} is not the cold run's {}",
+            first[1],
+            first[0]
+        );
+        if rep > 0 {
+            cold.push(1e3 * s.prefill.as_secs_f64());
+            cached.push(1e3 * c.prefill.as_secs_f64());
+        }
+    }
+    let (tc, tk) = (median(cold.clone()), median(cached.clone()));
+    let gpu = &model.gpu;
+    if a.json {
+        let report = serde_json::json!({
+            "model": source,
+            "adapter": gpu.info.name,
+            "history_tokens": history.len(),
+            "message_tokens": message.len(),
+            "ttft_cold_ms": tc,
+            "ttft_cached_ms": tk,
+            "cached_over_cold": tk / tc.max(1e-9),
+            "ttft_cold_ms_all": cold,
+            "ttft_cached_ms_all": cached,
+            "logits_finite": true,
+        });
+        println!("{}", with_run(a, params, report));
+    } else {
+        println!(
+            "{} history tokens + a {}-token message on {}: time to first token cold {tc:.1} ms, with the history in the KV cache {tk:.1} ms ({:.1} %; median of {})",
+            history.len(),
+            message.len(),
+            gpu.info.name,
+            100.0 * tk / tc.max(1e-9),
+            a.reps
+        );
     }
     Ok(())
 }

@@ -140,6 +140,31 @@ fn bench_profile_times_every_dispatch() {
 }
 
 #[test]
+fn bench_history_times_a_cached_turn() {
+    // `--history-tokens`: the first token of a message after a held conversation, cold and with the
+    // history kept in the KV cache; the bench itself fails unless both give the same token (seeded
+    // sampling, so the RNG's step counter must also line up), and both times are measured.
+    let out = bin()
+        .args(["bench", "--synthetic", "smollm2-135m:q4_1", "--json", "--reps", "1", "--history-tokens", "40"])
+        .args(["--prompt-tokens", "6", "--seed", "7", "--temperature", "0.8"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["history_tokens"].as_u64(), v["message_tokens"].as_u64()), (Some(40), Some(6)));
+    for k in ["ttft_cold_ms", "ttft_cached_ms"] {
+        assert!(v[k].as_f64().is_some_and(|t| t > 0.0), "{k}: {v}");
+    }
+    // Not with --streams.
+    let out = bin()
+        .args(["bench", "--synthetic", "smollm2-135m:q4_1", "--history-tokens", "8", "--streams", "2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--history-tokens") && err.contains("--streams"), "{err}");
+}
+
+#[test]
 fn no_adapter_for_backend() {
     // This machine has Vulkan (lavapipe) but never Metal.
     if cfg!(target_os = "macos") {
