@@ -37,8 +37,7 @@ fn main() -> anyhow::Result<()> {
         } else {
             SamplingParams { temperature: 0.7, top_k: 40, top_p: 0.95, min_p: 0.05, seed: i as u64 }
         };
-        let req =
-            Request { prompt: tok.encode(p, true)?, params, max_tokens: 24, stop_ids: ck.config.eos_token_ids.clone() };
+        let req = Request::new(tok.encode(p, true)?, params, 24, ck.config.eos_token_ids.clone());
         let id = engine.submit(req).map_err(|e| anyhow::anyhow!("{e}"))?;
         texts.insert(id, (i, Vec::new()));
     }

@@ -572,11 +572,17 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         let p = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
         p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
     });
+    let grammar = wgpu_llm::grammar::Vocabulary::new(&tokenizer, ck.config.vocab_size, &ck.config.eos_token_ids)
+        .map_err(|e| e.to_string());
+    if let Err(e) = &grammar {
+        eprintln!("warning: no structured output (response_format): {e}");
+    }
     let state = std::sync::Arc::new(ServerState {
         worker,
         tokenizer: std::sync::Arc::new(tokenizer),
         template,
         stop_ids: ck.config.eos_token_ids.clone(),
+        grammar,
         max_ctx,
         model_name,
         defaults,
@@ -857,6 +863,7 @@ fn bench_streams(
                 params: SamplingParams { seed: params.seed.wrapping_add(i), ..*params },
                 max_tokens: a.gen_tokens,
                 stop_ids: vec![],
+                constraint: None,
             };
             ids.push(engine.submit(req).map_err(|e| anyhow::anyhow!("{e}"))?);
         }

@@ -2,24 +2,33 @@
 //! (greedy and seeded sampling, batches up to 8, prompts of different lengths, requests joining
 //! and leaving mid-stream, cancelled ones, either sampler, pipelined or not), a batch step's
 //! logits rows are bit for bit those of each sequence alone, and the queue and bad requests give
-//! clear refusals. Small synthetic models (random weights of real layouts) keep lavapipe fast.
+//! clear refusals. A request constrained by a JSON schema beside free ones gets what the
+//! one-sequence constrained loop gives it, and leaves theirs unchanged. Small synthetic models
+//! (random weights of real layouts) keep lavapipe fast.
 
 mod common;
 
 use std::collections::HashMap;
 use wgpu_llm::decode::batch::{BatchEngine, BatchForm, BatchOptions, Event, Request, SeqId, SubmitError};
-use wgpu_llm::decode::{generate_with, DecodeOptions, StopReason};
+use wgpu_llm::decode::{constrained, generate_with, DecodeOptions, StopReason};
 use wgpu_llm::gpu::Gpu;
-use wgpu_llm::loader::synthetic;
+use wgpu_llm::grammar::{Constraint, Vocabulary};
+use wgpu_llm::loader::{synthetic, Checkpoint};
 use wgpu_llm::model::arch;
 use wgpu_llm::model::config::{LayerAttention, ModelConfig};
 use wgpu_llm::model::Model;
 use wgpu_llm::sampling::{DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
+use wgpu_llm::tokenizer::Tokenizer;
 
 /// A real preset's layout, shrunk: 3 layers of width 64, 4 q / 2 kv heads of 16.
 fn tiny_config(preset: &str) -> ModelConfig {
+    shrunk(preset, 1000)
+}
+
+/// [`tiny_config`] with a vocabulary of `vocab` tokens.
+fn shrunk(preset: &str, vocab: usize) -> ModelConfig {
     let mut h = synthetic::preset_hyperparams(preset).unwrap();
-    (h.vocab_size, h.hidden_size, h.intermediate_size) = (1000, 64, 96);
+    (h.vocab_size, h.hidden_size, h.intermediate_size) = (vocab, 64, 96);
     (h.num_attention_heads, h.num_key_value_heads, h.head_dim) = (4, 2, 16);
     h.layer_types = vec![LayerAttention::Full; 3];
     h.query_pre_attn_scalar = Some(16.0);
@@ -68,7 +77,17 @@ fn requests() -> Vec<Request> {
             let len = [5, 1, 17, 40, 3, 9, 26, 2][i as usize];
             let prompt = (0..len).map(|j| (i * 131 + j * 37 + 11) % 1000).collect();
             let params = if i % 3 == 0 { SamplingParams::greedy() } else { sampled(100 + u64::from(i)) };
-            Request { prompt, params, max_tokens: [12, 20, 7, 15, 30, 9, 18, 25][i as usize], stop_ids: vec![] }
+            Request::new(prompt, params, [12, 20, 7, 15, 30, 9, 18, 25][i as usize], vec![])
+        })
+        .collect()
+}
+
+/// Copies of free requests (a constrained one's matcher is not copied: make it again).
+fn copies(reqs: &[Request]) -> Vec<Request> {
+    reqs.iter()
+        .map(|r| {
+            assert!(r.constraint.is_none(), "a constrained request is made again, not copied");
+            Request::new(r.prompt.clone(), r.params, r.max_tokens, r.stop_ids.clone())
         })
         .collect()
 }
@@ -78,14 +97,16 @@ type Outcome = Vec<(Vec<u32>, Option<StopReason>)>;
 
 /// Runs `reqs` through `engine`, submitting request `i` before step `joins[i]`, cancelling
 /// those in `cancel` (request, after that many of its tokens); steps until idle.
-fn run(engine: &mut BatchEngine, reqs: &[Request], joins: &[usize], cancel: &[(usize, usize)]) -> Outcome {
+fn run(engine: &mut BatchEngine, reqs: Vec<Request>, joins: &[usize], cancel: &[(usize, usize)]) -> Outcome {
     let mut out: Outcome = vec![(Vec::new(), None); reqs.len()];
+    let prompts: Vec<usize> = reqs.iter().map(|r| r.prompt.len()).collect();
+    let mut reqs: Vec<Option<Request>> = reqs.into_iter().map(Some).collect();
     let mut ids: HashMap<SeqId, usize> = HashMap::new();
     let mut step = 0;
     loop {
-        for (i, r) in reqs.iter().enumerate() {
+        for (i, r) in reqs.iter_mut().enumerate() {
             if joins[i] == step {
-                let id = engine.submit(r.clone()).unwrap();
+                let id = engine.submit(r.take().expect("submitted once")).unwrap();
                 ids.insert(id, i);
             }
         }
@@ -101,7 +122,7 @@ fn run(engine: &mut BatchEngine, reqs: &[Request], joins: &[usize], cancel: &[(u
             match e {
                 Event::Token(t) => out[i].0.push(t),
                 Event::Finished { reason, prompt_tokens, generated_tokens } => {
-                    assert_eq!(prompt_tokens, reqs[i].prompt.len());
+                    assert_eq!(prompt_tokens, prompts[i]);
                     assert_eq!(generated_tokens, out[i].0.len());
                     out[i].1 = Some(reason);
                 }
@@ -123,7 +144,7 @@ fn run(engine: &mut BatchEngine, reqs: &[Request], joins: &[usize], cancel: &[(u
 
 /// Each request alone through the same engine.
 fn alone(engine: &mut BatchEngine, reqs: &[Request]) -> Outcome {
-    reqs.iter().map(|r| run(engine, std::slice::from_ref(r), &[0], &[]).remove(0)).collect()
+    copies(reqs).into_iter().map(|r| run(engine, vec![r], &[0], &[]).remove(0)).collect()
 }
 
 #[test]
@@ -149,12 +170,12 @@ fn each_request_gets_its_tokens_alone() {
         }
         let what = format!("{preset} {recipe}");
         // All at once.
-        assert_eq!(run(&mut engine, &reqs, &[0; 8], &[]), want, "{what}: all eight at once");
+        assert_eq!(run(&mut engine, copies(&reqs), &[0; 8], &[]), want, "{what}: all eight at once");
         // Joining mid-stream, the batch changing every few steps.
         let joins = [0, 0, 3, 3, 4, 10, 11, 25];
-        assert_eq!(run(&mut engine, &reqs, &joins, &[]), want, "{what}: joining mid-stream");
+        assert_eq!(run(&mut engine, copies(&reqs), &joins, &[]), want, "{what}: joining mid-stream");
         // Cancelled mid-stream: the cancelled ones end early with a prefix of their tokens.
-        let got = run(&mut engine, &reqs, &joins, &[(1, 4), (6, 2)]);
+        let got = run(&mut engine, copies(&reqs), &joins, &[(1, 4), (6, 2)]);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             if i == 1 || i == 6 {
                 assert_eq!(g.1, Some(StopReason::Caller), "{what}: request {i}");
@@ -185,7 +206,7 @@ fn any_batch_size_loop_and_sampler_give_the_same_tokens() {
             let opts = BatchOptions { form: Some(form), ..BatchOptions::new(max_batch, 16) };
             let mut engine =
                 BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, device), opts, depth).unwrap();
-            let got = run(&mut engine, &reqs, &joins, &[]);
+            let got = run(&mut engine, copies(&reqs), &joins, &[]);
             assert_eq!(got, want, "{form:?}: max_batch {max_batch}, device sampler {device}, depth {depth}");
         }
         if form == BatchForm::OneToken {
@@ -253,23 +274,23 @@ fn queue_limit_and_bad_requests_are_refused() {
     let gpu = common::gpu();
     let opts = BatchOptions::new(2, 2);
     let mut engine = BatchEngine::new(model(&gpu, "smollm2-135m", "q8_0"), sampler(&gpu, true), opts, 3).unwrap();
-    let ok = Request { prompt: vec![1, 2, 3], params: SamplingParams::greedy(), max_tokens: 4, stop_ids: vec![] };
+    let ok = || Request::new(vec![1, 2, 3], SamplingParams::greedy(), 4, vec![]);
     // Two for the free sequences, two to wait: the fifth is refused.
     for _ in 0..4 {
-        engine.submit(ok.clone()).unwrap();
+        engine.submit(ok()).unwrap();
     }
-    assert!(matches!(engine.submit(ok.clone()), Err(SubmitError::QueueFull)));
+    assert!(matches!(engine.submit(ok()), Err(SubmitError::QueueFull)));
     let mut bad = |r: Request| match engine.submit(r) {
         Err(SubmitError::Invalid(e)) => e.to_string(),
         other => panic!("accepted a bad request: {other:?}"),
     };
-    let msg = bad(Request { prompt: vec![], ..ok.clone() });
+    let msg = bad(Request { prompt: vec![], ..ok() });
     assert!(msg.contains("empty"), "{msg}");
-    let msg = bad(Request { prompt: vec![1; 96], ..ok.clone() });
+    let msg = bad(Request { prompt: vec![1; 96], ..ok() });
     assert!(msg.contains("context"), "{msg}");
-    let msg = bad(Request { prompt: vec![1000], ..ok.clone() });
+    let msg = bad(Request { prompt: vec![1000], ..ok() });
     assert!(msg.contains("vocabulary"), "{msg}");
-    let msg = bad(Request { params: SamplingParams { top_p: 1.5, ..SamplingParams::greedy() }, ..ok.clone() });
+    let msg = bad(Request { params: SamplingParams { top_p: 1.5, ..SamplingParams::greedy() }, ..ok() });
     assert!(msg.contains("top_p"), "{msg}");
     // The queued ones still run to the end.
     let mut done = 0;
@@ -349,5 +370,72 @@ fn batch_rows_are_the_one_sequence_pass() {
                 );
             }
         }
+    }
+}
+
+/// A bounded JSON schema: every path through it ends well within [`constrained_beside_free`]'s
+/// token limit.
+const SCHEMA: &str = r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120}, "tags": {"type": "array", "maxItems": 2,
+    "items": {"enum": ["a", "b"]}}}, "required": ["name", "age"], "additionalProperties": false}"#;
+
+/// Two requests constrained by [`SCHEMA`] (greedy and seeded) beside three free ones, joining
+/// mid-stream, in the one-token form with the pipelined device sampler and with the host
+/// sampler: each constrained request gets the tokens the one-sequence constrained loop
+/// (`constrained::generate`) gives it alone and ends complete with output that validates
+/// against the schema, and the free requests get the tokens they get alone. The model is tiny
+/// with SmolLM2's real vocabulary (random weights: only the mask keeps the output valid).
+#[test]
+fn constrained_beside_free() {
+    let gpu = common::gpu();
+    let ck = Checkpoint::open(&common::model("smollm2")).unwrap();
+    let tokenizer = Tokenizer::from_source(&ck.tokenizer, ck.config.add_bos, ck.config.bos_token_id).unwrap();
+    let eos = ck.config.eos_token_ids.clone();
+    let vocab = Vocabulary::new(&tokenizer, ck.config.vocab_size, &eos).unwrap();
+    let weights = synthetic::build(&shrunk("smollm2-135m", vocab.len()), "q8_0", "synthetic:tiny", 5).unwrap();
+    let load = || Model::load(&gpu, &weights, Some(96), &mut |_, _| {}).unwrap();
+    let schema = Constraint::JsonSchema(SCHEMA.into());
+    let prompt = tokenizer.encode("Answer in JSON:", false).unwrap();
+    let (max_tokens, params) = (64, [SamplingParams::greedy(), sampled(77)]);
+    let constrained_req = |p: &SamplingParams| Request {
+        constraint: Some(vocab.matcher(&schema).unwrap()),
+        ..Request::new(prompt.clone(), *p, max_tokens, eos.clone())
+    };
+    // Each constrained request alone, through the one-sequence loop.
+    let mut m = load();
+    let mut s = DeviceSampler::new(&gpu).unwrap();
+    let want: Vec<(Vec<u32>, Option<StopReason>)> = params
+        .iter()
+        .map(|p| {
+            let mut matcher = vocab.matcher(&schema).unwrap();
+            let mut tokens = Vec::new();
+            let stats = constrained::generate(&mut m, &mut s, &prompt, max_tokens, p, &mut matcher, &eos, &mut |t| {
+                tokens.push(t);
+                Ok(true)
+            })
+            .unwrap();
+            (tokens, Some(stats.stop))
+        })
+        .collect();
+    let validator = jsonschema::validator_for(&serde_json::from_str(SCHEMA).unwrap()).unwrap();
+    for (i, (tokens, stop)) in want.iter().enumerate() {
+        assert_eq!(*stop, Some(StopReason::Eos), "constrained request {i} alone ends complete");
+        let body: Vec<u32> = tokens.iter().copied().filter(|t| !eos.contains(t)).collect();
+        let text = tokenizer.decode(&body).unwrap();
+        let value: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("request {i}: {text:?} is not JSON: {e}"));
+        assert!(validator.is_valid(&value), "request {i}: {text} does not follow the schema");
+    }
+    let free: Vec<Request> = requests().into_iter().take(3).collect();
+    for device in [true, false] {
+        let opts = BatchOptions { form: Some(BatchForm::OneToken), ..BatchOptions::new(4, 8) };
+        let mut engine = BatchEngine::new(load(), sampler(&gpu, device), opts, 3).unwrap();
+        let free_alone = alone(&mut engine, &free);
+        let mut reqs = copies(&free);
+        reqs.extend(params.iter().map(constrained_req));
+        // The free ones start (pipelined), the constrained ones join mid-stream.
+        let got = run(&mut engine, reqs, &[0, 0, 1, 3, 4], &[]);
+        assert_eq!(got[..3], free_alone[..], "device sampler {device}: the free requests beside constrained ones");
+        assert_eq!(got[3..], want[..], "device sampler {device}: the constrained requests vs the one-sequence loop");
     }
 }

@@ -7,13 +7,20 @@
 //!
 //! A request's tokens depend only on its prompt, its parameters and its seed: the sampler's
 //! counter is keyed by the request's own step, never by its row in the batch.
+//!
+//! A request may carry a constraint ([`Request::constraint`], a [`Matcher`]): each of its tokens
+//! is drawn under the mask its matcher gives, with the stop rules of the one-sequence
+//! constrained loop ([`constrained`](super::constrained)). The host must see each of its tokens
+//! before the next mask, so while a constrained request runs every step is read back (no steps
+//! in flight); its masks are per row, so its tokens do not depend on the others.
 
 use super::common::{non_finite_error, stop_after, StopReason};
 use crate::error::{Error, Result};
+use crate::grammar::Matcher;
 pub use crate::model::forward::BatchForm;
 use crate::model::Model;
 use crate::sampling::device::PassLog;
-use crate::sampling::{Draw, RowKey, SamplingBackend, SamplingParams};
+use crate::sampling::{Draw, RowKey, Rows, SamplingBackend, SamplingParams, TokenMask};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -22,14 +29,38 @@ use std::sync::Arc;
 pub type SeqId = u64;
 
 /// One generation request (token ids in, token ids out; text is the caller's business).
-#[derive(Clone, Debug)]
 pub struct Request {
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
     /// Tokens to generate at most (the context may end the request earlier).
     pub max_tokens: usize,
-    /// Tokens that end the request (delivered, then [`StopReason::Eos`]).
+    /// Tokens that end the request (delivered, then [`StopReason::Eos`]). For a constrained
+    /// request, its end-of-sequence tokens: those of the vocabulary its matcher was made on
+    /// ([`Vocabulary::eos`](crate::grammar::Vocabulary::eos)).
     pub stop_ids: Vec<u32>,
+    /// The constraint its output follows (a matcher at the start of the output), or `None`. It
+    /// ends with [`StopReason::Eos`] when the output is complete (an end token sampled, or
+    /// nothing else allowed), never at `max_tokens` or a full context.
+    pub constraint: Option<Matcher>,
+}
+
+impl Request {
+    /// A request without a constraint.
+    pub fn new(prompt: Vec<u32>, params: SamplingParams, max_tokens: usize, stop_ids: Vec<u32>) -> Self {
+        Self { prompt, params, max_tokens, stop_ids, constraint: None }
+    }
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("prompt", &self.prompt)
+            .field("params", &self.params)
+            .field("max_tokens", &self.max_tokens)
+            .field("stop_ids", &self.stop_ids)
+            .field("constrained", &self.constraint.is_some())
+            .finish()
+    }
 }
 
 /// What [`BatchEngine::step`] reports about a request.
@@ -114,12 +145,25 @@ struct Seq {
     last: u32,
     /// It stopped; steps already in flight still carry it, their tokens dropped.
     stopped: bool,
+    /// A constrained request's mask for its next token.
+    mask: Option<TokenMask>,
 }
 
 impl Seq {
     fn wants_step(&self) -> bool {
         !self.stopped && self.submitted < self.budget
     }
+
+    fn constrained(&self) -> bool {
+        self.req.constraint.is_some()
+    }
+}
+
+/// A request waiting for a sequence, with its first mask when it is constrained.
+struct Queued {
+    id: SeqId,
+    req: Request,
+    mask: Option<TokenMask>,
 }
 
 /// A decode step in flight: its readback slot, and which request each row was.
@@ -148,7 +192,7 @@ pub struct BatchEngine {
     depth: usize,
     /// The model decodes many sequences in one pass (else one request runs at a time).
     batched: bool,
-    queue: VecDeque<(SeqId, Request)>,
+    queue: VecDeque<Queued>,
     /// Running requests, in the row order of the steps being submitted.
     running: Vec<Seq>,
     free_slots: Vec<u32>,
@@ -263,17 +307,30 @@ impl BatchEngine {
 
     /// Checks a request and queues it; it joins at a later [`step`](Self::step) with a free
     /// sequence.
-    pub fn submit(&mut self, req: Request) -> Result<SeqId, SubmitError> {
+    /// A constrained request's first mask is computed here: a constraint that allows nothing
+    /// is refused.
+    pub fn submit(&mut self, mut req: Request) -> Result<SeqId, SubmitError> {
         self.check(&req).map_err(SubmitError::Invalid)?;
         // Requests that free sequences take at the next step do not wait (a stopped request's
         // sequence is freed before the next admission).
         if self.queue.len() >= self.opts.max_queue + self.free_sequences() {
             return Err(SubmitError::QueueFull);
         }
+        let mask = match req.constraint.as_mut() {
+            Some(m) => Some(self.first_mask(m).map_err(SubmitError::Invalid)?),
+            None => None,
+        };
         let id = self.next_id;
         self.next_id += 1;
-        self.queue.push_back((id, req));
+        self.queue.push_back(Queued { id, req, mask });
         Ok(id)
+    }
+
+    /// A constrained request's first mask, over the model's logits.
+    fn first_mask(&self, matcher: &mut Matcher) -> Result<TokenMask> {
+        let mask = matcher.mask()?;
+        mask.check(self.model.config.vocab_size)?;
+        Ok(mask)
     }
 
     fn check(&self, req: &Request) -> Result<()> {
@@ -286,6 +343,11 @@ impl BatchEngine {
                 "token id {bad} is outside the vocabulary ({})",
                 self.model.config.vocab_size
             )));
+        }
+        if req.constraint.is_some() && req.stop_ids.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a constrained request needs its end-of-sequence tokens (stop_ids)".into(),
+            ));
         }
         if req.prompt.len() >= self.model.max_ctx {
             return Err(Error::InvalidArgument(format!(
@@ -300,7 +362,7 @@ impl BatchEngine {
     /// Drops a queued or running request; no more events come for it. Returns whether it was
     /// known.
     pub fn cancel(&mut self, id: SeqId) -> bool {
-        if let Some(i) = self.queue.iter().position(|(q, _)| *q == id) {
+        if let Some(i) = self.queue.iter().position(|q| q.id == id) {
             self.queue.remove(i);
             return true;
         }
@@ -331,7 +393,9 @@ impl BatchEngine {
             }
             let same = self.in_flight.is_empty() || rows == self.fed;
             let joiners = !self.queue.is_empty() && !self.free_slots.is_empty();
-            if !same || (joiners && !self.in_flight.is_empty()) {
+            // A constrained row's next mask waits for its last token: nothing in flight.
+            let constrained = self.running.iter().any(|s| s.wants_step() && s.constrained());
+            if !same || ((joiners || constrained) && !self.in_flight.is_empty()) {
                 break;
             }
             self.submit_step(&rows)?;
@@ -404,7 +468,7 @@ impl BatchEngine {
     /// Prefills waiting requests into free slots and delivers their first tokens.
     fn admit(&mut self, sink: &mut dyn FnMut(SeqId, Event)) -> Result<()> {
         while !self.free_slots.is_empty() {
-            let Some((id, req)) = self.queue.pop_front() else { break };
+            let Some(Queued { id, req, mask }) = self.queue.pop_front() else { break };
             if req.max_tokens == 0 {
                 let prompt_tokens = req.prompt.len();
                 sink(id, Event::Finished { reason: StopReason::MaxTokens, prompt_tokens, generated_tokens: 0 });
@@ -418,10 +482,12 @@ impl BatchEngine {
                 self.model.forward(&req.prompt)?
             };
             let key = RowKey { step: 0, stream: 0 };
-            let d = self.sampler.draw_rows(&self.model.gpu, &logits, std::slice::from_ref(&req.params), &[key])?;
+            let rows = Rows { params: std::slice::from_ref(&req.params), keys: &[key], masks: &[mask.as_ref()] };
+            let d = self.sampler.draw_masked(&self.model.gpu, &logits, rows)?;
             let room = self.model.max_ctx - req.prompt.len() + 1;
             let budget = req.max_tokens.min(room);
-            self.running.push(Seq { id, req, slot, delivered: 0, submitted: 1, budget, last: 0, stopped: false });
+            let s = Seq { id, req, slot, delivered: 0, submitted: 1, budget, last: 0, stopped: false, mask: None };
+            self.running.push(s);
             let s = self.running.last_mut().expect("pushed");
             deliver(s, d.ids[0], d.non_finite[0], self.model.max_ctx, sink);
             self.fed.clear();
@@ -438,6 +504,7 @@ impl BatchEngine {
         let seqs: Vec<&Seq> =
             rows.iter().map(|id| self.running.iter().find(|s| s.id == *id).expect("running")).collect();
         let params: Vec<SamplingParams> = seqs.iter().map(|s| s.req.params).collect();
+        let constrained = seqs.iter().any(|s| s.constrained());
         let keys: Vec<RowKey> = seqs.iter().map(|s| RowKey { step: s.submitted as u32, stream: 0 }).collect();
         let at: Vec<(u32, u32)> =
             seqs.iter().map(|s| ((s.req.prompt.len() + s.submitted - 1) as u32, s.slot)).collect();
@@ -454,7 +521,7 @@ impl BatchEngine {
         if let Some(ids) = &inputs {
             gpu.queue.write_buffer(&plan.ids.buffer, plan.ids.offset, bytemuck::cast_slice(ids));
         }
-        let Some(device) = self.sampler.as_device().filter(|_| self.depth > 0) else {
+        let Some(device) = self.sampler.as_device().filter(|_| self.depth > 0 && !constrained) else {
             let mut enc = gpu.device.create_command_encoder(&Default::default());
             plan.encode(&mut enc);
             gpu.queue.submit([enc.finish()]);
@@ -489,7 +556,8 @@ impl BatchEngine {
         Ok(())
     }
 
-    /// Samples `rows` from `logits` now (read back), as a step already finished.
+    /// Samples `rows` from `logits` now (read back), as a step already finished; constrained
+    /// rows under their masks.
     fn draw_now(
         &mut self,
         rows: &[SeqId],
@@ -497,7 +565,10 @@ impl BatchEngine {
         params: &[SamplingParams],
         keys: &[RowKey],
     ) -> Result<()> {
-        let d = self.sampler.draw_rows(&self.model.gpu, logits, params, keys)?;
+        let seqs: Vec<&Seq> =
+            rows.iter().map(|id| self.running.iter().find(|s| s.id == *id).expect("running")).collect();
+        let masks: Vec<Option<&TokenMask>> = seqs.iter().map(|s| s.mask.as_ref()).collect();
+        let d = self.sampler.draw_masked(&self.model.gpu, logits, Rows { params, keys, masks: &masks })?;
         for id in rows {
             self.running.iter_mut().find(|s| s.id == *id).expect("running").submitted += 1;
         }
@@ -508,7 +579,8 @@ impl BatchEngine {
 }
 
 /// Delivers `token`, the next of `s`, unless it stopped; stops it at eos, its budget or
-/// non-finite logits (the same rule as the one-sequence loops: [`stop_after`]).
+/// non-finite logits (the same rule as the one-sequence loops: [`stop_after`]); a constrained
+/// request also where its output is complete ([`advance`]).
 fn deliver(s: &mut Seq, token: u32, non_finite: bool, max_ctx: usize, sink: &mut dyn FnMut(SeqId, Event)) {
     if s.stopped {
         return;
@@ -523,10 +595,46 @@ fn deliver(s: &mut Seq, token: u32, non_finite: bool, max_ctx: usize, sink: &mut
     s.last = token;
     sink(s.id, Event::Token(token));
     let room = max_ctx - prompt + 1;
-    if let Some(reason) = stop_after(token, s.delivered, s.req.max_tokens, room, &s.req.stop_ids) {
+    let complete = match advance(s, token) {
+        Ok(complete) => complete,
+        Err(e) => {
+            s.stopped = true;
+            sink(s.id, Event::Failed(e));
+            return;
+        }
+    };
+    let reason = if complete {
+        Some(StopReason::Eos)
+    } else {
+        stop_after(token, s.delivered, s.req.max_tokens, room, &s.req.stop_ids)
+    };
+    if let Some(reason) = reason {
         s.stopped = true;
         sink(s.id, Event::Finished { reason, prompt_tokens: prompt, generated_tokens: s.delivered });
     }
+}
+
+/// Moves a constrained request's matcher past `token` and keeps its next mask: whether its
+/// output is complete (an end token, the matcher finished, or nothing but an end token allowed
+/// next: the rules of [`constrained`](super::constrained)). Always false for a free request.
+fn advance(s: &mut Seq, token: u32) -> Result<bool> {
+    let eos = &s.req.stop_ids;
+    let Some(matcher) = s.req.constraint.as_mut() else { return Ok(false) };
+    s.mask = None;
+    if eos.contains(&token) {
+        return Ok(true);
+    }
+    matcher.advance(token)?;
+    if matcher.is_finished() {
+        return Ok(true);
+    }
+    let mask = matcher.mask()?;
+    let allowed_eos = (0..eos.len()).filter(|&i| !eos[..i].contains(&eos[i]) && mask.allows(eos[i])).count();
+    if mask.count() == allowed_eos {
+        return Ok(true);
+    }
+    s.mask = Some(mask);
+    Ok(false)
 }
 
 // A server moves the engine into a worker thread of its own.

@@ -1,6 +1,7 @@
 //! The OpenAI API's request and response bodies (the parts this server implements), and its
 //! error shape.
 
+use crate::grammar::Constraint;
 use crate::sampling::SamplingParams;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -74,8 +75,8 @@ pub struct SamplingFields {
 
 /// The first field of OpenAI's API that the server does not implement which `fields` asks for,
 /// as a 400 naming it. `null`, and values that ask for nothing (`logprobs: false`, a penalty of
-/// 0, `best_of: 1`, `response_format: {"type": "text"}`, `tools: []`, `tool_choice: "none"`),
-/// pass.
+/// 0, `best_of: 1`, `tools: []`, `tool_choice: "none"`), pass. `response_format` is
+/// [`response_format`]'s.
 pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let nothing = |v: &Value| match v {
         Value::Null | Value::Bool(false) => true,
@@ -91,7 +92,6 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
         "logit_bias" | "presence_penalty" | "frequency_penalty" | "suffix" | "logprobs" | "top_logprobs" | "tools"
         | "functions" => !nothing(v),
         "best_of" => !(v.is_null() || v == 1),
-        "response_format" => !(nothing(v) || *v == json!({"type": "text"})),
         "tool_choice" | "function_call" => !no_tool(v),
         _ => false,
     };
@@ -106,7 +106,7 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
 }
 
 /// The fields [`unimplemented`] refuses.
-const UNIMPLEMENTED: [&str; 12] = [
+const UNIMPLEMENTED: [&str; 11] = [
     "logit_bias",
     "presence_penalty",
     "frequency_penalty",
@@ -114,7 +114,6 @@ const UNIMPLEMENTED: [&str; 12] = [
     "best_of",
     "logprobs",
     "top_logprobs",
-    "response_format",
     "tools",
     "tool_choice",
     "functions",
@@ -215,6 +214,53 @@ pub struct Generation {
     pub stops: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// What the output must match (`response_format`), or `None`.
+    pub constraint: Option<Constraint>,
+}
+
+/// The constraint `response_format` asks for: none for `{"type": "text"}` (or no field),
+/// [`Constraint::JsonObject`] for `{"type": "json_object"}`, [`Constraint::JsonSchema`] for
+/// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}` (the output always
+/// follows the schema, `strict` or not). Anything else is a 400 naming the problem; whether a
+/// schema compiles is [`Vocabulary::matcher`](crate::grammar::Vocabulary::matcher)'s.
+pub fn response_format(fields: &serde_json::Map<String, Value>) -> Result<Option<Constraint>, ApiError> {
+    let bad = |msg: String| ApiError::invalid(msg, Some("response_format"));
+    let v = match fields.get("response_format") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(v) => return Err(bad(format!("response_format must be an object with a 'type', not {v}"))),
+    };
+    match v.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Constraint::JsonObject)),
+        Some("json_schema") => {
+            let Some(Value::Object(js)) = v.get("json_schema") else {
+                return Err(bad("response_format of type 'json_schema' needs a 'json_schema' object".into()));
+            };
+            if let Some(name) = js.get("name") {
+                if !name.as_str().is_some_and(|n| !n.is_empty() && n.len() <= 64) {
+                    return Err(bad(format!("json_schema.name must be a string of 1 to 64 characters, not {name}")));
+                }
+            }
+            if let Some(strict) = js.get("strict") {
+                if !(strict.is_boolean() || strict.is_null()) {
+                    return Err(bad(format!("json_schema.strict must be true or false, not {strict}")));
+                }
+            }
+            match js.get("schema") {
+                Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+                    Ok(Some(Constraint::JsonSchema(schema.to_string())))
+                }
+                None | Some(Value::Null) => Err(bad("json_schema.schema is missing: the JSON schema to follow".into())),
+                Some(other) => Err(bad(format!("json_schema.schema must be a JSON schema (an object), not {other}"))),
+            }
+        }
+        Some(kind) => {
+            Err(bad(format!("response_format type '{kind}' is not supported: 'text', 'json_object' or 'json_schema'"))
+                .with_code("unsupported_parameter"))
+        }
+        None => Err(bad("response_format needs a 'type': 'text', 'json_object' or 'json_schema'".into())),
+    }
 }
 
 /// OpenAI's documented ranges where it has them (temperature 0..=2, top_p in (0, 1]), this
@@ -231,6 +277,7 @@ pub fn generation(
         }
     }
     unimplemented(&f.other)?;
+    let constraint = response_format(&f.other)?;
     let mut p = *defaults;
     if let Some(t) = f.temperature {
         if !(0.0..=2.0).contains(&t) {
@@ -283,6 +330,7 @@ pub fn generation(
         stops,
         stream: f.stream.unwrap_or(false),
         include_usage: f.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
+        constraint,
     })
 }
 
@@ -376,7 +424,7 @@ mod tests {
             (json!({"logprobs": true}), "logprobs"),
             (json!({"logprobs": 2}), "logprobs"),
             (json!({"top_logprobs": 5}), "top_logprobs"),
-            (json!({"response_format": {"type": "json_object"}}), "response_format"),
+            (json!({"response_format": {"type": "grammar"}}), "response_format"),
             (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
             (json!({"tool_choice": "required"}), "tool_choice"),
             (json!({"functions": [{"name": "f"}]}), "functions"),
@@ -394,5 +442,32 @@ mod tests {
             "stream_options": {"include_usage": false}, "parallel_tool_calls": false, "metadata": {"k": "v"},
         });
         generation(&fields(harmless), None, &d, || 0).unwrap();
+    }
+
+    #[test]
+    fn response_formats_become_constraints() {
+        let d = SamplingParams::default();
+        let c = |v: Value| generation(&fields(json!({ "response_format": v })), None, &d, || 0).map(|g| g.constraint);
+        assert_eq!(c(json!({"type": "text"})).unwrap(), None);
+        assert_eq!(c(Value::Null).unwrap(), None);
+        assert_eq!(c(json!({"type": "json_object"})).unwrap(), Some(Constraint::JsonObject));
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let got = c(json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}));
+        let Some(Constraint::JsonSchema(text)) = got.unwrap() else { panic!("a schema") };
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), schema);
+        for (v, says) in [
+            (json!({"type": "json_schema"}), "'json_schema' object"),
+            (json!({"type": "json_schema", "json_schema": {"name": "x"}}), "schema is missing"),
+            (json!({"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}), "must be a JSON schema"),
+            (json!({"type": "json_schema", "json_schema": {"name": "", "schema": {}}}), "name"),
+            (json!({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}), "strict"),
+            (json!({"type": "regex"}), "'regex' is not supported"),
+            (json!({}), "needs a 'type'"),
+            (json!("json"), "must be an object"),
+        ] {
+            let e = c(v.clone()).unwrap_err();
+            assert_eq!((e.status, e.param), (400, Some("response_format")), "{v}");
+            assert!(e.message.contains(says), "{v}: {}", e.message);
+        }
     }
 }

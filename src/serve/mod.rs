@@ -12,6 +12,11 @@
 //! implement included, by name), and nothing a client sends reaches a panic. Slow clients,
 //! too many connections and shutdown are [`listen`]'s.
 //!
+//! `response_format` (`json_object`, `json_schema`) holds the output: the HTTP task compiles
+//! the request's [`Constraint`](crate::grammar::Constraint) into a matcher over the vocabulary
+//! built at startup ([`ServerState::grammar`]; a bad schema is a 400) and the engine draws each
+//! of its tokens under its mask ([`Request::constraint`]).
+//!
 //! Every completion says its seed (the request's, or the random one it was given): in the
 //! `x-seed` response header and as `system_fingerprint: "seed-N"`; the same request with
 //! `"seed": N` gives the same answer.
@@ -25,6 +30,7 @@ pub mod worker;
 use crate::chat::{ChatTemplate, Message};
 use crate::decode::batch::{Request, SubmitError};
 use crate::decode::StopReason;
+use crate::grammar::Vocabulary;
 use crate::sampling::{random_seed, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use api::{ApiError, ChatRequest, CompletionRequest, Generation, Prompt, Usage};
@@ -60,6 +66,9 @@ pub struct ServerState {
     pub template: Option<ChatTemplate>,
     /// Token ids that end a completion.
     pub stop_ids: Vec<u32>,
+    /// The model's vocabulary for structured output (`response_format`), built once at
+    /// startup over `stop_ids`; `Err`: why the tokenizer has none (such requests get a 400).
+    pub grammar: Result<Vocabulary, String>,
     /// The context of one sequence, in tokens.
     pub max_ctx: usize,
     /// The id `/v1/models` lists.
@@ -279,11 +288,24 @@ async fn run(
         .with_code("context_length_exceeded"));
     }
     let prompt_tokens = ids.len();
+    let constraint = match &g.constraint {
+        None => None,
+        Some(c) => {
+            let vocab = st.grammar.as_ref().map_err(|e| {
+                ApiError::invalid(
+                    format!("structured output is not available for this model: {e}"),
+                    Some("response_format"),
+                )
+            })?;
+            Some(vocab.matcher(c).map_err(|e| ApiError::invalid(e.to_string(), Some("response_format")))?)
+        }
+    };
     let req = Request {
         prompt: ids,
         params: g.params,
         max_tokens: g.max_tokens.unwrap_or(usize::MAX),
         stop_ids: st.stop_ids.clone(),
+        constraint,
     };
     let rx = st.worker.start(req).await.map_err(|e| match e {
         StartError::Refused(SubmitError::QueueFull) => ApiError::busy(),
