@@ -119,17 +119,22 @@ fn bench_arguments_are_validated() {
     fails_with(out, &["unknown synthetic model", "qwen2.5-1.5b"]);
 }
 
+/// `bench --json --reps 1` on a synthetic SmolLM2 with `extra`: its report (the run must succeed).
+fn bench_json(extra: &[&str]) -> serde_json::Value {
+    let out = bin()
+        .args(["bench", "--synthetic", "smollm2-135m:q4_1", "--json", "--reps", "1"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn bench_profile_times_every_dispatch() {
     // `--profile` times each dispatch of a decode step: one entry per (kernel, variant, grid), counts
     // adding up to the step's dispatches, every time positive.
-    let out = bin()
-        .args(["bench", "--synthetic", "smollm2-135m:q4_1", "--json", "--reps", "1", "--prompt-tokens", "4"])
-        .args(["--gen-tokens", "2", "--temperature", "0", "--profile", "1"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = bench_json(&["--prompt-tokens", "4", "--gen-tokens", "2", "--temperature", "0", "--profile", "1"]);
     let rows = v["profile"].as_array().expect("a profile array");
     let count: u64 = rows.iter().map(|r| r["count"].as_u64().unwrap()).sum();
     // The forward pass's dispatches: the step's, less the sampler's.
@@ -144,13 +149,7 @@ fn bench_history_times_a_cached_turn() {
     // `--history-tokens`: the first token of a message after a held conversation, cold and with the
     // history kept in the KV cache; the bench itself fails unless both give the same token (seeded
     // sampling, so the RNG's step counter must also line up), and both times are measured.
-    let out = bin()
-        .args(["bench", "--synthetic", "smollm2-135m:q4_1", "--json", "--reps", "1", "--history-tokens", "40"])
-        .args(["--prompt-tokens", "6", "--seed", "7", "--temperature", "0.8"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = bench_json(&["--history-tokens", "40", "--prompt-tokens", "6", "--seed", "7", "--temperature", "0.8"]);
     assert_eq!((v["history_tokens"].as_u64(), v["message_tokens"].as_u64()), (Some(40), Some(6)));
     for k in ["ttft_cold_ms", "ttft_cached_ms"] {
         assert!(v[k].as_f64().is_some_and(|t| t > 0.0), "{k}: {v}");
