@@ -315,3 +315,33 @@ fn quantize_at_load() {
         assert!(err.starts_with("error:") && err.contains(needle), "{err}");
     }
 }
+
+#[test]
+fn generate_holds_its_output_to_a_schema() {
+    // `--json-schema`: SmolLM2 answers within the schema (validated), greedy and seeded; a schema
+    // that is not one, a missing file and two constraints at once are clear errors.
+    let p = common::model("smollm2");
+    let schema = r#"{"type":"object","properties":{"answer":{"type":"integer","minimum":0,"maximum":20},
+        "unit":{"enum":["apples","pears"]}},"required":["answer","unit"],"additionalProperties":false}"#;
+    let file = scratch("schema.json");
+    std::fs::write(&file, schema).unwrap();
+    let check = jsonschema::validator_for(&serde_json::from_str(schema).unwrap()).unwrap();
+    for sampling in [&["--temperature", "0"][..], &["--seed", "3"][..]] {
+        let out = bin()
+            .args(["generate", "--quiet", "--chat", "--max-tokens", "48", "--prompt", "How many apples? 2+3."])
+            .args(["--json-schema", file.to_str().unwrap(), "--model"])
+            .arg(&p)
+            .args(sampling)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(check.is_valid(&v), "{sampling:?}: {v} is not valid under the schema");
+    }
+    std::fs::write(&file, r##"{"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}"##).unwrap();
+    fails_with(generate(&p, &["--json-schema", file.to_str().unwrap()]), &["nowhere"]);
+    fails_with(generate(&p, &["--json-schema", "/no/such/schema.json"]), &["/no/such/schema.json"]);
+    let out = generate(&p, &["--json-schema", file.to_str().unwrap(), "--regex", "a+"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--regex"));
+}
