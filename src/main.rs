@@ -307,6 +307,11 @@ struct ServeArgs {
     /// Requests waiting for a sequence at most; beyond, requests get 429.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
+    /// How a batch step computes each sequence's row: `one-token` (every request gets exactly
+    /// `generate`'s tokens, at its speed for one client; slower for many) or `batched` (faster
+    /// for many); default: one-token with --max-batch 1, else batched.
+    #[arg(long, value_name = "FORM")]
+    batch_form: Option<BatchFormArg>,
     /// Context of each sequence (prompt plus completion), in tokens; default min(model maximum,
     /// 4096).
     #[arg(long)]
@@ -559,11 +564,11 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     let engine = BatchEngine::new(
         model,
         sampler(a.sampling.sampler, &gpu)?,
-        BatchOptions::new(a.max_batch, a.max_queue),
+        BatchOptions { form: a.batch_form.map(BatchFormArg::form), ..BatchOptions::new(a.max_batch, a.max_queue) },
         depth,
     )?;
     let together = if engine.is_batched() {
-        format!("{} sequences decoded together", a.max_batch)
+        format!("{} sequences decoded together, {:?} form", a.max_batch, engine.model().batch_form())
     } else {
         "one sequence at a time (recurrent or mixture-of-experts layers)".to_string()
     };
