@@ -27,13 +27,13 @@ use common::{time_per_call, Args, QUICK};
 use half::f16;
 use wgpu_llm::dtype::DType;
 use wgpu_llm::gpu::tensor::test_util::{gpu, max_abs_diff, random};
-use wgpu_llm::gpu::{ElemType, Kernel};
+use wgpu_llm::gpu::{ElemType, Gpu, Kernel, Tensor};
 use wgpu_llm::ops::matmul::bench::{
     batch_rows, check_operands, dp4_fits, has_dp4, matmul_quant, matmul_quant_coop, matvec_quant, matvec_quant_batch,
     tuned_shape, MatmulConfig, QMatvecConfig,
 };
 use wgpu_llm::ops::matmul::gguf::{quantize_x16, staged_x_words};
-use wgpu_llm::ops::matmul::{linear, Input, LinearOpts, Operands, MATVEC_MAX_T};
+use wgpu_llm::ops::matmul::{linear, Input, LinearOpts, Operands, Weight, MATVEC_MAX_T};
 use wgpu_llm::weights::test_util::{random_blocks, TYPES};
 use wgpu_llm::weights::QuantWeight;
 
@@ -241,10 +241,7 @@ fn matvecs(a: &Args) {
         let w = QuantWeight::new(&gpu, "w", ty, [n, k], &raw).unwrap();
         let mut line = format!("few/many tokens {ty} N={n} K={k}:");
         for &t in ts {
-            let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
-            let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
-            let kern = linear(&gpu, &x, &w, None, &y, opts).unwrap();
-            let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
+            let (x, y, tm) = time_linear(&gpu, &w, [n, k], t, opts);
             line += &format!(" T={t} {:.1}us {:.2}TFLOP/s", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
             if gpu.caps.coop && t > MATVEC_MAX_T {
                 // (the auto pick above is the tensor-core matmul: the f32 one beside it)
@@ -261,13 +258,19 @@ fn matvecs(a: &Args) {
     let w = gpu.upload_f16("w", &[n, k], &wh).unwrap();
     let mut line = format!("few/many tokens f16 N={n} K={k}:");
     for &t in ts {
-        let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
-        let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
-        let kern = linear(&gpu, &x, &w, None, &y, opts).unwrap();
-        let tm = time_per_call(&gpu, QUICK, &|pass| kern.encode(pass));
+        let tm = time_linear(&gpu, &w, [n, k], t, opts).2;
         line += &format!(" T={t} {:.1}us {:.2}TFLOP/s;", tm * 1e6, (2 * t * n * k) as f64 / tm / 1e12);
     }
     eprintln!("{line}");
+}
+
+/// `linear` over `t` random tokens with the `[N, K]` weight `w` (f16 or quantized), timed: its x,
+/// its y and the seconds a call takes.
+fn time_linear<W: Weight>(gpu: &Gpu, w: &W, [n, k]: [usize; 2], t: usize, opts: LinearOpts) -> (Tensor, Tensor, f64) {
+    let x = gpu.upload_f32("x", &[t, k], &random(t * k, 1, 1.0)).unwrap();
+    let y = gpu.upload_f32("y", &[t, n], &vec![0.0; t * n]).unwrap();
+    let kern = linear(gpu, &x, w, None, &y, opts).unwrap();
+    (x, y, time_per_call(gpu, QUICK, &|pass| kern.encode(pass)))
 }
 
 /// The tensor-core matmul's time and where it goes: with the W loads, the x loads or the
