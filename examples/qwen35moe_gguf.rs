@@ -3,6 +3,11 @@
 //! `tokenizer.ggml.model = "none"` and `qwen35moe.vocab_size`), for llama.cpp to run beside
 //! `wgpu-llm bench --synthetic qwen3.5-35b-a3b:RECIPE` with the same shapes and tensor types.
 //!
+//! With `--tokenizer-from DONOR.gguf` the file carries the donor's tokenizer instead (its
+//! `tokenizer.ggml.*` metadata; Qwen2.5's byte-level BPE for this shape), padded to the
+//! shape's 248,320 rows with control tokens `<|extra_N|>` that no text spells: both engines
+//! can then tokenize a prompt and hold the output to a grammar (structured-output benchmarks).
+//!
 //! The weights are those of [`wgpu_llm::loader::synthetic`] (random, scaled like trained ones),
 //! mapped to llama.cpp's names: the fused `attn_q` of q and gate rows per head, `attn_qkv` /
 //! `attn_gate` for the Gated DeltaNet's input projections, `ssm_a = -exp(A_log)`, `ssm_dt.bias`,
@@ -11,19 +16,25 @@
 //! is not permuted.
 //!
 //! ```sh
-//! cargo run --release --example qwen35moe_gguf -- q4_k_m OUT.gguf [LAYERS]
+//! cargo run --release --example qwen35moe_gguf -- q4_k_m OUT.gguf [LAYERS] [--tokenizer-from DONOR.gguf]
 //! ```
 
 use wgpu_llm::loader::gguf::GgufWriter;
 use wgpu_llm::loader::synthetic;
+use wgpu_llm::loader::{Checkpoint, TokenizerSource};
 use wgpu_llm::model::config::{Mixer, MlpSpec};
 use wgpu_llm::model::qwen3_5_moe::Qwen35MoeConfig;
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let donor = match args.iter().position(|a| a == "--tokenizer-from") {
+        Some(i) if i + 1 < args.len() => Some(args.drain(i..i + 2).nth(1).expect("two drained")),
+        Some(_) => anyhow::bail!("--tokenizer-from needs a GGUF file"),
+        None => None,
+    };
     let (recipe, out) = match &args[..] {
         [r, o] | [r, o, _] => (r.as_str(), o.as_str()),
-        _ => anyhow::bail!("usage: qwen35moe_gguf RECIPE OUT.gguf [LAYERS]"),
+        _ => anyhow::bail!("usage: qwen35moe_gguf RECIPE OUT.gguf [LAYERS] [--tokenizer-from DONOR.gguf]"),
     };
     let mut q = Qwen35MoeConfig::qwen3_5_35b_a3b();
     if let Some(n) = args.get(2) {
@@ -35,7 +46,28 @@ fn main() -> anyhow::Result<()> {
     let mut w = GgufWriter::new();
     w.add_qwen35moe_config(&c)?;
     w.add_metadata("general.name", format!("synthetic Qwen3.5-35B-A3B shape, {recipe}"));
-    w.add_metadata("tokenizer.ggml.model", "none");
+    match donor {
+        Some(path) => {
+            let ck = Checkpoint::open(std::path::Path::new(&path))?;
+            let TokenizerSource::Gguf(mut t) = ck.tokenizer else {
+                anyhow::bail!("{path}: no GGUF tokenizer to copy");
+            };
+            anyhow::ensure!(t.tokens.len() <= c.vocab_size, "{path}: more tokens than the shape's vocabulary");
+            for i in t.tokens.len()..c.vocab_size {
+                t.tokens.push(format!("<|extra_{i}|>"));
+                if !t.token_types.is_empty() {
+                    t.token_types.push(wgpu_llm::loader::gguf::token_type::CONTROL);
+                }
+                if !t.scores.is_empty() {
+                    t.scores.push(0.0);
+                }
+            }
+            w.add_tokenizer(&t);
+        }
+        None => {
+            w.add_metadata("tokenizer.ggml.model", "none");
+        }
+    }
 
     let raw = |name: &str| ck.raw(name).map(|t| (t.dtype, t.shape, t.bytes));
     let f32_of = |name: &str| -> anyhow::Result<Vec<f32>> { Ok(ck.raw(name)?.to_f32()?) };
