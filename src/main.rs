@@ -453,6 +453,9 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     };
     let params = a.sampling.params()?;
     let constraint = a.constraint.constraint()?;
+    if let Some(c) = &constraint {
+        c.check()?;
+    }
     let req = wgpu_llm::engine::Request {
         prompt,
         chat: a.chat.then(|| Chat { system: a.system.clone(), messages: vec![] }),

@@ -46,6 +46,27 @@ impl Constraint {
         }
     }
 
+    /// Checks that the constraint compiles, before any model is loaded: the same grammar built
+    /// over a stand-in byte-level vocabulary, so a schema or grammar with an error is reported
+    /// at once (a model's own [`Vocabulary::matcher`] checks it again against its tokens).
+    pub fn check(&self) -> Result<()> {
+        static BYTES: std::sync::OnceLock<std::result::Result<ParserFactory, String>> = std::sync::OnceLock::new();
+        let factory = BYTES
+            .get_or_init(|| {
+                let env = ApproximateTokEnv::single_byte_env();
+                let mut f = ParserFactory::new(&env, capabilities(), &SlicedBiasComputer::general_slices())
+                    .map_err(|e| e.to_string())?;
+                f.quiet();
+                Ok(f)
+            })
+            .as_ref()
+            .map_err(|e| Error::InvalidArgument(format!("structured output: building the grammar engine: {e}")))?;
+        factory
+            .create_parser(self.top_level()?)
+            .map(drop)
+            .map_err(|e| Error::InvalidArgument(format!("invalid {}: {}", self.kind(), one_line(&e.to_string()))))
+    }
+
     /// The grammar llguidance compiles; a schema that is not JSON, or a grammar in GBNF (which
     /// llguidance does not read), is an error naming the problem.
     fn top_level(&self) -> Result<TopLevelGrammar> {
@@ -146,9 +167,7 @@ impl Vocabulary {
         let info = TokRxInfo::new(vocab as u32, first_eos);
         let trie = TokTrie::from(&info, &words).with_eos_tokens(eos);
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
-        let caps =
-            InferenceCapabilities { ff_tokens: false, backtrack: false, conditional_ff_tokens: false, fork: false };
-        let mut factory = ParserFactory::new(&env, caps, &SlicedBiasComputer::general_slices())
+        let mut factory = ParserFactory::new(&env, capabilities(), &SlicedBiasComputer::general_slices())
             .map_err(|e| bad(format!("building the grammar engine: {e}")))?;
         factory.quiet();
         Ok(Self { factory: Arc::new(factory), vocab, eos: eos.to_vec() })
@@ -180,6 +199,12 @@ impl Vocabulary {
         m.check()?;
         Ok(m)
     }
+}
+
+/// What the decode loops can do for the grammar engine: plain masks (no forced or rolled-back
+/// tokens).
+fn capabilities() -> InferenceCapabilities {
+    InferenceCapabilities { ff_tokens: false, backtrack: false, conditional_ff_tokens: false, fork: false }
 }
 
 /// The first line of an engine message (messages to users are one line).
@@ -242,6 +267,30 @@ impl Matcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn constraints_are_checked_without_a_model() {
+        let ok = [
+            Constraint::JsonSchema(r#"{"type": "object", "properties": {"a": {"type": "integer"}}}"#.into()),
+            Constraint::JsonObject,
+            Constraint::Regex("[a-z]+".into()),
+            Constraint::Lark("start: \"yes\" | \"no\"".into()),
+        ];
+        for c in &ok {
+            c.check().unwrap_or_else(|e| panic!("{c:?}: {e}"));
+        }
+        let bad = [
+            (Constraint::JsonSchema(r##"{"$ref": "#/$defs/missing"}"##.into()), "invalid JSON schema"),
+            (Constraint::JsonSchema("{not json".into()), "not JSON"),
+            (Constraint::Regex("(unclosed".into()), "invalid regex"),
+            (Constraint::Lark("start: undefined_rule".into()), "invalid grammar"),
+            (Constraint::Lark("root ::= \"a\"".into()), "GBNF"),
+        ];
+        for (c, want) in &bad {
+            let e = c.check().expect_err(&format!("{c:?} should be refused")).to_string();
+            assert!(e.contains(want), "{c:?}: {e}");
+        }
+    }
 
     #[test]
     fn gbnf_is_told_apart() {
