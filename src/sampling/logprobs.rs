@@ -173,6 +173,20 @@ impl LogprobHead {
         })
     }
 
+    /// The head in `slot`, made on first use (a decode loop makes one only once a row asks).
+    pub fn lazy<'a>(slot: &'a mut Option<Self>, gpu: &Gpu) -> Result<&'a mut Self> {
+        if slot.is_none() {
+            *slot = Some(Self::new(gpu)?);
+        }
+        Ok(slot.as_mut().expect("just made"))
+    }
+
+    /// The most bytes an output of `rows` rows takes (every row asking for the most top tokens):
+    /// what a readback buffer beside a step's ids needs.
+    pub fn max_bytes(rows: usize) -> u64 {
+        (rows * (1 + 2 * MAX_TOP_LOGPROBS as usize) * 4) as u64
+    }
+
     /// The output the last recorded dispatch writes (u32 words, [`Layout::bytes`] of them from
     /// byte 0; valid once that work has run).
     pub fn output(&self) -> &wgpu::Buffer {
