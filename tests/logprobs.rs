@@ -167,3 +167,156 @@ fn too_many_top_logprobs_are_refused() {
     let e = engine.submit(request(0, Some(21), true)).unwrap_err();
     assert!(e.to_string().contains("at most 20"), "{e}");
 }
+
+// ---------------------------------------------------------------------------------------
+// The server, on the tiny Gemma 4 fixture (a chat template that joins the messages' content).
+
+/// A running `wgpu-llm serve` and its address; killed on drop.
+struct Served(std::process::Child, String);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve() -> Served {
+    use std::io::BufRead;
+    let dir = std::env::temp_dir().join(format!("logprobs-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(common::fixture_dir().join("models/gemma4_tiny")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let config = r#"{"chat_template": "{% for m in messages %}{{ m.content }} {% endfor %}"}"#;
+    std::fs::write(dir.join("tokenizer_config.json"), config).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_wgpu-llm"))
+        .args(["serve", "--port", "0", "--ctx", "128", "--max-batch", "2", "--model"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("listening on http://").map(|a| a.trim().to_string()));
+    let served = Served(child, addr.unwrap_or_default());
+    assert!(!served.1.is_empty(), "the server did not start");
+    std::thread::spawn(move || lines.for_each(drop));
+    served
+}
+
+/// POSTs `body` over HTTP/1.0 (no chunked encoding): the status and the body.
+fn post(s: &Served, path: &str, body: &serde_json::Value) -> (u16, String) {
+    use std::io::{Read, Write};
+    let body = body.to_string();
+    let mut c = std::net::TcpStream::connect(&s.1).unwrap();
+    write!(c, "POST {path} HTTP/1.0\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+        .unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response");
+    (head.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status"), body.to_string())
+}
+
+fn answer(s: &Served, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let (status, text) = post(s, path, &body);
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The streamed chunks' `choices[0].logprobs` that are not null.
+fn streamed(s: &Served, path: &str, mut body: serde_json::Value) -> Vec<serde_json::Value> {
+    body["stream"] = true.into();
+    let (status, text) = post(s, path, &body);
+    assert_eq!(status, 200, "{text}");
+    let data = text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]");
+    let chunks: Vec<serde_json::Value> = data.map(|d| serde_json::from_str(d).unwrap()).collect();
+    chunks.iter().map(|c| c["choices"][0]["logprobs"].clone()).filter(|l| !l.is_null()).collect()
+}
+
+/// `{token, logprob, bytes}` as OpenAI shapes it: the token is the bytes' text.
+fn check_token(v: &serde_json::Value) -> (String, f64) {
+    let token = v["token"].as_str().unwrap_or_else(|| panic!("token: {v}")).to_string();
+    let logprob = v["logprob"].as_f64().unwrap_or_else(|| panic!("logprob: {v}"));
+    assert!(logprob <= 0.0, "{v}");
+    let bytes: Vec<u8> = serde_json::from_value(v["bytes"].clone()).unwrap_or_else(|e| panic!("bytes ({e}): {v}"));
+    assert_eq!(String::from_utf8_lossy(&bytes), token, "{v}");
+    (token, logprob)
+}
+
+#[test]
+fn the_server_answers_logprobs_as_openai_does() {
+    use serde_json::json;
+    let s = serve();
+    let chat = "/v1/chat/completions";
+    let ask = json!({"messages": [{"role": "user", "content": "one two"}], "max_tokens": 6, "temperature": 0,
+                     "logprobs": true, "top_logprobs": 3});
+    let v = answer(&s, chat, ask.clone());
+    let lp = &v["choices"][0]["logprobs"];
+    let content = lp["content"].as_array().unwrap_or_else(|| panic!("{v}"));
+    let generated = v["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    // The end-of-sequence token, if one ended it, has no entry.
+    assert!(!content.is_empty() && (generated - 1..=generated).contains(&content.len()), "{v}");
+    assert!(lp["refusal"].is_null(), "{v}");
+    for e in content {
+        let (token, logprob) = check_token(e);
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{e}");
+        let top: Vec<(String, f64)> = top.iter().map(check_token).collect();
+        assert!(top.windows(2).all(|w| w[0].1 >= w[1].1), "best first: {e}");
+        assert_eq!(top[0], (token, logprob), "greedy: the token is the top-1: {e}");
+    }
+    // Streamed: the chunks' entries make the same list.
+    let parts = streamed(&s, chat, ask);
+    let joined: Vec<serde_json::Value> = parts.iter().flat_map(|p| p["content"].as_array().unwrap().clone()).collect();
+    assert_eq!(&joined, content);
+    // Not asked: null.
+    let plain = json!({"messages": [{"role": "user", "content": "one"}], "max_tokens": 2});
+    assert!(answer(&s, chat, plain.clone())["choices"][0]["logprobs"].is_null());
+    assert!(streamed(&s, chat, plain).is_empty());
+
+    // Completions: logprobs: 2, with the prompt echoed.
+    let done = "/v1/completions";
+    let ask = json!({"prompt": "one two", "max_tokens": 5, "temperature": 0, "logprobs": 2, "echo": true});
+    let v = answer(&s, done, ask.clone());
+    let lp = &v["choices"][0]["logprobs"];
+    let column = |k: &str| lp[k].as_array().unwrap_or_else(|| panic!("{k}: {v}")).clone();
+    let (tokens, token_logprobs, top, offsets) =
+        (column("tokens"), column("token_logprobs"), column("top_logprobs"), column("text_offset"));
+    assert!(!tokens.is_empty(), "{v}");
+    let mut offset = "one two".chars().count() as u64;
+    for i in 0..tokens.len() {
+        let (token, logprob) = (tokens[i].as_str().unwrap(), token_logprobs[i].as_f64().unwrap());
+        let map = top[i].as_object().unwrap();
+        assert!((1..=3).contains(&map.len()), "at most n + 1 entries: {v}");
+        assert_eq!(map[token].as_f64(), Some(logprob), "greedy: the token is in its map: {v}");
+        assert!(map.values().all(|l| l.as_f64().unwrap() <= logprob), "greedy: the token is the best: {v}");
+        assert_eq!(offsets[i].as_u64(), Some(offset), "{v}");
+        offset += token.chars().count() as u64;
+    }
+    let parts = streamed(&s, done, ask);
+    for k in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        let joined: Vec<serde_json::Value> = parts.iter().flat_map(|p| p[k].as_array().unwrap().clone()).collect();
+        assert_eq!(joined, column(k), "streamed {k}");
+    }
+
+    // Bad values: a 400 in OpenAI's shape naming the field.
+    let user = json!([{"role": "user", "content": "x"}]);
+    for (path, body, param) in [
+        (chat, json!({"messages": user, "logprobs": true, "top_logprobs": 21}), "top_logprobs"),
+        (chat, json!({"messages": user, "top_logprobs": 2}), "top_logprobs"),
+        (chat, json!({"messages": user, "logprobs": 2}), "logprobs"),
+        (done, json!({"prompt": "x", "logprobs": 6}), "logprobs"),
+        (done, json!({"prompt": "x", "logprobs": -1}), "logprobs"),
+    ] {
+        let (status, text) = post(&s, path, &body);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let e = &v["error"];
+        assert_eq!((status, e["param"].as_str()), (400, Some(param)), "{body}: {text}");
+        assert!(e["message"].as_str().is_some_and(|m| m.contains(param)) && e["type"].is_string(), "{text}");
+    }
+}
