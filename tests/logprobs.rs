@@ -88,8 +88,10 @@ fn run(engine: &mut BatchEngine, reqs: Vec<Request>, joins: &[usize]) -> Tokens 
     panic!("the engine never went idle")
 }
 
-/// Exact bits of one token's logprobs.
-fn bits(t: &TokenLogprobs) -> (u32, Vec<(u32, u32)>) {
+/// Exact bits of one token's logprobs: the sampled token's, then the top (id, bits).
+type Bits = (u32, Vec<(u32, u32)>);
+
+fn bits(t: &TokenLogprobs) -> Bits {
     (t.logprob.to_bits(), t.top.iter().map(|&(i, l)| (i, l.to_bits())).collect())
 }
 
@@ -140,7 +142,7 @@ fn engine_logprobs_match_the_twin_on_the_sampled_logits() {
 fn logprobs_do_not_depend_on_the_batch_or_the_path() {
     let gpu = common::gpu();
     let x = || request(2, Some(20), true);
-    let mine = |t: Tokens| -> Vec<(u32, (u32, Vec<(u32, u32)>))> {
+    let mine = |t: Tokens| -> Vec<(u32, Bits)> {
         t.into_iter().filter(|e| e.0 == 0).map(|(_, t, lp)| (t, bits(&lp.expect("asked")))).collect()
     };
     let device = |depth| {
