@@ -1,13 +1,13 @@
 // sample_logprobs: log-probabilities of the model's distribution (the raw logits: no temperature,
 // filter, mask or penalty) for the rows of a step that ask (src/sampling/logprobs.rs has the spec).
-// One workgroup per asking row, which reads its row three times:
-//   1. m = max over the row of v = l with NaN as -inf;
+// One workgroup per asking row, which reads its row twice (v = l with NaN as -inf):
+//   1. the top max(info.top, 1) entries by (v desc, index asc): each thread keeps its own best
+//      entries in a sorted list (its entries come in index order, so a tie goes after the
+//      entries before it), then rounds pick the best head of the threads' lists (a tree argmax;
+//      the winner's thread is its index mod WG) and advance that list. The first is the
+//      maximum m;
 //   2. S = sum of exp(d(i)), d(i) = v - m (0 where v == m: the infinite maxima), in f32: each
-//      thread adds its entries in index order, then a tree over the workgroup; ln_s = log(S);
-//   3. the top `info.top` entries by (v desc, index asc): each thread keeps its own best entries
-//      in a sorted list (its entries come in index order, so a tie goes after the entries
-//      before it), then `top` rounds pick the best head of the threads' lists (a tree argmax;
-//      the winner's thread is its index mod WG) and advance that list.
+//      thread adds its entries in index order, then a tree over the workgroup; ln_s = log(S).
 // logprob(i) = d(i) - ln_s. Output row (stride 1 + 2 * top, u32 words): the sampled token's
 // logprob (f32 bits; the sampled id comes from `ids`, the sampler's output), then per rank
 // (id, logprob bits); ranks past the row's length get id NO_INDEX.
@@ -34,6 +34,9 @@ struct LogprobInfo {
 
 var<workgroup> red_v: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
+// The rounds' winners (value, index), best first.
+var<workgroup> best_v: array<f32, MAX_TOP>;
+var<workgroup> best_i: array<u32, MAX_TOP>;
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(0xFF800000u);
@@ -65,72 +68,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let row = select(0u, asked[min(a, info.asks - 1u)], live);
     let base = row * vocab;
 
-    // 1. The maximum.
-    var m = neg_inf();
-    for (var i = lid; i < vocab; i += WG) {
-        m = max(m, value(logits[base + i]));
-    }
-    red_v[lid] = m;
-    workgroupBarrier();
-    for (var h = WG / 2u; h > 0u; h >>= 1u) {
-        if (lid < h) {
-            red_v[lid] = max(red_v[lid], red_v[lid + h]);
-        }
-        workgroupBarrier();
-    }
-    m = red_v[0];
-    workgroupBarrier();
-
-    // 2. The sum of exp(d), and its log.
-    var s = 0.0;
-    for (var i = lid; i < vocab; i += WG) {
-        s += exp(shifted(value(logits[base + i]), m));
-    }
-    red_v[lid] = s;
-    workgroupBarrier();
-    for (var h = WG / 2u; h > 0u; h >>= 1u) {
-        if (lid < h) {
-            red_v[lid] += red_v[lid + h];
-        }
-        workgroupBarrier();
-    }
-    let ln_s = log(red_v[0]);
-    workgroupBarrier();
-
-    let o = a * info.stride;
-    if (live && lid == 0u) {
-        let id = ids[row];
-        var lp = neg_inf();
-        if (id < vocab) {
-            lp = shifted(value(logits[base + id]), m) - ln_s;
-        }
-        out[o] = bitcast<u32>(lp);
-    }
-
-    // 3. The top entries: this thread's own, best first.
-    let top = info.top;
+    // 1. The best entries: this thread's own, best first, then the rounds over the threads.
+    let keep = max(info.top, 1u);
     var tv: array<f32, MAX_TOP>;
     var ti: array<u32, MAX_TOP>;
     var cnt = 0u;
-    if (top > 0u) {
-        for (var i = lid; i < vocab; i += WG) {
-            let v = value(logits[base + i]);
-            if (cnt < top || v > tv[top - 1u]) {
-                var j = min(cnt, top - 1u);
-                while (j > 0u && tv[j - 1u] < v) {
-                    tv[j] = tv[j - 1u];
-                    ti[j] = ti[j - 1u];
-                    j -= 1u;
-                }
-                tv[j] = v;
-                ti[j] = i;
-                cnt = min(cnt + 1u, top);
+    for (var i = lid; i < vocab; i += WG) {
+        let v = value(logits[base + i]);
+        if (cnt < keep || v > tv[keep - 1u]) {
+            var j = min(cnt, keep - 1u);
+            while (j > 0u && tv[j - 1u] < v) {
+                tv[j] = tv[j - 1u];
+                ti[j] = ti[j - 1u];
+                j -= 1u;
             }
+            tv[j] = v;
+            ti[j] = i;
+            cnt = min(cnt + 1u, keep);
         }
     }
-    // Rounds: the best head over the threads, whose list then advances.
     var head = 0u;
-    for (var r = 0u; r < top; r++) {
+    for (var r = 0u; r < keep; r++) {
         let has = head < cnt;
         red_v[lid] = select(neg_inf(), tv[min(head, MAX_TOP - 1u)], has);
         red_i[lid] = select(NO_INDEX, ti[min(head, MAX_TOP - 1u)], has);
@@ -142,15 +100,39 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
             workgroupBarrier();
         }
-        let bv = red_v[0];
-        let bi = red_i[0];
-        workgroupBarrier();
-        if (bi != NO_INDEX && bi % WG == lid) {
+        if (lid == 0u) {
+            best_v[r] = red_v[0];
+            best_i[r] = red_i[0];
+        }
+        if (red_i[0] != NO_INDEX && red_i[0] % WG == lid) {
             head += 1u;
         }
-        if (live && lid == 0u) {
-            out[o + 1u + 2u * r] = bi;
-            out[o + 2u + 2u * r] = bitcast<u32>(shifted(bv, m) - ln_s);
+        workgroupBarrier();
+    }
+    let m = best_v[0];
+
+    // 2. The sum of exp(d), and its log.
+    var s = 0.0;
+    for (var i = lid; i < vocab; i += WG) {
+        s += exp(shifted(value(logits[base + i]), m));
+    }
+#define TREE red_v
+#define TREE_V s
+#define TREE_H h
+#include "tree_sum"
+    let ln_s = log(red_v[0]);
+
+    if (live && lid == 0u) {
+        let o = a * info.stride;
+        let id = ids[row];
+        var lp = neg_inf();
+        if (id < vocab) {
+            lp = shifted(value(logits[base + id]), m) - ln_s;
+        }
+        out[o] = bitcast<u32>(lp);
+        for (var r = 0u; r < info.top; r++) {
+            out[o + 1u + 2u * r] = best_i[r];
+            out[o + 2u + 2u * r] = bitcast<u32>(shifted(best_v[r], m) - ln_s);
         }
     }
 }

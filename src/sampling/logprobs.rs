@@ -24,11 +24,12 @@
 //! difference from the WGSL accuracy rules ([`cpu::tolerance`] says how); the ids are exact.
 //!
 //! # Cost
-//! One dispatch of one workgroup per asking row, three reads of the row; only recorded when some
+//! One dispatch of one workgroup per asking row, two reads of the row; only recorded when some
 //! row of a step asks, and its output (`(1 + 2n)` words an asking row) is read back with the ids.
 
 use crate::error::{Error, Result};
-use crate::gpu::{kernel::grid, ElemType, Gpu, Tensor};
+use crate::gpu::kernel::{grid, Kernel};
+use crate::gpu::{ElemType, Gpu, Tensor};
 use std::sync::Arc;
 
 /// OpenAI's limit on `top_logprobs`.
@@ -101,16 +102,16 @@ impl Layout {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct BindKey {
-    logits: usize,
-    logits_offset: u64,
-    logits_size: u64,
-    ids: usize,
-    ids_offset: u64,
-    ids_size: u64,
-    generation: u64,
+/// A bound tensor: its buffer's address, offset and size.
+type Bound = (usize, u64, u64);
+
+fn bound(t: &Tensor) -> Bound {
+    (Arc::as_ptr(&t.buffer) as usize, t.offset, t.size_bytes())
 }
+
+/// What a cached kernel is bound to: the logits, the ids, and the generation of the head's own
+/// buffers.
+type BindKey = (Bound, Bound, u64);
 
 /// A buffer that only grows.
 struct Grown {
@@ -143,7 +144,6 @@ impl Grown {
 /// The logprob head: the kernel's pipeline, its small buffers and cached bind groups. One per
 /// decode loop; [`encode_pass`](Self::encode_pass) records it after the sampler.
 pub struct LogprobHead {
-    pipeline: Arc<wgpu::ComputePipeline>,
     info: wgpu::Buffer,
     /// The asking rows' indices in the batch.
     asked: Grown,
@@ -151,9 +151,9 @@ pub struct LogprobHead {
     /// Sampled ids uploaded by [`compute`](Self::compute).
     ids: Option<Tensor>,
     generation: u64,
-    /// Bind groups by (logits, ids), with those buffers kept alive (so that their addresses,
-    /// part of the key, are not reused by other buffers while cached).
-    cache: Vec<(BindKey, wgpu::BindGroup, [Arc<wgpu::Buffer>; 2])>,
+    /// The kernel bound to (logits, ids), with those buffers kept alive (so that their
+    /// addresses, part of the key, are not reused by other buffers while cached).
+    cache: Vec<(BindKey, Kernel, [Arc<wgpu::Buffer>; 2])>,
 }
 
 const STORAGE: wgpu::BufferUsages =
@@ -161,9 +161,9 @@ const STORAGE: wgpu::BufferUsages =
 
 impl LogprobHead {
     pub fn new(gpu: &Gpu) -> Result<Self> {
-        let pipeline = gpu.pipeline("sample_logprobs", "main", &crate::gpu::Macros::new().set("WG", WG))?;
+        // Compiled now, not at the first step that asks.
+        gpu.pipeline("sample_logprobs", "main", &Self::macros())?;
         Ok(Self {
-            pipeline,
             info: gpu.uniform("logprob info", &LogprobInfo::default()),
             asked: Grown { label: "logprob rows", usage: STORAGE, buffer: None },
             out: Grown { label: "logprobs", usage: STORAGE, buffer: None },
@@ -171,6 +171,10 @@ impl LogprobHead {
             generation: 0,
             cache: Vec::new(),
         })
+    }
+
+    fn macros() -> crate::gpu::Macros {
+        crate::gpu::Macros::new().set("WG", WG)
     }
 
     /// The head in `slot`, made on first use (a decode loop makes one only once a row asks).
@@ -235,51 +239,31 @@ impl LogprobHead {
         }
         gpu.queue.write_buffer(&self.info, 0, bytemuck::bytes_of(&info));
         gpu.queue.write_buffer(self.asked.get(), 0, bytemuck::cast_slice(&asked));
-        let group = self.bind(gpu, logits, ids)?;
-        pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, &self.cache[group].1, &[]);
-        let [x, y, z] = grid(asked.len() as u32);
-        pass.dispatch_workgroups(x, y, z);
+        let k = self.bind(gpu, logits, ids)?;
+        let kernel = &mut self.cache[k].1;
+        kernel.workgroups = grid(asked.len() as u32);
+        kernel.encode(pass);
         Ok(Some(layout))
     }
 
-    /// The index in the cache of the bind group of (logits, ids).
+    /// The index in the cache of the kernel bound to (logits, ids).
     fn bind(&mut self, gpu: &Gpu, logits: &Tensor, ids: &Tensor) -> Result<usize> {
-        let key = BindKey {
-            logits: Arc::as_ptr(&logits.buffer) as usize,
-            logits_offset: logits.offset,
-            logits_size: logits.size_bytes(),
-            ids: Arc::as_ptr(&ids.buffer) as usize,
-            ids_offset: ids.offset,
-            ids_size: ids.size_bytes(),
-            generation: self.generation,
-        };
+        let key = (bound(logits), bound(ids), self.generation);
         if let Some(i) = self.cache.iter().position(|(k, _, _)| *k == key) {
             return Ok(i);
         }
-        let resources = [
+        let bindings = [
             logits.binding(),
             ids.binding(),
             self.asked.get().as_entire_binding(),
             self.out.get().as_entire_binding(),
             self.info.as_entire_binding(),
         ];
-        let entries: Vec<wgpu::BindGroupEntry> = resources
-            .into_iter()
-            .enumerate()
-            .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
-            .collect();
-        let group = gpu.scoped("binding sample_logprobs", || {
-            gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("sample_logprobs"),
-                layout: &self.pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            })
-        })?;
+        let kernel = gpu.kernel("sample_logprobs", "main", &Self::macros(), &bindings, [1, 1, 1])?;
         if self.cache.len() >= 8 {
             self.cache.remove(0);
         }
-        self.cache.push((key, group, [logits.buffer.clone(), ids.buffer.clone()]));
+        self.cache.push((key, kernel, [logits.buffer.clone(), ids.buffer.clone()]));
         Ok(self.cache.len() - 1)
     }
 
