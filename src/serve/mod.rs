@@ -17,6 +17,10 @@
 //! built at startup ([`ServerState::grammar`]; a bad schema is a 400) and the engine draws each
 //! of its tokens under its mask ([`Request::constraint`]).
 //!
+//! `logprobs` / `top_logprobs` ([`logprobs`]): the engine computes them on the GPU for the
+//! requests that ask ([`Request::logprobs`]) from the model's raw logits, and the answer carries
+//! them in OpenAI's shapes, streamed chunks included.
+//!
 //! Every completion says its seed (the request's, or the random one it was given): in the
 //! `x-seed` response header and as `system_fingerprint: "seed-N"`; the same request with
 //! `"seed": N` gives the same answer.
