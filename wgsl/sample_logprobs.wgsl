@@ -73,9 +73,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var tv: array<f32, MAX_TOP>;
     var ti: array<u32, MAX_TOP>;
     var cnt = 0u;
+    // The last entry of a full list, in a register: most entries are compared with it alone.
+    var worst = neg_inf();
     for (var i = lid; i < vocab; i += WG) {
         let v = value(logits[base + i]);
-        if (cnt < keep || v > tv[keep - 1u]) {
+        if (cnt < keep || v > worst) {
             var j = min(cnt, keep - 1u);
             while (j > 0u && tv[j - 1u] < v) {
                 tv[j] = tv[j - 1u];
@@ -85,6 +87,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             tv[j] = v;
             ti[j] = i;
             cnt = min(cnt + 1u, keep);
+            worst = tv[cnt - 1u];
         }
     }
     var head = 0u;
