@@ -17,8 +17,9 @@
 //! `-inf` is given as -9999.0 (OpenAI's value for "very unlikely"; JSON has no infinity).
 
 use super::api::ApiError;
-use super::ServerState;
+use crate::grammar::Vocabulary;
 use crate::sampling::{TokenLogprobs, MAX_TOP_LOGPROBS};
+use crate::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
 /// Completions' `logprobs` at most (OpenAI's limit).
@@ -86,7 +87,10 @@ struct Entry {
 /// A choice's logprobs, gathered token by token ([`push`](Self::push)) and given out whole
 /// ([`all`](Self::all)) or by chunk ([`take`](Self::take)).
 pub struct LogprobLog<'t> {
-    st: &'t ServerState,
+    tokenizer: &'t Tokenizer,
+    /// The vocabulary's token bytes, where the grammar engine has them (else the tokenizer's
+    /// decoding of the token alone).
+    vocab: Option<&'t Vocabulary>,
     chat: bool,
     entries: Vec<Entry>,
     /// Entries already given out by [`take`](Self::take).
@@ -97,14 +101,14 @@ pub struct LogprobLog<'t> {
 
 impl<'t> LogprobLog<'t> {
     /// The log of a chat choice (`chat`) or of a completion whose text starts with `echo`.
-    pub fn new(st: &'t ServerState, chat: bool, echo: &str) -> Self {
-        Self { st, chat, entries: Vec::new(), taken: 0, offset: echo.chars().count() }
+    pub fn new(tokenizer: &'t Tokenizer, vocab: Option<&'t Vocabulary>, chat: bool, echo: &str) -> Self {
+        Self { tokenizer, vocab, chat, entries: Vec::new(), taken: 0, offset: echo.chars().count() }
     }
 
     fn piece(&self, id: u32) -> Piece {
-        let bytes = match self.st.grammar.as_ref().ok().and_then(|v| v.token_bytes(id)) {
+        let bytes = match self.vocab.and_then(|v| v.token_bytes(id)) {
             Some(b) => b,
-            None => self.st.tokenizer.decode(&[id]).unwrap_or_default().into_bytes(),
+            None => self.tokenizer.decode(&[id]).unwrap_or_default().into_bytes(),
         };
         Piece { text: String::from_utf8_lossy(&bytes).into_owned(), bytes }
     }

@@ -341,7 +341,8 @@ async fn run(
         return Ok(seed_header(Sse::new(body).keep_alive(KeepAlive::default()).into_response()));
     }
     let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops);
-    out.logprobs = g.logprobs.map(|_| LogprobLog::new(&st, kind == Kind::Chat, &echo));
+    out.logprobs =
+        g.logprobs.map(|_| LogprobLog::new(&st.tokenizer, st.grammar.as_ref().ok(), kind == Kind::Chat, &echo));
     let mut text = echo;
     let mut rx = rx;
     let finish = loop {
@@ -427,7 +428,8 @@ async fn stream(
 ) {
     let usage = g.include_usage;
     let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops);
-    out.logprobs = g.logprobs.map(|_| LogprobLog::new(&st, head.kind == Kind::Chat, &echo));
+    out.logprobs =
+        g.logprobs.map(|_| LogprobLog::new(&st.tokenizer, st.grammar.as_ref().ok(), head.kind == Kind::Chat, &echo));
     let mut first = true;
     if head.kind == Kind::Chat || !echo.is_empty() {
         let text = if head.kind == Kind::Chat { "" } else { &echo };
