@@ -46,7 +46,7 @@ fn main() -> anyhow::Result<()> {
     while !engine.is_idle() {
         let mut done = Vec::new();
         engine.step(&mut |id, e| match e {
-            Event::Token(t) => {
+            Event::Token(t, _) => {
                 texts.get_mut(&id).expect("ours").1.push(t);
                 total += 1;
             }

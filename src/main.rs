@@ -872,6 +872,7 @@ fn bench_streams(
                 max_tokens: a.gen_tokens,
                 stop_ids: vec![],
                 constraint: None,
+                logprobs: None,
             };
             ids.push(engine.submit(req).map_err(|e| anyhow::anyhow!("{e}"))?);
         }
@@ -880,7 +881,7 @@ fn bench_streams(
         let mut failed = None;
         while !engine.is_idle() {
             engine.step(&mut |id, e| match e {
-                Event::Token(_) => {
+                Event::Token(..) => {
                     times[ids.iter().position(|&x| x == id).expect("ours")].push(t0.elapsed().as_secs_f64())
                 }
                 Event::Failed(e) => failed = Some(e),

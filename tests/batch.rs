@@ -120,7 +120,7 @@ fn run(engine: &mut BatchEngine, reqs: Vec<Request>, joins: &[usize], cancel: &[
             let i = ids[&id];
             assert!(out[i].1.is_none(), "request {i}: an event after its end: {e:?}");
             match e {
-                Event::Token(t) => out[i].0.push(t),
+                Event::Token(t, _) => out[i].0.push(t),
                 Event::Finished { reason, prompt_tokens, generated_tokens } => {
                     assert_eq!(prompt_tokens, prompts[i]);
                     assert_eq!(generated_tokens, out[i].0.len());

@@ -406,14 +406,13 @@ fn wait_idle(base: &str) -> serde_json::Value {
 }
 
 /// Fields of OpenAI's API the server refuses by name.
-const UNSUPPORTED: [(&str, &str); 10] = [
+const UNSUPPORTED: [(&str, &str); 9] = [
     ("logit_bias", r#"{"5": 10}"#),
     ("presence_penalty", "0.5"),
     ("frequency_penalty", "1"),
     ("suffix", r#""end""#),
     ("best_of", "2"),
     ("n", "2"),
-    ("logprobs", "1"),
     ("response_format", r#"{"type": "grammar"}"#),
     ("tools", r#"[{"type": "function", "function": {"name": "f", "parameters": {}}}]"#),
     ("tool_choice", r#""required""#),

@@ -20,6 +20,7 @@ use crate::grammar::Matcher;
 pub use crate::model::forward::BatchForm;
 use crate::model::Model;
 use crate::sampling::device::PassLog;
+use crate::sampling::logprobs::{Layout, LogprobHead, TokenLogprobs};
 use crate::sampling::{Draw, RowKey, Rows, SamplingBackend, SamplingParams, TokenMask};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -42,12 +43,16 @@ pub struct Request {
     /// ends with [`StopReason::Eos`] when the output is complete (an end token sampled, or
     /// nothing else allowed), never at `max_tokens` or a full context.
     pub constraint: Option<Matcher>,
+    /// Logprobs to report with each token ([`Event::Token`]; [`crate::sampling::logprobs`]):
+    /// `Some(n)`, the sampled token's and the `n` most likely tokens' (`n ≤ 20`; 0: the sampled
+    /// token's only); `None`, none (no work).
+    pub logprobs: Option<u32>,
 }
 
 impl Request {
     /// A request without a constraint.
     pub fn new(prompt: Vec<u32>, params: SamplingParams, max_tokens: usize, stop_ids: Vec<u32>) -> Self {
-        Self { prompt, params, max_tokens, stop_ids, constraint: None }
+        Self { prompt, params, max_tokens, stop_ids, constraint: None, logprobs: None }
     }
 }
 
@@ -59,6 +64,7 @@ impl std::fmt::Debug for Request {
             .field("max_tokens", &self.max_tokens)
             .field("stop_ids", &self.stop_ids)
             .field("constrained", &self.constraint.is_some())
+            .field("logprobs", &self.logprobs)
             .finish()
     }
 }
@@ -66,8 +72,8 @@ impl std::fmt::Debug for Request {
 /// What [`BatchEngine::step`] reports about a request.
 #[derive(Debug)]
 pub enum Event {
-    /// The request's next token.
-    Token(u32),
+    /// The request's next token, with its logprobs when the request asked ([`Request::logprobs`]).
+    Token(u32, Option<TokenLogprobs>),
     /// The request ended (after its last token); its sequence is freed.
     Finished { reason: StopReason, prompt_tokens: usize, generated_tokens: usize },
     /// The request failed (e.g. its logits were not finite); its sequence is freed.
@@ -171,9 +177,12 @@ struct InFlight {
     ring: usize,
     rows: Vec<SeqId>,
     submission: wgpu::SubmissionIndex,
+    /// The logprobs read back after the status words, when some row asked.
+    logprobs: Option<Layout>,
 }
 
-/// Readback buffers of the steps in flight: per row, the sampled id, then per row the status.
+/// Readback buffers of the steps in flight: per row, the sampled id, then per row the status,
+/// then the logprobs of the rows that asked.
 struct Ring {
     buffers: Vec<(wgpu::Buffer, Arc<AtomicU8>)>,
     free: Vec<usize>,
@@ -201,8 +210,11 @@ pub struct BatchEngine {
     /// The rows of the last step submitted, whose ids the sampler left in the plan's ids buffer:
     /// the next step reads them there when the rows are the same.
     fed: Vec<SeqId>,
-    /// A step sampled by a readback (host sampler, or no steps in flight), to deliver.
-    pending: Option<(Vec<SeqId>, Draw)>,
+    /// A step sampled by a readback (host sampler, or no steps in flight), to deliver, with its
+    /// rows' logprobs.
+    pending: Option<(Vec<SeqId>, Draw, Vec<Option<TokenLogprobs>>)>,
+    /// Computes logprobs for the rows that ask (made when one first does).
+    logprobs: Option<LogprobHead>,
     next_id: SeqId,
 }
 
@@ -234,7 +246,7 @@ impl BatchEngine {
                 .map(|_| {
                     let b = model.gpu.device.create_buffer(&wgpu::BufferDescriptor {
                         label: Some("batch readback"),
-                        size: 8 * rows as u64,
+                        size: 8 * rows as u64 + LogprobHead::max_bytes(rows),
                         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                         mapped_at_creation: false,
                     });
@@ -256,6 +268,7 @@ impl BatchEngine {
             ring,
             fed: Vec::new(),
             pending: None,
+            logprobs: None,
             next_id: 0,
         })
     }
@@ -344,6 +357,9 @@ impl BatchEngine {
                 self.model.config.vocab_size
             )));
         }
+        if let Some(n) = req.logprobs.filter(|&n| n > crate::sampling::MAX_TOP_LOGPROBS) {
+            return Err(Error::InvalidArgument(format!("{n} top logprobs: at most 20")));
+        }
         if req.constraint.is_some() && req.stop_ids.is_empty() {
             return Err(Error::InvalidArgument(
                 "a constrained request needs its end-of-sequence tokens (stop_ids)".into(),
@@ -403,13 +419,15 @@ impl BatchEngine {
                 break;
             }
         }
-        if let Some((rows, d)) = self.pending.take() {
-            self.deliver_rows(&rows, &d.ids, &d.non_finite, sink);
+        if let Some((rows, d, logprobs)) = self.pending.take() {
+            self.deliver_rows(&rows, &d.ids, &d.non_finite, logprobs, sink);
         } else if let Some(f) = self.in_flight.pop_front() {
             let words = self.read(&f)?;
-            let (ids, status) = words.split_at(f.rows.len());
+            let (ids, rest) = words.split_at(f.rows.len());
+            let (status, logprobs) = rest.split_at(f.rows.len());
             let non_finite: Vec<bool> = status.iter().map(|&w| w != 0).collect();
-            self.deliver_rows(&f.rows, ids, &non_finite, sink);
+            let logprobs = f.logprobs.as_ref().map_or_else(|| vec![None; f.rows.len()], |l| l.decode(logprobs));
+            self.deliver_rows(&f.rows, ids, &non_finite, logprobs, sink);
         }
         Ok(())
     }
@@ -431,7 +449,7 @@ impl BatchEngine {
         if state.load(Ordering::Acquire) != MAPPED {
             return Err(Error::Gpu("reading a batch step's tokens failed".into()));
         }
-        let n = 8 * f.rows.len();
+        let n = 8 * f.rows.len() + f.logprobs.as_ref().map_or(0, |l| l.bytes() as usize);
         let words: Vec<u32> = {
             let view = buf
                 .slice(..n as u64)
@@ -445,11 +463,18 @@ impl BatchEngine {
     }
 
     /// Delivers a step's token to each of its rows still running.
-    fn deliver_rows(&mut self, rows: &[SeqId], ids: &[u32], non_finite: &[bool], sink: &mut dyn FnMut(SeqId, Event)) {
+    fn deliver_rows(
+        &mut self,
+        rows: &[SeqId],
+        ids: &[u32],
+        non_finite: &[bool],
+        logprobs: Vec<Option<TokenLogprobs>>,
+        sink: &mut dyn FnMut(SeqId, Event),
+    ) {
         let max_ctx = self.model.max_ctx;
-        for (r, id) in rows.iter().enumerate() {
+        for ((r, id), lp) in rows.iter().enumerate().zip(logprobs) {
             if let Some(s) = self.running.iter_mut().find(|s| s.id == *id) {
-                deliver(s, ids[r], non_finite[r], max_ctx, sink);
+                deliver(s, ids[r], non_finite[r], lp, max_ctx, sink);
             }
         }
     }
@@ -484,12 +509,13 @@ impl BatchEngine {
             let key = RowKey { step: 0, stream: 0 };
             let rows = Rows { params: std::slice::from_ref(&req.params), keys: &[key], masks: &[mask.as_ref()] };
             let d = self.sampler.draw_masked(&self.model.gpu, &logits, rows)?;
+            let lp = self.row_logprobs(&logits, &d.ids, &[req.logprobs])?.pop().flatten();
             let room = self.model.max_ctx - req.prompt.len() + 1;
             let budget = req.max_tokens.min(room);
             let s = Seq { id, req, slot, delivered: 0, submitted: 1, budget, last: 0, stopped: false, mask: None };
             self.running.push(s);
             let s = self.running.last_mut().expect("pushed");
-            deliver(s, d.ids[0], d.non_finite[0], self.model.max_ctx, sink);
+            deliver(s, d.ids[0], d.non_finite[0], lp, self.model.max_ctx, sink);
             self.fed.clear();
             if s.stopped {
                 let s = self.running.pop().expect("pushed");
@@ -505,6 +531,7 @@ impl BatchEngine {
             rows.iter().map(|id| self.running.iter().find(|s| s.id == *id).expect("running")).collect();
         let params: Vec<SamplingParams> = seqs.iter().map(|s| s.req.params).collect();
         let constrained = seqs.iter().any(|s| s.constrained());
+        let asks: Vec<Option<u32>> = seqs.iter().map(|s| s.req.logprobs).collect();
         let keys: Vec<RowKey> = seqs.iter().map(|s| RowKey { step: s.submitted as u32, stream: 0 }).collect();
         let at: Vec<(u32, u32)> =
             seqs.iter().map(|s| ((s.req.prompt.len() + s.submitted - 1) as u32, s.slot)).collect();
@@ -531,28 +558,42 @@ impl BatchEngine {
         device.set_rows(&gpu, &params, &keys)?;
         let ring = self.ring.free.pop().expect("a readback slot per step in flight");
         let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch step") });
-        {
+        let logprobs = {
             let mut pass = enc
                 .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("batch step"), timestamp_writes: None });
             plan.encode_pass(&mut pass);
             device.encode_pass(&gpu, &mut pass, &plan.logits, rows.len(), &plan.ids, PassLog::Nothing)?;
-        }
+            match asks.iter().any(Option::is_some) {
+                true => LogprobHead::lazy(&mut self.logprobs, &gpu)?.encode_pass(
+                    &gpu,
+                    &mut pass,
+                    &plan.logits,
+                    &plan.ids,
+                    &asks,
+                )?,
+                false => None,
+            }
+        };
         let status = device.status().ok_or_else(|| Error::Gpu("the sampler's status buffer is missing".into()))?;
         let (buf, state) = &self.ring.buffers[ring];
         let n = 4 * rows.len() as u64;
         enc.copy_buffer_to_buffer(&plan.ids.buffer, plan.ids.offset, buf, 0, n);
         enc.copy_buffer_to_buffer(status, 0, buf, n, n);
+        let lp_bytes = logprobs.as_ref().map_or(0, Layout::bytes);
+        if let (Some(head), true) = (&self.logprobs, lp_bytes > 0) {
+            enc.copy_buffer_to_buffer(head.output(), 0, buf, 2 * n, lp_bytes);
+        }
         let submission = gpu.queue.submit([enc.finish()]);
         state.store(PENDING, Ordering::Relaxed);
         let st = state.clone();
-        buf.slice(..2 * n).map_async(wgpu::MapMode::Read, move |r| {
+        buf.slice(..2 * n + lp_bytes).map_async(wgpu::MapMode::Read, move |r| {
             st.store(if r.is_ok() { MAPPED } else { FAILED }, Ordering::Release);
         });
         for id in rows {
             self.running.iter_mut().find(|s| s.id == *id).expect("running").submitted += 1;
         }
         self.fed = rows.to_vec();
-        self.in_flight.push_back(InFlight { ring, rows: rows.to_vec(), submission });
+        self.in_flight.push_back(InFlight { ring, rows: rows.to_vec(), submission, logprobs });
         Ok(())
     }
 
@@ -568,20 +609,42 @@ impl BatchEngine {
         let seqs: Vec<&Seq> =
             rows.iter().map(|id| self.running.iter().find(|s| s.id == *id).expect("running")).collect();
         let masks: Vec<Option<&TokenMask>> = seqs.iter().map(|s| s.mask.as_ref()).collect();
+        let asks: Vec<Option<u32>> = seqs.iter().map(|s| s.req.logprobs).collect();
         let d = self.sampler.draw_masked(&self.model.gpu, logits, Rows { params, keys, masks: &masks })?;
+        let logprobs = self.row_logprobs(logits, &d.ids, &asks)?;
         for id in rows {
             self.running.iter_mut().find(|s| s.id == *id).expect("running").submitted += 1;
         }
         self.fed.clear();
-        self.pending = Some((rows.to_vec(), d));
+        self.pending = Some((rows.to_vec(), d, logprobs));
         Ok(())
+    }
+
+    /// The logprobs of tokens sampled by a readback, for the rows that ask (no work if none).
+    fn row_logprobs(
+        &mut self,
+        logits: &crate::gpu::Tensor,
+        ids: &[u32],
+        asks: &[Option<u32>],
+    ) -> Result<Vec<Option<TokenLogprobs>>> {
+        match asks.iter().any(Option::is_some) {
+            true => LogprobHead::lazy(&mut self.logprobs, &self.model.gpu)?.compute(&self.model.gpu, logits, ids, asks),
+            false => Ok(vec![None; asks.len()]),
+        }
     }
 }
 
 /// Delivers `token`, the next of `s`, unless it stopped; stops it at eos, its budget or
 /// non-finite logits (the same rule as the one-sequence loops: [`stop_after`]); a constrained
 /// request also where its output is complete ([`advance`]).
-fn deliver(s: &mut Seq, token: u32, non_finite: bool, max_ctx: usize, sink: &mut dyn FnMut(SeqId, Event)) {
+fn deliver(
+    s: &mut Seq,
+    token: u32,
+    non_finite: bool,
+    logprobs: Option<TokenLogprobs>,
+    max_ctx: usize,
+    sink: &mut dyn FnMut(SeqId, Event),
+) {
     if s.stopped {
         return;
     }
@@ -593,7 +656,7 @@ fn deliver(s: &mut Seq, token: u32, non_finite: bool, max_ctx: usize, sink: &mut
     }
     s.delivered += 1;
     s.last = token;
-    sink(s.id, Event::Token(token));
+    sink(s.id, Event::Token(token, logprobs));
     let room = max_ctx - prompt + 1;
     let complete = match advance(s, token) {
         Ok(complete) => complete,

@@ -188,6 +188,16 @@ impl Vocabulary {
         &self.eos
     }
 
+    /// The bytes token `id` stands for in text (a special token: its name), `None` past the
+    /// vocabulary: what `logprobs` reports (`bytes`) for it.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        if id as usize >= self.vocab {
+            return None;
+        }
+        let bytes = self.factory.tok_env().tok_trie().token(id);
+        Some(bytes.strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER]).unwrap_or(bytes).to_vec())
+    }
+
     /// A matcher for `constraint`, at the start of the output.
     pub fn matcher(&self, constraint: &Constraint) -> Result<Matcher> {
         let grammar = constraint.top_level()?;

@@ -102,17 +102,23 @@
 //! - **Subnormals**: WGSL may flush them. They arise only for `|s| < 2^-126` (tiny logits or
 //!   huge `T`); `bits_to_unit` and `ln_portable`'s inputs are always normal.
 //!
+//! **Logprobs** ([`logprobs`]): a row may also ask for the log-probabilities of its sampled
+//! token and of its most likely tokens; they are those of the model's raw logits (not of the
+//! distribution the controls above draw from), computed on the GPU after the draw.
+//!
 //! The accepted host/device parity is ≥ 99.9 % of tokens; mismatches should trace to the
 //! top-p boundary (or to contraction) as described above.
 
 pub mod device;
 pub mod host;
+pub mod logprobs;
 pub mod mask;
 pub mod params;
 pub mod philox;
 
 pub use device::DeviceSampler;
 pub use host::{sample_row, sample_row_masked, sample_row_prepared};
+pub use logprobs::{LogprobHead, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use mask::{Rows, TokenMask};
 pub use params::{check_keys, logits_shape, Draw, PreparedParams, RowKey, SamplingParams, MODE_GREEDY, MODE_SAMPLE};
 pub use philox::{bits_to_unit, gumbel, philox4x32_10, random_seed, uniform_bits};

@@ -74,9 +74,9 @@ pub struct SamplingFields {
 }
 
 /// The first field of OpenAI's API that the server does not implement which `fields` asks for,
-/// as a 400 naming it. `null`, and values that ask for nothing (`logprobs: false`, a penalty of
-/// 0, `best_of: 1`, `tools: []`, `tool_choice: "none"`), pass. `response_format` is
-/// [`response_format`]'s.
+/// as a 400 naming it. `null`, and values that ask for nothing (a penalty of 0, `best_of: 1`,
+/// `tools: []`, `tool_choice: "none"`), pass. `response_format` is [`response_format`]'s;
+/// `logprobs` and `top_logprobs` are [`super::logprobs`]'.
 pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let nothing = |v: &Value| match v {
         Value::Null | Value::Bool(false) => true,
@@ -89,8 +89,7 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
     // "none" and "auto" ask for no tool when there are none.
     let no_tool = |v: &Value| nothing(v) || v == "none" || v == "auto";
     let asks = |name: &str, v: &Value| match name {
-        "logit_bias" | "presence_penalty" | "frequency_penalty" | "suffix" | "logprobs" | "top_logprobs" | "tools"
-        | "functions" => !nothing(v),
+        "logit_bias" | "presence_penalty" | "frequency_penalty" | "suffix" | "tools" | "functions" => !nothing(v),
         "best_of" => !(v.is_null() || v == 1),
         "tool_choice" | "function_call" => !no_tool(v),
         _ => false,
@@ -106,14 +105,12 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
 }
 
 /// The fields [`unimplemented`] refuses.
-const UNIMPLEMENTED: [&str; 11] = [
+const UNIMPLEMENTED: [&str; 9] = [
     "logit_bias",
     "presence_penalty",
     "frequency_penalty",
     "suffix",
     "best_of",
-    "logprobs",
-    "top_logprobs",
     "tools",
     "tool_choice",
     "functions",
@@ -216,6 +213,9 @@ pub struct Generation {
     pub include_usage: bool,
     /// What the output must match (`response_format`), or `None`.
     pub constraint: Option<Constraint>,
+    /// Logprobs per token (the engine's `Request::logprobs`): set by the endpoint
+    /// ([`super::logprobs`]), the two read different fields.
+    pub logprobs: Option<u32>,
 }
 
 /// The constraint `response_format` asks for: none for `{"type": "text"}` (or no field),
@@ -331,6 +331,7 @@ pub fn generation(
         stream: f.stream.unwrap_or(false),
         include_usage: f.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
         constraint,
+        logprobs: None,
     })
 }
 
@@ -421,9 +422,6 @@ mod tests {
             (json!({"frequency_penalty": -1}), "frequency_penalty"),
             (json!({"suffix": "end"}), "suffix"),
             (json!({"best_of": 3}), "best_of"),
-            (json!({"logprobs": true}), "logprobs"),
-            (json!({"logprobs": 2}), "logprobs"),
-            (json!({"top_logprobs": 5}), "top_logprobs"),
             (json!({"response_format": {"type": "grammar"}}), "response_format"),
             (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
             (json!({"tool_choice": "required"}), "tool_choice"),

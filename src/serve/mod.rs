@@ -17,12 +17,17 @@
 //! built at startup ([`ServerState::grammar`]; a bad schema is a 400) and the engine draws each
 //! of its tokens under its mask ([`Request::constraint`]).
 //!
+//! `logprobs` / `top_logprobs` ([`logprobs`]): the engine computes them on the GPU for the
+//! requests that ask ([`Request::logprobs`]) from the model's raw logits, and the answer carries
+//! them in OpenAI's shapes, streamed chunks included.
+//!
 //! Every completion says its seed (the request's, or the random one it was given): in the
 //! `x-seed` response header and as `system_fingerprint: "seed-N"`; the same request with
 //! `"seed": N` gives the same answer.
 
 pub mod api;
 pub mod listen;
+pub mod logprobs;
 pub mod metrics;
 pub mod text;
 pub mod worker;
@@ -52,6 +57,7 @@ pub async fn serve(
     let (limits, metrics) = (state.limits, state.worker.metrics.clone());
     listen::serve_app(listener, router(state), limits, metrics, signals).await
 }
+use logprobs::LogprobLog;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -208,7 +214,8 @@ async fn chat(State(st): State<Arc<ServerState>>, req: axum::extract::Request) -
     let msgs = r.messages.iter().map(|m| Ok(Message::new(&m.role, m.text()?))).collect::<Result<Vec<_>, ApiError>>()?;
     let text = template.render(&msgs, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let ids = st.tokenizer.encode(&text, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    let g = api::generation(&r.sampling, r.max_completion_tokens.or(r.max_tokens), &st.defaults, seed63)?;
+    let mut g = api::generation(&r.sampling, r.max_completion_tokens.or(r.max_tokens), &st.defaults, seed63)?;
+    g.logprobs = logprobs::chat_request(&r.sampling.other)?;
     let model = r.model.unwrap_or_else(|| st.model_name.clone());
     run(st, Kind::Chat, model, ids, String::new(), g, "messages").await
 }
@@ -247,7 +254,8 @@ async fn completions(State(st): State<Arc<ServerState>>, req: axum::extract::Req
             (ids, text)
         }
     };
-    let g = api::generation(&r.sampling, Some(r.max_tokens.unwrap_or(16)), &st.defaults, seed63)?;
+    let mut g = api::generation(&r.sampling, Some(r.max_tokens.unwrap_or(16)), &st.defaults, seed63)?;
+    g.logprobs = logprobs::completion_request(&r.sampling.other)?;
     let model = r.model.unwrap_or_else(|| st.model_name.clone());
     run(st, Kind::Completion, model, ids, echo, g, "prompt").await
 }
@@ -306,6 +314,7 @@ async fn run(
         max_tokens: g.max_tokens.unwrap_or(usize::MAX),
         stop_ids: st.stop_ids.clone(),
         constraint,
+        logprobs: g.logprobs,
     };
     let rx = st.worker.start(req).await.map_err(|e| match e {
         StartError::Refused(SubmitError::QueueFull) => ApiError::busy(),
@@ -332,6 +341,8 @@ async fn run(
         return Ok(seed_header(Sse::new(body).keep_alive(KeepAlive::default()).into_response()));
     }
     let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops);
+    out.logprobs =
+        g.logprobs.map(|_| LogprobLog::new(&st.tokenizer, st.grammar.as_ref().ok(), kind == Kind::Chat, &echo));
     let mut text = echo;
     let mut rx = rx;
     let finish = loop {
@@ -343,10 +354,11 @@ async fn run(
     };
     drop(rx);
     let usage = Usage::new(prompt_tokens, out.tokens);
+    let logprobs = out.logprobs.as_ref().map_or(Value::Null, LogprobLog::all);
     let choice = match kind {
-        Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,
+        Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                             "finish_reason": finish}),
-        Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+        Kind::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
     };
     Ok(seed_header(
         Json(json!({
@@ -368,8 +380,9 @@ struct Head {
 }
 
 impl Head {
-    /// A chunk with one choice: `delta` (chat) or `text` (completions), and its finish reason.
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool, usage: bool) -> SseEvent {
+    /// A chunk with one choice: `delta` (chat) or `text` (completions), the logprobs of its
+    /// tokens (or `null`), and its finish reason.
+    fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool, usage: bool, logprobs: Value) -> SseEvent {
         let choice = match self.kind {
             Kind::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -379,10 +392,10 @@ impl Head {
                 if let Some(t) = text {
                     delta.insert("content".into(), t.into());
                 }
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Completion => {
-                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish})
             }
         };
         let mut v = self.frame(vec![choice]);
@@ -415,10 +428,12 @@ async fn stream(
 ) {
     let usage = g.include_usage;
     let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops);
+    out.logprobs =
+        g.logprobs.map(|_| LogprobLog::new(&st.tokenizer, st.grammar.as_ref().ok(), head.kind == Kind::Chat, &echo));
     let mut first = true;
     if head.kind == Kind::Chat || !echo.is_empty() {
         let text = if head.kind == Kind::Chat { "" } else { &echo };
-        if tx.send(head.chunk(Some(text), None, true, usage)).await.is_err() {
+        if tx.send(head.chunk(Some(text), None, true, usage, Value::Null)).await.is_err() {
             return;
         }
         first = false;
@@ -430,8 +445,11 @@ async fn stream(
         };
         match out.feed(reply) {
             Ok((piece, finish)) => {
-                if !piece.is_empty() && tx.send(head.chunk(Some(&piece), None, first, usage)).await.is_err() {
-                    return;
+                if !piece.is_empty() {
+                    let lp = out.take_logprobs();
+                    if tx.send(head.chunk(Some(&piece), None, first, usage, lp)).await.is_err() {
+                        return;
+                    }
                 }
                 first &= piece.is_empty();
                 if let Some(f) = finish {
@@ -445,7 +463,8 @@ async fn stream(
         }
     };
     drop(rx);
-    let _ = tx.send(head.chunk(None, Some(finish), first, usage)).await;
+    let lp = out.take_logprobs();
+    let _ = tx.send(head.chunk(None, Some(finish), first, usage, lp)).await;
     if usage {
         let mut v = head.frame(Vec::new());
         v["usage"] = serde_json::to_value(Usage::new(prompt_tokens, out.tokens)).expect("plain struct");
@@ -461,11 +480,18 @@ struct Decoded<'t> {
     stop_ids: &'t [u32],
     /// Tokens generated (a stop id included).
     tokens: usize,
+    /// The logprobs of the tokens, when the request asked.
+    logprobs: Option<LogprobLog<'t>>,
 }
 
 impl<'t> Decoded<'t> {
     fn new(tok: &'t Tokenizer, stop_ids: &'t [u32], stops: Vec<String>) -> Self {
-        Self { dec: StreamDecoder::new(tok), stop: StopText::new(stops), stop_ids, tokens: 0 }
+        Self { dec: StreamDecoder::new(tok), stop: StopText::new(stops), stop_ids, tokens: 0, logprobs: None }
+    }
+
+    /// The logprobs of the tokens since the last call (`null`: none, or not asked).
+    fn take_logprobs(&mut self) -> Value {
+        self.logprobs.as_mut().map_or(Value::Null, LogprobLog::take)
     }
 
     /// The text `reply` releases, and the finish reason when the completion ended.
@@ -474,9 +500,12 @@ impl<'t> Decoded<'t> {
         match reply {
             None => Err(ApiError::internal("the engine stopped")),
             Some(Reply::Failed(m)) => Err(ApiError::internal(m)),
-            Some(Reply::Token(t)) => {
+            Some(Reply::Token(t, lp)) => {
                 self.tokens += 1;
                 let mut out = String::new();
+                if let (Some(log), Some(lp), false) = (&mut self.logprobs, &lp, self.stop_ids.contains(&t)) {
+                    log.push(t, lp);
+                }
                 if !self.stop_ids.contains(&t) {
                     if let Some(p) = self.dec.push(t).map_err(text_err)? {
                         out = self.stop.push(&p);

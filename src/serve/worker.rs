@@ -7,6 +7,7 @@ pub use super::metrics::Load;
 use super::metrics::Metrics;
 use crate::decode::batch::{BatchEngine, Event, Request, SeqId, SubmitError};
 use crate::decode::StopReason;
+use crate::sampling::TokenLogprobs;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc as std_mpsc, Arc};
@@ -16,8 +17,13 @@ use tokio::sync::{mpsc, oneshot};
 /// What the engine sends a request.
 #[derive(Debug)]
 pub enum Reply {
-    Token(u32),
-    Finished { reason: StopReason, prompt_tokens: usize, generated_tokens: usize },
+    /// A token, with its logprobs when the request asked.
+    Token(u32, Option<TokenLogprobs>),
+    Finished {
+        reason: StopReason,
+        prompt_tokens: usize,
+        generated_tokens: usize,
+    },
     Failed(String),
 }
 
@@ -125,13 +131,13 @@ fn run(mut engine: BatchEngine, jobs: std_mpsc::Receiver<Job>, load: &Load, metr
             let r = engine.step(&mut |id, event| {
                 let Some(r) = running.get_mut(&id) else { return };
                 let (reply, last) = match event {
-                    Event::Token(t) => {
+                    Event::Token(t, logprobs) => {
                         let now = Instant::now();
                         let h = if r.first { &metrics.ttft } else { &metrics.itl };
                         h.observe(now - r.last);
                         (r.last, r.first) = (now, false);
                         metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
-                        (Reply::Token(t), false)
+                        (Reply::Token(t, logprobs), false)
                     }
                     Event::Finished { reason, prompt_tokens, generated_tokens } => {
                         (Reply::Finished { reason, prompt_tokens, generated_tokens }, true)

@@ -5,7 +5,7 @@
 //   TREE    its workgroup array of at least WG slots (of any type that has +),
 //   TREE_V  the thread's value (an expression),
 //   TREE_H  the name of the loop's variable (the half-width of the step).
-// Call from uniform control flow. Used by rms_norm, rms_norm_gated, rope, moe_router and
+// Call from uniform control flow. Used by rms_norm, rms_norm_gated, rope, moe_router, sample_logprobs and
 // include/linear_input (the fused norm of the matvecs).
     {{TREE}}[lid] = {{TREE_V}};
     workgroupBarrier();
