@@ -790,12 +790,15 @@ mod tests {
     /// n)` over the step's rows (`input` None) or over row r's input alone (`Some(r)`, as row 0 of
     /// a one-token pass); a ring state of `state_len` f32 and output rows of `out_cols`; `twin(r,
     /// state)` row r's output from its state (updated), and the tolerance of the output against it.
+    /// [`BatchCheck::record`]: (row or the whole step, state, out, seqs, rows) -> the kernel.
+    type Record<'a> = &'a dyn Fn(Option<usize>, &Tensor, &Tensor, Option<&Tensor>, usize) -> Kernel;
+
     struct BatchCheck<'a> {
         /// The step uniform `record` binds.
         step: &'a wgpu::Buffer,
         state_len: usize,
         out_cols: usize,
-        record: &'a dyn Fn(Option<usize>, &Tensor, &Tensor, Option<&Tensor>, usize) -> Kernel,
+        record: Record<'a>,
         twin: &'a dyn Fn(usize, &mut Vec<f32>) -> Vec<f32>,
         tol: (f32, f32),
     }
