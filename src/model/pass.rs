@@ -647,7 +647,8 @@ impl<'a> LayerPass<'a> {
         // in the one-token form each slot runs as in the one-token pass.
         let quant = |w: &Linear| matches!(w, Linear::Quant(_));
         let group = match self.seqs {
-            Some(_) => !self.one_token,
+            // (`WGPU_LLM_MOE_GROUP=0`: per slot, for measuring; fixed for every batch size.)
+            Some(_) => !self.one_token && !g.tuning().knobs.moe_group_off,
             None => groups_slots(t * slots, stack),
         };
         let groups = if (quant(gate_up_exps) || quant(down_exps)) && group {
