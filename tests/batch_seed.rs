@@ -211,7 +211,8 @@ fn run(engine: &mut BatchEngine, which: &[usize], joins: &[usize]) -> HashMap<us
 
 /// Through the batch engine (the pipelined device sampler), every request (greedy and seeded) gets
 /// the tokens it gets alone, in batches of 2, 3, 5 and 8 in different orders and joining mid-stream,
-/// in both forms; in the one-token form those are `generate`'s tokens.
+/// in both forms; in the one-token form those are `generate`'s tokens, as in an engine of one
+/// sequence.
 #[test]
 fn batch_engine_tokens_do_not_depend_on_the_batch() {
     let gpu = common::gpu();
@@ -233,6 +234,19 @@ fn batch_engine_tokens_do_not_depend_on_the_batch() {
                 tokens
             })
             .collect();
+        // An engine of one sequence (the one-token form by default: `serve --max-batch 1`), the
+        // requests queued: each gets generate's tokens.
+        let mut engine = BatchEngine::new(
+            load(&gpu, name),
+            Box::new(DeviceSampler::new(&gpu).unwrap()),
+            BatchOptions::new(1, 16),
+            3,
+        )
+        .unwrap();
+        let got = run(&mut engine, &[2, 0, 1], &[0, 0, 0]);
+        for (i, tokens) in got {
+            assert_eq!(tokens, generated[i], "{name}: request {i} through an engine of one sequence vs generate");
+        }
         for form in [BatchForm::Batched, BatchForm::OneToken] {
             let what = format!("{name} {form:?}");
             let opts = BatchOptions { form: Some(form), ..BatchOptions::new(8, 16) };
