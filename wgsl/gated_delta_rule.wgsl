@@ -6,8 +6,10 @@
 //   S      = S * exp(g)                          S: (Dk, Dv), the head's recurrent state
 //   delta  = (v - S^T k) * beta;  S = S + k delta^T;  o = S^T q
 // o goes to out; the gated RMSNorm after it is rms_norm_gated (a head's columns span workgroups).
-// The state is a ring of R slots (as in causal_conv1d): a pass at pos with n tokens reads slot
-// pos % R (zeros when pos == 0) and writes slot (pos + n) % R.
+// The state is a ring of R states per sequence slot (as in causal_conv1d): a pass at pos with n
+// tokens reads ring state pos % R of its slot (zeros when pos == 0) and writes (pos + n) % R.
+// BATCH: a decode step of many sequences, grid z its rows, each row its own sequence's one token
+// (include/gated_delta_rule_io.wgsl).
 // Decode steps run this kernel; prefill passes (recorded for more than one token) run
 // gated_delta_rule_chunked.wgsl, the same rule in the chunked form, where its chunk fits the
 // device's workgroup memory (src/ops/deltanet.rs: delta_form).
@@ -17,7 +19,7 @@
 // block*CB + c in registers through all the pass's tokens (S read and written once per pass), so
 // a decode step spreads the state over many workgroups. The column sums S^T k and S^T q add the RG
 // row groups' partial sums in workgroup memory. Macros: DK, DV, CB (columns per workgroup, divides
-// DV), RG (row groups), ROWS (= ceil(DK / RG)).
+// DV), RG (row groups), ROWS (= ceil(DK / RG)); flags KV_TILED, BATCH.
 // Rust: src/ops/deltanet.rs gated_delta_rule, record_delta
 #define DK 16
 #define DV 16
@@ -37,7 +39,7 @@ var<workgroup> red: array<vec2<f32>, WG>;
     let q_scale = inverseSqrt(f32({{DK}}u));
     let k_off = p.k_heads * {{DK}}u;
     let v_off = 2u * k_off;
-    for (var t = 0u; t < n; t++) {
+    for (var t = sh.row0; t < sh.row0 + n; t++) {
         let row = t * p.ld_qkv;
         // q and k of this token's k head, and their squared norms.
         var sq = vec2<f32>(0.0);

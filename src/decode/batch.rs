@@ -222,8 +222,8 @@ impl BatchEngine {
     /// An engine over `model`, decoding up to `opts.max_batch` sequences together (the model's
     /// KV caches are re-made for that many). With the device sampler, `depth` decode steps are
     /// in flight ([`DEFAULT_DEPTH`](super::DEFAULT_DEPTH) is a good value; 0 or the host sampler: one at a
-    /// time, read back each step). Models with recurrent or mixture-of-experts layers run one
-    /// request at a time (the others wait in the queue).
+    /// time, read back each step). A model that cannot hold several sequences (`set_sequences`
+    /// answers `Unsupported`) runs one request at a time (the others wait in the queue).
     pub fn new(
         mut model: Model,
         mut sampler: Box<dyn SamplingBackend + Send>,
@@ -292,7 +292,7 @@ impl BatchEngine {
         self.opts
     }
 
-    /// Whether requests decode together (else one at a time: recurrent or MoE models).
+    /// Whether requests decode together (else one at a time).
     pub fn is_batched(&self) -> bool {
         self.batched
     }

@@ -11,17 +11,19 @@
 //!   keys: + merge) [→ gate linear → mul_sigmoid] → o linear (+= residual): 4-5, +2 with an
 //!   output gate; one decode token without q/k norm rotates inside attention (rope gone);
 //! - Gated DeltaNet: in_proj [qkv | z | b | a] → causal_conv1d → gated_delta_rule →
-//!   rms_norm_gated → out_proj (+= residual): 5; its states live in [`STATE_RING`] slots;
+//!   rms_norm_gated → out_proj (+= residual): 5; its states live in a ring of [`STATE_RING`]
+//!   states per sequence slot (a batch step's rows each read and write their own slot's);
 //! - dense MLP: gate_up linear with the gated activation in its epilogue (gate and up rows
 //!   interleaved at load, `LinearOpts::glu`; else in the down matvec's input) → down: 2;
 //! - MoE: router linear (+ the shared expert's gate logit) → moe_router (top-k on the GPU) →
 //!   experts' gate_up (GLU) → experts' down → moe_combine (+= residual): 5 (+2 for a shared expert
-//!   of another size than the experts', run as its own MLP; +1 in prefill: moe_group, the slots
-//!   grouped by expert for the quantized experts' projections).
+//!   of another size than the experts', run as its own MLP; +1 in prefill and in a batch step of
+//!   the batched form: moe_group, the slots grouped by expert for the quantized experts'
+//!   projections, each expert's rows read once for all its slots).
 //!
 //! Then the last row: output rms_norm → lm_head (one dispatch per row chunk) → logits (vocab).
 
-use super::config::{Mixer, MlpSpec, ModelConfig};
+use super::config::{DeltaNetSpec, Mixer, MlpSpec, ModelConfig};
 pub use super::pass::STATE_RING;
 use super::pass::{mixer_readers, mlp_readers, Item, LayerPass, Scratch};
 use super::source::TensorSource;
@@ -46,11 +48,20 @@ pub const MAX_PLANS: usize = 8;
 enum LayerState {
     /// Keys and values, f16 [S, Hkv, max_ctx, D] each (S sequence slots).
     Kv(Tensor, Tensor),
-    /// Gated DeltaNet: the conv's last inputs f32 [R, K-1, conv_dim] and the delta rule's state
-    /// f32 [R, Hv, Dk, Dv], R = [`STATE_RING`] slots.
+    /// Gated DeltaNet: the conv's last inputs f32 [S·R, K-1, conv_dim] and the delta rule's state
+    /// f32 [S·R, Hv, Dk, Dv]: a ring of R = [`STATE_RING`] states for each of the S sequence slots.
     Recurrent { conv: Tensor, delta: Tensor },
     /// Nothing of its own: the layer reads layer `.0`'s KV caches (Gemma 4's shared KV layers).
     Shared(usize),
+}
+
+/// A Gated DeltaNet layer's (layer `l`) state rings for `slots` sequences.
+fn recurrent_state(gpu: &Gpu, l: usize, d: &DeltaNetSpec, slots: usize) -> Result<LayerState> {
+    let rings = slots * STATE_RING;
+    Ok(LayerState::Recurrent {
+        conv: gpu.empty(&format!("conv_state.{l}"), &[rings, d.conv_kernel - 1, d.conv_dim()], ElemType::F32)?,
+        delta: gpu.empty(&format!("delta_state.{l}"), &[rings, d.v_heads, d.k_dim, d.v_dim], ElemType::F32)?,
+    })
 }
 
 /// One dispatch's median GPU time in [`Model::profile_step`].
@@ -80,6 +91,17 @@ pub struct Plan {
 impl Plan {
     pub fn dispatches(&self) -> usize {
         self.items.iter().filter(|i| matches!(i, Item::Kernel(_))).count()
+    }
+
+    /// Its kernels (`shader:entry`, variant), in dispatch order.
+    pub fn kernels(&self) -> Vec<(String, String)> {
+        self.items
+            .iter()
+            .filter_map(|i| match i {
+                Item::Kernel(k) => Some((k.name.clone(), k.variant.clone())),
+                Item::Copy { .. } => None,
+            })
+            .collect()
     }
 
     /// Whether the plan is one compute pass (no copies: every one-token plan), so that
@@ -135,11 +157,11 @@ pub struct Model {
     pub gpu: Gpu,
     pub config: ModelConfig,
     pub weights: Weights,
-    /// Per layer: the (K, V) cache of an attention layer, f16 [Hkv, max_ctx, D] each; the
-    /// recurrent state of a Gated DeltaNet layer.
+    /// Per layer: the (K, V) cache of an attention layer, f16 [S, Hkv, max_ctx, D] each; the
+    /// recurrent state rings of a Gated DeltaNet layer (S sequence slots).
     state: Vec<LayerState>,
-    /// End positions of the last passes (most recent last, at most [`STATE_RING`]): where the
-    /// recurrent states can be rolled back to.
+    /// End positions of the last passes of the model's own sequence (slot 0; most recent last, at
+    /// most [`STATE_RING`]): where its recurrent states can be rolled back to.
     pass_ends: std::collections::VecDeque<usize>,
     pub max_ctx: usize,
     /// The [`StepParams`] uniform.
@@ -264,18 +286,7 @@ impl Model {
                             gpu.empty(&format!("v_cache.{l}"), &shape, ElemType::F16)?,
                         )
                     }
-                    Mixer::DeltaNet(d) => LayerState::Recurrent {
-                        conv: gpu.empty(
-                            &format!("conv_state.{l}"),
-                            &[STATE_RING, d.conv_kernel - 1, d.conv_dim()],
-                            ElemType::F32,
-                        )?,
-                        delta: gpu.empty(
-                            &format!("delta_state.{l}"),
-                            &[STATE_RING, d.v_heads, d.k_dim, d.v_dim],
-                            ElemType::F32,
-                        )?,
-                    },
+                    Mixer::DeltaNet(d) => recurrent_state(gpu, l, &d, 1)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -306,15 +317,7 @@ impl Model {
     /// The kernels (name, variant) of the staged plan of `n` tokens, in dispatch order (None
     /// before it is staged): what a step records.
     pub fn plan_kernels(&self, n: usize) -> Option<Vec<(String, String)>> {
-        self.plans.get(&n).map(|p| {
-            p.items
-                .iter()
-                .filter_map(|i| match i {
-                    Item::Kernel(k) => Some((k.name.clone(), k.variant.clone())),
-                    Item::Copy { .. } => None,
-                })
-                .collect()
-        })
+        self.plans.get(&n).map(Plan::kernels)
     }
 
     /// Forgets the sequence (the KV cache is overwritten from position 0).
@@ -488,9 +491,9 @@ impl Model {
         self.slots
     }
 
-    /// Makes the KV caches hold `n` sequences of `max_ctx` tokens each (slots `0..n`), for
-    /// [`prefill_slot`](Self::prefill_slot) and [`stage_batch`](Self::stage_batch). Everything
-    /// cached is forgotten. Models with recurrent or mixture-of-experts layers hold one.
+    /// Makes the KV caches (and a recurrent layer's state rings) hold `n` sequences of `max_ctx`
+    /// tokens each (slots `0..n`), for [`prefill_slot`](Self::prefill_slot) and
+    /// [`stage_batch`](Self::stage_batch). Everything cached is forgotten.
     pub fn set_sequences(&mut self, n: usize) -> Result<()> {
         if n == 0 || n > MATVEC_MAX_T {
             return Err(Error::InvalidArgument(format!(
@@ -500,27 +503,22 @@ impl Model {
         if n == self.slots {
             return Ok(());
         }
-        let moe = (0..self.config.num_layers()).any(|l| matches!(self.config.layer(l).mlp, MlpSpec::Moe { .. }));
-        if n > 1 && (self.is_recurrent() || moe) {
-            return Err(Error::Unsupported(
-                "decoding several sequences at once with recurrent (Gated DeltaNet) or mixture-of-experts layers"
-                    .into(),
-            ));
-        }
         let max_bind = self.gpu.limits.max_storage_buffer_binding_size;
         for st in &self.state {
-            if let LayerState::Kv(k, _) = st {
-                let per_seq = k.size_bytes() / self.slots as u64;
-                if n as u64 * per_seq > max_bind {
-                    return Err(Error::InvalidArgument(format!(
-                        "{n} sequences of {} tokens need {} MiB of KV cache per layer, more than this GPU binds \
-                         ({} MiB): decode at most {} sequences together, or lower --ctx",
-                        self.max_ctx,
-                        (n as u64 * per_seq) >> 20,
-                        max_bind >> 20,
-                        max_bind / per_seq
-                    )));
-                }
+            let (per_seq, what, or) = match st {
+                LayerState::Kv(k, _) => (k.size_bytes() / self.slots as u64, "KV cache", ", or lower --ctx"),
+                LayerState::Recurrent { delta, .. } => (delta.size_bytes() / self.slots as u64, "recurrent state", ""),
+                LayerState::Shared(_) => continue,
+            };
+            if n as u64 * per_seq > max_bind {
+                return Err(Error::InvalidArgument(format!(
+                    "{n} sequences of {} tokens need {} MiB of {what} per layer, more than this GPU binds \
+                     ({} MiB): decode at most {} sequences together{or}",
+                    self.max_ctx,
+                    (n as u64 * per_seq) >> 20,
+                    max_bind >> 20,
+                    max_bind / per_seq
+                )));
             }
         }
         // Plans bind the caches: drop them, and the old caches before the new ones are made.
@@ -528,25 +526,28 @@ impl Model {
         self.batch_plans.clear();
         self.scratch = None;
         self.reset();
-        // Only attention layers get here (a recurrent model holds one sequence).
         let shapes: Vec<Option<[usize; 4]>> = self
             .state
             .iter()
             .map(|st| match st {
                 LayerState::Kv(k, _) => Some([n, k.shape[1], k.shape[2], k.shape[3]]),
-                LayerState::Shared(_) => None,
-                LayerState::Recurrent { .. } => unreachable!("a recurrent model holds one sequence"),
+                LayerState::Shared(_) | LayerState::Recurrent { .. } => None,
             })
             .collect();
         let old = std::mem::take(&mut self.state);
         self.slots = n;
         for (l, (shape, st)) in shapes.iter().zip(old).enumerate() {
-            self.state.push(match shape {
-                Some(shape) => LayerState::Kv(
+            self.state.push(match (shape, st, self.config.layer(l).mixer) {
+                (Some(shape), ..) => LayerState::Kv(
                     self.gpu.empty(&format!("k_cache.{l}"), shape, ElemType::F16)?,
                     self.gpu.empty(&format!("v_cache.{l}"), shape, ElemType::F16)?,
                 ),
-                None => st,
+                (None, LayerState::Recurrent { conv, delta }, Mixer::DeltaNet(d)) => {
+                    // The old rings go before the new ones are made.
+                    drop((conv, delta));
+                    recurrent_state(&self.gpu, l, &d, n)?
+                }
+                (None, st, _) => st,
             });
         }
         Ok(())

@@ -549,7 +549,8 @@ impl<'a> LayerPass<'a> {
         let attn = self.act("attn", d.value_dim());
         let (xin, input) = self.normed(k, &lw.attn_norm, &[])?;
         k.extend(in_proj.linear(g, &xin, input, None, &mix, self.opts())?);
-        k.push(causal_conv1d(g, &mix, d.in_dim(), conv, conv_state, &conv_out, self.step, t, STATE_RING)?);
+        let seqs = self.seqs.as_ref();
+        k.push(causal_conv1d(g, &mix, d.in_dim(), conv, conv_state, &conv_out, self.step, seqs, t, STATE_RING)?);
         let (z_col, b_col) = (d.conv_dim(), d.conv_dim() + d.value_dim());
         k.push(gated_delta_rule(
             g,
@@ -565,6 +566,7 @@ impl<'a> LayerPass<'a> {
                 state: delta_state,
                 out: &attn,
                 step: self.step,
+                seqs,
                 n_tokens: t,
                 ring: STATE_RING,
             },
@@ -639,9 +641,17 @@ impl<'a> LayerPass<'a> {
         // The selected experts' gate_up (rows interleaved per expert: the GLU epilogue) for each
         // of a token's slots, then their down projections.
         // Prefill groups the slots by expert for the quantized stacks (module docs of ops::moe):
-        // the grouping once, each quantized projection reads it (f16 stacks run per slot).
+        // the grouping once, each quantized projection reads it (f16 stacks run per slot). A batch
+        // step in the batched form groups at every batch size (each expert's rows read once for
+        // all the step's slots routed to it; a slot's sums the batch kernel's whatever its tile);
+        // in the one-token form each slot runs as in the one-token pass.
         let quant = |w: &Linear| matches!(w, Linear::Quant(_));
-        let groups = if (quant(gate_up_exps) || quant(down_exps)) && groups_slots(t * slots, stack) {
+        let group = match self.seqs {
+            // (`WGPU_LLM_MOE_GROUP=0`: per slot, for measuring; fixed for every batch size.)
+            Some(_) => !self.one_token && !g.tuning().knobs.moe_group_off,
+            None => groups_slots(t * slots, stack),
+        };
+        let groups = if (quant(gate_up_exps) || quant(down_exps)) && group {
             let groups = self.s.moe_groups.view(0, &[groups_len(t * slots, stack)]);
             k.push(moe_group(g, &ids, stack, &groups)?);
             Some(groups)

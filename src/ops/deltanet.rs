@@ -3,11 +3,18 @@
 //! the gated delta rule (`wgsl/gated_delta_rule.wgsl`) and the gated RMSNorm after it
 //! (`wgsl/rms_norm_gated.wgsl`).
 //!
-//! Both keep a recurrent state between passes in a ring of R slots: the state after position p
-//! lives in slot `p % R`; a pass at `step.pos` of `step.n_tokens` tokens reads slot `pos % R`
-//! (zeros when `pos == 0`, so a new sequence needs no reset) and writes slot `(pos + n) % R`. A
-//! rollback to any of the last passes' ends whose slot no later pass reused finds its state intact
+//! Both keep a recurrent state between passes in a ring of R states per sequence slot (the state
+//! buffers hold `slots · R` states, slot s's ring at `s · R`): the state after position p lives in
+//! ring state `p % R`; a pass at `step.pos` of `step.n_tokens` tokens in slot `step.slot` reads
+//! `pos % R` (zeros when `pos == 0`, so a new sequence needs no reset) and writes `(pos + n) % R`.
+//! A rollback to any of the last passes' ends whose state no later pass reused finds it intact
 //! (the model keeps that bookkeeping: `model::forward::STATE_RING`).
+//!
+//! A decode step of many sequences (`seqs`, u32 `[T, 2]`: row t is the sequence in slot
+//! `seqs[t].1` at position `seqs[t].0`; the `BATCH` flag of both kernels, the recurrent form of
+//! the delta rule) runs each row as a one-token pass of its own sequence on grid z: the same
+//! arithmetic on its own slot's state, so a row's numbers are those of that sequence decoded alone,
+//! whatever the batch.
 //!
 //! The delta rule has two kernels over the same state ring, grid and work split. A head's state
 //! is split over Dv / CB workgroups of CB columns, each column's rows over RG threads that keep
@@ -96,8 +103,9 @@ crate::ops::uniform::uniform_struct! {
 
 /// Records the causal conv (+ SiLU) over the first `C = weight.shape[0]` columns of the rows
 /// `t < step.n_tokens` of `x` (f32 `(T, ld_x)`, T = `n_tokens`), taps `weight` f32 `(C, K)`, the
-/// state ring f32 `(R, K-1, C)`, into `out` f32 `(T, C)`. `step`: the
-/// [`StepParams`](super::StepParams) uniform.
+/// state rings f32 `(slots · R, K-1, C)`, into `out` f32 `(T, C)`. `step`: the
+/// [`StepParams`](super::StepParams) uniform. With `seqs` (u32 `[T, 2]`, (position, slot) per
+/// row) each row is a sequence of its own (a batch decode step: module docs).
 #[allow(clippy::too_many_arguments)]
 pub fn causal_conv1d(
     gpu: &Gpu,
@@ -107,6 +115,7 @@ pub fn causal_conv1d(
     state: &Tensor,
     out: &Tensor,
     step: &wgpu::Buffer,
+    seqs: Option<&Tensor>,
     n_tokens: usize,
     ring: usize,
 ) -> Result<Kernel> {
@@ -123,25 +132,43 @@ pub fn causal_conv1d(
     f32_check("weight", weight, c * k)?;
     f32_check("state", state, ring * (k - 1) * c)?;
     f32_check("out", out, n_tokens * c)?;
+    // (A batch step's slots index rings past the first: the model sizes the state for its slots.)
     let params = gpu.uniform(
         "causal_conv1d.params",
         &CausalConv1dUniform { channels: c as u32, ld_x: ld_x as u32, n_rows: n_tokens as u32, ring: ring as u32 },
     );
     let wg = 64;
-    gpu.kernel(
-        "causal_conv1d",
-        "main",
-        &gpu.macros().set("K", k).set("WG", wg),
-        &[
-            x.binding(),
-            weight.binding(),
-            state.binding(),
-            out.binding(),
-            step.as_entire_binding(),
-            params.as_entire_binding(),
-        ],
-        grid(c.div_ceil(wg) as u32),
-    )
+    let mut bindings = vec![
+        x.binding(),
+        weight.binding(),
+        state.binding(),
+        out.binding(),
+        step.as_entire_binding(),
+        params.as_entire_binding(),
+    ];
+    let (macros, rows) = batch_rows(gpu.macros().set("K", k).set("WG", wg), seqs, n_tokens, &mut bindings)?;
+    let [gx, gy, _] = grid(c.div_ceil(wg) as u32);
+    gpu.kernel("causal_conv1d", "main", &macros, &bindings, [gx, gy, rows])
+}
+
+/// A batch step's `seqs` (u32 `[T, 2]`) bound after `bindings` under the `BATCH` flag (the include
+/// `step`'s `SEQS` binding): the macros and the grid's z (a row each); else `macros` and 1.
+fn batch_rows<'a>(
+    macros: Macros,
+    seqs: Option<&'a Tensor>,
+    n_tokens: usize,
+    bindings: &mut Vec<wgpu::BindingResource<'a>>,
+) -> Result<(Macros, u32)> {
+    let Some(seqs) = seqs else { return Ok((macros, 1)) };
+    if seqs.ty != ElemType::U32 || seqs.numel() < 2 * n_tokens {
+        return Err(Error::InvalidArgument(format!(
+            "deltanet: seqs must be u32 [{n_tokens}, 2], is {:?} {:?}",
+            seqs.ty, seqs.shape
+        )));
+    }
+    let macros = macros.flag("BATCH").set("SEQS", bindings.len());
+    bindings.push(seqs.binding());
+    Ok((macros, n_tokens as u32))
 }
 
 /// The buffers of one [`gated_delta_rule`] dispatch.
@@ -158,11 +185,14 @@ pub struct DeltaRuleArgs<'a> {
     /// f32 `(Hv)` each.
     pub a_log: &'a Tensor,
     pub dt_bias: &'a Tensor,
-    /// The state ring, f32 `(R, Hv, Dk, Dv)`.
+    /// The state rings, f32 `(slots · R, Hv, Dk, Dv)`.
     pub state: &'a Tensor,
     /// o, before the gated norm: f32 `(T, Hv Dv)`.
     pub out: &'a Tensor,
     pub step: &'a wgpu::Buffer,
+    /// A batch decode step's (position, slot) per row, u32 `[T, 2]` (module docs); `None`: one
+    /// sequence, in slot `step.slot`.
+    pub seqs: Option<&'a Tensor>,
     pub n_tokens: usize,
     pub ring: usize,
 }
@@ -218,10 +248,12 @@ fn delta_form(gpu: &Gpu, dk: usize, dv: usize, n_tokens: usize) -> DeltaForm {
 
 /// Records the gated delta rule over the rows `t < step.n_tokens`: o into `out` (the gated norm
 /// is [`rms_norm_gated`]). A pass recorded for one token (decode) runs the recurrent kernel, a
-/// longer one the chunked kernel (`delta_form`); both read and write the same state ring.
+/// longer one the chunked kernel (`delta_form`); both read and write the same state ring. A batch
+/// step (`a.seqs`) runs the recurrent kernel, a one-token pass per row.
 pub fn gated_delta_rule(gpu: &Gpu, a: &DeltaRuleArgs<'_>) -> Result<Kernel> {
     let d = &a.spec;
-    record_delta(gpu, a, delta_form(gpu, d.k_dim, d.v_dim, a.n_tokens))
+    let form = if a.seqs.is_some() { DeltaForm::Recurrent } else { delta_form(gpu, d.k_dim, d.v_dim, a.n_tokens) };
+    record_delta(gpu, a, form)
 }
 
 /// The shader and macros of `form` for heads `d` (on top of the device's `base` macros).
@@ -281,23 +313,23 @@ fn record_delta(gpu: &Gpu, a: &DeltaRuleArgs<'_>, form: DeltaForm) -> Result<Ker
     };
     let params = gpu.uniform("gated_delta_rule.params", &params);
     let (shader, macros) = delta_shader(gpu.macros(), d, form);
+    if a.seqs.is_some() && form != DeltaForm::Recurrent {
+        return Err(Error::InvalidArgument("gated_delta_rule: a batch step runs the recurrent form".into()));
+    }
     let cb = delta_tiling(dk, dv).0;
-    gpu.kernel(
-        shader,
-        "main",
-        &macros,
-        &[
-            a.qkv.binding(),
-            a.mix.binding(),
-            a.a_log.binding(),
-            a.dt_bias.binding(),
-            a.state.binding(),
-            a.out.binding(),
-            a.step.as_entire_binding(),
-            params.as_entire_binding(),
-        ],
-        grid((hv * dv / cb) as u32),
-    )
+    let mut bindings = vec![
+        a.qkv.binding(),
+        a.mix.binding(),
+        a.a_log.binding(),
+        a.dt_bias.binding(),
+        a.state.binding(),
+        a.out.binding(),
+        a.step.as_entire_binding(),
+        params.as_entire_binding(),
+    ];
+    let (macros, rows) = batch_rows(macros, a.seqs, t, &mut bindings)?;
+    let [gx, gy, _] = grid((hv * dv / cb) as u32);
+    gpu.kernel(shader, "main", &macros, &bindings, [gx, gy, rows])
 }
 
 crate::ops::uniform::uniform_struct! {
@@ -494,7 +526,7 @@ mod tests {
         let mut kept = std::collections::HashMap::new();
         let mut pos = 0;
         let run = |pass: usize, pos: usize, n: usize, cpu_state: &mut Vec<f32>, what: &str| {
-            let kern = causal_conv1d(gpu, &xs[pass], ld, &wt, &st, &out, &step, t_max, ring).unwrap();
+            let kern = causal_conv1d(gpu, &xs[pass], ld, &wt, &st, &out, &step, None, t_max, ring).unwrap();
             set_step(gpu, &step, pos, n);
             gpu.run(&[&kern]).unwrap();
             let got = gpu.read_f32(&out).unwrap();
@@ -619,6 +651,7 @@ mod tests {
                 state: &state,
                 out: &out,
                 step: &step,
+                seqs: None,
                 n_tokens: rows,
                 ring,
             };
@@ -744,6 +777,148 @@ mod tests {
             for slow in [false, true] {
                 let (o, s) = check_delta(&gpu, spec(16, 32, 128, 128), slow, &passes, (125, (3, 24)), None);
                 eprintln!("worst slow={slow}: out {o:e}, state {s:e}");
+            }
+        }
+    }
+
+    /// A batch decode step's rows: (position, slot), the slots in no order, one row at position 0
+    /// (its state zeros, whatever its ring holds), rings wrapping (ring of 4, 5 slots).
+    const BATCH_ROWS: [(usize, usize); 4] = [(6, 2), (0, 0), (9, 4), (1, 1)];
+    const BATCH_SLOTS: usize = 5;
+
+    /// What [`check_batch_rows`] checks: the kernel recorded by `record(input, state, out, seqs,
+    /// n)` over the step's rows (`input` None) or over row r's input alone (`Some(r)`, as row 0 of
+    /// a one-token pass); a ring state of `state_len` f32 and output rows of `out_cols`; `twin(r,
+    /// state)` row r's output from its state (updated), and the tolerance of the output against it.
+    /// [`BatchCheck::record`]: (row or the whole step, state, out, seqs, rows) -> the kernel.
+    type Record<'a> = &'a dyn Fn(Option<usize>, &Tensor, &Tensor, Option<&Tensor>, usize) -> Kernel;
+
+    struct BatchCheck<'a> {
+        /// The step uniform `record` binds.
+        step: &'a wgpu::Buffer,
+        state_len: usize,
+        out_cols: usize,
+        record: Record<'a>,
+        twin: &'a dyn Fn(usize, &mut Vec<f32>) -> Vec<f32>,
+        tol: (f32, f32),
+    }
+
+    /// A batch decode step ([`BATCH_ROWS`]) against one-token passes: each row's output and the
+    /// state it writes are bit for bit those of a one-token pass of its sequence alone in its slot
+    /// (from the same states), no other state changes, and each matches the CPU twin (output
+    /// within `tol.0`, state within `tol.1`).
+    fn check_batch_rows(gpu: &Gpu, ring: usize, c: &BatchCheck<'_>, what: &str) {
+        let (b, len) = (BATCH_ROWS.len(), c.state_len);
+        let init = random(BATCH_SLOTS * ring * len, 41, 1.0);
+        let step = c.step;
+        let seqs: Vec<u32> = BATCH_ROWS.iter().flat_map(|&(p, s)| [p as u32, s as u32]).collect();
+        let seqs = gpu.upload_u32("seqs", &[b, 2], &seqs).unwrap();
+        let state = gpu.upload_f32("state", &[BATCH_SLOTS * ring, len], &init).unwrap();
+        let out = gpu.empty("out", &[b, c.out_cols], ElemType::F32).unwrap();
+        let kern = (c.record)(None, &state, &out, Some(&seqs), b);
+        // A batch step's uniform: its rows, positions from seqs.
+        gpu.queue.write_buffer(step, 0, bytemuck::bytes_of(&StepParams { n_tokens: b as u32, ..Default::default() }));
+        gpu.run(&[&kern]).unwrap();
+        let (got, got_state) = (gpu.read_f32(&out).unwrap(), gpu.read_f32(&state).unwrap());
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut want_state = init.clone();
+        for (r, &(pos, slot)) in BATCH_ROWS.iter().enumerate() {
+            let one_state = gpu.upload_f32("state", &[BATCH_SLOTS * ring, len], &init).unwrap();
+            let one_out = gpu.empty("out", &[1, c.out_cols], ElemType::F32).unwrap();
+            let kern = (c.record)(Some(r), &one_state, &one_out, None, 1);
+            let sp = StepParams { pos: pos as u32, n_tokens: 1, slot: slot as u32, _pad: 0 };
+            gpu.queue.write_buffer(step, 0, bytemuck::bytes_of(&sp));
+            gpu.run(&[&kern]).unwrap();
+            let one = gpu.read_f32(&one_out).unwrap();
+            let row = &got[r * c.out_cols..][..c.out_cols];
+            assert_eq!(bits(row), bits(&one), "{what}: row {r} (pos {pos}, slot {slot}) vs its one-token pass");
+            let dst = (slot * ring + (pos + 1) % ring) * len;
+            let written = &gpu.read_f32(&one_state).unwrap()[dst..][..len];
+            want_state[dst..][..len].copy_from_slice(written);
+            // The one-token pass in its slot against the CPU twin.
+            let src = (slot * ring + pos % ring) * len;
+            let mut st = if pos == 0 { vec![0f32; len] } else { init[src..][..len].to_vec() };
+            let want = (c.twin)(r, &mut st);
+            assert_close(&one, &want, c.tol.0, &format!("{what}: row {r} vs the CPU twin"));
+            assert_close(written, &st, c.tol.1, &format!("{what}: row {r}'s state vs the CPU twin"));
+        }
+        assert_eq!(bits(&got_state), bits(&want_state), "{what}: the states after the step");
+    }
+
+    #[test]
+    fn causal_conv1d_batch_rows_are_one_token_passes() {
+        let ring = 4;
+        for gpu in gpu_variants() {
+            for (c, k, ld) in [(40, 4, 52), (7, 2, 7)] {
+                let b = BATCH_ROWS.len();
+                let x = random(b * ld, 5 + c as u64, 1.0);
+                let w = random(c * k, 6, 0.5);
+                let (xs, wt) = (gpu.upload_f32("x", &[b, ld], &x).unwrap(), gpu.upload_f32("w", &[c, k], &w).unwrap());
+                let rows: Vec<Tensor> =
+                    (0..b).map(|r| gpu.upload_f32("x", &[1, ld], &x[r * ld..][..ld]).unwrap()).collect();
+                let step = gpu.uniform("step", &StepParams::default());
+                let record = |row: Option<usize>, st: &Tensor, out: &Tensor, seqs: Option<&Tensor>, n: usize| {
+                    let x = row.map_or(&xs, |r| &rows[r]);
+                    causal_conv1d(&gpu, x, ld, &wt, st, out, &step, seqs, n, ring).unwrap()
+                };
+                let twin = |r: usize, st: &mut Vec<f32>| cpu::causal_conv1d(&x[r * ld..], ld, 1, &w, k, st);
+                // As causal_conv1d_matches_cpu: a few ulps of the output, the state exact.
+                let (state_len, tol) = ((k - 1) * c, (1e-5, 0.0));
+                let check = BatchCheck { step: &step, state_len, out_cols: c, record: &record, twin: &twin, tol };
+                check_batch_rows(&gpu, ring, &check, &format!("conv c={c} k={k}"));
+            }
+        }
+    }
+
+    #[test]
+    fn gated_delta_rule_batch_rows_are_one_token_passes() {
+        let ring = 4;
+        for gpu in gpu_variants() {
+            let tiled = DeltaNetSpec { kv_tiled: true, ..spec(3, 6, 16, 16) };
+            for d in [spec(2, 4, 16, 16), spec(1, 3, 5, 7), spec(2, 2, 128, 128), tiled] {
+                let b = BATCH_ROWS.len();
+                let c = Case::new(d, b, 61, true);
+                let (ld_mix, _, b_col, a_col) = c.cols;
+                let cd = d.conv_dim();
+                let up = |n: &str, rows: usize, v: &[f32]| gpu.upload_f32(n, &[rows, v.len() / rows], v).unwrap();
+                let (qkv, mix) = (up("qkv", b, &c.qkv), up("mix", b, &c.mix));
+                let qkv_rows: Vec<Tensor> = (0..b).map(|r| up("qkv", 1, &c.qkv[r * cd..][..cd])).collect();
+                let mix_rows: Vec<Tensor> = (0..b).map(|r| up("mix", 1, &c.mix[r * ld_mix..][..ld_mix])).collect();
+                let (a_log, dt_bias) = (up("a_log", 1, &c.a_log), up("dt_bias", 1, &c.dt_bias));
+                let step = gpu.uniform("step", &StepParams::default());
+                let record = |row: Option<usize>, state: &Tensor, out: &Tensor, seqs: Option<&Tensor>, n: usize| {
+                    let (qkv, mix) = row.map_or((&qkv, &mix), |r| (&qkv_rows[r], &mix_rows[r]));
+                    let (a_log, dt_bias, step) = (&a_log, &dt_bias, &step);
+                    let args = DeltaRuleArgs {
+                        spec: d,
+                        qkv,
+                        mix,
+                        ld_mix,
+                        b_col,
+                        a_col,
+                        a_log,
+                        dt_bias,
+                        state,
+                        out,
+                        step,
+                        seqs,
+                        n_tokens: n,
+                        ring,
+                    };
+                    gated_delta_rule(&gpu, &args).unwrap()
+                };
+                let twin = |r: usize, st: &mut Vec<f32>| {
+                    let (qkv, mix) = (&c.qkv[r * cd..], &c.mix[r * ld_mix..]);
+                    let o = cpu::gated_delta_rule(&d, qkv, mix, (ld_mix, b_col, a_col), &c.a_log, &c.dt_bias, 1, st);
+                    o.into_iter().map(|v| v as f32).collect()
+                };
+                // One token from a state of |S| <= 1 (o before the norm: Dk-long sums of S q, |q| =
+                // 1 / sqrt(Dk)): f32 rounding of a few ulps of ~1, as the state's; measured <= 2.4e-7
+                // on lavapipe.
+                let (state_len, out_cols) = (d.v_heads * d.k_dim * d.v_dim, d.value_dim());
+                let check =
+                    BatchCheck { step: &step, state_len, out_cols, record: &record, twin: &twin, tol: (1e-5, 1e-5) };
+                check_batch_rows(&gpu, ring, &check, &format!("delta {d:?}"));
             }
         }
     }

@@ -317,7 +317,9 @@ impl ExpertWeight<'_> {
 ///   rows with [`Input::Gated`]).
 ///
 /// `ids`: u32, S elements (`(T, k)` as [`moe_router`] writes them); an id past the stack reads its
-/// last expert. `y`: f32 `(S, N)` (`(S, N/2)` with GLU), rows of stride `opts.ld_out`. No bias.
+/// last expert. With `opts.batch` (a decode step of T sequences, ids `(T, k)`) each slot's matvec
+/// is tuned as for one token's k slots, as the one-token pass tunes it: a slot's sums do not
+/// depend on T (and are the one-token pass's); with `groups` the batch kernel's do not either. `y`: f32 `(S, N)` (`(S, N/2)` with GLU), rows of stride `opts.ld_out`. No bias.
 /// Without `groups` each slot streams only its expert's rows (the matvec kernels, one token a
 /// pass, all slots in one dispatch: grid z = S ≤ [`MAX_SLOTS`]); with `groups` ([`moe_group`]'s
 /// table of these ids; quantized stacks only) a workgroup column takes a tile of an expert's
@@ -376,21 +378,24 @@ pub fn linear_experts(
     }
     assert!(s.out_span() < u32::MAX as usize && x.numel() < u32::MAX as usize, "{OP}: {s:?} overflows 32-bit indexing");
     let route = Some(matmul::Route { ids, experts: experts as u32, slots_per_row: slots_per_row as u32 });
+    // The per-slot matvec is tuned for all the slots, or for one token's in a batch step.
+    let tuned = if opts.batch {
+        assert!(ids.shape.len() == 2, "{OP}: a batch step's ids must be (T, k), got {:?}", ids.shape);
+        ids.shape[1]
+    } else {
+        slots
+    };
     match *w {
         ExpertWeight::F16 { w, .. } => {
             assert!(groups.is_none(), "{OP}: f16 stacks run per slot");
             assert!(k % 2 == 0, "{OP}: K = {k} must be even (f16 rows are whole u32 words)");
             assert!(rows * k / 2 < u32::MAX as usize, "{OP}: [{rows}, {k}] overflows 32-bit indexing");
-            matmul::matvec_experts(gpu, &Operands { input, route, ..Operands::new(x, w, y, opts) }, &s)
+            matmul::matvec_experts(gpu, &Operands { input, route, ..Operands::new(x, w, y, opts) }, &s, tuned)
         }
         ExpertWeight::Quant { w, .. } => {
             let groups = groups.map(|g| (g, group_tiles(s.t, experts)));
-            matmul::gguf::matvec_experts_quant(
-                gpu,
-                &Operands { input, route, ..Operands::new(x, w, y, opts) },
-                &s,
-                groups,
-            )
+            let op = Operands { input, route, ..Operands::new(x, w, y, opts) };
+            matmul::gguf::matvec_experts_quant(gpu, &op, &s, tuned, groups)
         }
     }
 }

@@ -62,6 +62,8 @@ pub struct Knobs {
     pub norm_wg: Option<u32>,
     /// `WGPU_LLM_NORMS_APART=1`.
     pub norms_apart: bool,
+    /// `WGPU_LLM_MOE_GROUP=0`: a batch step's expert slots run per slot in the batched form too.
+    pub moe_group_off: bool,
     /// `WGPU_LLM_PROBE_DROP="name:VARIANT,..."` (a probe: wrong outputs).
     pub probe_drop: Vec<(String, String)>,
     /// `WGPU_LLM_BOUNDS_CHECKS=0|1`: none / every kernel checked.
@@ -69,7 +71,7 @@ pub struct Knobs {
 }
 
 /// Every knob's name (without `WGPU_LLM_`), as [`Knobs::set`] takes it.
-pub const KNOBS: [&str; 17] = [
+pub const KNOBS: [&str; 18] = [
     "QMV",
     "QMV_PF",
     "XG",
@@ -85,6 +87,7 @@ pub const KNOBS: [&str; 17] = [
     "ATTN_DECODE_CE",
     "NORM_WG",
     "NORMS_APART",
+    "MOE_GROUP",
     "PROBE_DROP",
     "BOUNDS_CHECKS",
 ];
@@ -131,6 +134,7 @@ impl Knobs {
             "ATTN_DECODE_CE" => self.attn_decode_ce_small = v == "4096",
             "NORM_WG" => self.norm_wg = v.parse().ok().or(self.norm_wg),
             "NORMS_APART" => self.norms_apart = v == "1",
+            "MOE_GROUP" => self.moe_group_off = v == "0",
             "PROBE_DROP" => {
                 self.probe_drop = v
                     .split(',')

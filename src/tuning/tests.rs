@@ -137,9 +137,12 @@ fn knobs_parse_from_text_and_toml() {
     assert_eq!(k.probe_drop[1], ("attention_decode:main".to_string(), "ROPE".to_string()));
     assert!(k.set("WGPU_LLM_NOPE", "1").is_err());
     let mut t = Tuning::new(DeviceProfile::h100());
-    t.override_from_toml("attn_decode_min_kv = 1\nnorms_apart = true\nqmv = \"Q4_K:1:2:3:4:0\"\nxg = 0\n").unwrap();
+    t.override_from_toml(
+        "attn_decode_min_kv = 1\nnorms_apart = true\nqmv = \"Q4_K:1:2:3:4:0\"\nxg = 0\nmoe_group = 0\n",
+    )
+    .unwrap();
     assert_eq!(t.knobs.attn_decode_min_kv, Some(1));
-    assert!(t.knobs.norms_apart && t.knobs.xg_off && t.stage_apart().is_none());
+    assert!(t.knobs.norms_apart && t.knobs.xg_off && t.stage_apart().is_none() && t.knobs.moe_group_off);
     assert_eq!(t.knobs.qmv.len(), 1);
     assert!(t.override_from_toml("nope = 1").is_err());
     assert_eq!(t.decode_attention(), Some((1, 128)));

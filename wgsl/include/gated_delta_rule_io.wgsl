@@ -5,8 +5,13 @@
 //
 // Grid: (Hv * Dv / CB) workgroups, 2-D folded: workgroup (h, block) owns CB columns of head h's S;
 // thread (c, r) keeps rows r*ROWS .. (r+1)*ROWS of column block*CB + c in registers through the
-// pass (S read and written once per pass). The state is a ring of R slots: a pass at pos with n
-// tokens reads slot pos % R (zeros when pos == 0) and writes slot (pos + n) % R.
+// pass (S read and written once per pass). Each sequence slot of the caches has its own ring of R
+// states (the state buffer is (slots * R, Hv, Dk, Dv), sequence slot s's ring at s * R): a pass
+// at pos with n tokens reads ring state pos % R of its slot (zeros when pos == 0) and writes
+// (pos + n) % R. A pass of one sequence is in slot step.slot.
+// BATCH (gated_delta_rule.wgsl only: a decode step of many sequences): grid z is the step's row,
+// each row a sequence of its own at (tok_pos(row), tok_slot(row)): one token, its own state, the
+// same arithmetic as a one-token pass (so a row's numbers are that pass's).
 
 // BATCH (include/step.wgsl): the binding of the pass's (position, slot) per token.
 #define SEQS 8
@@ -27,7 +32,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> mix: array<f32>;          // (T, ld_mix): b, a at their columns
 @group(0) @binding(2) var<storage, read> a_log: array<f32>;        // (Hv)
 @group(0) @binding(3) var<storage, read> dt_bias: array<f32>;      // (Hv)
-@group(0) @binding(4) var<storage, read_write> state: array<f32>;  // (R, Hv, Dk, Dv)
+@group(0) @binding(4) var<storage, read_write> state: array<f32>;  // (slots * R, Hv, Dk, Dv)
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;    // (T, Hv Dv): o, before the gated norm
 @group(0) @binding(6) var<uniform> step: Step;
 @group(0) @binding(7) var<uniform> p: Params;
@@ -40,14 +45,16 @@ fn softplus(x: f32) -> f32 {
 }
 
 // A thread's share of the pass: value head h (h >= Hv: a workgroup past the heads), its key head
-// kh, its column j and first row i0 of S, the pass's tokens n, the ring slots read (src) and
-// written (dst).
+// kh, its column j and first row i0 of S, the pass's first row (row0: 0, or a batch step's row)
+// and tokens n from it, the position of row0, the ring states read (src) and written (dst).
 struct Share {
     h: u32,
     kh: u32,
     j: u32,
     i0: u32,
+    row0: u32,
     n: u32,
+    pos: u32,
     src: u32,
     dst: u32,
 }
@@ -65,9 +72,21 @@ fn share_of(wid: vec3<u32>, nwg: vec3<u32>, lid3: vec3<u32>) -> Share {
     sh.j = (wg % blocks) * {{CB}}u + lid3.x;
     sh.i0 = lid3.y * {{ROWS}}u;
     sh.n = min(step.n_tokens, p.n_rows);
+    sh.row0 = 0u;
+    sh.pos = step.pos;
+    var slot = step.slot;
+#ifdef BATCH
+    // This workgroup's row of the step (none past its rows: n = 0, and the entry returns).
+    sh.row0 = wid.z;
+    sh.n = select(0u, 1u, wid.z < sh.n);
+    let row = min(wid.z, p.n_rows - 1u);
+    sh.pos = tok_pos(row);
+    slot = tok_slot(row);
+#endif
     let head_size = {{DK}}u * {{DV}}u;
-    sh.src = ((step.pos % p.ring) * p.v_heads + sh.h) * head_size;
-    sh.dst = (((step.pos + sh.n) % p.ring) * p.v_heads + sh.h) * head_size;
+    let ring0 = slot * p.ring;
+    sh.src = ((ring0 + sh.pos % p.ring) * p.v_heads + sh.h) * head_size;
+    sh.dst = ((ring0 + (sh.pos + sh.n) % p.ring) * p.v_heads + sh.h) * head_size;
     return sh;
 }
 
@@ -76,7 +95,7 @@ fn load_state(sh: Share) -> array<f32, {{ROWS}}> {
     var s: array<f32, {{ROWS}}>;
     for (var x = 0u; x < {{ROWS}}u; x++) {
         s[x] = 0.0;
-        if (sh.i0 + x < {{DK}}u && step.pos != 0u) {
+        if (sh.i0 + x < {{DK}}u && sh.pos != 0u) {
             s[x] = state[sh.src + (sh.i0 + x) * {{DV}}u + sh.j];
         }
     }

@@ -367,9 +367,9 @@ pub fn dp4_fits(gpu: &Gpu, dtype: DType, k: usize, wg: u32, tok: u32) -> bool {
     dp4_chunk(gpu, dtype, k, wg, tok).is_some()
 }
 
-/// The matvec config of a quantized expert projection ([`super::experts_shape`]).
-fn experts_config(gpu: &Gpu, dtype: DType, s: &LinearShape) -> QMatvecConfig {
-    let cfg = QMatvecConfig::new(gpu, dtype, &super::experts_shape(s));
+/// The matvec config of a quantized expert projection tuned for `slots` slots ([`super::experts_shape`]).
+fn experts_config(gpu: &Gpu, dtype: DType, s: &LinearShape, slots: usize) -> QMatvecConfig {
+    let cfg = QMatvecConfig::new(gpu, dtype, &super::experts_shape(s, slots));
     assert!(cfg.shape.tok == 1);
     cfg
 }
@@ -378,7 +378,7 @@ fn experts_config(gpu: &Gpu, dtype: DType, s: &LinearShape) -> QMatvecConfig {
 /// Whether [`matvec_experts_quant`] stages x for the integer dot products (`DP4`): the test
 /// references meet x as [`cpu::stage_x16`] stages it there.
 pub(crate) fn experts_use_dp4(gpu: &Gpu, dtype: DType, s: &LinearShape) -> bool {
-    experts_config(gpu, dtype, s).shape.dp4
+    experts_config(gpu, dtype, s, s.t).shape.dp4
 }
 
 /// Whether a projection of two quantized weights over the same x (the first writing columns

@@ -531,17 +531,24 @@ impl Route<'_> {
 }
 
 /// The matvec config of an expert projection: one token a pass (each slot is its own), sized for
-/// all the slots' rows together (`s.n` rows per slot, `s.t` slots).
-fn experts_shape(s: &LinearShape) -> LinearShape {
-    LinearShape { t: 1, n: s.n * s.t, ..*s }
+/// the rows of `slots` slots together (`s.n` rows per slot: all the pass's, `s.t`, or a batch
+/// step's one token's, so that a slot's sums do not depend on the batch).
+fn experts_shape(s: &LinearShape, slots: usize) -> LinearShape {
+    LinearShape { t: 1, n: s.n * slots, ..*s }
 }
 
 /// Records the f16 expert projection of [`crate::ops::moe::linear_experts`] (its checks done):
-/// `s.t` slots of `s.n` rows (per expert) over K = `s.k` (no bias).
-pub(crate) fn matvec_experts(gpu: &Gpu, op: &Operands<'_, Tensor>, s: &LinearShape) -> Result<Kernel> {
+/// `s.t` slots of `s.n` rows (per expert) over K = `s.k` (no bias), the matvec tuned for
+/// `tuned_slots` slots ([`experts_shape`]).
+pub(crate) fn matvec_experts(
+    gpu: &Gpu,
+    op: &Operands<'_, Tensor>,
+    s: &LinearShape,
+    tuned_slots: usize,
+) -> Result<Kernel> {
     let input = op.input;
     assert!(op.bias.is_none() && op.route.is_some(), "linear_experts: routed, no bias");
-    let cfg = MatvecConfig::new(gpu, &experts_shape(s));
+    let cfg = MatvecConfig::new(gpu, &experts_shape(s, tuned_slots));
     assert!(cfg.tok == 1);
     assert!(
         matches!(input, Input::Plain) || (s.k.is_multiple_of(4) && cfg.vec > 1),

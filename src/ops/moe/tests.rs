@@ -592,3 +592,80 @@ fn moe_block_routes_on_the_gpu() {
         assert!(d <= 1e-5 * scale, "moe block: got {} want {} at {at}", got[at], want[at]);
     }
 }
+
+/// A batch decode step's expert projections ([`LinearOpts::batch`], ids `(T, k)`): a token's slots
+/// give the same bits whatever the batch (T, the token's row, the other tokens' experts, some
+/// shared with it). Per slot (each slot's matvec tuned as for one token's k slots) they are the
+/// bits of the one-token pass (`batch` unset, T = 1: checked against the CPU twin by
+/// `linear_experts_match_cpu`); grouped (quantized stacks: [`moe_group`] and the batch kernel)
+/// those of the token grouped alone (the grouped kernel's twin test: `grouped_experts_match_cpu`).
+/// Both projections: gate_up with the fused norm and GLU, down plain.
+#[test]
+fn batch_slots_do_not_depend_on_the_batch() {
+    let (h, inter, experts, top_k) = (2048usize, 256usize, 6usize, 3usize);
+    for gpu in gpu_variants() {
+        let xv = random(h, 31, 1.0);
+        let gv: Vec<f32> = random(h, 32, 0.5).into_iter().map(|v| 1.0 + v).collect();
+        let g = gpu.upload_f32("g", &[h], &gv).unwrap();
+        let token_ids: Vec<u32> = vec![4, 1, 5];
+        for wt in [Wt::F16, Wt::Q(DType::Q8_0), Wt::Q(DType::Q4_K)] {
+            let (f16_gu, f16_dn, q_gu, q_dn);
+            let (gu, dn) = match wt {
+                Wt::F16 => {
+                    f16_gu =
+                        gpu.upload_f16("gu", &[experts * 2 * inter, h], &ft::weights(experts * 2 * inter, h, 33).0);
+                    f16_dn = gpu.upload_f16("dn", &[experts * h, inter], &ft::weights(experts * h, inter, 34).0);
+                    let (gu, dn) = (f16_gu.as_ref().unwrap(), f16_dn.as_ref().unwrap());
+                    (ExpertWeight::F16 { w: gu, experts }, ExpertWeight::F16 { w: dn, experts })
+                }
+                Wt::Q(ty) => {
+                    let blocks = |rows, k, seed| qt::random_blocks(ty, rows, k, seed);
+                    q_gu =
+                        QuantWeight::new(&gpu, "gu", ty, [experts * 2 * inter, h], &blocks(experts * 2 * inter, h, 35));
+                    q_dn = QuantWeight::new(&gpu, "dn", ty, [experts * h, inter], &blocks(experts * h, inter, 36));
+                    let (gu, dn) = (q_gu.as_ref().unwrap(), q_dn.as_ref().unwrap());
+                    (ExpertWeight::Quant { w: gu, experts }, ExpertWeight::Quant { w: dn, experts })
+                }
+            };
+            // The token's slots' (gate_up, down) outputs as row `row` of a step of `t` tokens (the
+            // others random, their experts random), bits.
+            let run = |t: usize, row: usize, batch: bool, grouped: bool| -> (Vec<u32>, Vec<u32>) {
+                let mut ids = random_ids(t, experts, top_k, 40 + t as u64);
+                ids[row * top_k..][..top_k].copy_from_slice(&token_ids);
+                let mut x = random(t * h, 50 + t as u64, 1.0);
+                x[row * h..][..h].copy_from_slice(&xv);
+                let x = gpu.upload_f32("x", &[t, h], &x).unwrap();
+                let ids = gpu.upload_u32("ids", &[t, top_k], &ids).unwrap();
+                let act = gpu.empty("act", &[t * top_k, inter], ElemType::F32).unwrap();
+                let y = gpu.empty("y", &[t * top_k, h], ElemType::F32).unwrap();
+                let len = groups_len(t * top_k, experts);
+                let groups = gpu.empty("groups", &[len], ElemType::U32).unwrap();
+                let table = grouped.then_some(&groups);
+                let glu = LinearOpts { glu: Some(Activation::SiluGated), batch, ..Default::default() };
+                let plain = LinearOpts { batch, ..Default::default() };
+                let norm = Input::Norm { weight: &g, eps: 1e-6 };
+                let mut kernels = Vec::new();
+                if grouped {
+                    kernels.push(moe_group(&gpu, &ids, experts, &groups).unwrap());
+                }
+                kernels.push(linear_experts(&gpu, &x, norm, &gu, &ids, table, top_k, &act, glu).unwrap());
+                kernels.push(linear_experts(&gpu, &act, Input::Plain, &dn, &ids, table, 1, &y, plain).unwrap());
+                gpu.run(&kernels.iter().collect::<Vec<_>>()).unwrap();
+                let bits =
+                    |v: Vec<f32>, n: usize| v[row * top_k * n..][..top_k * n].iter().map(|x| x.to_bits()).collect();
+                (bits(gpu.read_f32(&act).unwrap(), inter), bits(gpu.read_f32(&y).unwrap(), h))
+            };
+            let grouping: &[bool] = if matches!(wt, Wt::F16) { &[false] } else { &[false, true] };
+            for &grouped in grouping {
+                let what = format!("{wt:?} grouped={grouped} sg={}", gpu.caps.subgroups);
+                let alone = run(1, 0, true, grouped);
+                if !grouped {
+                    assert!(alone == run(1, 0, false, false), "{what}: a batch of one vs the one-token pass");
+                }
+                for (t, row) in [(2, 1), (3, 0), (5, 3), (8, 7), (32, 17)] {
+                    assert!(alone == run(t, row, true, grouped), "{what}: row {row} of {t} vs alone");
+                }
+            }
+        }
+    }
+}

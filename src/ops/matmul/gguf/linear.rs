@@ -61,7 +61,7 @@ fn check_blocks(what: &str, w: &QuantWeight, s: &LinearShape) {
 
 /// Records the quantized expert projection of [`crate::ops::moe::linear_experts`] (its checks
 /// done): `s.t` slots of `s.n` rows (per expert) over K = `s.k`, no bias. Without `groups`, a
-/// slot a workgroup column (the one-token matvec); with `groups` ([`crate::ops::moe::moe_group`]'s
+/// slot a workgroup column (the one-token matvec, tuned for `tuned_slots` slots); with `groups` ([`crate::ops::moe::moe_group`]'s
 /// table for these slots, and its tiles: [`crate::ops::moe::group_tiles`]), the batch kernel
 /// (`wgsl/matvec_quant_batch.wgsl`, GROUPED) over tiles of up to 8 slots of one expert, a unit of
 /// its rows dequantized once a tile (prefill's form: at many tokens each expert has many slots).
@@ -69,6 +69,7 @@ pub(crate) fn matvec_experts_quant(
     gpu: &Gpu,
     op: &Operands<'_, QuantWeight>,
     s: &LinearShape,
+    tuned_slots: usize,
     groups: Option<(&Tensor, usize)>,
 ) -> Result<Kernel> {
     let input = op.input;
@@ -80,7 +81,7 @@ pub(crate) fn matvec_experts_quant(
         s.k
     );
     match groups {
-        None => matvec_quant(gpu, op, s, experts_config(gpu, op.w.dtype, s)),
+        None => matvec_quant(gpu, op, s, experts_config(gpu, op.w.dtype, s, tuned_slots)),
         Some(grouped) => matvec_quant_batch(gpu, op, s, 32, Some(grouped)),
     }
 }
