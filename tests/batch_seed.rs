@@ -199,7 +199,7 @@ fn run(engine: &mut BatchEngine, which: &[usize], joins: &[usize]) -> HashMap<us
         engine.step(&mut |id, e| events.push((id, e))).unwrap();
         for (id, e) in events {
             match e {
-                Event::Token(t) => out.get_mut(&ids[&id]).expect("submitted").push(t),
+                Event::Token(t, _) => out.get_mut(&ids[&id]).expect("submitted").push(t),
                 Event::Finished { .. } => {}
                 Event::Failed(e) => panic!("request {} failed: {e}", ids[&id]),
             }
