@@ -72,6 +72,7 @@ fn registry() -> Vec<Entry> {
         entry::<moe::MoeRouterUniform>(&["moe_router"], &[]),
         entry::<moe::MoeCombineUniform>(&["moe_combine"], &[]),
         entry::<crate::sampling::device::SampleInfo>(&["sample_stats"], &[]),
+        entry::<crate::sampling::penalty::ControlInfo>(&["sample_penalty", "token_counts"], &[]),
     ]
 }
 
