@@ -2,7 +2,7 @@
 //! error shape.
 
 use crate::grammar::Constraint;
-use crate::sampling::SamplingParams;
+use crate::sampling::{LogitControls, SamplingParams};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -74,9 +74,9 @@ pub struct SamplingFields {
 }
 
 /// The first field of OpenAI's API that the server does not implement which `fields` asks for,
-/// as a 400 naming it. `null`, and values that ask for nothing (`logprobs: false`, a penalty of
-/// 0, `best_of: 1`, `tools: []`, `tool_choice: "none"`), pass. `response_format` is
-/// [`response_format`]'s.
+/// as a 400 naming it. `null`, and values that ask for nothing (`logprobs: false`,
+/// `best_of: 1`, `tools: []`, `tool_choice: "none"`), pass. `response_format` is
+/// [`response_format`]'s; `logit_bias` and the penalties are [`super::controls`]'s.
 pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let nothing = |v: &Value| match v {
         Value::Null | Value::Bool(false) => true,
@@ -89,8 +89,7 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
     // "none" and "auto" ask for no tool when there are none.
     let no_tool = |v: &Value| nothing(v) || v == "none" || v == "auto";
     let asks = |name: &str, v: &Value| match name {
-        "logit_bias" | "presence_penalty" | "frequency_penalty" | "suffix" | "logprobs" | "top_logprobs" | "tools"
-        | "functions" => !nothing(v),
+        "suffix" | "logprobs" | "top_logprobs" | "tools" | "functions" => !nothing(v),
         "best_of" => !(v.is_null() || v == 1),
         "tool_choice" | "function_call" => !no_tool(v),
         _ => false,
@@ -106,19 +105,8 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
 }
 
 /// The fields [`unimplemented`] refuses.
-const UNIMPLEMENTED: [&str; 11] = [
-    "logit_bias",
-    "presence_penalty",
-    "frequency_penalty",
-    "suffix",
-    "best_of",
-    "logprobs",
-    "top_logprobs",
-    "tools",
-    "tool_choice",
-    "functions",
-    "function_call",
-];
+const UNIMPLEMENTED: [&str; 8] =
+    ["suffix", "best_of", "logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call"];
 
 /// One value or a list of them (`stop`, a message's `content`).
 #[derive(Debug, Deserialize)]
@@ -216,6 +204,8 @@ pub struct Generation {
     pub include_usage: bool,
     /// What the output must match (`response_format`), or `None`.
     pub constraint: Option<Constraint>,
+    /// `logit_bias` and the penalties ([`super::controls`]).
+    pub controls: LogitControls,
 }
 
 /// The constraint `response_format` asks for: none for `{"type": "text"}` (or no field),
@@ -278,6 +268,7 @@ pub fn generation(
     }
     unimplemented(&f.other)?;
     let constraint = response_format(&f.other)?;
+    let controls = super::controls::logit_controls(&f.other)?;
     let mut p = *defaults;
     if let Some(t) = f.temperature {
         if !(0.0..=2.0).contains(&t) {
@@ -331,6 +322,7 @@ pub fn generation(
         stream: f.stream.unwrap_or(false),
         include_usage: f.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
         constraint,
+        controls,
     })
 }
 
@@ -416,9 +408,6 @@ mod tests {
     fn unimplemented_fields_are_refused_by_name() {
         let d = SamplingParams::default();
         for (v, param) in [
-            (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
-            (json!({"presence_penalty": 0.5}), "presence_penalty"),
-            (json!({"frequency_penalty": -1}), "frequency_penalty"),
             (json!({"suffix": "end"}), "suffix"),
             (json!({"best_of": 3}), "best_of"),
             (json!({"logprobs": true}), "logprobs"),
