@@ -268,7 +268,7 @@ pub fn generation(
     }
     unimplemented(&f.other)?;
     let constraint = response_format(&f.other)?;
-    let controls = super::controls::logit_controls(&f.other)?;
+    let controls = super::controls::logit_controls(&f.other).map_err(|(field, m)| ApiError::invalid(m, Some(field)))?;
     let mut p = *defaults;
     if let Some(t) = f.temperature {
         if !(0.0..=2.0).contains(&t) {
@@ -431,6 +431,22 @@ mod tests {
             "stream_options": {"include_usage": false}, "parallel_tool_calls": false, "metadata": {"k": "v"},
         });
         generation(&fields(harmless), None, &d, || 0).unwrap();
+    }
+
+    #[test]
+    fn logit_controls_are_read_and_bad_ones_are_400s() {
+        let d = SamplingParams::default();
+        let g = generation(&fields(json!({"logit_bias": {"5": -100}, "repeat_penalty": 1.1})), None, &d, || 0).unwrap();
+        assert_eq!((g.controls.logit_bias, g.controls.repeat_penalty), (vec![(5, -100.0)], 1.1));
+        for (v, param) in [
+            (json!({"logit_bias": {"5": 200}}), "logit_bias"),
+            (json!({"presence_penalty": 3}), "presence_penalty"),
+            (json!({"frequency_penalty": "x"}), "frequency_penalty"),
+            (json!({"repeat_last_n": -5}), "repeat_last_n"),
+        ] {
+            let e = generation(&fields(v.clone()), None, &d, || 0).unwrap_err();
+            assert_eq!((e.status, e.param, e.kind), (400, Some(param), "invalid_request_error"), "{v}");
+        }
     }
 
     #[test]

@@ -3,28 +3,29 @@
 //! `presence_penalty` and `frequency_penalty` (in [-2, 2]), and llama.cpp's server extensions
 //! `repeat_penalty` (> 0, 1 = off) and `repeat_last_n` (0 = off, -1 = every token, up to
 //! [`MAX_WINDOW`]; llama.cpp's default 64). Absent or `null`: off. A malformed or out-of-range
-//! value is a 400 naming the field; a biased token outside the vocabulary is refused by the
-//! engine (also naming `logit_bias`).
+//! value is a 400 naming the field (the API's error is made from [`Refusal`] by `api`); a
+//! biased token outside the vocabulary is refused by the engine (also naming `logit_bias`).
 
-use super::api::ApiError;
 use crate::sampling::penalty::{LogitControls, MAX_WINDOW, REPEAT_ALL};
 use serde_json::{Map, Value};
 
+/// A field's name and why its value is refused.
+pub type Refusal = (&'static str, String);
+
 /// The controls `fields` (a request's fields besides those the server reads itself) ask for.
-pub fn logit_controls(fields: &Map<String, Value>) -> Result<LogitControls, ApiError> {
+pub fn logit_controls(fields: &Map<String, Value>) -> Result<LogitControls, Refusal> {
     let mut c = LogitControls::default();
     let present = |name: &str| fields.get(name).filter(|v| !v.is_null());
-    let number = |name: &'static str| -> Result<Option<f32>, ApiError> {
+    let number = |name: &'static str| -> Result<Option<f32>, Refusal> {
         match present(name) {
             None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(|x| Some(x as f32))
-                .ok_or_else(|| ApiError::invalid(format!("{name} must be a number, not {v}"), Some(name))),
+            Some(v) => {
+                v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| (name, format!("{name} must be a number, not {v}")))
+            }
         }
     };
     if let Some(v) = present("logit_bias") {
-        let bad = |m: String| ApiError::invalid(m, Some("logit_bias"));
+        let bad = |m: String| ("logit_bias", m);
         let Value::Object(map) = v else {
             return Err(bad(format!("logit_bias must be an object mapping token ids to biases, not {v}")));
         };
@@ -49,10 +50,9 @@ pub fn logit_controls(fields: &Map<String, Value>) -> Result<LogitControls, ApiE
     }
     if let Some(v) = present("repeat_last_n") {
         let bad = || {
-            ApiError::invalid(
-                format!("repeat_last_n must be an integer: 0 (off), 1 to {MAX_WINDOW}, or -1 (every token), not {v}"),
-                Some("repeat_last_n"),
-            )
+            let m =
+                format!("repeat_last_n must be an integer: 0 (off), 1 to {MAX_WINDOW}, or -1 (every token), not {v}");
+            ("repeat_last_n", m)
         };
         c.repeat_last_n = match v.as_i64().ok_or_else(bad)? {
             -1 => REPEAT_ALL,
@@ -60,7 +60,7 @@ pub fn logit_controls(fields: &Map<String, Value>) -> Result<LogitControls, ApiE
             _ => return Err(bad()),
         };
     }
-    c.check().map_err(|(field, message)| ApiError::invalid(message, Some(field)))?;
+    c.check()?;
     Ok(c)
 }
 
@@ -69,7 +69,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn parse(v: Value) -> Result<LogitControls, ApiError> {
+    fn parse(v: Value) -> Result<LogitControls, Refusal> {
         logit_controls(v.as_object().expect("an object"))
     }
 
@@ -91,7 +91,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_values_are_400s_naming_the_field() {
+    fn bad_values_are_refused_naming_the_field() {
         for (v, field) in [
             (json!({"logit_bias": {"x": 1}}), "logit_bias"),
             (json!({"logit_bias": {"5": 101}}), "logit_bias"),
@@ -106,9 +106,9 @@ mod tests {
             (json!({"repeat_last_n": 1.5}), "repeat_last_n"),
             (json!({"repeat_last_n": 1_000_000}), "repeat_last_n"),
         ] {
-            let e = parse(v.clone()).unwrap_err();
-            assert_eq!((e.status, e.param), (400, Some(field)), "{v}");
-            assert!(e.message.contains(field), "{v}: {}", e.message);
+            let (name, message) = parse(v.clone()).unwrap_err();
+            assert_eq!(name, field, "{v}");
+            assert!(message.contains(field), "{v}: {message}");
         }
     }
 }
