@@ -533,7 +533,7 @@ impl DeviceControls {
         if slot >= self.slots {
             let slots = (slot + 1).next_power_of_two();
             let bytes = (slots * stride * 4) as u64;
-            if bytes > u64::from(gpu.limits.max_storage_buffer_binding_size) {
+            if bytes > gpu.limits.max_storage_buffer_binding_size {
                 return Err(Error::InvalidArgument(format!(
                     "logit controls: {slots} sequences of a {}-token vocabulary need {} MiB, over the device's max \
                      storage binding (decode fewer sequences with penalties or a bias at once)",
@@ -608,7 +608,7 @@ impl DeviceControls {
         if self.rows.is_empty() {
             return Ok(None);
         }
-        if logits.numel() % self.vocab != 0
+        if !logits.numel().is_multiple_of(self.vocab)
             || self.rows.iter().any(|r| (r.row as usize + 1) * self.vocab > logits.numel())
         {
             return Err(Error::InvalidArgument(format!(
