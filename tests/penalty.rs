@@ -96,11 +96,16 @@ fn reference_greedy(model: &mut Model, controls: &LogitControls, max_tokens: usi
     out
 }
 
+/// The tiny model (a context of 128) and a device sampler on the test GPU.
+fn model_and_sampler() -> (Model, DeviceSampler) {
+    let gpu = common::gpu();
+    let device = DeviceSampler::new(&gpu).unwrap();
+    (tiny(&gpu, 128), device)
+}
+
 #[test]
 fn device_loops_match_the_host_sampler_with_controls() {
-    let gpu = common::gpu();
-    let mut model = tiny(&gpu, 128);
-    let mut device = DeviceSampler::new(&gpu).unwrap();
+    let (mut model, mut device) = model_and_sampler();
     let n = 24;
     for controls in [all_on(), LogitControls { repeat_last_n: REPEAT_ALL, ..all_on() }] {
         for params in [SamplingParams::greedy(), sampled(5), sampled(6)] {
@@ -122,9 +127,7 @@ fn device_loops_match_the_host_sampler_with_controls() {
 
 #[test]
 fn logit_bias_of_100_forces_its_token() {
-    let gpu = common::gpu();
-    let mut model = tiny(&gpu, 128);
-    let mut device = DeviceSampler::new(&gpu).unwrap();
+    let (mut model, mut device) = model_and_sampler();
     let controls = LogitControls { logit_bias: vec![(777, 100.0)], ..Default::default() };
     for sampler in [&mut device as &mut dyn SamplingBackend, &mut HostSampler] {
         for params in [SamplingParams::greedy(), sampled(9)] {
@@ -141,9 +144,7 @@ fn logit_bias_of_100_forces_its_token() {
 
 #[test]
 fn repetition_penalty_changes_greedy_as_the_host_twin_predicts() {
-    let gpu = common::gpu();
-    let mut model = tiny(&gpu, 128);
-    let mut device = DeviceSampler::new(&gpu).unwrap();
+    let (mut model, mut device) = model_and_sampler();
     let n = 32;
     let free = generate(&mut model, &mut device, &SamplingParams::greedy(), &Default::default(), n, Default::default());
     assert_eq!(free, reference_greedy(&mut model, &LogitControls::default(), n), "greedy without controls");

@@ -9,28 +9,7 @@
 #define WG 256
 #include "philox"
 
-struct Info {
-    rows: u32,    // controlled rows (records)
-    vocab: u32,
-    stride: u32,  // u32 words a slot
-    hist: u32,    // ring length a slot (MAX_WINDOW)
-    zero: u32,    // 0: the rounding barriers' operand
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-// penalty::ControlRow
-struct Row {
-    row: u32,
-    slot: u32,
-    flags: u32,  // 1 bias, 2 repetition, 4 presence / frequency
-    window: u32,
-    repeat: f32,
-    inv_repeat: f32,
-    presence: f32,
-    frequency: f32,
-}
+#include "logit_controls"
 
 @group(0) @binding(0) var<storage, read_write> logits: array<f32>;  // [rows, V], rewritten in place
 @group(0) @binding(1) var<storage, read> state: array<u32>;         // [slots, stride] (penalty::layout)

@@ -7,27 +7,7 @@
 // Rust: src/sampling/penalty.rs token_counts
 #define WG 64
 
-struct Info {
-    rows: u32,
-    vocab: u32,
-    stride: u32,
-    hist: u32,
-    zero: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-struct Row {
-    row: u32,
-    slot: u32,
-    flags: u32,
-    window: u32,  // 0 off, 0xFFFFFFFF every token, else the window's length (<= hist)
-    repeat: f32,
-    inv_repeat: f32,
-    presence: f32,
-    frequency: f32,
-}
+#include "logit_controls"
 
 @group(0) @binding(0) var<storage, read> ids: array<u32>;         // the sampled ids, one a row
 @group(0) @binding(1) var<storage, read_write> state: array<u32>;  // [slots, stride]

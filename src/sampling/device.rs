@@ -64,7 +64,7 @@
 
 use super::mask::{check_masks, Rows};
 use super::params::{check_keys, logits_shape, prepare_rows, row_keys, Draw, RowKey, SamplingParams};
-use super::penalty::{check_rows, DeviceControls, SeqControls};
+use super::penalty::{check_rows, DeviceControls, RowControls, SeqControls};
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Tensor};
 use std::sync::Arc;
@@ -320,7 +320,7 @@ impl DeviceSampler {
     /// are rewritten in place by `sample_penalty` before the sampler's passes, and its sampled
     /// id is counted into its sequence's slot by `token_counts` after them ([`super::penalty`]).
     /// Each controlled sequence must have been [`start_controls`](Self::start_controls)ed.
-    pub fn set_controls(&mut self, gpu: &Gpu, controls: &[Option<&SeqControls>]) -> Result<()> {
+    pub fn set_controls(&mut self, gpu: &Gpu, controls: RowControls) -> Result<()> {
         check_rows(controls, self.rows)?;
         self.controls.set_rows(gpu, controls)
     }
@@ -631,13 +631,7 @@ impl DeviceSampler {
     /// [`SamplingBackend::draw_controlled`](super::SamplingBackend::draw_controlled): records the
     /// passes, submits them and waits for the ids and the rows' status words. `controls`: one
     /// per row, or empty for none.
-    pub fn draw_now(
-        &mut self,
-        gpu: &Gpu,
-        logits: &Tensor,
-        input: Rows<'_>,
-        controls: &[Option<&SeqControls>],
-    ) -> Result<Draw> {
+    pub fn draw_now(&mut self, gpu: &Gpu, logits: &Tensor, input: Rows<'_>, controls: RowControls) -> Result<Draw> {
         let (rows, vocab) = logits_shape(logits, input.params)?;
         check_keys(input.params, input.keys)?;
         check_masks(input.masks, rows, vocab)?;

@@ -121,7 +121,7 @@ pub use device::DeviceSampler;
 pub use host::{sample_row, sample_row_masked, sample_row_prepared};
 pub use mask::{Rows, TokenMask};
 pub use params::{check_keys, logits_shape, Draw, PreparedParams, RowKey, SamplingParams, MODE_GREEDY, MODE_SAMPLE};
-pub use penalty::{LogitControls, SeqControls};
+pub use penalty::{LogitControls, RowControls, SeqControls};
 pub use philox::{bits_to_unit, gumbel, philox4x32_10, random_seed, uniform_bits};
 
 use crate::error::Result;
@@ -161,13 +161,7 @@ pub trait SamplingBackend {
     /// none), applied to the row's logits before everything else. A controlled row's sequence
     /// must have been [`start_controls`](Self::start_controls)ed; the device sampler counts each
     /// controlled row's token on the GPU itself, the caller [`SeqControls::push`]es it on the host.
-    fn draw_controlled(
-        &mut self,
-        gpu: &Gpu,
-        logits: &Tensor,
-        rows: Rows<'_>,
-        controls: &[Option<&SeqControls>],
-    ) -> Result<Draw> {
+    fn draw_controlled(&mut self, gpu: &Gpu, logits: &Tensor, rows: Rows<'_>, controls: RowControls) -> Result<Draw> {
         if controls.iter().all(Option::is_none) {
             return self.draw_masked(gpu, logits, rows);
         }
@@ -206,13 +200,7 @@ impl SamplingBackend for HostSampler {
         self.draw_controlled(gpu, logits, input, &vec![None; input.params.len()])
     }
 
-    fn draw_controlled(
-        &mut self,
-        gpu: &Gpu,
-        logits: &Tensor,
-        input: Rows<'_>,
-        controls: &[Option<&SeqControls>],
-    ) -> Result<Draw> {
+    fn draw_controlled(&mut self, gpu: &Gpu, logits: &Tensor, input: Rows<'_>, controls: RowControls) -> Result<Draw> {
         let (rows, vocab) = logits_shape(logits, input.params)?;
         let prepared = params::prepare_rows(input.params, input.keys)?;
         mask::check_masks(input.masks, rows, vocab)?;
@@ -250,13 +238,7 @@ impl SamplingBackend for DeviceSampler {
         self.draw_now(gpu, logits, rows, &[])
     }
 
-    fn draw_controlled(
-        &mut self,
-        gpu: &Gpu,
-        logits: &Tensor,
-        rows: Rows<'_>,
-        controls: &[Option<&SeqControls>],
-    ) -> Result<Draw> {
+    fn draw_controlled(&mut self, gpu: &Gpu, logits: &Tensor, rows: Rows<'_>, controls: RowControls) -> Result<Draw> {
         self.draw_now(gpu, logits, rows, controls)
     }
 

@@ -370,18 +370,11 @@ pub mod layout {
 }
 
 crate::ops::uniform::uniform_struct! {
-    /// WGSL twin: `struct Info` of `wgsl/sample_penalty.wgsl` and `wgsl/token_counts.wgsl`.
-    pub(crate) struct ControlInfo = "Info" {
-        rows: u32,
-        vocab: u32,
-        stride: u32,
-        hist: u32,
-        /// 0, for the rounding barriers (a value no compiler can fold).
-        zero: u32,
-        _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
-    }
+    /// WGSL twin: `struct Info` of `wgsl/include/logit_controls.wgsl` (`sample_penalty`,
+    /// `token_counts`): controlled rows, vocabulary, words a slot, ring length a slot, and 0 for
+    /// the rounding barriers (a value no compiler can fold).
+    pub(crate) struct ControlInfo = "Info" { rows: u32, vocab: u32, stride: u32, hist: u32,
+        zero: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
 }
 
 impl ControlInfo {
@@ -396,42 +389,36 @@ impl ControlInfo {
     }
 }
 
-/// Records `sample_penalty`: the controls of the `rows` records in `records` applied in place to
-/// `logits` (f32 `[·, vocab]`), reading the slots of `state`.
-pub fn sample_penalty(
-    gpu: &Gpu,
-    logits: &Tensor,
-    state: &Tensor,
-    records: &Tensor,
-    info: &wgpu::Buffer,
-    rows: usize,
-    vocab: usize,
-) -> Result<Kernel> {
+/// What both kernels bind besides the logits or the ids: the state buffer, the `rows` records
+/// ([`ControlRow`]s) of the controlled rows and the [`ControlInfo`] uniform.
+pub struct ControlBindings<'a> {
+    pub state: &'a Tensor,
+    pub records: &'a Tensor,
+    pub info: &'a wgpu::Buffer,
+    pub rows: usize,
+}
+
+/// Records `sample_penalty`: the controls of the records applied in place to `logits` (f32
+/// `[·, vocab]`), reading their slots of the state.
+pub fn sample_penalty(gpu: &Gpu, logits: &Tensor, b: &ControlBindings, vocab: usize) -> Result<Kernel> {
     if logits.ty != ElemType::F32 || vocab == 0 || !logits.numel().is_multiple_of(vocab) {
         return Err(Error::InvalidArgument(format!(
             "sample_penalty: need f32 logits of rows of {vocab}, got {:?} {:?}",
             logits.ty, logits.shape
         )));
     }
-    let bindings = [logits.binding(), state.binding(), records.binding(), info.as_entire_binding()];
-    gpu.kernel("sample_penalty", "main", &gpu.macros(), &bindings, [vocab.div_ceil(256) as u32, rows as u32, 1])
+    let bindings = [logits.binding(), b.state.binding(), b.records.binding(), b.info.as_entire_binding()];
+    gpu.kernel("sample_penalty", "main", &gpu.macros(), &bindings, [vocab.div_ceil(256) as u32, b.rows as u32, 1])
 }
 
-/// Records `token_counts`: each of the `rows` records' sampled id (`ids[record.row]`) counted
-/// into its slot of `state`.
-pub fn token_counts(
-    gpu: &Gpu,
-    ids: &Tensor,
-    state: &Tensor,
-    records: &Tensor,
-    info: &wgpu::Buffer,
-    rows: usize,
-) -> Result<Kernel> {
+/// Records `token_counts`: each record's sampled id (`ids[record.row]`) counted into its slot of
+/// the state.
+pub fn token_counts(gpu: &Gpu, ids: &Tensor, b: &ControlBindings) -> Result<Kernel> {
     if ids.ty != ElemType::U32 {
         return Err(Error::InvalidArgument(format!("token_counts: ids must be u32, got {:?}", ids.ty)));
     }
-    let bindings = [ids.binding(), state.binding(), records.binding(), info.as_entire_binding()];
-    gpu.kernel("token_counts", "main", &gpu.macros(), &bindings, [(rows as u32).div_ceil(64), 1, 1])
+    let bindings = [ids.binding(), b.state.binding(), b.records.binding(), b.info.as_entire_binding()];
+    gpu.kernel("token_counts", "main", &gpu.macros(), &bindings, [(b.rows as u32).div_ceil(64), 1, 1])
 }
 
 /// The kernels' CPU twins, on the same state words.
@@ -480,6 +467,9 @@ pub mod cpu {
         }
     }
 }
+
+/// One optional [`SeqControls`] a row of a draw.
+pub type RowControls<'a> = &'a [Option<&'a SeqControls>];
 
 /// Checks that there is one optional control a row.
 pub fn check_rows(controls: &[Option<&SeqControls>], rows: usize) -> Result<()> {
@@ -633,9 +623,9 @@ impl DeviceControls {
             (Some(s), Some(r), Some(i)) => (s, r, i),
             _ => return Err(Error::Gpu("logit controls: state not set up".into())),
         };
-        let n = self.rows.len();
-        let apply = sample_penalty(gpu, logits, state, records, info, n, self.vocab)?;
-        let count = token_counts(gpu, ids, state, records, info, n)?;
+        let b = ControlBindings { state, records, info, rows: self.rows.len() };
+        let apply = sample_penalty(gpu, logits, &b, self.vocab)?;
+        let count = token_counts(gpu, ids, &b)?;
         if self.cache.len() >= CACHE {
             self.cache.remove(0);
         }

@@ -158,7 +158,8 @@ fn sample_penalty_matches_cpu_bit_for_bit() {
         let records: Vec<u32> = bytemuck::cast_slice(&rows).to_vec();
         let rec = gpu.upload_u32("rows", &[records.len()], &records).unwrap();
         let info = info_buffer(&gpu, rows.len(), vocab);
-        let k = sample_penalty(&gpu, &l, &st, &rec, &info, rows.len(), vocab).unwrap();
+        let b = ControlBindings { state: &st, records: &rec, info: &info, rows: rows.len() };
+        let k = sample_penalty(&gpu, &l, &b, vocab).unwrap();
         gpu.run(&[&k]).unwrap();
         let got = gpu.read_f32(&l).unwrap();
         assert_eq!(bits(&got), bits(&want));
@@ -179,7 +180,8 @@ fn token_counts_matches_cpu_over_steps() {
         for step in 0..12 {
             let ids = tokens(3, vocab, 500 + step);
             let t = gpu.upload_u32("ids", &[3], &ids).unwrap();
-            let k = token_counts(&gpu, &t, &st, &rec, &info, rows.len()).unwrap();
+            let b = ControlBindings { state: &st, records: &rec, info: &info, rows: rows.len() };
+            let k = token_counts(&gpu, &t, &b).unwrap();
             gpu.run(&[&k]).unwrap();
             cpu::token_counts(&ids, &mut want, &rows, vocab);
         }
