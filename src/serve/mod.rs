@@ -313,7 +313,7 @@ async fn run(
         StartError::Refused(SubmitError::QueueFull) => ApiError::busy(),
         StartError::Refused(SubmitError::Invalid(e)) => {
             // A biased token outside the vocabulary is the engine's to see.
-            let field = if e.to_string().starts_with("logit_bias") { "logit_bias" } else { param };
+            let field = if e.to_string().contains("logit_bias") { "logit_bias" } else { param };
             ApiError::invalid(e.to_string(), Some(field))
         }
         StartError::Down => ApiError::internal("the engine is not running").with_status(503),
