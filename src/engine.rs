@@ -37,7 +37,7 @@ use crate::gpu::{BackendChoice, Gpu, GpuOptions};
 use crate::grammar::{Constraint, Matcher, Vocabulary};
 use crate::loader::Checkpoint;
 use crate::model::{Model, WeightFormat};
-use crate::sampling::{random_seed, DeviceSampler, HostSampler, SamplingBackend, SamplingParams};
+use crate::sampling::{random_seed, DeviceSampler, HostSampler, LogitControls, SamplingBackend, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::path::{Path, PathBuf};
 
@@ -134,6 +134,8 @@ pub struct Request {
     pub max_tokens: usize,
     pub sampling: Sampling,
     pub sampler: SamplerChoice,
+    /// `logit_bias` and the presence, frequency and repetition penalties (default: off).
+    pub controls: LogitControls,
 }
 
 impl Default for Request {
@@ -145,6 +147,7 @@ impl Default for Request {
             max_tokens: 256,
             sampling: Sampling::default(),
             sampler: SamplerChoice::Device,
+            controls: LogitControls::default(),
         }
     }
 }
@@ -444,11 +447,12 @@ impl Engine {
         let (model, max) = (&mut self.model, req.max_tokens);
         let stats = match &mut matcher {
             Some(m) => {
-                decode::constrained::generate(model, sampler, prompt_tokens, max, &params, m, stop, &mut on_token)?
+                let job = decode::Job { prompt: prompt_tokens, max_tokens: max, params: &params, eos: stop };
+                decode::constrained::generate_controlled(model, sampler, job, m, &req.controls, &mut on_token)?
             }
             None => {
                 let job = decode::Job { prompt: prompt_tokens, max_tokens: max, params: &params, eos: stop };
-                decode::run_job(model, sampler, fresh, job, &mut on_token, self.decode)?
+                decode::run_job(model, sampler, fresh, job, &req.controls, &mut on_token, self.decode)?
             }
         };
         if let Some(rest) = stream.finish()? {
@@ -536,6 +540,8 @@ impl Generate<'_> {
         sampling(Sampling) => sampling;
         /// Where sampling runs (default: the device).
         sampler(SamplerChoice) => sampler;
+        /// `logit_bias` and the presence, frequency and repetition penalties (default: off).
+        controls(LogitControls) => controls;
     }
     /// Wrap the prompt as a user message in the model's chat template (false: plain text, and
     /// any system message or earlier turns dropped).

@@ -14,7 +14,7 @@ use wgpu_llm::engine::{Chat, Engine, SamplerChoice, Sampling};
 use wgpu_llm::gpu::{list_adapters, BackendChoice, Gpu, GpuOptions};
 use wgpu_llm::loader::{Checkpoint, DType};
 use wgpu_llm::model::{Model, WeightFormat};
-use wgpu_llm::sampling::{SamplingBackend, SamplingParams};
+use wgpu_llm::sampling::{LogitControls, SamplingBackend, SamplingParams};
 
 mod cli_chat;
 
@@ -201,6 +201,8 @@ struct GenerateArgs {
     gpu: GpuArgs,
     #[command(flatten)]
     constraint: ConstraintArgs,
+    #[command(flatten)]
+    controls: ControlArgs,
 }
 
 /// Structured output: at most one constraint on what `generate` writes.
@@ -228,6 +230,57 @@ impl ConstraintArgs {
             (_, _, Some(p)) => Some(Constraint::Lark(read(p)?)),
             _ => None,
         })
+    }
+}
+
+/// Logit controls (wgpu_llm::sampling::penalty): llama.cpp's repetition penalty, OpenAI's
+/// presence / frequency penalties and logit bias, applied before sampling on either sampler.
+#[derive(Args)]
+struct ControlArgs {
+    /// Repetition penalty over the last --repeat-last-n tokens of the prompt and the output
+    /// (llama.cpp's; 1.0 = off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back over (0 = off, -1 = all of them).
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    repeat_last_n: i64,
+    /// Subtracted from the logit of every token already generated, in [-2, 2] (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Times the number of times a token was generated, subtracted from its logit, in [-2, 2].
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Adds BIAS (in [-100, 100]) to the logit of token TOKEN_ID (repeatable).
+    #[arg(long, value_name = "TOKEN_ID=BIAS", allow_negative_numbers = true)]
+    logit_bias: Vec<String>,
+}
+
+impl ControlArgs {
+    fn controls(&self) -> Result<LogitControls> {
+        use wgpu_llm::sampling::penalty::REPEAT_ALL;
+        let mut logit_bias = Vec::new();
+        for b in &self.logit_bias {
+            let parsed = b.split_once('=').and_then(|(t, v)| Some((t.trim().parse().ok()?, v.trim().parse().ok()?)));
+            let Some(pair) = parsed else {
+                anyhow::bail!("--logit-bias {b}: expected TOKEN_ID=BIAS (e.g. 42=-100)");
+            };
+            logit_bias.push(pair);
+        }
+        let repeat_last_n = match self.repeat_last_n {
+            -1 => REPEAT_ALL,
+            n => u32::try_from(n).map_err(|_| anyhow::anyhow!("--repeat-last-n {n}: 0 (off), -1 (all) or a count"))?,
+        };
+        let c = LogitControls {
+            logit_bias,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n,
+        };
+        if let Err((field, msg)) = c.check() {
+            anyhow::bail!("--{}: {msg}", field.replace('_', "-"));
+        }
+        Ok(c)
     }
 }
 
@@ -462,6 +515,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         max_tokens: a.max_tokens,
         sampling: Sampling::from(params),
         sampler: a.sampling.sampler,
+        controls: a.controls.controls()?,
     };
     // The checkpoint, its tokenizer and the prompt are checked before the GPU is touched: bad
     // input gets its error at once, on any machine.
@@ -873,6 +927,7 @@ fn bench_streams(
                 stop_ids: vec![],
                 constraint: None,
                 logprobs: None,
+                controls: Default::default(),
             };
             ids.push(engine.submit(req).map_err(|e| anyhow::anyhow!("{e}"))?);
         }

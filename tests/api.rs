@@ -147,6 +147,7 @@ fn seeded_sampling_repeats() {
         max_tokens: 8,
         sampling: Sampling::greedy(),
         sampler: SamplerChoice::Host,
+        controls: Default::default(),
     };
     let host = engine.run(&req, &mut |_| Ok(true)).unwrap();
     assert!(host.text.starts_with("The answer is"), "{}", host.text);

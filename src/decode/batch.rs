@@ -21,7 +21,7 @@ pub use crate::model::forward::BatchForm;
 use crate::model::Model;
 use crate::sampling::device::PassLog;
 use crate::sampling::logprobs::{Layout, LogprobHead, TokenLogprobs};
-use crate::sampling::{Draw, RowKey, Rows, SamplingBackend, SamplingParams, TokenMask};
+use crate::sampling::{Draw, LogitControls, RowKey, Rows, SamplingBackend, SamplingParams, SeqControls, TokenMask};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -47,12 +47,23 @@ pub struct Request {
     /// `Some(n)`, the sampled token's and the `n` most likely tokens' (`n ≤ 20`; 0: the sampled
     /// token's only); `None`, none (no work).
     pub logprobs: Option<u32>,
+    /// Its logit controls ([`crate::sampling::penalty`]; default: off), counted over its prompt
+    /// and its tokens in its own sequence, so they do not depend on the other rows.
+    pub controls: LogitControls,
 }
 
 impl Request {
     /// A request without a constraint.
     pub fn new(prompt: Vec<u32>, params: SamplingParams, max_tokens: usize, stop_ids: Vec<u32>) -> Self {
-        Self { prompt, params, max_tokens, stop_ids, constraint: None, logprobs: None }
+        Self {
+            prompt,
+            params,
+            max_tokens,
+            stop_ids,
+            constraint: None,
+            logprobs: None,
+            controls: LogitControls::default(),
+        }
     }
 }
 
@@ -65,6 +76,7 @@ impl std::fmt::Debug for Request {
             .field("stop_ids", &self.stop_ids)
             .field("constrained", &self.constraint.is_some())
             .field("logprobs", &self.logprobs)
+            .field("controls", &self.controls)
             .finish()
     }
 }
@@ -153,6 +165,8 @@ struct Seq {
     stopped: bool,
     /// A constrained request's mask for its next token.
     mask: Option<TokenMask>,
+    /// Its logit controls and the host's counts of its tokens.
+    controls: Option<SeqControls>,
 }
 
 impl Seq {
@@ -348,6 +362,7 @@ impl BatchEngine {
 
     fn check(&self, req: &Request) -> Result<()> {
         req.params.validate()?;
+        req.controls.validate_for(self.model.config.vocab_size)?;
         if req.prompt.is_empty() {
             return Err(Error::InvalidArgument("the prompt is empty".into()));
         }
@@ -508,11 +523,26 @@ impl BatchEngine {
             };
             let key = RowKey { step: 0, stream: 0 };
             let rows = Rows { params: std::slice::from_ref(&req.params), keys: &[key], masks: &[mask.as_ref()] };
-            let d = self.sampler.draw_masked(&self.model.gpu, &logits, rows)?;
+            let controls = SeqControls::start(&req.controls, self.model.config.vocab_size, slot, &req.prompt)?;
+            if let Some(c) = &controls {
+                self.sampler.start_controls(&self.model.gpu, c)?;
+            }
+            let d = self.sampler.draw_controlled(&self.model.gpu, &logits, rows, &[controls.as_ref()])?;
             let lp = self.row_logprobs(&logits, &d.ids, &[req.logprobs])?.pop().flatten();
             let room = self.model.max_ctx - req.prompt.len() + 1;
             let budget = req.max_tokens.min(room);
-            let s = Seq { id, req, slot, delivered: 0, submitted: 1, budget, last: 0, stopped: false, mask: None };
+            let s = Seq {
+                id,
+                req,
+                slot,
+                delivered: 0,
+                submitted: 1,
+                budget,
+                last: 0,
+                stopped: false,
+                mask: None,
+                controls,
+            };
             self.running.push(s);
             let s = self.running.last_mut().expect("pushed");
             deliver(s, d.ids[0], d.non_finite[0], lp, self.model.max_ctx, sink);
@@ -556,6 +586,10 @@ impl BatchEngine {
             return self.draw_now(rows, &logits, &params, &keys);
         };
         device.set_rows(&gpu, &params, &keys)?;
+        let controls: Vec<Option<&SeqControls>> = seqs.iter().map(|s| s.controls.as_ref()).collect();
+        if controls.iter().any(Option::is_some) {
+            device.set_controls(&gpu, &controls)?;
+        }
         let ring = self.ring.free.pop().expect("a readback slot per step in flight");
         let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch step") });
         let logprobs = {
@@ -610,7 +644,9 @@ impl BatchEngine {
             rows.iter().map(|id| self.running.iter().find(|s| s.id == *id).expect("running")).collect();
         let masks: Vec<Option<&TokenMask>> = seqs.iter().map(|s| s.mask.as_ref()).collect();
         let asks: Vec<Option<u32>> = seqs.iter().map(|s| s.req.logprobs).collect();
-        let d = self.sampler.draw_masked(&self.model.gpu, logits, Rows { params, keys, masks: &masks })?;
+        let controls: Vec<Option<&SeqControls>> = seqs.iter().map(|s| s.controls.as_ref()).collect();
+        let rows_in = Rows { params, keys, masks: &masks };
+        let d = self.sampler.draw_controlled(&self.model.gpu, logits, rows_in, &controls)?;
         let logprobs = self.row_logprobs(logits, &d.ids, &asks)?;
         for id in rows {
             self.running.iter_mut().find(|s| s.id == *id).expect("running").submitted += 1;
@@ -656,6 +692,9 @@ fn deliver(
     }
     s.delivered += 1;
     s.last = token;
+    if let Some(c) = &mut s.controls {
+        c.push(token);
+    }
     sink(s.id, Event::Token(token, logprobs));
     let room = max_ctx - prompt + 1;
     let complete = match advance(s, token) {

@@ -24,7 +24,9 @@ use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Tensor};
 use crate::grammar::Matcher;
 use crate::model::Model;
-use crate::sampling::{DeviceSampler, RowKey, Rows, SamplingBackend, SamplingParams, TokenMask};
+use crate::sampling::{
+    DeviceSampler, LogitControls, RowKey, Rows, SamplingBackend, SamplingParams, SeqControls, TokenMask,
+};
 use std::time::{Duration, Instant};
 
 /// Generates up to `max_tokens` tokens after `prompt` under `matcher`'s constraint (from its
@@ -42,7 +44,22 @@ pub fn generate(
     eos: &[u32],
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
 ) -> Result<Stats> {
+    let job = super::Job { prompt, max_tokens, params, eos };
+    generate_controlled(model, sampler, job, matcher, &LogitControls::default(), on_token)
+}
+
+/// [`generate`] with logit controls ([`crate::sampling::penalty`]), applied before the mask.
+pub fn generate_controlled(
+    model: &mut Model,
+    sampler: &mut dyn SamplingBackend,
+    job: super::Job,
+    matcher: &mut Matcher,
+    controls: &LogitControls,
+    on_token: &mut dyn FnMut(u32) -> Result<bool>,
+) -> Result<Stats> {
+    let super::Job { prompt, max_tokens, params, eos } = job;
     params.validate()?;
+    let controls = SeqControls::start(controls, model.config.vocab_size, 0, prompt)?;
     let Some(_) = prompt.first() else { return Err(Error::InvalidArgument("the prompt is empty".into())) };
     // The prompt and at least one generated token.
     model.reset();
@@ -54,7 +71,10 @@ pub fn generate(
     // The first mask before any GPU work: a constraint that allows nothing fails here.
     let first = matcher.mask()?;
     let budget = max_tokens.min(room(model, prompt.len()));
-    let mut run = Run { matcher, eos, on_token, budget, max_tokens, stats: &mut stats, delivered: 0 };
+    if let Some(c) = &controls {
+        sampler.start_controls(&model.gpu, c)?;
+    }
+    let mut run = Run { matcher, eos, on_token, budget, max_tokens, stats: &mut stats, delivered: 0, controls };
     let result = match sampler.as_device() {
         Some(device) => device_loop(model, device, prompt, params, first, &mut run),
         None => readback_loop(model, sampler, prompt, params, first, &mut run),
@@ -81,6 +101,8 @@ struct Run<'a, 'b> {
     max_tokens: usize,
     stats: &'b mut Stats,
     delivered: usize,
+    /// The sequence's logit controls (the host's counts).
+    controls: Option<SeqControls>,
 }
 
 impl Run<'_, '_> {
@@ -89,6 +111,9 @@ impl Run<'_, '_> {
     fn deliver(&mut self, token: u32) -> Result<Option<TokenMask>> {
         self.delivered += 1;
         self.stats.generated_tokens = self.delivered;
+        if let Some(c) = &mut self.controls {
+            c.push(token);
+        }
         if !(self.on_token)(token)? {
             self.stats.stop = StopReason::Caller;
             return Ok(None);
@@ -138,7 +163,7 @@ fn readback_loop(
         let t = Instant::now();
         let keys = [RowKey { step, stream: 0 }];
         let rows = Rows { params: std::slice::from_ref(params), keys: &keys, masks: &[Some(&mask)] };
-        let d = sampler.draw_masked(&model.gpu, &logits, rows)?;
+        let d = sampler.draw_controlled(&model.gpu, &logits, rows, &[run.controls.as_ref()])?;
         if d.non_finite[0] {
             return Err(non_finite_error(step, model.pos - 1));
         }
@@ -191,7 +216,8 @@ fn device_loop(
     let mut step = 0u32;
     loop {
         let te = Instant::now();
-        let sampled = submit_sampler(&gpu, sampler, params, step, &mask, &logits, &ids, &staging)?;
+        let sampled =
+            submit_sampler(&gpu, sampler, (params, run.controls.as_ref()), step, &mask, &logits, &ids, &staging)?;
         run.stats.dispatches_per_step = model.plan(1)?.dispatches() + sampler.dispatches();
         // The next forward pass reads the sampled id on the GPU: submitted before it is read.
         let next = if run.delivered + 1 < run.budget {
@@ -235,7 +261,7 @@ fn device_loop(
 fn submit_sampler(
     gpu: &Gpu,
     sampler: &mut DeviceSampler,
-    params: &SamplingParams,
+    (params, controls): (&SamplingParams, Option<&SeqControls>),
     step: u32,
     mask: &TokenMask,
     logits: &Tensor,
@@ -244,6 +270,9 @@ fn submit_sampler(
 ) -> Result<wgpu::SubmissionIndex> {
     let keys = [RowKey { step, stream: 0 }];
     sampler.set_masked(gpu, Rows { params: std::slice::from_ref(params), keys: &keys, masks: &[Some(mask)] })?;
+    if controls.is_some() {
+        sampler.set_controls(gpu, &[controls])?;
+    }
     let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("masked sampling") });
     sampler.encode(gpu, &mut enc, logits, 1, ids)?;
     let status = sampler.status().ok_or_else(|| Error::Gpu("the sampler has no status buffer".into()))?;

@@ -31,7 +31,7 @@ pub use common::{
 
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::sampling::{SamplingBackend, SamplingParams};
+use crate::sampling::{LogitControls, RowKey, Rows, SamplingBackend, SamplingParams, SeqControls};
 use common::{room, stop_after};
 use std::time::{Duration, Instant};
 
@@ -49,7 +49,23 @@ pub fn generate_with(
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     opts: DecodeOptions,
 ) -> Result<Stats> {
-    run_job(model, sampler, true, Job { prompt, max_tokens, params, eos }, on_token, opts)
+    let job = Job { prompt, max_tokens, params, eos };
+    run_job(model, sampler, true, job, &LogitControls::default(), on_token, opts)
+}
+
+/// [`generate_with`] with logit controls ([`crate::sampling::penalty`]): `logit_bias` and the
+/// presence, frequency and repetition penalties, counted over `job.prompt` and the tokens
+/// generated. With the device sampler the counts stay on the GPU (the GPU-resident loop stays
+/// pipelined); the host sampler applies the same spec to the logits it reads back.
+pub fn generate_controlled(
+    model: &mut Model,
+    sampler: &mut dyn SamplingBackend,
+    job: Job,
+    controls: &LogitControls,
+    on_token: &mut dyn FnMut(u32) -> Result<bool>,
+    opts: DecodeOptions,
+) -> Result<Stats> {
+    run_job(model, sampler, true, job, controls, on_token, opts)
 }
 
 /// [`generate_with`] continuing the sequence the model holds: `job.prompt` goes at positions
@@ -69,20 +85,23 @@ pub fn continue_with(
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     opts: DecodeOptions,
 ) -> Result<Stats> {
-    run_job(model, sampler, false, job, on_token, opts)
+    run_job(model, sampler, false, job, &LogitControls::default(), on_token, opts)
 }
 
-/// [`generate_with`] (`fresh`: the model reset first) or [`continue_with`].
+/// [`generate_with`] (`fresh`: the model reset first) or [`continue_with`], with `controls`
+/// (counted over `job.prompt` and what is generated).
 pub(crate) fn run_job(
     model: &mut Model,
     sampler: &mut dyn SamplingBackend,
     fresh: bool,
     job: Job,
+    controls: &LogitControls,
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     opts: DecodeOptions,
 ) -> Result<Stats> {
     let Job { prompt, max_tokens, params, .. } = job;
     params.validate()?;
+    let mut controls = SeqControls::start(controls, model.config.vocab_size, 0, prompt)?;
     if prompt.is_empty() {
         return Err(Error::InvalidArgument("the prompt is empty".into()));
     }
@@ -104,6 +123,9 @@ pub(crate) fn run_job(
     if fresh {
         model.reset();
     }
+    if let Some(c) = &controls {
+        sampler.start_controls(&model.gpu, c)?;
+    }
     if opts.depth > 0 {
         if let Some(device) = sampler.as_device() {
             // A recurrent state rolls back only a few passes (the state ring): no more steps in
@@ -111,10 +133,10 @@ pub(crate) fn run_job(
             let cap = model.max_rollback().saturating_add(1);
             let steps = opts.steps_per_submit.clamp(1, (cap / opts.depth.clamp(1, 2)).max(1));
             let depth = opts.depth.min(cap / steps).max(1);
-            return pipeline::run(model, device, job, on_token, depth, steps, stats);
+            return pipeline::run(model, device, job, controls.as_ref(), on_token, depth, steps, stats);
         }
     }
-    readback_loop(model, sampler, job, on_token, stats)
+    readback_loop(model, sampler, job, controls.as_mut(), on_token, stats)
 }
 
 /// The readback loop: forward, then sample with a blocking wait, one step at a time.
@@ -122,6 +144,7 @@ fn readback_loop(
     model: &mut Model,
     sampler: &mut dyn SamplingBackend,
     job: Job,
+    mut controls: Option<&mut SeqControls>,
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     mut stats: Stats,
 ) -> Result<Stats> {
@@ -131,10 +154,15 @@ fn readback_loop(
     stats.submits_per_step = 2.0;
     stats.waits_per_step = 1.0;
     let t0 = Instant::now();
-    let draw = |model: &mut Model, sampler: &mut dyn SamplingBackend, logits, step: u32| -> Result<u32> {
-        let d = sampler.draw(&model.gpu, &logits, std::slice::from_ref(params), step)?;
+    let mut draw = |model: &mut Model, sampler: &mut dyn SamplingBackend, logits, step: u32| -> Result<u32> {
+        let keys = [RowKey { step, stream: 0 }];
+        let rows = Rows { params: std::slice::from_ref(params), keys: &keys, masks: &[None] };
+        let d = sampler.draw_controlled(&model.gpu, &logits, rows, &[controls.as_deref()])?;
         if d.non_finite[0] {
             return Err(non_finite_error(step, model.pos - 1));
+        }
+        if let Some(c) = controls.as_deref_mut() {
+            c.push(d.ids[0]);
         }
         Ok(d.ids[0])
     };

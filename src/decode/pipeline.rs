@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::model::Model;
 use crate::sampling::device::PassLog;
-use crate::sampling::{DeviceSampler, SamplingParams};
+use crate::sampling::{DeviceSampler, SamplingParams, SeqControls};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -145,11 +145,14 @@ struct Read {
 }
 
 /// Runs the loop; `stats` has the prompt's length and its start (`cached_tokens`: the positions
-/// the model holds before it).
+/// the model holds before it). `controls` (started on `sampler`): the sequence's logit controls,
+/// applied and counted on the GPU in every step's pass.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     model: &mut Model,
     sampler: &mut DeviceSampler,
     job: Job,
+    controls: Option<&SeqControls>,
     on_token: &mut dyn FnMut(u32) -> Result<bool>,
     depth: usize,
     steps: usize,
@@ -177,6 +180,10 @@ pub(super) fn run(
     let logits = model.forward(prompt)?;
     let te = Instant::now();
     sampler.set_params(&gpu, std::slice::from_ref(params), 0)?;
+    if let Some(c) = controls {
+        sampler.set_controls(&gpu, &[Some(c)])?;
+        stats.dispatches_per_step += 2;
+    }
     let slot = ring.free.pop().expect("depth >= 1");
     let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sample prompt") });
     {

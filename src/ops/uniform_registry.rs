@@ -73,6 +73,7 @@ fn registry() -> Vec<Entry> {
         entry::<moe::MoeCombineUniform>(&["moe_combine"], &[]),
         entry::<crate::sampling::device::SampleInfo>(&["sample_stats"], &[]),
         entry::<crate::sampling::logprobs::LogprobInfo>(&["sample_logprobs"], &[]),
+        entry::<crate::sampling::penalty::ControlInfo>(&["sample_penalty", "token_counts"], &[]),
     ]
 }
 

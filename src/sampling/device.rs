@@ -64,6 +64,7 @@
 
 use super::mask::{check_masks, Rows};
 use super::params::{check_keys, logits_shape, prepare_rows, row_keys, Draw, RowKey, SamplingParams};
+use super::penalty::{check_rows, DeviceControls, RowControls, SeqControls};
 use crate::error::{Error, Result};
 use crate::gpu::{kernel::grid, ElemType, Gpu, Tensor};
 use std::sync::Arc;
@@ -178,6 +179,8 @@ pub struct DeviceSampler {
     masks: Scratch,
     /// The vocabulary of the masks of the last `set_masked` (`None`: no row has a mask).
     mask_vocab: Option<usize>,
+    /// The logit controls' state and kernels ([`super::penalty`]); rows set by `set_controls`.
+    controls: DeviceControls,
     /// Ids of [`sample`](super::SamplingBackend::sample) and their readback buffer.
     ids: Option<Tensor>,
     staging: Option<wgpu::Buffer>,
@@ -207,6 +210,7 @@ impl DeviceSampler {
             log: Scratch::new("sampler step log"),
             masks: Scratch::new("sampler token masks"),
             mask_vocab: None,
+            controls: DeviceControls::default(),
             ids: None,
             staging: None,
             rows: 0,
@@ -307,7 +311,23 @@ impl DeviceSampler {
         gpu.queue.write_buffer(self.params.get(), 0, bytemuck::cast_slice(&prepared));
         self.rows = params.len();
         self.all_greedy = params.iter().all(|p| p.is_greedy());
+        self.controls.clear();
         Ok(())
+    }
+
+    /// Per-row logit controls for the rows of the last [`set_masked`](Self::set_masked) (which
+    /// clears them), kept for every draw until the next `set_masked`: a controlled row's logits
+    /// are rewritten in place by `sample_penalty` before the sampler's passes, and its sampled
+    /// id is counted into its sequence's slot by `token_counts` after them ([`super::penalty`]).
+    /// Each controlled sequence must have been [`start_controls`](Self::start_controls)ed.
+    pub fn set_controls(&mut self, gpu: &Gpu, controls: RowControls) -> Result<()> {
+        check_rows(controls, self.rows)?;
+        self.controls.set_rows(gpu, controls)
+    }
+
+    /// Writes a sequence's first counts (its prompt's) into its slot on the GPU.
+    pub fn start_controls(&mut self, gpu: &Gpu, seq: &SeqControls) -> Result<()> {
+        self.controls.start(gpu, seq)
     }
 
     /// The bytes [`set_params`](Self::set_params) would write for decode step `step` with the
@@ -341,10 +361,11 @@ impl DeviceSampler {
 
     /// Dispatches the next [`encode`](Self::encode) records: 2 when every row is greedy, else 3.
     pub fn dispatches(&self) -> usize {
+        let controls = self.controls.dispatches();
         if self.all_greedy {
-            2
+            2 + controls
         } else {
-            3
+            3 + controls
         }
     }
 
@@ -368,9 +389,12 @@ impl DeviceSampler {
         out: &Tensor,
     ) -> Result<()> {
         let bound = self.prepare(gpu, logits, rows, out, None)?;
+        let controls = self.controls.prepare(gpu, logits, out)?;
         let mut pass = encoder
             .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("sampling"), timestamp_writes: None });
+        self.controls.record_apply(controls, &mut pass);
         self.record_with(bound, &mut pass, None);
+        self.controls.record_count(controls, &mut pass);
         Ok(())
     }
 
@@ -397,7 +421,10 @@ impl DeviceSampler {
             }
         };
         let bound = self.prepare(gpu, logits, rows, out, log)?;
+        let controls = self.controls.prepare(gpu, logits, out)?;
+        self.controls.record_apply(controls, pass);
         self.record_with(bound, pass, stamps);
+        self.controls.record_count(controls, pass);
         Ok(())
     }
 
@@ -601,9 +628,10 @@ impl DeviceSampler {
 }
 
 impl DeviceSampler {
-    /// [`SamplingBackend::draw_rows`](super::SamplingBackend::draw_rows): records the passes,
-    /// submits them and waits for the ids and the rows' status words.
-    pub fn draw_now(&mut self, gpu: &Gpu, logits: &Tensor, input: Rows<'_>) -> Result<Draw> {
+    /// [`SamplingBackend::draw_controlled`](super::SamplingBackend::draw_controlled): records the
+    /// passes, submits them and waits for the ids and the rows' status words. `controls`: one
+    /// per row, or empty for none.
+    pub fn draw_now(&mut self, gpu: &Gpu, logits: &Tensor, input: Rows<'_>, controls: RowControls) -> Result<Draw> {
         let (rows, vocab) = logits_shape(logits, input.params)?;
         check_keys(input.params, input.keys)?;
         check_masks(input.masks, rows, vocab)?;
@@ -614,6 +642,9 @@ impl DeviceSampler {
             return Ok(Draw { ids: vec![0; rows], non_finite: vec![false; rows] });
         }
         self.set_masked(gpu, input)?;
+        if !controls.is_empty() {
+            self.set_controls(gpu, controls)?;
+        }
         let out = self.ids(gpu, rows)?;
         let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sampling") });
         self.encode(gpu, &mut enc, logits, rows, &out)?;

@@ -11,9 +11,12 @@
 //! - the result is `logprob(t)` and the `n` entries `(i, logprob(i))` first in the order (`l[i]`
 //!   descending, `i` ascending): ties go to the lower index, like the greedy sampler.
 //!
-//! **Which distribution**: the model's own, the raw logits (vLLM's default "raw logprobs"), before
-//! temperature, top-k / top-p / min-p, token masks and penalties. A logprob says how likely the
-//! model found a token, whatever the request's sampling controls; with a constraint
+//! **Which distribution**: that of the logits the sampler received: the model's raw logits (vLLM's
+//! default "raw logprobs"), before temperature, top-k / top-p / min-p and token masks; for a row
+//! with logit controls ([`super::penalty`]: `logit_bias`, penalties), after them (both samplers
+//! leave a controlled row's logits rewritten: the device sampler in place, the host sampler by
+//! writing its row back), as vLLM's "processed logprobs". A logprob says how likely the model
+//! found a token, whatever the request's temperature and filters; with a constraint
 //! (`response_format`), the top tokens may be tokens the mask did not allow. A greedy row's sampled
 //! token is its top-1 token (the same bits, unless the row is masked).
 //!

@@ -81,6 +81,11 @@
 //! tokens); before step 1 its disallowed logits become `-inf`, and its fixed outcomes are the
 //! best allowed token. Rows with and without masks mix in one batch.
 //!
+//! **Logit controls** ([`penalty`]): a row may carry its sequence's `logit_bias` and presence,
+//! frequency and repetition penalties; they rewrite its raw logits before the token mask and
+//! step 1, in a fixed order of single `f32` operations from counts both samplers keep alike
+//! (the device's on the GPU), so the two stay bit-identical. Rows with and without them mix.
+//!
 //! **Seed schedule**: the token sampled from the prompt's last position is `step = 0`; each
 //! decode step adds 1. `row` is the row's stream: by default its index in the logits matrix
 //! passed to the sampler, so the same seed in a different row draws different tokens (the
@@ -103,8 +108,8 @@
 //!   huge `T`); `bits_to_unit` and `ln_portable`'s inputs are always normal.
 //!
 //! **Logprobs** ([`logprobs`]): a row may also ask for the log-probabilities of its sampled
-//! token and of its most likely tokens; they are those of the model's raw logits (not of the
-//! distribution the controls above draw from), computed on the GPU after the draw.
+//! token and of its most likely tokens; they are those of the model's raw logits after the row's
+//! logit controls (before temperature and the filters), computed on the GPU after the draw.
 //!
 //! The accepted host/device parity is ≥ 99.9 % of tokens; mismatches should trace to the
 //! top-p boundary (or to contraction) as described above.
@@ -114,6 +119,7 @@ pub mod host;
 pub mod logprobs;
 pub mod mask;
 pub mod params;
+pub mod penalty;
 pub mod philox;
 
 pub use device::DeviceSampler;
@@ -121,6 +127,7 @@ pub use host::{sample_row, sample_row_masked, sample_row_prepared};
 pub use logprobs::{LogprobHead, TokenLogprobs, MAX_TOP_LOGPROBS};
 pub use mask::{Rows, TokenMask};
 pub use params::{check_keys, logits_shape, Draw, PreparedParams, RowKey, SamplingParams, MODE_GREEDY, MODE_SAMPLE};
+pub use penalty::{LogitControls, RowControls, SeqControls};
 pub use philox::{bits_to_unit, gumbel, philox4x32_10, random_seed, uniform_bits};
 
 use crate::error::Result;
@@ -156,6 +163,24 @@ pub trait SamplingBackend {
     /// vocabulary) is an error before anything runs.
     fn draw_masked(&mut self, gpu: &Gpu, logits: &Tensor, rows: Rows<'_>) -> Result<Draw>;
 
+    /// [`draw_masked`](Self::draw_masked) with per-row logit controls ([`penalty`]'s spec; `None`:
+    /// none), applied to the row's logits before everything else. A controlled row's sequence
+    /// must have been [`start_controls`](Self::start_controls)ed; the device sampler counts each
+    /// controlled row's token on the GPU itself, the caller [`SeqControls::push`]es it on the host.
+    fn draw_controlled(&mut self, gpu: &Gpu, logits: &Tensor, rows: Rows<'_>, controls: RowControls) -> Result<Draw> {
+        if controls.iter().all(Option::is_none) {
+            return self.draw_masked(gpu, logits, rows);
+        }
+        Err(crate::error::Error::Unsupported(format!("logit controls in the {} sampler", self.name())))
+    }
+
+    /// Takes a sequence's controls as they start (its prompt counted): the device sampler writes
+    /// them into the sequence's slot on the GPU; the host sampler needs nothing.
+    fn start_controls(&mut self, gpu: &Gpu, seq: &SeqControls) -> Result<()> {
+        let _ = (gpu, seq);
+        Ok(())
+    }
+
     /// [`draw`](Self::draw)'s ids alone.
     fn sample(&mut self, gpu: &Gpu, logits: &Tensor, params: &[SamplingParams], step: u32) -> Result<Vec<u32>> {
         Ok(self.draw(gpu, logits, params, step)?.ids)
@@ -178,10 +203,27 @@ impl SamplingBackend for HostSampler {
     }
 
     fn draw_masked(&mut self, gpu: &Gpu, logits: &Tensor, input: Rows<'_>) -> Result<Draw> {
+        self.draw_controlled(gpu, logits, input, &vec![None; input.params.len()])
+    }
+
+    fn draw_controlled(&mut self, gpu: &Gpu, logits: &Tensor, input: Rows<'_>, controls: RowControls) -> Result<Draw> {
         let (rows, vocab) = logits_shape(logits, input.params)?;
         let prepared = params::prepare_rows(input.params, input.keys)?;
         mask::check_masks(input.masks, rows, vocab)?;
-        let host_logits = gpu.read_f32(logits)?;
+        penalty::check_rows(controls, rows)?;
+        let mut host_logits = gpu.read_f32(logits)?;
+        if vocab > 0 {
+            for (r, (row, c)) in host_logits.chunks_mut(vocab).zip(controls).enumerate() {
+                if let Some(c) = c {
+                    c.apply(row);
+                    // As the device sampler leaves them (its controls rewrite the logits in
+                    // place): what is read after the draw (logprobs) sees the controlled row on
+                    // either sampler.
+                    let at = logits.offset + (r * vocab * 4) as u64;
+                    gpu.queue.write_buffer(&logits.buffer, at, bytemuck::cast_slice(row));
+                }
+            }
+        }
         let ids = if vocab == 0 {
             vec![0; rows]
         } else {
@@ -204,7 +246,15 @@ impl SamplingBackend for DeviceSampler {
     }
 
     fn draw_masked(&mut self, gpu: &Gpu, logits: &Tensor, rows: Rows<'_>) -> Result<Draw> {
-        self.draw_now(gpu, logits, rows)
+        self.draw_now(gpu, logits, rows, &[])
+    }
+
+    fn draw_controlled(&mut self, gpu: &Gpu, logits: &Tensor, rows: Rows<'_>, controls: RowControls) -> Result<Draw> {
+        self.draw_now(gpu, logits, rows, controls)
+    }
+
+    fn start_controls(&mut self, gpu: &Gpu, seq: &SeqControls) -> Result<()> {
+        self.start_controls(gpu, seq)
     }
 
     fn as_device(&mut self) -> Option<&mut DeviceSampler> {

@@ -2,7 +2,7 @@
 //! error shape.
 
 use crate::grammar::Constraint;
-use crate::sampling::SamplingParams;
+use crate::sampling::{LogitControls, SamplingParams};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -74,9 +74,10 @@ pub struct SamplingFields {
 }
 
 /// The first field of OpenAI's API that the server does not implement which `fields` asks for,
-/// as a 400 naming it. `null`, and values that ask for nothing (a penalty of 0, `best_of: 1`,
-/// `tools: []`, `tool_choice: "none"`), pass. `response_format` is [`response_format`]'s;
-/// `logprobs` and `top_logprobs` are [`super::logprobs`]'.
+/// as a 400 naming it. `null`, and values that ask for nothing (`best_of: 1`, `tools: []`,
+/// `tool_choice: "none"`), pass. `response_format` is [`response_format`]'s; `logprobs` and
+/// `top_logprobs` are [`super::logprobs`]'; `logit_bias` and the penalties are
+/// [`super::controls`]'s.
 pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let nothing = |v: &Value| match v {
         Value::Null | Value::Bool(false) => true,
@@ -89,7 +90,7 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
     // "none" and "auto" ask for no tool when there are none.
     let no_tool = |v: &Value| nothing(v) || v == "none" || v == "auto";
     let asks = |name: &str, v: &Value| match name {
-        "logit_bias" | "presence_penalty" | "frequency_penalty" | "suffix" | "tools" | "functions" => !nothing(v),
+        "suffix" | "tools" | "functions" => !nothing(v),
         "best_of" => !(v.is_null() || v == 1),
         "tool_choice" | "function_call" => !no_tool(v),
         _ => false,
@@ -105,17 +106,7 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
 }
 
 /// The fields [`unimplemented`] refuses.
-const UNIMPLEMENTED: [&str; 9] = [
-    "logit_bias",
-    "presence_penalty",
-    "frequency_penalty",
-    "suffix",
-    "best_of",
-    "tools",
-    "tool_choice",
-    "functions",
-    "function_call",
-];
+const UNIMPLEMENTED: [&str; 6] = ["suffix", "best_of", "tools", "tool_choice", "functions", "function_call"];
 
 /// One value or a list of them (`stop`, a message's `content`).
 #[derive(Debug, Deserialize)]
@@ -216,6 +207,8 @@ pub struct Generation {
     /// Logprobs per token (the engine's `Request::logprobs`): set by the endpoint
     /// ([`super::logprobs`]), the two read different fields.
     pub logprobs: Option<u32>,
+    /// `logit_bias` and the penalties ([`super::controls`]).
+    pub controls: LogitControls,
 }
 
 /// The constraint `response_format` asks for: none for `{"type": "text"}` (or no field),
@@ -278,6 +271,7 @@ pub fn generation(
     }
     unimplemented(&f.other)?;
     let constraint = response_format(&f.other)?;
+    let controls = super::controls::logit_controls(&f.other).map_err(|(field, m)| ApiError::invalid(m, Some(field)))?;
     let mut p = *defaults;
     if let Some(t) = f.temperature {
         if !(0.0..=2.0).contains(&t) {
@@ -332,6 +326,7 @@ pub fn generation(
         include_usage: f.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
         constraint,
         logprobs: None,
+        controls,
     })
 }
 
@@ -417,9 +412,6 @@ mod tests {
     fn unimplemented_fields_are_refused_by_name() {
         let d = SamplingParams::default();
         for (v, param) in [
-            (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
-            (json!({"presence_penalty": 0.5}), "presence_penalty"),
-            (json!({"frequency_penalty": -1}), "frequency_penalty"),
             (json!({"suffix": "end"}), "suffix"),
             (json!({"best_of": 3}), "best_of"),
             (json!({"response_format": {"type": "grammar"}}), "response_format"),
@@ -440,6 +432,22 @@ mod tests {
             "stream_options": {"include_usage": false}, "parallel_tool_calls": false, "metadata": {"k": "v"},
         });
         generation(&fields(harmless), None, &d, || 0).unwrap();
+    }
+
+    #[test]
+    fn logit_controls_are_read_and_bad_ones_are_400s() {
+        let d = SamplingParams::default();
+        let g = generation(&fields(json!({"logit_bias": {"5": -100}, "repeat_penalty": 1.1})), None, &d, || 0).unwrap();
+        assert_eq!((g.controls.logit_bias, g.controls.repeat_penalty), (vec![(5, -100.0)], 1.1));
+        for (v, param) in [
+            (json!({"logit_bias": {"5": 200}}), "logit_bias"),
+            (json!({"presence_penalty": 3}), "presence_penalty"),
+            (json!({"frequency_penalty": "x"}), "frequency_penalty"),
+            (json!({"repeat_last_n": -5}), "repeat_last_n"),
+        ] {
+            let e = generation(&fields(v.clone()), None, &d, || 0).unwrap_err();
+            assert_eq!((e.status, e.param, e.kind), (400, Some(param), "invalid_request_error"), "{v}");
+        }
     }
 
     #[test]

@@ -10,8 +10,9 @@
 //!   `text_offset`: where each token's text starts in the choice's text (the echoed prompt
 //!   included), in characters of the tokens' texts.
 //!
-//! The logprobs are those of the model's distribution, the raw logits, whatever the request's
-//! temperature, top-k/top-p/min-p or `response_format` (see [`crate::sampling::logprobs`]). A
+//! The logprobs are those of the model's distribution, the raw logits (after `logit_bias` and the
+//! penalties where the request sets them), whatever the request's temperature, top-k/top-p/min-p
+//! or `response_format` (see [`crate::sampling::logprobs`]). A
 //! token's `token` is its text (`bytes`: its UTF-8 bytes, which may be part of a character: the
 //! text then has U+FFFD); end-of-sequence tokens are not text and have no entry. A logprob of
 //! `-inf` is given as -9999.0 (OpenAI's value for "very unlikely"; JSON has no infinity).

@@ -26,6 +26,7 @@
 //! `"seed": N` gives the same answer.
 
 pub mod api;
+pub mod controls;
 pub mod listen;
 pub mod logprobs;
 pub mod metrics;
@@ -315,10 +316,15 @@ async fn run(
         stop_ids: st.stop_ids.clone(),
         constraint,
         logprobs: g.logprobs,
+        controls: g.controls.clone(),
     };
     let rx = st.worker.start(req).await.map_err(|e| match e {
         StartError::Refused(SubmitError::QueueFull) => ApiError::busy(),
-        StartError::Refused(SubmitError::Invalid(e)) => ApiError::invalid(e.to_string(), Some(param)),
+        StartError::Refused(SubmitError::Invalid(e)) => {
+            // A biased token outside the vocabulary is the engine's to see.
+            let field = if e.to_string().contains("logit_bias") { "logit_bias" } else { param };
+            ApiError::invalid(e.to_string(), Some(field))
+        }
         StartError::Down => ApiError::internal("the engine is not running").with_status(503),
     })?;
     let (prefix, object) = match kind {
