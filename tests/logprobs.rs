@@ -162,6 +162,43 @@ fn logprobs_do_not_depend_on_the_batch_or_the_path() {
     assert_eq!(alone, mine(run(&mut host, vec![x(), request(0, None, false)], &[0, 0])), "host sampler");
 }
 
+/// With logit controls the logprobs are those of the controlled logits, the same bits on the
+/// device sampler (which rewrites the row in place) and on the host sampler (which writes its
+/// controlled row back), pipelined or not; and not the uncontrolled row's.
+#[test]
+fn logprobs_follow_the_logit_controls_on_both_samplers() {
+    let gpu = common::gpu();
+    let controls = wgpu_llm::sampling::LogitControls {
+        logit_bias: vec![(7, 3.0), (500, -2.5)],
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        repeat_penalty: 1.3,
+        repeat_last_n: 16,
+    };
+    let x = |controlled: bool| {
+        let r = request(2, Some(5), true);
+        if controlled {
+            Request { controls: controls.clone(), ..r }
+        } else {
+            r
+        }
+    };
+    let mine = |t: Tokens| -> Vec<(u32, Bits)> {
+        t.into_iter().filter(|e| e.0 == 0).map(|(_, t, lp)| (t, bits(&lp.expect("asked")))).collect()
+    };
+    let device = |depth| {
+        let s = Box::new(DeviceSampler::new(&gpu).unwrap());
+        BatchEngine::new(small_model(&gpu), s, BatchOptions::new(2, 8), depth).unwrap()
+    };
+    let pipelined = mine(run(&mut device(3), vec![x(true)], &[0]));
+    assert_eq!(pipelined.len(), 8);
+    assert_eq!(pipelined, mine(run(&mut device(0), vec![x(true)], &[0])), "no steps in flight");
+    let mut host = BatchEngine::new(small_model(&gpu), Box::new(HostSampler), BatchOptions::new(2, 8), 2).unwrap();
+    assert_eq!(pipelined, mine(run(&mut host, vec![x(true)], &[0])), "host sampler");
+    let free = mine(run(&mut device(3), vec![x(false)], &[0]));
+    assert_ne!(free, pipelined, "the controls change the logprobs");
+}
+
 #[test]
 fn too_many_top_logprobs_are_refused() {
     let gpu = common::gpu();
