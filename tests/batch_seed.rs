@@ -101,8 +101,13 @@ fn batch_logits_rows_do_not_depend_on_the_batch() {
     let gpu = common::gpu();
     for name in MODELS {
         let reference = one_sequence_logits(&gpu, name);
-        for form in [BatchForm::Batched, BatchForm::OneToken] {
-            let what = format!("{name} {form:?}");
+        // The batched form with the quantized experts per slot (the table's choice on every
+        // device today) and grouped by expert (`WGPU_LLM_MOE_GROUP=1`); the one-token form.
+        for (form, group) in [(BatchForm::Batched, false), (BatchForm::Batched, true), (BatchForm::OneToken, false)] {
+            let what = format!("{name} {form:?} grouped {group}");
+            let mut tuning = gpu.tuning().clone();
+            tuning.knobs.moe_group = Some(group);
+            let gpu = gpu.with_tuning(tuning);
             let mut m = load(&gpu, name);
             let vocab = m.config.vocab_size;
             m.set_batch_form(form);
@@ -111,14 +116,13 @@ fn batch_logits_rows_do_not_depend_on_the_batch() {
             for (p, &slot) in prompts.iter().zip(&SLOTS) {
                 m.prefill_slot(slot, p).unwrap();
             }
-            // The quantized experts' slots grouped by expert in the batched form (a grouping per
-            // MoE layer; per slot under WGPU_LLM_MOE_GROUP=0), each slot its one-token matvec in the
-            // one-token form; f16 experts per slot.
+            // The quantized experts' slots grouped by expert where asked (a grouping per MoE
+            // layer), else each slot its one-token matvec; f16 experts per slot.
             let groupings = |m: &mut Model| {
                 let kernels = m.stage_batch(&[(0, 0), (0, 1)]).unwrap().kernels();
                 kernels.iter().filter(|(k, _)| k.starts_with("moe_group")).count()
             };
-            let grouped = name == "qwen35moe_q8_0" && form == BatchForm::Batched && !gpu.tuning().knobs.moe_group_off;
+            let grouped = name == "qwen35moe_q8_0" && form == BatchForm::Batched && group;
             assert_eq!(groupings(&mut m), if grouped { m.config.num_layers() } else { 0 }, "{what}: groupings");
             for (s, reference) in reference.iter().enumerate() {
                 let at: Vec<(u32, u32)> =

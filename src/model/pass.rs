@@ -642,13 +642,14 @@ impl<'a> LayerPass<'a> {
         // of a token's slots, then their down projections.
         // Prefill groups the slots by expert for the quantized stacks (module docs of ops::moe):
         // the grouping once, each quantized projection reads it (f16 stacks run per slot). A batch
-        // step in the batched form groups at every batch size (each expert's rows read once for
-        // all the step's slots routed to it; a slot's sums the batch kernel's whatever its tile);
-        // in the one-token form each slot runs as in the one-token pass.
+        // step in the batched form groups them where the tuning table says so (each expert's rows
+        // read once for all the step's slots routed to it; a slot's sums the batch kernel's
+        // whatever its tile), else, as in the one-token form, each slot runs as in the one-token
+        // pass; the same choice at every batch size.
         let quant = |w: &Linear| matches!(w, Linear::Quant(_));
         let group = match self.seqs {
-            // (`WGPU_LLM_MOE_GROUP=0`: per slot, for measuring; fixed for every batch size.)
-            Some(_) => !self.one_token && !g.tuning().knobs.moe_group_off,
+            // (The tuning table's choice, or `WGPU_LLM_MOE_GROUP`; fixed for every batch size.)
+            Some(_) => !self.one_token && g.tuning().moe_batch_group(),
             None => groups_slots(t * slots, stack),
         };
         let groups = if (quant(gate_up_exps) || quant(down_exps)) && group {

@@ -62,8 +62,9 @@ pub struct Knobs {
     pub norm_wg: Option<u32>,
     /// `WGPU_LLM_NORMS_APART=1`.
     pub norms_apart: bool,
-    /// `WGPU_LLM_MOE_GROUP=0`: a batch step's expert slots run per slot in the batched form too.
-    pub moe_group_off: bool,
+    /// `WGPU_LLM_MOE_GROUP=0|1`: a batch step's expert slots per slot / grouped by expert
+    /// (default: the table's [`Op::MoeBatchGroup`] row).
+    pub moe_group: Option<bool>,
     /// `WGPU_LLM_PROBE_DROP="name:VARIANT,..."` (a probe: wrong outputs).
     pub probe_drop: Vec<(String, String)>,
     /// `WGPU_LLM_BOUNDS_CHECKS=0|1`: none / every kernel checked.
@@ -134,7 +135,7 @@ impl Knobs {
             "ATTN_DECODE_CE" => self.attn_decode_ce_small = v == "4096",
             "NORM_WG" => self.norm_wg = v.parse().ok().or(self.norm_wg),
             "NORMS_APART" => self.norms_apart = v == "1",
-            "MOE_GROUP" => self.moe_group_off = v == "0",
+            "MOE_GROUP" => self.moe_group = Some(v != "0"),
             "PROBE_DROP" => {
                 self.probe_drop = v
                     .split(',')
@@ -253,6 +254,12 @@ impl Tuning {
     /// The mixed dispatch's workgroup where its first weight takes the float path.
     pub fn mix_float_wg(&self) -> u32 {
         self.value(Op::MixFloatWg) as u32
+    }
+
+    /// Whether a batch decode step in the batched form groups its quantized expert slots by
+    /// expert (else each slot runs the one-token matvec); the same at every batch size.
+    pub fn moe_batch_group(&self) -> bool {
+        self.knobs.moe_group.unwrap_or_else(|| self.value(Op::MoeBatchGroup) != 0)
     }
 
     /// The attention's largest key tile.

@@ -58,6 +58,10 @@ pub enum Op {
     AttnDecodeChunk,
     /// Rows (elements) above which `rms_norm` takes 512 threads.
     NormWideRows,
+    /// Whether a batch decode step (the batched form) groups its quantized expert slots by
+    /// expert (`moe_group`: 1) or runs them per slot (the one-token matvec: 0), at every batch
+    /// size (a row's numbers must not depend on the batch).
+    MoeBatchGroup,
     /// Kernels compiled without wgpu's injected bounds checks.
     Unchecked,
 }
@@ -458,6 +462,16 @@ pub static RULES: &[Rule] = &[
         measured: H100,
         cite: "BENCHMARKS run 55 (session 16)",
     },
+    // ---- Mixture of experts ----
+    Rule {
+        family: Fam::Any,
+        op: Op::MoeBatchGroup,
+        shape: "a batch decode step's expert slots: per slot (0) or grouped by expert (1)",
+        when: None,
+        act: Act::Value(0),
+        measured: "H200 (the H100's family, NvidiaHopper; other families: measured nowhere else)",
+        cite: "BENCHMARKS runs 82-83 (Qwen3.5-35B-A3B Q4_K_M, 8 and 32 streams: per slot 788.7 / 1,126.3 tok/s, grouped 561.6 / 892.1)",
+    },
     // ---- Bounds checks ----
     Rule {
         family: Fam::Any,
@@ -483,7 +497,7 @@ pub fn rows(family: Family, op: Op) -> Vec<&'static Rule> {
 
 impl Op {
     /// Every op, in table order.
-    pub const ALL: [Op; 13] = [
+    pub const ALL: [Op; 14] = [
         Op::IntDot,
         Op::Matvec,
         Op::MatvecInput,
@@ -496,6 +510,7 @@ impl Op {
         Op::AttnDecodeHeadDim,
         Op::AttnDecodeChunk,
         Op::NormWideRows,
+        Op::MoeBatchGroup,
         Op::Unchecked,
     ];
 

@@ -142,7 +142,7 @@ fn knobs_parse_from_text_and_toml() {
     )
     .unwrap();
     assert_eq!(t.knobs.attn_decode_min_kv, Some(1));
-    assert!(t.knobs.norms_apart && t.knobs.xg_off && t.stage_apart().is_none() && t.knobs.moe_group_off);
+    assert!(t.knobs.norms_apart && t.knobs.xg_off && t.stage_apart().is_none() && !t.moe_batch_group());
     assert_eq!(t.knobs.qmv.len(), 1);
     assert!(t.override_from_toml("nope = 1").is_err());
     assert_eq!(t.decode_attention(), Some((1, 128)));
