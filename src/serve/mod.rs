@@ -342,7 +342,7 @@ async fn run(
         }
     };
     drop(rx);
-    let usage = Usage::new(prompt_tokens, out.tokens);
+    let usage = Usage::new(prompt_tokens, out.tokens).cached(out.cached);
     let choice = match kind {
         Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,
                             "finish_reason": finish}),
@@ -448,7 +448,8 @@ async fn stream(
     let _ = tx.send(head.chunk(None, Some(finish), first, usage)).await;
     if usage {
         let mut v = head.frame(Vec::new());
-        v["usage"] = serde_json::to_value(Usage::new(prompt_tokens, out.tokens)).expect("plain struct");
+        v["usage"] =
+            serde_json::to_value(Usage::new(prompt_tokens, out.tokens).cached(out.cached)).expect("plain struct");
         let _ = tx.send(SseEvent::default().data(v.to_string())).await;
     }
     let _ = tx.send(SseEvent::default().data("[DONE]")).await;
@@ -461,11 +462,13 @@ struct Decoded<'t> {
     stop_ids: &'t [u32],
     /// Tokens generated (a stop id included).
     tokens: usize,
+    /// Prompt tokens the prefix cache gave.
+    cached: usize,
 }
 
 impl<'t> Decoded<'t> {
     fn new(tok: &'t Tokenizer, stop_ids: &'t [u32], stops: Vec<String>) -> Self {
-        Self { dec: StreamDecoder::new(tok), stop: StopText::new(stops), stop_ids, tokens: 0 }
+        Self { dec: StreamDecoder::new(tok), stop: StopText::new(stops), stop_ids, tokens: 0, cached: 0 }
     }
 
     /// The text `reply` releases, and the finish reason when the completion ended.
@@ -474,6 +477,10 @@ impl<'t> Decoded<'t> {
         match reply {
             None => Err(ApiError::internal("the engine stopped")),
             Some(Reply::Failed(m)) => Err(ApiError::internal(m)),
+            Some(Reply::Started { cached_tokens }) => {
+                self.cached = cached_tokens;
+                Ok((String::new(), None))
+            }
             Some(Reply::Token(t)) => {
                 self.tokens += 1;
                 let mut out = String::new();

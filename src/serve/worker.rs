@@ -16,8 +16,16 @@ use tokio::sync::{mpsc, oneshot};
 /// What the engine sends a request.
 #[derive(Debug)]
 pub enum Reply {
+    /// The prompt was prefilled, `cached_tokens` of it from the prefix cache (before any token).
+    Started {
+        cached_tokens: usize,
+    },
     Token(u32),
-    Finished { reason: StopReason, prompt_tokens: usize, generated_tokens: usize },
+    Finished {
+        reason: StopReason,
+        prompt_tokens: usize,
+        generated_tokens: usize,
+    },
     Failed(String),
 }
 
@@ -84,6 +92,7 @@ impl Load {
         self.active.store(engine.active(), Ordering::Relaxed);
         self.queued.store(engine.queued(), Ordering::Relaxed);
         self.free.store(engine.free_sequences(), Ordering::Relaxed);
+        self.set_prefix(engine.prefix_stats());
     }
 }
 
@@ -133,6 +142,7 @@ fn run(mut engine: BatchEngine, jobs: std_mpsc::Receiver<Job>, load: &Load, metr
                         metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
                         (Reply::Token(t), false)
                     }
+                    Event::Started { cached_tokens } => (Reply::Started { cached_tokens }, false),
                     Event::Finished { reason, prompt_tokens, generated_tokens } => {
                         (Reply::Finished { reason, prompt_tokens, generated_tokens }, true)
                     }
