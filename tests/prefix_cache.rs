@@ -78,10 +78,15 @@ fn run(engine: &mut BatchEngine, prompts: &[Vec<u32>], params: SamplingParams, m
     got
 }
 
+/// `prompt` alone.
+fn alone(engine: &mut BatchEngine, prompt: &[u32], params: SamplingParams, max_tokens: usize) -> Got {
+    run(engine, &[prompt.to_vec()], params, max_tokens).remove(0)
+}
+
 /// `prompt` alone with the cache emptied first: a cold run.
 fn cold(engine: &mut BatchEngine, prompt: &[u32], params: SamplingParams, max_tokens: usize) -> Got {
     engine.clear_prefix_cache();
-    let g = run(engine, &[prompt.to_vec()], params, max_tokens).remove(0);
+    let g = alone(engine, prompt, params, max_tokens);
     assert_eq!(g.cached, 0, "a cold run reuses nothing");
     g
 }
@@ -149,7 +154,7 @@ fn second_turn_reuses_the_first_and_gets_the_cold_tokens() {
     ] {
         let mut e = engine_of(load("gemma4_tiny"), ON, 4, form);
         let first = words(3, 30);
-        let one = run(&mut e, &[first.clone()], params, 8).remove(0);
+        let one = alone(&mut e, &first, params, 8);
         assert_eq!(one.cached, 0);
         let mut second = first.clone();
         second.extend(&one.tokens);
@@ -195,12 +200,12 @@ fn a_different_token_ends_the_reuse() {
     let params = SamplingParams::greedy();
     for (changed, want) in [(None, 39), (Some(20), 20), (Some(MIN_REUSE - 1), 0)] {
         e.clear_prefix_cache();
-        run(&mut e, &[base.clone()], params, 4);
+        alone(&mut e, &base, params, 4);
         let mut p = base.clone();
         if let Some(i) = changed {
             p[i] = (p[i] + 1) % 1000;
         }
-        let got = run(&mut e, &[p.clone()], params, 4).remove(0);
+        let got = alone(&mut e, &p, params, 4);
         assert_eq!(got.cached, want, "token {changed:?} changed");
         assert_eq!(got.tokens, cold(&mut e, &p, params, 4).tokens, "token {changed:?} changed");
     }
@@ -217,9 +222,9 @@ fn eviction_under_a_small_byte_limit() {
     let mut e = engine_of(model, limit, 2, BatchForm::Batched);
     let params = seeded(3);
     let (a, b) = (words(7, 40), words(8, 40));
-    let ta = run(&mut e, &[a.clone()], params, 6).remove(0).tokens;
+    let ta = alone(&mut e, &a, params, 6).tokens;
     assert_eq!(e.prefix_stats().bytes, 45 * per_token, "a's prompt and answer but its last token");
-    let tb = run(&mut e, &[b.clone()], params, 6).remove(0).tokens;
+    let tb = alone(&mut e, &b, params, 6).tokens;
     let stats = e.prefix_stats();
     assert_eq!((stats.entries, stats.bytes), (1, 45 * per_token), "b's entry evicted a's");
     let next = |p: &[u32], t: &[u32]| [p, t, &words(9, 5)[..]].concat();
@@ -247,16 +252,16 @@ fn a_recurrent_model_gets_the_cold_tokens() {
     for params in [SamplingParams::greedy(), seeded(5)] {
         e.clear_prefix_cache();
         let first = words(12, 30);
-        let one = run(&mut e, &[first.clone()], params, 6).remove(0);
+        let one = alone(&mut e, &first, params, 6);
         let second = [&first[..], &one.tokens, &words(13, 4)].concat();
-        let two = run(&mut e, &[second.clone()], params, 6).remove(0);
+        let two = alone(&mut e, &second, params, 6);
         // Reused where the engine holds the model's own sequence (not in slots: no snapshots of the
         // recurrent state yet).
         let held = first.len() + one.tokens.len() - 1;
         assert_eq!(two.cached, if one_at_a_time { held } else { 0 });
         let mut diverged = second.clone();
         diverged[20] = (diverged[20] + 1) % 1000;
-        let three = run(&mut e, &[diverged.clone()], params, 6).remove(0);
+        let three = alone(&mut e, &diverged, params, 6);
         assert_eq!(three.cached, 0, "a recurrent state is reused whole or not at all");
         assert_eq!(two.tokens, cold(&mut e, &second, params, 6).tokens, "{params:?}");
         assert_eq!(three.tokens, cold(&mut e, &diverged, params, 6).tokens, "{params:?}");
@@ -269,10 +274,144 @@ fn a_recurrent_model_gets_the_cold_tokens() {
 fn the_cache_off_reuses_nothing() {
     let mut e = engine_of(load("gemma4_tiny"), 0, 2, BatchForm::Batched);
     let p = words(14, 40);
-    run(&mut e, &[p.clone()], SamplingParams::greedy(), 3);
+    alone(&mut e, &p, SamplingParams::greedy(), 3);
     let again = run(&mut e, &[p], SamplingParams::greedy(), 3).remove(0);
     assert_eq!(again.cached, 0);
     let s = e.prefix_stats();
     assert_eq!((s.hits, s.misses, s.entries, s.bytes, s.limit), (0, 0, 0, 0, 0));
     assert_eq!(BatchOptions::default().prefix_cache_bytes, 0);
+}
+
+/// `serve` with the cache (its default) and without: a chat's second turn reports the reused
+/// positions in `usage.prompt_tokens_details.cached_tokens` (streamed too) and `/metrics`, and
+/// answers what the server without the cache answers.
+#[cfg(all(feature = "cli", feature = "serve"))]
+mod serve {
+    use serde_json::{json, Value};
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::{Child, Command, Stdio};
+
+    struct Server {
+        child: Child,
+        addr: String,
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// The tiny Gemma 4 with a chat template (each message's words, then `t2`), in a folder of its own.
+    fn model(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("prefix-serve-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in std::fs::read_dir(super::common::fixture_dir().join("models/gemma4_tiny")).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+        }
+        let template = json!({"chat_template": "{% for m in messages %}{{ m.content }} t2 {% endfor %}"});
+        std::fs::write(dir.join("tokenizer_config.json"), template.to_string()).unwrap();
+        dir
+    }
+
+    fn start(model: &std::path::Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wgpu-llm"))
+            .arg("serve")
+            .arg("--model")
+            .arg(model)
+            .args(["--port", "0", "--ctx", "256", "--max-batch", "2"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = err
+            .by_ref()
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("listening on http://").map(str::to_string))
+            .expect("the server's address");
+        std::thread::spawn(move || err.for_each(drop));
+        Server { child, addr }
+    }
+
+    /// One HTTP/1.1 exchange (the connection closed after it): the response's body.
+    fn call(s: &Server, method: &str, path: &str, body: &str) -> String {
+        let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+        let head =
+            format!("{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json");
+        write!(c, "{head}\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        out.split_once("\r\n\r\n").unwrap().1.to_string()
+    }
+
+    fn chat(s: &Server, messages: &Value, stream: bool) -> Value {
+        let body = json!({"messages": messages, "max_tokens": 6, "seed": 4, "temperature": 0.9, "stream": stream,
+                          "stream_options": {"include_usage": true}});
+        let out = call(s, "POST", "/v1/chat/completions", &body.to_string());
+        if !stream {
+            return serde_json::from_str(&out).unwrap();
+        }
+        // The events' content joined, and the last chunk's usage.
+        let events: Vec<Value> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let text: String =
+            events.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().concat();
+        json!({"choices": [{"message": {"content": text}}], "usage": events.last().unwrap()["usage"]})
+    }
+
+    /// The second turn of a conversation whose system message is 30 words: (answer, cached).
+    fn two_turns(s: &Server, stream: bool) -> (String, u64) {
+        let system: Vec<String> = (100..130).map(|i| format!("t{i}")).collect();
+        let mut messages =
+            json!([{"role": "system", "content": system.join(" ")}, {"role": "user", "content": "t5 t6"}]);
+        let first = chat(s, &messages, false);
+        let answer = first["choices"][0]["message"]["content"].clone();
+        messages
+            .as_array_mut()
+            .unwrap()
+            .extend([json!({"role": "assistant", "content": answer}), json!({"role": "user", "content": "t7 t8 t9"})]);
+        let second = chat(s, &messages, stream);
+        let usage = &second["usage"];
+        let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        assert!(cached < usage["prompt_tokens"].as_u64().unwrap(), "{usage}");
+        (second["choices"][0]["message"]["content"].as_str().unwrap().to_string(), cached)
+    }
+
+    /// The value of the metric line `name` in `/metrics`.
+    fn metric(s: &Server, name: &str) -> u64 {
+        let m = call(s, "GET", "/metrics", "");
+        let line = m.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name} in {m}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn serve_reports_cached_tokens_and_answers_as_without_the_cache() {
+        let dir = model("on");
+        let on = start(&dir, &[]);
+        let off = start(&dir, &["--prefix-cache-bytes", "0"]);
+        for stream in [false, true] {
+            let (with, cached) = two_turns(&on, stream);
+            let (without, none) = two_turns(&off, stream);
+            // The system message, the first question and the answer but its last token.
+            assert!(cached >= 30 + 2, "stream {stream}: {cached} cached tokens");
+            assert_eq!(none, 0);
+            assert_eq!(with, without, "stream {stream}");
+        }
+        assert_eq!(metric(&on, "wgpu_llm_prefix_cache_hits_total"), 3, "the first turn's again, two second turns");
+        assert!(metric(&on, "wgpu_llm_prefix_cache_tokens_total") >= 3 * 32);
+        assert!(metric(&on, "wgpu_llm_prefix_cache_bytes") > 0);
+        assert_eq!(metric(&off, "wgpu_llm_prefix_cache_limit_bytes"), 0);
+        assert_eq!(metric(&off, "wgpu_llm_prefix_cache_hits_total"), 0);
+        drop((on, off));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -172,8 +172,7 @@ fn render_prefix(out: &mut String, p: &PrefixStats) {
     let mut metric = |name: &str, kind: &str, help: &str, v: u64| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
     };
-    let what = "Admissions that reused a cached prompt prefix";
-    metric("wgpu_llm_prefix_cache_hits_total", "counter", &format!("{what}."), p.hits);
+    metric("wgpu_llm_prefix_cache_hits_total", "counter", "Admissions that reused a cached prompt prefix.", p.hits);
     metric("wgpu_llm_prefix_cache_misses_total", "counter", "Admissions that reused nothing (cache on).", p.misses);
     let help = "Prompt tokens whose KV came from the prefix cache.";
     metric("wgpu_llm_prefix_cache_tokens_total", "counter", help, p.cached_tokens);
