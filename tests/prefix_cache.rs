@@ -291,15 +291,12 @@ mod serve {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::process::{Child, Command, Stdio};
 
-    struct Server {
-        child: Child,
-        addr: String,
-    }
+    /// A running server (killed when dropped) and its address.
+    struct Server(Child, String);
 
     impl Drop for Server {
         fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            let _ = (self.0.kill(), self.0.wait());
         }
     }
 
@@ -334,12 +331,12 @@ mod serve {
             .find_map(|l| l.strip_prefix("listening on http://").map(str::to_string))
             .expect("the server's address");
         std::thread::spawn(move || err.for_each(drop));
-        Server { child, addr }
+        Server(child, addr)
     }
 
     /// One HTTP/1.1 exchange (the connection closed after it): the response's body.
     fn call(s: &Server, method: &str, path: &str, body: &str) -> String {
-        let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+        let mut c = std::net::TcpStream::connect(&s.1).unwrap();
         let head =
             format!("{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json");
         write!(c, "{head}\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();

@@ -515,9 +515,7 @@ impl BatchEngine {
             let slot = self.free_slots.pop().expect("checked");
             let (logits, cached_tokens) = if self.batched {
                 let at = self.prefix.restore(&self.model, slot as usize, &req.prompt);
-                let logits = self.model.prefill_slot_at(slot as usize, at, &req.prompt[at..])?;
-                self.prefix.store(&self.model, slot as usize, &req.prompt);
-                (logits, at)
+                (self.model.prefill_slot_at(slot as usize, at, &req.prompt[at..])?, at)
             } else {
                 let at = self.prefix.resume(&mut self.model, &req.prompt);
                 (self.model.forward(&req.prompt[at..])?, at)
@@ -544,6 +542,10 @@ impl BatchEngine {
             self.running.push(s);
             let s = self.running.last_mut().expect("pushed");
             deliver(s, d.ids[0], d.non_finite[0], self.model.max_ctx, sink);
+            if self.batched && !s.failed {
+                // The prompt's KV entries, for requests that share its start while it runs.
+                self.prefix.store(&self.model, slot as usize, &s.req.prompt);
+            }
             self.fed.clear();
             if s.stopped {
                 let s = self.running.pop().expect("pushed");
