@@ -753,6 +753,9 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             a.ctx.unwrap_or_default()
         );
     }
+    if a.history_tokens.is_some() && a.streams.is_some_and(|n| n != 1) {
+        anyhow::bail!("--history-tokens takes --streams 1 (one conversation through the batching engine) or none");
+    }
     if a.streams.is_some_and(|n| n == 0 || n > 32) {
         anyhow::bail!("--streams {} is out of range: 1..=32", a.streams.unwrap_or_default());
     }
@@ -779,8 +782,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     let prompt = prompt_of(0);
     if let Some(h) = a.history_tokens {
         let history: Vec<u32> = prompt_of(1).into_iter().cycle().take(h).collect();
-        if let (Some(n), Some(depth)) = (a.streams, batch_depth) {
-            anyhow::ensure!(n == 1, "--history-tokens takes --streams 1 (one conversation through the engine)");
+        if let Some(depth) = batch_depth {
             let bytes = wgpu_llm::decode::prefix::default_bytes(&model, 1);
             let opts = BatchOptions { prefix_cache_bytes: bytes, ..BatchOptions::new(1, 1) };
             let engine = BatchEngine::new(model, sampler, opts, depth)?;

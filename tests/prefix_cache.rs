@@ -412,3 +412,23 @@ mod serve {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// `bench --history-tokens N --streams 1`: a conversation's next turn through the batching
+/// engine, cold and with the history from the prefix cache, seeded: both times measured, the
+/// history reused, the same first token.
+#[cfg(feature = "cli")]
+#[test]
+fn bench_times_a_cached_turn_through_the_engine() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgpu-llm"))
+        .args(["bench", "--synthetic", "smollm2-135m:q4_1", "--history-tokens", "40", "--prompt-tokens", "6"])
+        .args(["--streams", "1", "--reps", "1", "--seed", "7", "--temperature", "0.8", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["engine"].as_str(), v["cached_tokens"].as_u64()), (Some("batch"), Some(40)), "{v}");
+    assert_eq!(v["first_token_same"], true, "{v}");
+    for k in ["ttft_cold_ms", "ttft_cached_ms"] {
+        assert!(v[k].as_f64().is_some_and(|t| t > 0.0), "{k}: {v}");
+    }
+}
