@@ -280,8 +280,10 @@ impl BatchEngine {
     }
 
     /// The model, to measure it between runs ([`Model::profile_batch`]): only while the engine
-    /// [`is_idle`](Self::is_idle) (what runs next starts from its own prompt).
+    /// [`is_idle`](Self::is_idle) (what runs next starts from its own prompt; the prefix cache
+    /// forgets what the model's own sequence held).
     pub fn model_mut(&mut self) -> &mut Model {
+        self.prefix.forget_sequence();
         &mut self.model
     }
 

@@ -360,6 +360,12 @@ impl PrefixCache {
         }
     }
 
+    /// Forgets what the model's own sequence holds (the model was changed otherwise): the next
+    /// request on it prefills from position 0.
+    pub fn forget_sequence(&mut self) {
+        self.own.clear();
+    }
+
     /// Drops every entry (and what the model's own sequence holds).
     pub fn clear(&mut self) {
         self.index.clear();
