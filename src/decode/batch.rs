@@ -6,7 +6,9 @@
 //! when it ends.
 //!
 //! A request's tokens depend only on its prompt, its parameters and its seed: the sampler's
-//! counter is keyed by the request's own step, never by its row in the batch.
+//! counter is keyed by the request's own step, never by its row in the batch. With a prefix cache
+//! ([`BatchOptions::prefix_cache_bytes`], [`super::prefix`]) a request may reuse the KV entries of
+//! an earlier one: its tokens are then those of a cold run up to rounding.
 //!
 //! A request may carry a constraint ([`Request::constraint`], a [`Matcher`]): each of its tokens
 //! is drawn under the mask its matcher gives, with the stop rules of the one-sequence
