@@ -51,6 +51,7 @@ fn main() -> anyhow::Result<()> {
                 total += 1;
             }
             Event::Finished { .. } => done.push(id),
+            Event::Started { .. } => {}
             Event::Failed(e) => eprintln!("request {id} failed: {e}"),
         })?;
         for id in done {

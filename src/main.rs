@@ -301,7 +301,9 @@ struct BenchArgs {
     /// Measure a multi-turn chat's time to first token instead: a conversation of this many
     /// tokens is already held, then a new message of --prompt-tokens arrives; cold (the whole
     /// conversation prefilled) against the history kept in the KV cache (only the message).
-    #[arg(long, value_name = "N", conflicts_with = "streams")]
+    /// With --streams 1: through the batching engine (`serve`'s), its prefix cache holding the
+    /// history.
+    #[arg(long, value_name = "N")]
     history_tokens: Option<usize>,
     /// Tokens for the decode measurement.
     #[arg(long, default_value_t = 128)]
@@ -360,6 +362,13 @@ struct ServeArgs {
     /// Requests waiting for a sequence at most; beyond, requests get 429.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
+    /// GPU memory for the prefix cache, in bytes: a request whose prompt starts with tokens of an
+    /// earlier one (a chat's next turn, a shared system prompt) prefills only the rest, its
+    /// tokens those of a cold run up to rounding. 0 turns it off (every request then gets
+    /// exactly the tokens it gets alone). Default: as much as the sequences' own KV caches
+    /// (--max-batch x --ctx positions), at most 4 GiB.
+    #[arg(long, value_name = "BYTES")]
+    prefix_cache_bytes: Option<u64>,
     /// How a batch step computes each sequence's row: `one-token` (every request gets exactly
     /// `generate`'s tokens, at its speed for one client; slower for many) or `batched` (faster
     /// for many); default: one-token with --max-batch 1, else batched.
@@ -618,10 +627,16 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     let gpu = a.gpu.open()?;
     let model = load(&ck, &gpu, a.ctx, a.gpu.weight_format(), false)?;
     let max_ctx = model.max_ctx;
+    let prefix_cache_bytes =
+        a.prefix_cache_bytes.unwrap_or_else(|| wgpu_llm::decode::prefix::default_bytes(&model, a.max_batch));
     let engine = BatchEngine::new(
         model,
         sampler(a.sampling.sampler, &gpu)?,
-        BatchOptions { form: a.batch_form.map(BatchFormArg::form), ..BatchOptions::new(a.max_batch, a.max_queue) },
+        BatchOptions {
+            form: a.batch_form.map(BatchFormArg::form),
+            prefix_cache_bytes,
+            ..BatchOptions::new(a.max_batch, a.max_queue)
+        },
         depth,
     )?;
     let together = if engine.is_batched() {
@@ -654,13 +669,14 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     });
     let addr = listener.local_addr().context("the listening address")?;
     eprintln!(
-        "{} on {}: {}, {} tokens each, queue {}, sampler {:?}",
+        "{} on {}: {}, {} tokens each, queue {}, sampler {:?}, prefix cache {} MiB",
         ck.config.arch.name(),
         gpu.info.name,
         together,
         max_ctx,
         a.max_queue,
-        a.sampling.sampler
+        a.sampling.sampler,
+        prefix_cache_bytes >> 20
     );
     eprintln!("listening on http://{addr}");
     let ended = rt
@@ -676,6 +692,76 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         }
         Ended::Forced(n) => anyhow::bail!("stopped by a second signal with {n} connection(s) still open"),
     }
+}
+
+/// `bench --history-tokens H --streams 1`: a conversation's next turn through the batching
+/// engine, cold (the prefix cache emptied) and with the history in its prefix cache.
+fn bench_history_engine(
+    a: &BenchArgs,
+    mut engine: BatchEngine,
+    history: &[u32],
+    message: &[u32],
+    params: &SamplingParams,
+    source: &str,
+) -> Result<()> {
+    // One request's first token: (time from submission, token, prompt positions reused).
+    let first = |engine: &mut BatchEngine, prompt: Vec<u32>| -> Result<(f64, u32, usize)> {
+        let t0 = std::time::Instant::now();
+        engine.submit(Request::new(prompt, *params, 1, vec![])).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (mut token, mut cached, mut failed) = (None, 0, None);
+        while !engine.is_idle() {
+            engine.step(&mut |_, e| match e {
+                Event::Started { cached_tokens } => cached = cached_tokens,
+                Event::Token(t, _) => token = token.or(Some((1e3 * t0.elapsed().as_secs_f64(), t))),
+                Event::Failed(e) => failed = Some(e),
+                Event::Finished { .. } => {}
+            })?;
+        }
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        let (ms, t) = token.context("no token came")?;
+        Ok((ms, t, cached))
+    };
+    let whole: Vec<u32> = history.iter().chain(message).copied().collect();
+    let (mut cold, mut cached, mut same) = (Vec::new(), Vec::new(), true);
+    let mut reused = 0;
+    for rep in 0..=a.reps {
+        engine.clear_prefix_cache();
+        let (tc, token_cold, _) = first(&mut engine, whole.clone())?;
+        engine.clear_prefix_cache();
+        first(&mut engine, history.to_vec())?;
+        let (tk, token_cached, n) = first(&mut engine, whole.clone())?;
+        same &= token_cold == token_cached;
+        reused = n;
+        if rep > 0 {
+            cold.push(tc);
+            cached.push(tk);
+        }
+    }
+    let (tc, tk) = (median(cold.clone()), median(cached.clone()));
+    let name = engine.model().gpu.info.name.clone();
+    if a.json {
+        let report = serde_json::json!({
+            "model": source, "adapter": name, "engine": "batch", "history_tokens": history.len(),
+            "message_tokens": message.len(), "cached_tokens": reused, "ttft_cold_ms": tc, "ttft_cached_ms": tk,
+            "cached_over_cold": tk / tc.max(1e-9), "ttft_cold_ms_all": cold, "ttft_cached_ms_all": cached,
+            "first_token_same": same,
+        });
+        println!("{}", with_run(a, params, report));
+    } else {
+        println!(
+            "{} history tokens + a {}-token message through the batching engine on {name}: time to first token cold \
+             {tc:.1} ms, with {reused} positions from the prefix cache {tk:.1} ms ({:.1} %; median of {}; first \
+             tokens {})",
+            history.len(),
+            message.len(),
+            100.0 * tk / tc.max(1e-9),
+            a.reps,
+            if same { "the same" } else { "DIFFERENT (rounding: see decode::prefix)" }
+        );
+    }
+    Ok(())
 }
 
 /// Median of `v` (empty: 0).
@@ -724,6 +810,9 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             a.ctx.unwrap_or_default()
         );
     }
+    if a.history_tokens.is_some() && a.streams.is_some_and(|n| n != 1) {
+        anyhow::bail!("--history-tokens takes --streams 1 (one conversation through the batching engine) or none");
+    }
     if a.streams.is_some_and(|n| n == 0 || n > 32) {
         anyhow::bail!("--streams {} is out of range: 1..=32", a.streams.unwrap_or_default());
     }
@@ -750,6 +839,12 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     let prompt = prompt_of(0);
     if let Some(h) = a.history_tokens {
         let history: Vec<u32> = prompt_of(1).into_iter().cycle().take(h).collect();
+        if let Some(depth) = batch_depth {
+            let bytes = wgpu_llm::decode::prefix::default_bytes(&model, 1);
+            let opts = BatchOptions { prefix_cache_bytes: bytes, ..BatchOptions::new(1, 1) };
+            let engine = BatchEngine::new(model, sampler, opts, depth)?;
+            return bench_history_engine(&a, engine, &history, &prompt, &params, &source);
+        }
         return bench_history(&a, &mut model, sampler.as_mut(), &history, &prompt, &params, opts, &source);
     }
     if let (Some(n), Some(depth)) = (a.streams, batch_depth) {
@@ -940,7 +1035,7 @@ fn bench_streams(
                     times[ids.iter().position(|&x| x == id).expect("ours")].push(t0.elapsed().as_secs_f64())
                 }
                 Event::Failed(e) => failed = Some(e),
-                Event::Finished { .. } => {}
+                Event::Started { .. } | Event::Finished { .. } => {}
             })?;
             if let Some(e) = failed.take() {
                 return Err(e.into());

@@ -127,6 +127,7 @@ fn run(engine: &mut BatchEngine, reqs: Vec<Request>, joins: &[usize], cancel: &[
                     out[i].1 = Some(reason);
                 }
                 Event::Failed(e) => panic!("request {i} failed: {e}"),
+                Event::Started { .. } => {}
             }
         }
         for &(c, after) in cancel {

@@ -204,7 +204,7 @@ fn run(engine: &mut BatchEngine, which: &[usize], joins: &[usize]) -> HashMap<us
         for (id, e) in events {
             match e {
                 Event::Token(t, _) => out.get_mut(&ids[&id]).expect("submitted").push(t),
-                Event::Finished { .. } => {}
+                Event::Finished { .. } | Event::Started { .. } => {}
                 Event::Failed(e) => panic!("request {} failed: {e}", ids[&id]),
             }
         }

@@ -81,7 +81,7 @@ fn run(engine: &mut BatchEngine, reqs: Vec<Request>, joins: &[usize]) -> Tokens 
             .step(&mut |id, e| match e {
                 Event::Token(t, lp) => out.push((index[&id], t, lp)),
                 Event::Failed(e) => panic!("request {} failed: {e}", index[&id]),
-                Event::Finished { .. } => {}
+                Event::Finished { .. } | Event::Started { .. } => {}
             })
             .unwrap();
     }

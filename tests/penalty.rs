@@ -182,7 +182,7 @@ fn run_batch(engine: &mut BatchEngine, reqs: Vec<Request>) -> Vec<Vec<u32>> {
             .step(&mut |id, e| match e {
                 Event::Token(t, _) => out[index[&id]].push(t),
                 Event::Failed(e) => panic!("request failed: {e}"),
-                Event::Finished { .. } => {}
+                Event::Finished { .. } | Event::Started { .. } => {}
             })
             .unwrap();
     }

@@ -6,7 +6,9 @@
 //! when it ends.
 //!
 //! A request's tokens depend only on its prompt, its parameters and its seed: the sampler's
-//! counter is keyed by the request's own step, never by its row in the batch.
+//! counter is keyed by the request's own step, never by its row in the batch. With a prefix cache
+//! ([`BatchOptions::prefix_cache_bytes`], [`super::prefix`]) a request may reuse the KV entries of
+//! an earlier one: its tokens are then those of a cold run up to rounding.
 //!
 //! A request may carry a constraint ([`Request::constraint`], a [`Matcher`]): each of its tokens
 //! is drawn under the mask its matcher gives, with the stop rules of the one-sequence
@@ -15,6 +17,7 @@
 //! in flight); its masks are per row, so its tokens do not depend on the others.
 
 use super::common::{non_finite_error, stop_after, StopReason};
+use super::prefix::{PrefixCache, PrefixStats};
 use crate::error::{Error, Result};
 use crate::grammar::Matcher;
 pub use crate::model::forward::BatchForm;
@@ -84,6 +87,9 @@ impl std::fmt::Debug for Request {
 /// What [`BatchEngine::step`] reports about a request.
 #[derive(Debug)]
 pub enum Event {
+    /// The request's prompt was prefilled: `cached_tokens` of its positions came from the prefix
+    /// cache ([`BatchOptions::prefix_cache_bytes`]). Once, before its first token.
+    Started { cached_tokens: usize },
     /// The request's next token, with its logprobs when the request asked ([`Request::logprobs`]).
     Token(u32, Option<TokenLogprobs>),
     /// The request ended (after its last token); its sequence is freed.
@@ -103,18 +109,22 @@ pub struct BatchOptions {
     /// How a step computes each sequence's row ([`BatchForm`]); `None`: the one-token form for an
     /// engine of one sequence (`generate`'s numbers and speed), the batched form for more.
     pub form: Option<BatchForm>,
+    /// Bytes of GPU memory the prefix cache may hold ([`super::prefix`]: a request whose prompt
+    /// starts with tokens of an earlier one prefills only the rest; its tokens are a cold run's
+    /// up to rounding); 0, the default, turns it off.
+    pub prefix_cache_bytes: u64,
 }
 
 impl Default for BatchOptions {
     fn default() -> Self {
-        Self { max_batch: 8, max_queue: 64, form: None }
+        Self { max_batch: 8, max_queue: 64, form: None, prefix_cache_bytes: 0 }
     }
 }
 
 impl BatchOptions {
     /// Up to `max_batch` sequences together and `max_queue` waiting, the form by default.
     pub fn new(max_batch: usize, max_queue: usize) -> Self {
-        Self { max_batch, max_queue, form: None }
+        Self { max_batch, max_queue, form: None, prefix_cache_bytes: 0 }
     }
 
     /// The form a step takes ([`Self::form`], or the default for `max_batch`).
@@ -152,6 +162,10 @@ struct Seq {
     slot: u32,
     /// Tokens delivered.
     delivered: usize,
+    /// The tokens delivered (what its KV entries hold after the prompt, for the prefix cache).
+    out: Vec<u32>,
+    /// It failed: its KV entries are not kept.
+    failed: bool,
     /// Tokens sampled or being sampled (steps submitted, the prompt's included): the next
     /// decode step feeds token `submitted - 1` at position `prompt + submitted - 1` and samples
     /// token `submitted` with the sampler's step `submitted`.
@@ -230,6 +244,7 @@ pub struct BatchEngine {
     /// Computes logprobs for the rows that ask (made when one first does).
     logprobs: Option<LogprobHead>,
     next_id: SeqId,
+    prefix: PrefixCache,
 }
 
 impl BatchEngine {
@@ -269,7 +284,9 @@ impl BatchEngine {
                 .collect(),
             free: (0..depth.max(1)).rev().collect(),
         };
+        let prefix = PrefixCache::new(&model, opts.prefix_cache_bytes);
         Ok(Self {
+            prefix,
             model,
             sampler,
             opts,
@@ -292,8 +309,10 @@ impl BatchEngine {
     }
 
     /// The model, to measure it between runs ([`Model::profile_batch`]): only while the engine
-    /// [`is_idle`](Self::is_idle) (what runs next starts from its own prompt).
+    /// [`is_idle`](Self::is_idle) (what runs next starts from its own prompt; the prefix cache
+    /// forgets what the model's own sequence held).
     pub fn model_mut(&mut self) -> &mut Model {
+        self.prefix.forget_sequence();
         &mut self.model
     }
 
@@ -320,6 +339,16 @@ impl BatchEngine {
     /// next request is admitted).
     pub fn free_sequences(&self) -> usize {
         self.free_slots.len() + self.running.iter().filter(|s| s.stopped).count()
+    }
+
+    /// What the prefix cache did and holds.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.prefix.stats()
+    }
+
+    /// Empties the prefix cache (the next requests prefill their whole prompts).
+    pub fn clear_prefix_cache(&mut self) {
+        self.prefix.clear();
     }
 
     /// Requests waiting for a free sequence.
@@ -496,13 +525,26 @@ impl BatchEngine {
 
     /// Frees the slots of stopped requests (no step in flight carries them).
     fn retire(&mut self) {
-        let free = &mut self.free_slots;
-        self.running.retain(|s| {
-            if s.stopped {
-                free.push(s.slot);
+        let (stopped, running) = std::mem::take(&mut self.running).into_iter().partition(|s| s.stopped);
+        self.running = running;
+        for s in stopped {
+            self.release(s);
+        }
+    }
+
+    /// Frees a stopped request's slot, keeping its KV entries in the prefix cache: its prompt and
+    /// what it generated but the last token (sampled, never fed).
+    fn release(&mut self, s: Seq) {
+        if !s.failed {
+            let mut tokens = s.req.prompt;
+            tokens.extend_from_slice(&s.out[..s.out.len().saturating_sub(1)]);
+            if self.batched {
+                self.prefix.store(&self.model, s.slot as usize, &tokens);
+            } else {
+                self.prefix.hold(&self.model, tokens);
             }
-            !s.stopped
-        });
+        }
+        self.free_slots.push(s.slot);
     }
 
     /// Prefills waiting requests into free slots and delivers their first tokens.
@@ -515,12 +557,14 @@ impl BatchEngine {
                 continue;
             }
             let slot = self.free_slots.pop().expect("checked");
-            let logits = if self.batched {
-                self.model.prefill_slot(slot as usize, &req.prompt)?
+            let (logits, cached_tokens) = if self.batched {
+                let at = self.prefix.restore(&self.model, slot as usize, &req.prompt);
+                (self.model.prefill_slot_at(slot as usize, at, &req.prompt[at..])?, at)
             } else {
-                self.model.reset();
-                self.model.forward(&req.prompt)?
+                let at = self.prefix.resume(&mut self.model, &req.prompt);
+                (self.model.forward(&req.prompt[at..])?, at)
             };
+            sink(id, Event::Started { cached_tokens });
             let key = RowKey { step: 0, stream: 0 };
             let rows = Rows { params: std::slice::from_ref(&req.params), keys: &[key], masks: &[mask.as_ref()] };
             let controls = SeqControls::start(&req.controls, self.model.config.vocab_size, slot, &req.prompt)?;
@@ -536,6 +580,8 @@ impl BatchEngine {
                 req,
                 slot,
                 delivered: 0,
+                out: Vec::new(),
+                failed: false,
                 submitted: 1,
                 budget,
                 last: 0,
@@ -546,10 +592,14 @@ impl BatchEngine {
             self.running.push(s);
             let s = self.running.last_mut().expect("pushed");
             deliver(s, d.ids[0], d.non_finite[0], lp, self.model.max_ctx, sink);
+            if self.batched && !s.failed {
+                // The prompt's KV entries, for requests that share its start while it runs.
+                self.prefix.store(&self.model, slot as usize, &s.req.prompt);
+            }
             self.fed.clear();
             if s.stopped {
                 let s = self.running.pop().expect("pushed");
-                self.free_slots.push(s.slot);
+                self.release(s);
             }
         }
         Ok(())
@@ -686,7 +736,7 @@ fn deliver(
     }
     let prompt = s.req.prompt.len();
     if non_finite {
-        s.stopped = true;
+        (s.stopped, s.failed) = (true, true);
         sink(s.id, Event::Failed(non_finite_error(s.delivered as u32, prompt + s.delivered - 1)));
         return;
     }
@@ -695,12 +745,13 @@ fn deliver(
     if let Some(c) = &mut s.controls {
         c.push(token);
     }
+    s.out.push(token);
     sink(s.id, Event::Token(token, logprobs));
     let room = max_ctx - prompt + 1;
     let complete = match advance(s, token) {
         Ok(complete) => complete,
         Err(e) => {
-            s.stopped = true;
+            (s.stopped, s.failed) = (true, true);
             sink(s.id, Event::Failed(e));
             return;
         }

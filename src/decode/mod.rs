@@ -23,6 +23,7 @@ pub mod batch;
 pub mod common;
 pub mod constrained;
 pub mod pipeline;
+pub mod prefix;
 
 pub use common::{
     non_finite_error, DecodeOptions, Job, Stats, StepTiming, StopReason, DEFAULT_DEPTH, DEFAULT_STEPS_PER_SUBMIT,

@@ -326,6 +326,16 @@ impl Model {
         self.pass_ends.clear();
     }
 
+    /// The KV caches the layers own (a layer reading another's left out), in layer order: keys
+    /// and values, f16 `[S, Hkv, max_ctx, D]` each (S = [`sequences`](Self::sequences)). The
+    /// batch engine's prefix cache copies a sequence's first positions out of and into them.
+    pub fn kv_caches(&self) -> impl Iterator<Item = (&Tensor, &Tensor)> {
+        self.state.iter().filter_map(|s| match s {
+            LayerState::Kv(k, v) => Some((k, v)),
+            _ => None,
+        })
+    }
+
     /// Whether some layer keeps a recurrent state (which rolls back only to a recent pass end).
     pub fn is_recurrent(&self) -> bool {
         self.state.iter().any(|s| matches!(s, LayerState::Recurrent { .. }))
@@ -557,13 +567,20 @@ impl Model {
     /// leaves its last position's logits on the GPU (returned: f32 `[vocab]`). Submitted, not
     /// waited for. The model's own position ([`pos`](Self::pos)) is not touched.
     pub fn prefill_slot(&mut self, slot: usize, tokens: &[u32]) -> Result<Tensor> {
+        self.prefill_slot_at(slot, 0, tokens)
+    }
+
+    /// [`prefill_slot`](Self::prefill_slot) at positions `start..start + len`: positions
+    /// `0..start` of the slot already hold the sequence's KV entries (the batch engine's prefix
+    /// cache copies them there).
+    pub fn prefill_slot_at(&mut self, slot: usize, start: usize, tokens: &[u32]) -> Result<Tensor> {
         if slot >= self.slots {
             return Err(Error::InvalidArgument(format!("KV-cache slot {slot} of {}", self.slots)));
         }
         self.check_tokens(tokens)?;
-        if tokens.len() > self.max_ctx {
+        if start + tokens.len() > self.max_ctx {
             return Err(Error::InvalidArgument(format!(
-                "{} tokens exceed the context of {} tokens",
+                "{} tokens at position {start} exceed the context of {} tokens",
                 tokens.len(),
                 self.max_ctx
             )));
@@ -571,7 +588,7 @@ impl Model {
         let gpu = self.gpu.clone();
         let mut logits = None;
         for (i, chunk) in tokens.chunks(self.prefill_chunk).enumerate() {
-            let pos = i * self.prefill_chunk;
+            let pos = start + i * self.prefill_chunk;
             let step = StepParams { pos: pos as u32, n_tokens: chunk.len() as u32, slot: slot as u32, _pad: 0 };
             gpu.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&step));
             logits = Some(self.plan(chunk.len())?.submit_with(&gpu, chunk));

@@ -348,7 +348,7 @@ pub struct Usage {
 
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct PromptTokensDetails {
-    /// Prompt tokens whose KV came from the prefix cache (the engine has none yet: 0).
+    /// Prompt tokens whose KV came from the prefix cache (`serve --prefix-cache-bytes`).
     pub cached_tokens: usize,
 }
 
@@ -360,6 +360,12 @@ impl Usage {
             total_tokens: prompt_tokens + completion_tokens,
             prompt_tokens_details: PromptTokensDetails { cached_tokens: 0 },
         }
+    }
+
+    /// The same, with `n` of the prompt tokens from the prefix cache.
+    pub fn cached(mut self, n: usize) -> Self {
+        self.prompt_tokens_details.cached_tokens = n;
+        self
     }
 }
 

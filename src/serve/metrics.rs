@@ -3,8 +3,10 @@
 //! Requests by route and status, prompt and generated tokens, connections, the engine's queue
 //! and sequences, and two latency histograms measured on the engine's thread: time to first
 //! token (from a request's submission to the engine to its first token) and inter-token latency
-//! (between a request's consecutive tokens).
+//! (between a request's consecutive tokens); the prefix cache's hits, misses, reused prompt
+//! tokens and the GPU memory its entries hold.
 
+use crate::decode::prefix::PrefixStats;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -22,6 +24,19 @@ pub struct Load {
     pub free: AtomicUsize,
     /// The engine failed (the GPU): requests are refused.
     pub broken: AtomicBool,
+    /// The prefix cache's counters.
+    prefix: Mutex<PrefixStats>,
+}
+
+impl Load {
+    /// Records the prefix cache's counters.
+    pub fn set_prefix(&self, stats: PrefixStats) {
+        *self.prefix.lock().unwrap_or_else(|e| e.into_inner()) = stats;
+    }
+
+    pub fn prefix(&self) -> PrefixStats {
+        *self.prefix.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// A histogram of durations with fixed upper bounds (seconds).
@@ -146,11 +161,24 @@ impl Metrics {
             "From a request's submission to the engine to its first token.",
         );
         self.itl.render(&mut out, "wgpu_llm_inter_token_latency_seconds", "Between a request's consecutive tokens.");
-        // The KV cache's blocks in use and the prefix cache's hits and misses go here once the
-        // engine has a paged, prefix-keyed KV cache (issue 30); until then there is nothing true
-        // to report, so nothing is.
+        render_prefix(&mut out, &load.prefix());
         out
     }
+}
+
+/// The prefix cache's counters: hits and misses (a hit rate is hits / (hits + misses)), prompt
+/// tokens reused, and what it holds now.
+fn render_prefix(out: &mut String, p: &PrefixStats) {
+    let mut metric = |name: &str, kind: &str, help: &str, v: u64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+    };
+    metric("wgpu_llm_prefix_cache_hits_total", "counter", "Admissions that reused a cached prompt prefix.", p.hits);
+    metric("wgpu_llm_prefix_cache_misses_total", "counter", "Admissions that reused nothing (cache on).", p.misses);
+    let help = "Prompt tokens whose KV came from the prefix cache.";
+    metric("wgpu_llm_prefix_cache_tokens_total", "counter", help, p.cached_tokens);
+    metric("wgpu_llm_prefix_cache_entries", "gauge", "Token prefixes the cache holds.", p.entries as u64);
+    metric("wgpu_llm_prefix_cache_bytes", "gauge", "GPU memory the cache's KV entries hold.", p.bytes);
+    metric("wgpu_llm_prefix_cache_limit_bytes", "gauge", "The cache's byte limit (0: off).", p.limit);
 }
 
 #[cfg(test)]
@@ -184,5 +212,25 @@ mod tests {
         assert!(out.contains("wgpu_llm_requests_total{route=\"/v1/completions\",code=\"400\"} 1\n"), "{out}");
         assert!(out.contains("wgpu_llm_requests_total{route=\"other\",code=\"404\"} 1\n"), "{out}");
         assert!(out.contains("# TYPE wgpu_llm_time_to_first_token_seconds histogram\n"), "{out}");
+    }
+
+    #[test]
+    fn prefix_cache_counters_are_rendered() {
+        let load = Load::default();
+        let stats = PrefixStats { hits: 3, misses: 2, cached_tokens: 120, entries: 4, bytes: 4096, limit: 1 << 20 };
+        load.set_prefix(stats);
+        let out = Metrics::default().render(&load);
+        for line in [
+            "wgpu_llm_prefix_cache_hits_total 3\n",
+            "wgpu_llm_prefix_cache_misses_total 2\n",
+            "wgpu_llm_prefix_cache_tokens_total 120\n",
+            "wgpu_llm_prefix_cache_entries 4\n",
+            "wgpu_llm_prefix_cache_bytes 4096\n",
+            "wgpu_llm_prefix_cache_limit_bytes 1048576\n",
+            "# TYPE wgpu_llm_prefix_cache_hits_total counter\n",
+            "# TYPE wgpu_llm_prefix_cache_bytes gauge\n",
+        ] {
+            assert!(out.contains(line), "{line:?} in\n{out}");
+        }
     }
 }

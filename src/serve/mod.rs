@@ -359,7 +359,7 @@ async fn run(
         }
     };
     drop(rx);
-    let usage = Usage::new(prompt_tokens, out.tokens);
+    let usage = Usage::new(prompt_tokens, out.tokens).cached(out.cached);
     let logprobs = out.logprobs.as_ref().map_or(Value::Null, LogprobLog::all);
     let choice = match kind {
         Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
@@ -473,7 +473,8 @@ async fn stream(
     let _ = tx.send(head.chunk(None, Some(finish), first, usage, lp)).await;
     if usage {
         let mut v = head.frame(Vec::new());
-        v["usage"] = serde_json::to_value(Usage::new(prompt_tokens, out.tokens)).expect("plain struct");
+        v["usage"] =
+            serde_json::to_value(Usage::new(prompt_tokens, out.tokens).cached(out.cached)).expect("plain struct");
         let _ = tx.send(SseEvent::default().data(v.to_string())).await;
     }
     let _ = tx.send(SseEvent::default().data("[DONE]")).await;
@@ -488,11 +489,20 @@ struct Decoded<'t> {
     tokens: usize,
     /// The logprobs of the tokens, when the request asked.
     logprobs: Option<LogprobLog<'t>>,
+    /// Prompt tokens the prefix cache gave.
+    cached: usize,
 }
 
 impl<'t> Decoded<'t> {
     fn new(tok: &'t Tokenizer, stop_ids: &'t [u32], stops: Vec<String>) -> Self {
-        Self { dec: StreamDecoder::new(tok), stop: StopText::new(stops), stop_ids, tokens: 0, logprobs: None }
+        Self {
+            dec: StreamDecoder::new(tok),
+            stop: StopText::new(stops),
+            stop_ids,
+            tokens: 0,
+            logprobs: None,
+            cached: 0,
+        }
     }
 
     /// The logprobs of the tokens since the last call (`null`: none, or not asked).
@@ -506,6 +516,10 @@ impl<'t> Decoded<'t> {
         match reply {
             None => Err(ApiError::internal("the engine stopped")),
             Some(Reply::Failed(m)) => Err(ApiError::internal(m)),
+            Some(Reply::Started { cached_tokens }) => {
+                self.cached = cached_tokens;
+                Ok((String::new(), None))
+            }
             Some(Reply::Token(t, lp)) => {
                 self.tokens += 1;
                 let mut out = String::new();

@@ -17,6 +17,10 @@ use tokio::sync::{mpsc, oneshot};
 /// What the engine sends a request.
 #[derive(Debug)]
 pub enum Reply {
+    /// The prompt was prefilled, `cached_tokens` of it from the prefix cache (before any token).
+    Started {
+        cached_tokens: usize,
+    },
     /// A token, with its logprobs when the request asked.
     Token(u32, Option<TokenLogprobs>),
     Finished {
@@ -90,6 +94,7 @@ impl Load {
         self.active.store(engine.active(), Ordering::Relaxed);
         self.queued.store(engine.queued(), Ordering::Relaxed);
         self.free.store(engine.free_sequences(), Ordering::Relaxed);
+        self.set_prefix(engine.prefix_stats());
     }
 }
 
@@ -139,6 +144,7 @@ fn run(mut engine: BatchEngine, jobs: std_mpsc::Receiver<Job>, load: &Load, metr
                         metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
                         (Reply::Token(t, logprobs), false)
                     }
+                    Event::Started { cached_tokens } => (Reply::Started { cached_tokens }, false),
                     Event::Finished { reason, prompt_tokens, generated_tokens } => {
                         (Reply::Finished { reason, prompt_tokens, generated_tokens }, true)
                     }
