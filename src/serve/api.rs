@@ -75,8 +75,8 @@ pub struct SamplingFields {
 
 /// The first field of OpenAI's API that the server does not implement which `fields` asks for,
 /// as a 400 naming it. `null`, and values that ask for nothing (`logprobs: false`, a penalty of
-/// 0, `best_of: 1`, `tools: []`, `tool_choice: "none"`), pass. `response_format` is
-/// [`response_format`]'s.
+/// 0, `best_of: 1`, `function_call: "none"`), pass. `response_format` is [`response_format`]'s;
+/// `tools` and `tool_choice` are [`super::tools`]'.
 pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let nothing = |v: &Value| match v {
         Value::Null | Value::Bool(false) => true,
@@ -89,10 +89,10 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
     // "none" and "auto" ask for no tool when there are none.
     let no_tool = |v: &Value| nothing(v) || v == "none" || v == "auto";
     let asks = |name: &str, v: &Value| match name {
-        "logit_bias" | "presence_penalty" | "frequency_penalty" | "suffix" | "logprobs" | "top_logprobs" | "tools"
+        "logit_bias" | "presence_penalty" | "frequency_penalty" | "suffix" | "logprobs" | "top_logprobs"
         | "functions" => !nothing(v),
         "best_of" => !(v.is_null() || v == 1),
-        "tool_choice" | "function_call" => !no_tool(v),
+        "function_call" => !no_tool(v),
         _ => false,
     };
     match UNIMPLEMENTED.into_iter().find(|&name| fields.get(name).is_some_and(|v| asks(name, v))) {
@@ -106,7 +106,7 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
 }
 
 /// The fields [`unimplemented`] refuses.
-const UNIMPLEMENTED: [&str; 11] = [
+const UNIMPLEMENTED: [&str; 9] = [
     "logit_bias",
     "presence_penalty",
     "frequency_penalty",
@@ -114,8 +114,6 @@ const UNIMPLEMENTED: [&str; 11] = [
     "best_of",
     "logprobs",
     "top_logprobs",
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
 ];
@@ -150,6 +148,15 @@ pub struct ChatMessage {
     #[serde(default)]
     /// A string, or parts of which only text is understood here.
     pub content: Option<OneOrMany<ContentPart>>,
+    /// An assistant message's tool calls (`[{"id", "type", "function": {"name", "arguments"}}]`).
+    #[serde(default)]
+    pub tool_calls: Option<Value>,
+    /// A `tool` message: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the function's name.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -216,7 +223,13 @@ pub struct Generation {
     pub include_usage: bool,
     /// What the output must match (`response_format`), or `None`.
     pub constraint: Option<Constraint>,
+    /// Choices (`n`): sequences of the one prompt; choice `i` samples with seed `seed + i`
+    /// (wrapping), so `n: 1` with that seed gives it again.
+    pub n: usize,
 }
+
+/// The most choices (`n`) one request may ask for (the server also bounds it by its batch).
+pub const MAX_N: usize = 128;
 
 /// The constraint `response_format` asks for: none for `{"type": "text"}` (or no field),
 /// [`Constraint::JsonObject`] for `{"type": "json_object"}`, [`Constraint::JsonSchema`] for
@@ -271,11 +284,11 @@ pub fn generation(
     defaults: &SamplingParams,
     random_seed: impl FnOnce() -> u64,
 ) -> Result<Generation, ApiError> {
-    if let Some(n) = f.n {
-        if n != 1 {
-            return Err(ApiError::invalid(format!("n = {n}: only one choice per request is supported"), Some("n")));
-        }
-    }
+    let n = match f.n {
+        None => 1,
+        Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+        Some(n) => return Err(ApiError::invalid(format!("n = {n}: from 1 to {MAX_N} choices"), Some("n"))),
+    };
     unimplemented(&f.other)?;
     let constraint = response_format(&f.other)?;
     let mut p = *defaults;
@@ -331,6 +344,7 @@ pub fn generation(
         stream: f.stream.unwrap_or(false),
         include_usage: f.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
         constraint,
+        n,
     })
 }
 
@@ -402,7 +416,8 @@ mod tests {
             (json!({"top_p": 0}), Some("top_p")),
             (json!({"top_p": 1.5}), Some("top_p")),
             (json!({"min_p": 1}), Some("min_p")),
-            (json!({"n": 2}), Some("n")),
+            (json!({"n": 0}), Some("n")),
+            (json!({"n": 129}), Some("n")),
             (json!({"stop": ["a", "b", "c", "d", "e"]}), Some("stop")),
         ] {
             let e = generation(&fields(v.clone()), None, &d, || 0).unwrap_err();
@@ -425,8 +440,6 @@ mod tests {
             (json!({"logprobs": 2}), "logprobs"),
             (json!({"top_logprobs": 5}), "top_logprobs"),
             (json!({"response_format": {"type": "grammar"}}), "response_format"),
-            (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
-            (json!({"tool_choice": "required"}), "tool_choice"),
             (json!({"functions": [{"name": "f"}]}), "functions"),
             (json!({"function_call": {"name": "f"}}), "function_call"),
         ] {
@@ -437,8 +450,8 @@ mod tests {
         // Values that ask for nothing, and fields OpenAI's clients send that change nothing here.
         let harmless = json!({
             "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": null, "best_of": 1,
-            "logprobs": false, "top_logprobs": null, "response_format": {"type": "text"}, "tools": [],
-            "tool_choice": "none", "functions": null, "function_call": "auto", "user": "u-1",
+            "logprobs": false, "top_logprobs": null, "response_format": {"type": "text"},
+            "functions": null, "function_call": "auto", "user": "u-1",
             "stream_options": {"include_usage": false}, "parallel_tool_calls": false, "metadata": {"k": "v"},
         });
         generation(&fields(harmless), None, &d, || 0).unwrap();
