@@ -97,7 +97,7 @@ impl ToolSupport {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tool {
     pub name: String,
-    /// Its `parameters` JSON schema (an empty object schema where the request gave none).
+    /// Its `parameters` JSON schema (an object without properties where the request gave none).
     pub parameters: Value,
 }
 
@@ -160,7 +160,8 @@ pub fn plan(fields: &Map<String, Value>, support: ToolSupport) -> Result<Option<
             return Err(bad(format!("tools[{i}]: the function '{name}' is defined twice"), "tools"));
         }
         let parameters = match f.get("parameters") {
-            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            // No parameters: an empty parameter list (OpenAI's reading).
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}, "additionalProperties": false}),
             Some(p @ Value::Object(_)) => p.clone(),
             Some(p) => {
                 return Err(bad(
