@@ -582,7 +582,8 @@ mod tests {
         let env_out = |t: &str| apply_chat_template(t, &[Message::user("a\"<b>é\n")], false, None, None).unwrap();
         assert_eq!(env_out("{{ messages[0] | tojson }}"), r#"{"role": "user", "content": "a\"<b>é\n"}"#);
         assert_eq!(env_out("{{ [1, 2.5, none, true] | tojson }}"), "[1, 2.5, null, true]");
-        // (Map literals in templates iterate in key order: minijinja's `preserve_order` is off.)
+        // Maps keep their insertion order, as Python's dicts do.
+        assert_eq!(env_out("{{ {'b': 1, 'a': 2} | tojson }}"), r#"{"b": 1, "a": 2}"#);
         assert_eq!(
             env_out("{{ {'a': [1, {}], 'b': []} | tojson(indent=2) }}"),
             "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": []\n}"
@@ -591,6 +592,33 @@ mod tests {
             env_out("{{ {'b': 1, 'a': 2} | tojson(sort_keys=true, separators=[',', ':']) }}"),
             r#"{"a":2,"b":1}"#
         );
+    }
+
+    #[test]
+    fn tools_and_tool_calls_reach_the_template() {
+        let t = ChatTemplate::new(
+            "{% for t in tools %}{{ t.function.name }}:{{ t | tojson }}\n{% endfor %}{% for m in messages %}{{ m | tojson }}\n{% for c in m.tool_calls or [] %}{{ c.function.name }}({{ c.function.arguments.city }})\n{% endfor %}{% endfor %}",
+            None,
+            None,
+        )
+        .unwrap();
+        let tools =
+            serde_json::json!([{"type": "function", "function": {"name": "w", "parameters": {"z": 1, "a": 2}}}]);
+        let mut call = Message::assistant("");
+        call.tool_calls = Some(serde_json::json!([{"id": "c1", "type": "function",
+            "function": {"name": "w", "arguments": {"city": "Oslo"}}}]));
+        let mut result = Message::new("tool", "12C");
+        (result.tool_call_id, result.name) = (Some("c1".into()), Some("w".into()));
+        let out = t.render_with_tools(&[call, result], false, Some(&tools)).unwrap();
+        assert_eq!(
+            out,
+            "w:{\"type\": \"function\", \"function\": {\"name\": \"w\", \"parameters\": {\"z\": 1, \"a\": 2}}}\n\
+             {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\"}}}]}\n\
+             w(Oslo)\n\
+             {\"role\": \"tool\", \"content\": \"12C\", \"tool_call_id\": \"c1\", \"name\": \"w\"}\n"
+        );
+        // Without tools the variable is none.
+        assert_eq!(ChatTemplate::new("{{ tools is none }}", None, None).unwrap().render(&[], false).unwrap(), "True");
     }
 
     #[test]

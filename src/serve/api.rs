@@ -405,6 +405,8 @@ mod tests {
         .unwrap();
         assert_eq!(g.params, SamplingParams { temperature: 0.0, top_k: 0, seed: u64::MAX, ..d });
         assert_eq!((g.max_tokens, g.stops, g.stream, g.include_usage), (Some(5), vec!["x".to_string()], true, true));
+        assert_eq!(g.n, 1);
+        assert_eq!(generation(&fields(json!({"n": 3})), None, &d, || 0).unwrap().n, 3);
     }
 
     #[test]

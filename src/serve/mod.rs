@@ -17,6 +17,15 @@
 //! built at startup ([`ServerState::grammar`]; a bad schema is a 400) and the engine draws each
 //! of its tokens under its mask ([`Request::constraint`]).
 //!
+//! `tools` / `tool_choice` ([`tools`]): the template gets the tools, the answer's calls are
+//! read back into `tool_calls` (whole or streamed), and `"required"` or a named function
+//! compiles a grammar of the family's call format that the engine holds the output to, as for
+//! `response_format`.
+//!
+//! `n` > 1: the request's choices run as `n` requests of the one prompt in the batch engine
+//! (at most its sequences), choice `i` with seed `seed + i` ([`Generation::n`]); streamed, each
+//! chunk names its choice.
+//!
 //! Every completion says its seed (the request's, or the random one it was given): in the
 //! `x-seed` response header and as `system_fingerprint: "seed-N"`; the same request with
 //! `"seed": N` gives the same answer.
