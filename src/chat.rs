@@ -9,8 +9,17 @@
 //! - `raise_exception(msg)` and `strftime_now(fmt)` globals;
 //! - a `tojson` filter that writes what Python's `json.dumps(x, ensure_ascii=False)` writes
 //!   (`{"a": 1}`, no HTML escaping), with `indent`, `separators` and `sort_keys`;
-//! - variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, and `tools` and
-//!   `documents` set to none.
+//! - variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `tools` (none, or
+//!   the request's tool definitions as OpenAI sends them: `{"type": "function", "function":
+//!   {"name", "description", "parameters"}}`, see [`ChatTemplate::render_with_tools`]) and
+//!   `documents` set to none;
+//! - maps iterate in insertion order, as Python's dicts do (minijinja's `preserve_order`), so
+//!   `tool | tojson` writes a tool's keys in the order the request gave them.
+//!
+//! A message is a map of `role` and `content`, and where present `tool_calls` (an assistant's
+//! calls: `[{"id", "type": "function", "function": {"name", "arguments"}}]`, the arguments a
+//! mapping where they are JSON, which is what Qwen's templates pass through `tojson`),
+//! `tool_call_id` and `name` (a `tool` message's).
 //!
 //! A template error (syntax, `raise_exception`, a failing filter) becomes
 //! [`crate::Error::Template`] carrying the template's own message.
@@ -23,14 +32,24 @@ use serde::{Deserialize, Serialize};
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
-    /// `system`, `user`, `assistant` (or whatever the template knows).
+    /// `system`, `user`, `assistant`, `tool` (or whatever the template knows).
     pub role: String,
     pub content: String,
+    /// An assistant message's tool calls, a JSON list as the template reads it (see the
+    /// [module docs](self)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the function that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Message { role: role.into(), content: content.into() }
+        Message { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None, name: None }
     }
     pub fn system(content: impl Into<String>) -> Self {
         Self::new("system", content)
@@ -43,17 +62,31 @@ impl Message {
     }
 }
 
-/// A message is a map with keys `role`, `content`, in that order (what `tojson` and `.items()` see).
+/// A message is a map with keys `role`, `content`, then those of `tool_calls`, `tool_call_id`,
+/// `name` it has, in that order (what `tojson` and `.items()` see).
 impl minijinja::value::Object for Message {
     fn get_value(self: &std::sync::Arc<Self>, key: &Value) -> Option<Value> {
         match key.as_str()? {
             "role" => Some(Value::from(self.role.as_str())),
             "content" => Some(Value::from(self.content.as_str())),
+            "tool_calls" => self.tool_calls.as_ref().map(json_value),
+            "tool_call_id" => self.tool_call_id.as_deref().map(Value::from),
+            "name" => self.name.as_deref().map(Value::from),
             _ => None,
         }
     }
     fn enumerate(self: &std::sync::Arc<Self>) -> minijinja::value::Enumerator {
-        minijinja::value::Enumerator::Str(&["role", "content"])
+        let mut keys = vec!["role", "content"];
+        for (key, present) in [
+            ("tool_calls", self.tool_calls.is_some()),
+            ("tool_call_id", self.tool_call_id.is_some()),
+            ("name", self.name.is_some()),
+        ] {
+            if present {
+                keys.push(key);
+            }
+        }
+        minijinja::value::Enumerator::Values(keys.into_iter().map(Value::from).collect())
     }
 }
 
@@ -65,6 +98,7 @@ pub fn no_template_error() -> Error {
 /// A compiled chat template, for rendering many conversations with the same template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -87,22 +121,43 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, template.to_owned()).map_err(template_error)?;
-        Ok(ChatTemplate { env, bos_token: bos_token.map(str::to_owned), eos_token: eos_token.map(str::to_owned) })
+        Ok(ChatTemplate {
+            env,
+            source: template.to_owned(),
+            bos_token: bos_token.map(str::to_owned),
+            eos_token: eos_token.map(str::to_owned),
+        })
     }
 
     /// Renders a conversation; with `add_generation_prompt` the text ends with the header of the
     /// assistant's turn.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`Self::render`] with the template's `tools` variable set to `tools` (a JSON list of tool
+    /// definitions as OpenAI's API sends them), or none.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String> {
         let tmpl = self.env.get_template(NAME).map_err(template_error)?;
         let ctx = minijinja::context! {
             messages => Value::from(messages.iter().map(|m| Value::from_object(m.clone())).collect::<Vec<_>>()),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_deref().unwrap_or(""),
             eos_token => self.eos_token.as_deref().unwrap_or(""),
-            tools => Value::from(()),
+            tools => tools.map_or(Value::from(()), json_value),
             documents => Value::from(()),
         };
         tmpl.render(ctx).map_err(template_error)
+    }
+
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 }
 
@@ -127,6 +182,24 @@ pub fn apply_model_chat_template(
 ) -> Result<String> {
     let template = template.ok_or_else(no_template_error)?;
     apply_chat_template(template, messages, add_generation_prompt, bos_token, eos_token)
+}
+
+/// A JSON value as a template value, objects keeping their key order (as Python's `json.loads`
+/// gives them to transformers).
+pub fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(a) => a.iter().map(json_value).collect(),
+        J::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (Value::from(k.as_str()), json_value(v)))),
+    }
 }
 
 /// Marks an error raised by the template itself through `raise_exception`.
@@ -509,7 +582,8 @@ mod tests {
         let env_out = |t: &str| apply_chat_template(t, &[Message::user("a\"<b>é\n")], false, None, None).unwrap();
         assert_eq!(env_out("{{ messages[0] | tojson }}"), r#"{"role": "user", "content": "a\"<b>é\n"}"#);
         assert_eq!(env_out("{{ [1, 2.5, none, true] | tojson }}"), "[1, 2.5, null, true]");
-        // (Map literals in templates iterate in key order: minijinja's `preserve_order` is off.)
+        // Maps keep their insertion order, as Python's dicts do.
+        assert_eq!(env_out("{{ {'b': 1, 'a': 2} | tojson }}"), r#"{"b": 1, "a": 2}"#);
         assert_eq!(
             env_out("{{ {'a': [1, {}], 'b': []} | tojson(indent=2) }}"),
             "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": []\n}"
@@ -518,6 +592,33 @@ mod tests {
             env_out("{{ {'b': 1, 'a': 2} | tojson(sort_keys=true, separators=[',', ':']) }}"),
             r#"{"a":2,"b":1}"#
         );
+    }
+
+    #[test]
+    fn tools_and_tool_calls_reach_the_template() {
+        let t = ChatTemplate::new(
+            "{% for t in tools %}{{ t.function.name }}:{{ t | tojson }}\n{% endfor %}{% for m in messages %}{{ m | tojson }}\n{% for c in m.tool_calls or [] %}{{ c.function.name }}({{ c.function.arguments.city }})\n{% endfor %}{% endfor %}",
+            None,
+            None,
+        )
+        .unwrap();
+        let tools =
+            serde_json::json!([{"type": "function", "function": {"name": "w", "parameters": {"z": 1, "a": 2}}}]);
+        let mut call = Message::assistant("");
+        call.tool_calls = Some(serde_json::json!([{"id": "c1", "type": "function",
+            "function": {"name": "w", "arguments": {"city": "Oslo"}}}]));
+        let mut result = Message::new("tool", "12C");
+        (result.tool_call_id, result.name) = (Some("c1".into()), Some("w".into()));
+        let out = t.render_with_tools(&[call, result], false, Some(&tools)).unwrap();
+        assert_eq!(
+            out,
+            "w:{\"type\": \"function\", \"function\": {\"name\": \"w\", \"parameters\": {\"z\": 1, \"a\": 2}}}\n\
+             {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": \"w\", \"arguments\": {\"city\": \"Oslo\"}}}]}\n\
+             w(Oslo)\n\
+             {\"role\": \"tool\", \"content\": \"12C\", \"tool_call_id\": \"c1\", \"name\": \"w\"}\n"
+        );
+        // Without tools the variable is none.
+        assert_eq!(ChatTemplate::new("{{ tools is none }}", None, None).unwrap().render(&[], false).unwrap(), "True");
     }
 
     #[test]

@@ -137,7 +137,7 @@ assert chat(QUESTION, temperature=0).choices[0].message.content == out["chat_gre
 for kw, param in [
     (dict(temperature=5), "temperature"),
     (dict(top_p=0), "top_p"),
-    (dict(n=2), "n"),
+    (dict(n=3), "n"),  # above --max-batch 2
     (dict(max_tokens=0), "max_tokens"),
 ]:
     args = dict(max_tokens=4)

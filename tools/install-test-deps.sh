@@ -4,7 +4,8 @@
 # - curl, which drives tests/serve.rs's raw HTTP checks;
 # - mlx-lm on the CPU (`mlx[cpu]`, which brings numpy and safetensors): it converts SmolLM2 and the tiny
 #   Qwen3.5-MoE / Gemma 4 fixtures for the MLX reference tests (tests/common/mlx.rs);
-# - the `openai` Python client, which talks to `wgpu-llm serve` in tests/serve.rs (tests/serve_client.py).
+# - the `openai` Python client, which talks to `wgpu-llm serve` in tests/serve.rs (tests/serve_client.py) and
+#   tests/tools.rs (tests/serve_tools/openai_roundtrip.py: tool calls round-tripped).
 # What is already there is left alone. .ci/run calls this first.
 set -euo pipefail
 sudo=""

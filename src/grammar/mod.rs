@@ -111,7 +111,7 @@ fn looks_like_gbnf(text: &str) -> bool {
 }
 
 /// A JSON schema with the compact separators and no free whitespace, unless it sets its own.
-fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+pub(crate) fn compact(mut schema: serde_json::Value) -> serde_json::Value {
     if let Some(obj) = schema.as_object_mut() {
         obj.entry("x-guidance").or_insert_with(
             || serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),

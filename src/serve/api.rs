@@ -74,10 +74,10 @@ pub struct SamplingFields {
 }
 
 /// The first field of OpenAI's API that the server does not implement which `fields` asks for,
-/// as a 400 naming it. `null`, and values that ask for nothing (`best_of: 1`, `tools: []`,
-/// `tool_choice: "none"`), pass. `response_format` is [`response_format`]'s; `logprobs` and
-/// `top_logprobs` are [`super::logprobs`]'; `logit_bias` and the penalties are
-/// [`super::controls`]'s.
+/// as a 400 naming it. `null`, and values that ask for nothing (`best_of: 1`, `function_call:
+/// "none"`), pass. `response_format` is [`response_format`]'s; `tools` and `tool_choice` are
+/// [`super::tools`]'; `logprobs` and `top_logprobs` are [`super::logprobs`]'; `logit_bias` and the
+/// penalties are [`super::controls`]'s.
 pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let nothing = |v: &Value| match v {
         Value::Null | Value::Bool(false) => true,
@@ -90,9 +90,9 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
     // "none" and "auto" ask for no tool when there are none.
     let no_tool = |v: &Value| nothing(v) || v == "none" || v == "auto";
     let asks = |name: &str, v: &Value| match name {
-        "suffix" | "tools" | "functions" => !nothing(v),
+        "suffix" | "functions" => !nothing(v),
         "best_of" => !(v.is_null() || v == 1),
-        "tool_choice" | "function_call" => !no_tool(v),
+        "function_call" => !no_tool(v),
         _ => false,
     };
     match UNIMPLEMENTED.into_iter().find(|&name| fields.get(name).is_some_and(|v| asks(name, v))) {
@@ -106,7 +106,7 @@ pub fn unimplemented(fields: &serde_json::Map<String, Value>) -> Result<(), ApiE
 }
 
 /// The fields [`unimplemented`] refuses.
-const UNIMPLEMENTED: [&str; 6] = ["suffix", "best_of", "tools", "tool_choice", "functions", "function_call"];
+const UNIMPLEMENTED: [&str; 4] = ["suffix", "best_of", "functions", "function_call"];
 
 /// One value or a list of them (`stop`, a message's `content`).
 #[derive(Debug, Deserialize)]
@@ -138,6 +138,15 @@ pub struct ChatMessage {
     #[serde(default)]
     /// A string, or parts of which only text is understood here.
     pub content: Option<OneOrMany<ContentPart>>,
+    /// An assistant message's tool calls (`[{"id", "type", "function": {"name", "arguments"}}]`).
+    #[serde(default)]
+    pub tool_calls: Option<Value>,
+    /// A `tool` message: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the function's name.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -209,7 +218,13 @@ pub struct Generation {
     pub logprobs: Option<u32>,
     /// `logit_bias` and the penalties ([`super::controls`]).
     pub controls: LogitControls,
+    /// Choices (`n`): sequences of the one prompt; choice `i` samples with seed `seed + i`
+    /// (wrapping), so `n: 1` with that seed gives it again.
+    pub n: usize,
 }
+
+/// The most choices (`n`) one request may ask for (the server also bounds it by its batch).
+pub const MAX_N: usize = 128;
 
 /// The constraint `response_format` asks for: none for `{"type": "text"}` (or no field),
 /// [`Constraint::JsonObject`] for `{"type": "json_object"}`, [`Constraint::JsonSchema`] for
@@ -264,11 +279,11 @@ pub fn generation(
     defaults: &SamplingParams,
     random_seed: impl FnOnce() -> u64,
 ) -> Result<Generation, ApiError> {
-    if let Some(n) = f.n {
-        if n != 1 {
-            return Err(ApiError::invalid(format!("n = {n}: only one choice per request is supported"), Some("n")));
-        }
-    }
+    let n = match f.n {
+        None => 1,
+        Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+        Some(n) => return Err(ApiError::invalid(format!("n = {n}: from 1 to {MAX_N} choices"), Some("n"))),
+    };
     unimplemented(&f.other)?;
     let constraint = response_format(&f.other)?;
     let controls = super::controls::logit_controls(&f.other).map_err(|(field, m)| ApiError::invalid(m, Some(field)))?;
@@ -327,6 +342,7 @@ pub fn generation(
         constraint,
         logprobs: None,
         controls,
+        n,
     })
 }
 
@@ -393,6 +409,8 @@ mod tests {
         .unwrap();
         assert_eq!(g.params, SamplingParams { temperature: 0.0, top_k: 0, seed: u64::MAX, ..d });
         assert_eq!((g.max_tokens, g.stops, g.stream, g.include_usage), (Some(5), vec!["x".to_string()], true, true));
+        assert_eq!(g.n, 1);
+        assert_eq!(generation(&fields(json!({"n": 3})), None, &d, || 0).unwrap().n, 3);
     }
 
     #[test]
@@ -404,7 +422,8 @@ mod tests {
             (json!({"top_p": 0}), Some("top_p")),
             (json!({"top_p": 1.5}), Some("top_p")),
             (json!({"min_p": 1}), Some("min_p")),
-            (json!({"n": 2}), Some("n")),
+            (json!({"n": 0}), Some("n")),
+            (json!({"n": 129}), Some("n")),
             (json!({"stop": ["a", "b", "c", "d", "e"]}), Some("stop")),
         ] {
             let e = generation(&fields(v.clone()), None, &d, || 0).unwrap_err();
@@ -421,8 +440,6 @@ mod tests {
             (json!({"suffix": "end"}), "suffix"),
             (json!({"best_of": 3}), "best_of"),
             (json!({"response_format": {"type": "grammar"}}), "response_format"),
-            (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
-            (json!({"tool_choice": "required"}), "tool_choice"),
             (json!({"functions": [{"name": "f"}]}), "functions"),
             (json!({"function_call": {"name": "f"}}), "function_call"),
         ] {
@@ -433,8 +450,8 @@ mod tests {
         // Values that ask for nothing, and fields OpenAI's clients send that change nothing here.
         let harmless = json!({
             "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": null, "best_of": 1,
-            "logprobs": false, "top_logprobs": null, "response_format": {"type": "text"}, "tools": [],
-            "tool_choice": "none", "functions": null, "function_call": "auto", "user": "u-1",
+            "logprobs": false, "top_logprobs": null, "response_format": {"type": "text"},
+            "functions": null, "function_call": "auto", "user": "u-1",
             "stream_options": {"include_usage": false}, "parallel_tool_calls": false, "metadata": {"k": "v"},
         });
         generation(&fields(harmless), None, &d, || 0).unwrap();

@@ -21,6 +21,15 @@
 //! requests that ask ([`Request::logprobs`]) from the model's raw logits, and the answer carries
 //! them in OpenAI's shapes, streamed chunks included.
 //!
+//! `tools` / `tool_choice` ([`tools`]): the template gets the tools, the answer's calls are
+//! read back into `tool_calls` (whole or streamed), and `"required"` or a named function
+//! compiles a grammar of the family's call format that the engine holds the output to, as for
+//! `response_format`.
+//!
+//! `n` > 1: the request's choices run as `n` requests of the one prompt in the batch engine
+//! (at most its sequences), choice `i` with seed `seed + i` ([`Generation::n`]); streamed, each
+//! chunk names its choice.
+//!
 //! Every completion says its seed (the request's, or the random one it was given): in the
 //! `x-seed` response header and as `system_fingerprint: "seed-N"`; the same request with
 //! `"seed": N` gives the same answer.
@@ -31,9 +40,10 @@ pub mod listen;
 pub mod logprobs;
 pub mod metrics;
 pub mod text;
+pub mod tools;
 pub mod worker;
 
-use crate::chat::{ChatTemplate, Message};
+use crate::chat::ChatTemplate;
 use crate::decode::batch::{Request, SubmitError};
 use crate::decode::StopReason;
 use crate::grammar::Vocabulary;
@@ -60,6 +70,7 @@ pub async fn serve(
 }
 use logprobs::LogprobLog;
 use serde_json::{json, Value};
+use std::mem::take;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use text::StopText;
@@ -212,13 +223,27 @@ async fn chat(State(st): State<Arc<ServerState>>, req: axum::extract::Request) -
     if r.messages.is_empty() {
         return Err(ApiError::invalid("messages is empty", Some("messages")));
     }
-    let msgs = r.messages.iter().map(|m| Ok(Message::new(&m.role, m.text()?))).collect::<Result<Vec<_>, ApiError>>()?;
-    let text = template.render(&msgs, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    // Tools (tools.rs): what the template gets, and the grammar a forced call follows.
+    let support = tools::ToolSupport::detect(template.source());
+    let plan = tools::plan(&r.sampling.other, support)?;
+    let (msgs, definitions) = tools::messages(&r.messages, plan.as_ref(), support)?;
+    let text = template
+        .render_with_tools(&msgs, true, definitions.as_ref())
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let ids = st.tokenizer.encode(&text, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let mut g = api::generation(&r.sampling, r.max_completion_tokens.or(r.max_tokens), &st.defaults, seed63)?;
     g.logprobs = logprobs::chat_request(&r.sampling.other)?;
+    let reading = match &plan {
+        None => None,
+        Some(p) => {
+            if let Some(c) = p.constraint(st.grammar.as_ref())? {
+                g.constraint = Some(c);
+            }
+            Some(Reading { format: p.support.format, parallel: p.parallel })
+        }
+    };
     let model = r.model.unwrap_or_else(|| st.model_name.clone());
-    run(st, Kind::Chat, model, ids, String::new(), g, "messages").await
+    run(st, Kind::Chat, model, ids, String::new(), g, "messages", reading).await
 }
 
 async fn completions(State(st): State<Arc<ServerState>>, req: axum::extract::Request) -> Result<Response, ApiError> {
@@ -255,10 +280,11 @@ async fn completions(State(st): State<Arc<ServerState>>, req: axum::extract::Req
             (ids, text)
         }
     };
+    tools::refuse_on_completions(&r.sampling.other)?;
     let mut g = api::generation(&r.sampling, Some(r.max_tokens.unwrap_or(16)), &st.defaults, seed63)?;
     g.logprobs = logprobs::completion_request(&r.sampling.other)?;
     let model = r.model.unwrap_or_else(|| st.model_name.clone());
-    run(st, Kind::Completion, model, ids, echo, g, "prompt").await
+    run(st, Kind::Completion, model, ids, echo, g, "prompt", None).await
 }
 
 /// A random seed that a request can give back as it is (OpenAI's `seed` is signed).
@@ -272,7 +298,9 @@ enum Kind {
     Completion,
 }
 
-/// Starts a request on the engine and answers with its completion, whole or streamed.
+/// Starts a request's choices on the engine and answers with its completion, whole or
+/// streamed; `reading`: the chat answer's tool calls are read back.
+#[allow(clippy::too_many_arguments)]
 async fn run(
     st: Arc<ServerState>,
     kind: Kind,
@@ -281,6 +309,7 @@ async fn run(
     echo: String,
     g: Generation,
     param: &'static str,
+    reading: Option<Reading>,
 ) -> Result<Response, ApiError> {
     // The engine checks the rest (an empty prompt, token ids past the vocabulary, parameters);
     // this one gets OpenAI's code.
@@ -297,36 +326,50 @@ async fn run(
         .with_code("context_length_exceeded"));
     }
     let prompt_tokens = ids.len();
-    let constraint = match &g.constraint {
-        None => None,
-        Some(c) => {
-            let vocab = st.grammar.as_ref().map_err(|e| {
-                ApiError::invalid(
-                    format!("structured output is not available for this model: {e}"),
-                    Some("response_format"),
-                )
-            })?;
-            Some(vocab.matcher(c).map_err(|e| ApiError::invalid(e.to_string(), Some("response_format")))?)
-        }
-    };
-    let req = Request {
-        prompt: ids,
-        params: g.params,
-        max_tokens: g.max_tokens.unwrap_or(usize::MAX),
-        stop_ids: st.stop_ids.clone(),
-        constraint,
-        logprobs: g.logprobs,
-        controls: g.controls.clone(),
-    };
-    let rx = st.worker.start(req).await.map_err(|e| match e {
-        StartError::Refused(SubmitError::QueueFull) => ApiError::busy(),
-        StartError::Refused(SubmitError::Invalid(e)) => {
-            // A biased token outside the vocabulary is the engine's to see.
-            let field = if e.to_string().contains("logit_bias") { "logit_bias" } else { param };
-            ApiError::invalid(e.to_string(), Some(field))
-        }
-        StartError::Down => ApiError::internal("the engine is not running").with_status(503),
-    })?;
+    let n = g.n;
+    if n > st.worker.sequences {
+        let msg =
+            format!("n = {n}: at most {} choices, the sequences this server decodes together", st.worker.sequences);
+        return Err(ApiError::invalid(msg, Some("n")));
+    }
+    // The constraint's errors name the field that asked for it.
+    let constraint_param = if reading.is_some() { "tool_choice" } else { "response_format" };
+    let mut rxs = Vec::with_capacity(n);
+    for i in 0..n {
+        let constraint = match &g.constraint {
+            None => None,
+            Some(c) => {
+                let vocab = st.grammar.as_ref().map_err(|e| {
+                    ApiError::invalid(
+                        format!("structured output is not available for this model: {e}"),
+                        Some(constraint_param),
+                    )
+                })?;
+                Some(vocab.matcher(c).map_err(|e| ApiError::invalid(e.to_string(), Some(constraint_param)))?)
+            }
+        };
+        // Choice i's seed: the request's plus i (see `Generation::n`).
+        let params = SamplingParams { seed: g.params.seed.wrapping_add(i as u64), ..g.params };
+        let req = Request {
+            prompt: ids.clone(),
+            params,
+            max_tokens: g.max_tokens.unwrap_or(usize::MAX),
+            stop_ids: st.stop_ids.clone(),
+            constraint,
+            logprobs: g.logprobs,
+            controls: g.controls.clone(),
+        };
+        // An error drops the receivers of the choices already started, which cancels them.
+        rxs.push(st.worker.start(req).await.map_err(|e| match e {
+            StartError::Refused(SubmitError::QueueFull) => ApiError::busy(),
+            StartError::Refused(SubmitError::Invalid(e)) => {
+                // A biased token outside the vocabulary is the engine's to see.
+                let field = if e.to_string().contains("logit_bias") { "logit_bias" } else { param };
+                ApiError::invalid(e.to_string(), Some(field))
+            }
+            StartError::Down => ApiError::internal("the engine is not running").with_status(503),
+        })?);
+    }
     let (prefix, object) = match kind {
         Kind::Chat => ("chatcmpl", "chat.completion"),
         Kind::Completion => ("cmpl", "text_completion"),
@@ -340,39 +383,72 @@ async fn run(
     };
     if g.stream {
         let (tx, events) = mpsc::channel::<SseEvent>(64);
-        tokio::spawn(stream(st, head, rx, tx, g, prompt_tokens, echo));
+        tokio::spawn(stream(st, head, rxs, tx, g, prompt_tokens, echo, reading));
         let body = futures_util::stream::unfold(events, |mut ev| async move {
             ev.recv().await.map(|e| (Ok::<_, std::convert::Infallible>(e), ev))
         });
         return Ok(seed_header(Sse::new(body).keep_alive(KeepAlive::default()).into_response()));
     }
-    let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops);
-    out.logprobs =
-        g.logprobs.map(|_| LogprobLog::new(&st.tokenizer, st.grammar.as_ref().ok(), kind == Kind::Chat, &echo));
-    let mut text = echo;
-    let mut rx = rx;
-    let finish = loop {
-        let (piece, finish) = out.feed(rx.recv().await)?;
-        text.push_str(&piece);
-        if let Some(f) = finish {
-            break f;
+    let mut choices = Vec::with_capacity(n);
+    let mut completion_tokens = 0;
+    let mut cached = 0;
+    for (index, mut rx) in rxs.into_iter().enumerate() {
+        let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops.clone()).reading(&st.tokenizer, reading);
+        out.logprobs =
+            g.logprobs.map(|_| LogprobLog::new(&st.tokenizer, st.grammar.as_ref().ok(), kind == Kind::Chat, &echo));
+        let mut text = echo.clone();
+        let mut finish = loop {
+            let (piece, finish) = out.feed(rx.recv().await)?;
+            text.push_str(&piece);
+            if let Some(f) = finish {
+                break f;
+            }
+        };
+        drop(rx);
+        completion_tokens += out.tokens;
+        if index == 0 {
+            // The prompt's cached positions as the first choice found them (the others may
+            // find the prompt the first one left).
+            cached = out.cached;
         }
-    };
-    drop(rx);
-    let usage = Usage::new(prompt_tokens, out.tokens).cached(out.cached);
-    let logprobs = out.logprobs.as_ref().map_or(Value::Null, LogprobLog::all);
-    let choice = match kind {
-        Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                            "finish_reason": finish}),
-        Kind::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
-    };
+        let logprobs = out.logprobs.as_ref().map_or(Value::Null, LogprobLog::all);
+        choices.push(match (kind, reading) {
+            (Kind::Chat, Some(r)) => {
+                let (content, calls) = tools::parse(r.format, r.parallel, &text);
+                let mut message = json!({"role": "assistant", "content": content});
+                if !calls.is_empty() {
+                    if content.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = calls.iter().map(tools::ToolCall::to_json).collect();
+                    if finish == "stop" {
+                        finish = "tool_calls";
+                    }
+                }
+                json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            }
+            (Kind::Chat, None) => json!({"index": index, "message": {"role": "assistant", "content": text},
+                                         "logprobs": logprobs, "finish_reason": finish}),
+            (Kind::Completion, _) => {
+                json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
+            }
+        });
+    }
+    let usage = Usage::new(prompt_tokens, completion_tokens).cached(cached);
     Ok(seed_header(
         Json(json!({
             "id": head.id, "object": object, "created": head.created, "model": head.model,
-            "system_fingerprint": head.fingerprint, "choices": [choice], "usage": usage,
+            "system_fingerprint": head.fingerprint, "choices": choices, "usage": usage,
         }))
         .into_response(),
     ))
+}
+
+/// How a chat answer's tool calls are read back (a request with tools offered).
+#[derive(Clone, Copy, Debug)]
+pub struct Reading {
+    pub format: tools::ToolFormat,
+    pub parallel: bool,
 }
 
 /// What every chunk of a completion repeats.
@@ -386,9 +462,18 @@ struct Head {
 }
 
 impl Head {
-    /// A chunk with one choice: `delta` (chat) or `text` (completions), the logprobs of its
-    /// tokens (or `null`), and its finish reason.
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool, usage: bool, logprobs: Value) -> SseEvent {
+    /// A chunk of choice `index`: `delta` (chat: its content, or one of its tool calls) or
+    /// `text` (completions), the logprobs of its tokens (or `null`), and its finish reason.
+    fn chunk(
+        &self,
+        index: usize,
+        text: Option<&str>,
+        call: Option<Value>,
+        finish: Option<&str>,
+        first: bool,
+        usage: bool,
+        logprobs: Value,
+    ) -> SseEvent {
         let choice = match self.kind {
             Kind::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -398,10 +483,13 @@ impl Head {
                 if let Some(t) = text {
                     delta.insert("content".into(), t.into());
                 }
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+                if let Some(c) = call {
+                    delta.insert("tool_calls".into(), json!([c]));
+                }
+                json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Completion => {
-                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish})
             }
         };
         let mut v = self.frame(vec![choice]);
@@ -421,60 +509,135 @@ impl Head {
     }
 }
 
-/// Streams a completion as server-sent events until it ends, fails, or the client goes away
-/// (then the engine's receiver is dropped, which cancels the request).
+/// One choice of a streamed completion.
+struct Streamed<'t> {
+    out: Decoded<'t>,
+    calls: Option<tools::ToolStream>,
+    /// No chunk sent yet (the first says the role).
+    first: bool,
+    /// A tool call was sent.
+    called: bool,
+    done: bool,
+}
+
+/// Streams a completion's choices as server-sent events (each chunk names its choice) until
+/// every one ends, one fails, or the client goes away (then the engine's receivers are
+/// dropped, which cancels the requests).
+#[allow(clippy::too_many_arguments)]
 async fn stream(
     st: Arc<ServerState>,
     head: Head,
-    mut rx: mpsc::UnboundedReceiver<Reply>,
+    rxs: Vec<mpsc::UnboundedReceiver<Reply>>,
     tx: mpsc::Sender<SseEvent>,
     g: Generation,
     prompt_tokens: usize,
     echo: String,
+    reading: Option<Reading>,
 ) {
     let usage = g.include_usage;
-    let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops);
-    out.logprobs =
-        g.logprobs.map(|_| LogprobLog::new(&st.tokenizer, st.grammar.as_ref().ok(), head.kind == Kind::Chat, &echo));
-    let mut first = true;
-    if head.kind == Kind::Chat || !echo.is_empty() {
-        let text = if head.kind == Kind::Chat { "" } else { &echo };
-        if tx.send(head.chunk(Some(text), None, true, usage, Value::Null)).await.is_err() {
-            return;
-        }
-        first = false;
-    }
-    let finish = loop {
-        let reply = tokio::select! {
-            _ = tx.closed() => return,
-            r = rx.recv() => r,
-        };
-        match out.feed(reply) {
-            Ok((piece, finish)) => {
-                if !piece.is_empty() {
-                    let lp = out.take_logprobs();
-                    if tx.send(head.chunk(Some(&piece), None, first, usage, lp)).await.is_err() {
-                        return;
-                    }
-                }
-                first &= piece.is_empty();
-                if let Some(f) = finish {
-                    break f;
+    // Every choice's replies, tagged with its index, on one channel.
+    let (all_tx, mut all) = mpsc::unbounded_channel::<(usize, Option<Reply>)>();
+    for (i, mut rx) in rxs.into_iter().enumerate() {
+        let all_tx = all_tx.clone();
+        tokio::spawn(async move {
+            loop {
+                let r = tokio::select! {
+                    _ = all_tx.closed() => return,
+                    r = rx.recv() => r,
+                };
+                let end = r.is_none();
+                if all_tx.send((i, r)).is_err() || end {
+                    return;
                 }
             }
+        });
+    }
+    drop(all_tx);
+    let mut choices: Vec<Streamed> = (0..g.n)
+        .map(|_| Streamed {
+            out: {
+                let mut out =
+                    Decoded::new(&st.tokenizer, &st.stop_ids, g.stops.clone()).reading(&st.tokenizer, reading);
+                out.logprobs = g
+                    .logprobs
+                    .map(|_| LogprobLog::new(&st.tokenizer, st.grammar.as_ref().ok(), head.kind == Kind::Chat, &echo));
+                out
+            },
+            calls: reading.map(|r| tools::ToolStream::new(r.format, r.parallel)),
+            first: true,
+            called: false,
+            done: false,
+        })
+        .collect();
+    if head.kind == Kind::Chat || !echo.is_empty() {
+        let text = if head.kind == Kind::Chat { "" } else { &echo };
+        for (i, c) in choices.iter_mut().enumerate() {
+            if tx.send(head.chunk(i, Some(text), None, None, true, usage, Value::Null)).await.is_err() {
+                return;
+            }
+            c.first = false;
+        }
+    }
+    let mut left = g.n;
+    while left > 0 {
+        let (i, reply) = tokio::select! {
+            _ = tx.closed() => return,
+            r = all.recv() => match r {
+                Some(r) => r,
+                None => return,
+            },
+        };
+        let c = &mut choices[i];
+        if c.done {
+            continue;
+        }
+        let (piece, finish) = match c.out.feed(reply) {
+            Ok(r) => r,
             Err(e) => {
                 let _ = tx.send(SseEvent::default().data(e.body().to_string())).await;
                 return;
             }
+        };
+        let mut deltas = match &mut c.calls {
+            Some(s) => s.push(&piece),
+            None if piece.is_empty() => Vec::new(),
+            None => vec![tools::Delta::Content(piece)],
+        };
+        if finish.is_some() {
+            deltas.extend(c.calls.as_mut().map(tools::ToolStream::finish).unwrap_or_default());
         }
-    };
-    drop(rx);
-    let lp = out.take_logprobs();
-    let _ = tx.send(head.chunk(None, Some(finish), first, usage, lp)).await;
+        // The logprobs of the tokens since the last chunk go with the next chunk sent.
+        let mut lp = if deltas.is_empty() && finish.is_none() { Value::Null } else { c.out.take_logprobs() };
+        for d in deltas {
+            let ev = match &d {
+                tools::Delta::Content(t) => head.chunk(i, Some(t), None, None, c.first, usage, take(&mut lp)),
+                _ => {
+                    c.called = true;
+                    head.chunk(i, None, tools::delta_json(&d), None, c.first, usage, take(&mut lp))
+                }
+            };
+            if tx.send(ev).await.is_err() {
+                return;
+            }
+            c.first = false;
+        }
+        if let Some(mut f) = finish {
+            if c.called && f == "stop" {
+                f = "tool_calls";
+            }
+            if tx.send(head.chunk(i, None, None, Some(f), c.first, usage, take(&mut lp))).await.is_err() {
+                return;
+            }
+            c.done = true;
+            left -= 1;
+        }
+    }
+    drop(all);
     if usage {
         let mut v = head.frame(Vec::new());
-        v["usage"] =
-            serde_json::to_value(Usage::new(prompt_tokens, out.tokens).cached(out.cached)).expect("plain struct");
+        let tokens = choices.iter().map(|c| c.out.tokens).sum();
+        let usage = Usage::new(prompt_tokens, tokens).cached(choices[0].out.cached);
+        v["usage"] = serde_json::to_value(usage).expect("plain struct");
         let _ = tx.send(SseEvent::default().data(v.to_string())).await;
     }
     let _ = tx.send(SseEvent::default().data("[DONE]")).await;
@@ -491,6 +654,8 @@ struct Decoded<'t> {
     logprobs: Option<LogprobLog<'t>>,
     /// Prompt tokens the prefix cache gave.
     cached: usize,
+    /// Special tokens kept as text: a tool format's tags, while tool calls are read back.
+    markers: Vec<(u32, &'static str)>,
 }
 
 impl<'t> Decoded<'t> {
@@ -502,12 +667,24 @@ impl<'t> Decoded<'t> {
             tokens: 0,
             logprobs: None,
             cached: 0,
+            markers: Vec::new(),
         }
     }
 
     /// The logprobs of the tokens since the last call (`null`: none, or not asked).
     fn take_logprobs(&mut self) -> Value {
         self.logprobs.as_mut().map_or(Value::Null, LogprobLog::take)
+    }
+
+    /// Keeps the text of the special tokens among the tool format's tags (a decoder drops
+    /// special tokens).
+    fn reading(mut self, tok: &Tokenizer, reading: Option<Reading>) -> Self {
+        for m in reading.map_or(&[][..], |r| r.format.markers()) {
+            if let Some(id) = tok.token_to_id(m).filter(|&id| tok.is_special(id)) {
+                self.markers.push((id, m));
+            }
+        }
+        self
     }
 
     /// The text `reply` releases, and the finish reason when the completion ended.
@@ -527,7 +704,11 @@ impl<'t> Decoded<'t> {
                     log.push(t, lp);
                 }
                 if !self.stop_ids.contains(&t) {
-                    if let Some(p) = self.dec.push(t).map_err(text_err)? {
+                    let mut p = self.dec.push(t).map_err(text_err)?.unwrap_or_default();
+                    if let Some(&(_, m)) = self.markers.iter().find(|&&(id, _)| id == t) {
+                        p.push_str(m);
+                    }
+                    if !p.is_empty() {
                         out = self.stop.push(&p);
                     }
                 }

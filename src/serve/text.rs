@@ -62,7 +62,7 @@ impl StopText {
 
 /// The longest suffix of `text` that is a proper prefix of `stop` (bytes, at character
 /// boundaries).
-fn held(text: &str, stop: &str) -> usize {
+pub(super) fn held(text: &str, stop: &str) -> usize {
     (1..stop.len().min(text.len() + 1))
         .rev()
         .find(|&k| stop.is_char_boundary(k) && text.is_char_boundary(text.len() - k) && text.ends_with(&stop[..k]))

@@ -49,6 +49,8 @@ struct Running {
 #[derive(Clone)]
 pub struct Worker {
     jobs: std_mpsc::Sender<Job>,
+    /// The sequences the engine decodes together (a request's choices must fit).
+    pub sequences: usize,
     pub load: Arc<Load>,
     pub metrics: Arc<Metrics>,
 }
@@ -67,10 +69,11 @@ impl Worker {
         let (jobs, rx) = std_mpsc::channel();
         let load = Arc::new(Load::default());
         load.update(&engine);
+        let sequences = engine.free_sequences();
         let metrics = Arc::new(Metrics::default());
         let (l, m) = (load.clone(), metrics.clone());
         std::thread::Builder::new().name("engine".into()).spawn(move || run(engine, rx, &l, &m))?;
-        Ok(Self { jobs, load, metrics })
+        Ok(Self { jobs, sequences, load, metrics })
     }
 
     /// Queues `req`; its replies come on the returned receiver. Dropping the receiver cancels it.

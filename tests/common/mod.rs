@@ -31,6 +31,7 @@ pub fn fixture_dir() -> PathBuf {
 pub mod mlx;
 pub mod reference;
 pub mod stats;
+pub mod tiny_smollm;
 
 /// What makes an error message unfit for a user, if anything: more than one line, 1 KB or more,
 /// empty, control characters, Rust `Debug` output such as `Some(2)`, an OS error said twice.
