@@ -32,14 +32,7 @@ use wgpu_llm::sampling::{DeviceSampler, HostSampler, SamplingBackend, SamplingPa
 use wgpu_llm::tokenizer::Tokenizer;
 
 /// An answer shaped like a tool call: nested, an array, enums, bounded numbers, free strings.
-const SCHEMA: &str = r#"{"type": "object", "properties": {
-  "name": {"type": "string"}, "city": {"type": "string"},
-  "age": {"type": "integer", "minimum": 0, "maximum": 150},
-  "skills": {"type": "array", "items": {"type": "string"}, "maxItems": 8},
-  "level": {"enum": ["junior", "senior", "lead"]},
-  "address": {"type": "object", "properties": {"street": {"type": "string"}, "zip": {"type": "string"}},
-              "required": ["street", "zip"]}},
-  "required": ["name", "city", "age", "skills", "level", "address"]}"#;
+const SCHEMA: &str = include_str!("structured_schema.json");
 
 const PROMPT: &str = "Invent a software engineer and describe them as JSON with their name, city, age, \
                       skills, level and address. Make every field long and detailed.";

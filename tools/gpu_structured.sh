@@ -16,16 +16,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2
 wpid=$!
 ( time bash .bin/cuda.sh build && cmake --build /tmp/lc/build --target llama-completion -j "$(nproc)" ) > "$out/cuda-build.txt" 2>&1
 wait $wpid
-cat > /tmp/schema.json <<'J'
-{"type": "object", "properties": {
-  "name": {"type": "string"}, "city": {"type": "string"},
-  "age": {"type": "integer", "minimum": 0, "maximum": 150},
-  "skills": {"type": "array", "items": {"type": "string"}, "maxItems": 8},
-  "level": {"enum": ["junior", "senior", "lead"]},
-  "address": {"type": "object", "properties": {"street": {"type": "string"}, "zip": {"type": "string"}},
-              "required": ["street", "zip"]}},
-  "required": ["name", "city", "age", "skills", "level", "address"]}
-J
+cp benches/structured_schema.json /tmp/schema.json   # the schema benches/structured.rs holds the output to
 P="Invent a software engineer and describe them as JSON with their name, city, age, skills, level and address. Make every field long and detailed."
 for m in ${MODELS:-qwen15}; do
   timeout 200 /tmp/structured /tmp/$m.gguf --tokens 128 --reps ${REPS:-3} --json > "$out/$m-ours.json" 2> "$out/$m-ours.err"

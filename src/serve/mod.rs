@@ -376,7 +376,8 @@ async fn run(
     };
     let seed = g.seed();
     let fingerprint = format!("seed-{seed}");
-    let head = Head { id: format!("{prefix}-{:016x}", random_seed()), created: now(), model, kind, fingerprint };
+    let usage = g.include_usage;
+    let head = Head { id: format!("{prefix}-{:016x}", random_seed()), created: now(), model, kind, fingerprint, usage };
     let seed_header = |mut r: Response| {
         r.headers_mut().insert("x-seed", HeaderValue::from(seed));
         r
@@ -459,6 +460,8 @@ struct Head {
     kind: Kind,
     /// `seed-N`: the request's seed.
     fingerprint: String,
+    /// Streamed chunks carry `usage: null` (`stream_options.include_usage`).
+    usage: bool,
 }
 
 impl Head {
@@ -471,7 +474,6 @@ impl Head {
         call: Option<Value>,
         finish: Option<&str>,
         first: bool,
-        usage: bool,
         logprobs: Value,
     ) -> SseEvent {
         let choice = match self.kind {
@@ -493,7 +495,7 @@ impl Head {
             }
         };
         let mut v = self.frame(vec![choice]);
-        if usage {
+        if self.usage {
             v["usage"] = Value::Null;
         }
         SseEvent::default().data(v.to_string())
@@ -572,7 +574,7 @@ async fn stream(
     if head.kind == Kind::Chat || !echo.is_empty() {
         let text = if head.kind == Kind::Chat { "" } else { &echo };
         for (i, c) in choices.iter_mut().enumerate() {
-            if tx.send(head.chunk(i, Some(text), None, None, true, usage, Value::Null)).await.is_err() {
+            if tx.send(head.chunk(i, Some(text), None, None, true, Value::Null)).await.is_err() {
                 return;
             }
             c.first = false;
@@ -610,10 +612,10 @@ async fn stream(
         let mut lp = if deltas.is_empty() && finish.is_none() { Value::Null } else { c.out.take_logprobs() };
         for d in deltas {
             let ev = match &d {
-                tools::Delta::Content(t) => head.chunk(i, Some(t), None, None, c.first, usage, take(&mut lp)),
+                tools::Delta::Content(t) => head.chunk(i, Some(t), None, None, c.first, take(&mut lp)),
                 _ => {
                     c.called = true;
-                    head.chunk(i, None, tools::delta_json(&d), None, c.first, usage, take(&mut lp))
+                    head.chunk(i, None, tools::delta_json(&d), None, c.first, take(&mut lp))
                 }
             };
             if tx.send(ev).await.is_err() {
@@ -625,7 +627,7 @@ async fn stream(
             if c.called && f == "stop" {
                 f = "tool_calls";
             }
-            if tx.send(head.chunk(i, None, None, Some(f), c.first, usage, take(&mut lp))).await.is_err() {
+            if tx.send(head.chunk(i, None, None, Some(f), c.first, take(&mut lp))).await.is_err() {
                 return;
             }
             c.done = true;
