@@ -32,7 +32,8 @@ fn openai_client_round_trips_tool_calls() {
     );
 }
 
-/// Three tools of different shapes; `tool_choice` "required" (any of them, one or several calls)
+/// Three tools of different shapes, in the Hermes (Qwen) and Gemma 4 call formats; `tool_choice`
+/// "required" (any of them, one or several calls)
 /// and each named in turn, two seeds each: every output is complete, parses as calls, and each
 /// call's arguments validate against its tool's schema.
 #[test]
@@ -60,37 +61,40 @@ fn forced_calls_are_valid_on_a_random_model() {
             (f["name"].as_str().unwrap().to_string(), p)
         })
         .collect();
-    let support = ToolSupport { format: ToolFormat::Hermes, native: true };
     let vocab = &common::tiny_smollm::text().vocab;
     let gpu = common::gpu();
     let mut model = tiny_model(&gpu);
     let mut sampler = DeviceSampler::new(&gpu).unwrap();
-    let mut choices = vec![(json!("required"), None)];
+    let mut choices: Vec<(serde_json::Value, Option<String>)> = vec![(json!("required"), None)];
     for (name, _) in &schemas {
         choices.push((json!({"type": "function", "function": {"name": name}}), Some(name.clone())));
     }
-    for (choice, named) in choices {
-        for (seed, parallel) in [(1u64, true), (2, false)] {
-            let fields = json!({"tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel});
-            let p = plan(fields.as_object().unwrap(), support).unwrap().unwrap();
-            let c = p.constraint(Ok(vocab)).unwrap().expect("a forced call has a grammar");
-            let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed };
-            let (out, tokens, stop) = generate(&mut model, &mut sampler, &c, &params, 180).unwrap();
-            let what = format!("{choice} seed {seed}: {out:?} ({} tokens)", tokens.len());
-            eprintln!("{what}");
-            assert_eq!(stop, StopReason::Eos, "{what}: not finished");
-            let (content, calls) = parse(ToolFormat::Hermes, parallel, &out);
-            assert_eq!(content, "", "{what}");
-            assert!(!calls.is_empty() && (parallel || calls.len() == 1), "{what}");
-            for call in &calls {
-                if let Some(name) = &named {
-                    assert_eq!(&call.name, name, "{what}");
+    // Qwen's (Hermes) JSON calls and Gemma 4's own syntax.
+    for format in [ToolFormat::Hermes, ToolFormat::Gemma4] {
+        let support = ToolSupport { format, native: true };
+        for (choice, named) in &choices {
+            for (seed, parallel) in [(1u64, true), (2, false)] {
+                let fields = json!({"tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel});
+                let p = plan(fields.as_object().unwrap(), support).unwrap().unwrap();
+                let c = p.constraint(Ok(vocab)).unwrap().expect("a forced call has a grammar");
+                let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed };
+                let (out, tokens, stop) = generate(&mut model, &mut sampler, &c, &params, 180).unwrap();
+                let what = format!("{format:?} {choice} seed {seed}: {out:?} ({} tokens)", tokens.len());
+                eprintln!("{what}");
+                assert_eq!(stop, StopReason::Eos, "{what}: not finished");
+                let (content, calls) = parse(format, parallel, &out);
+                assert_eq!(content, "", "{what}");
+                assert!(!calls.is_empty() && (parallel || calls.len() == 1), "{what}");
+                for call in &calls {
+                    if let Some(name) = &named {
+                        assert_eq!(&call.name, name, "{what}");
+                    }
+                    let schema = &schemas.iter().find(|(n, _)| n == &call.name).unwrap_or_else(|| panic!("{what}")).1;
+                    let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap();
+                    let v = jsonschema::validator_for(schema).unwrap();
+                    let errors: Vec<String> = v.iter_errors(&args).map(|e| e.to_string()).collect();
+                    assert!(errors.is_empty(), "{what}: {} does not follow {schema}: {errors:?}", call.arguments);
                 }
-                let schema = &schemas.iter().find(|(n, _)| n == &call.name).unwrap_or_else(|| panic!("{what}")).1;
-                let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap();
-                let v = jsonschema::validator_for(schema).unwrap();
-                let errors: Vec<String> = v.iter_errors(&args).map(|e| e.to_string()).collect();
-                assert!(errors.is_empty(), "{what}: {} does not follow {schema}: {errors:?}", call.arguments);
             }
         }
     }

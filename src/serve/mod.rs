@@ -40,6 +40,7 @@ pub mod listen;
 pub mod logprobs;
 pub mod metrics;
 pub mod text;
+pub mod tool_grammar;
 pub mod tools;
 pub mod worker;
 

@@ -22,8 +22,9 @@
 //! constrain the output by an llguidance Lark grammar of the family's call format whose arguments
 //! are `%json` of each tool's `parameters` schema (a named function: that one only), so even a
 //! tiny random model produces a valid call. `parallel_tool_calls: false` allows one call.
-//! The forced form exists for the Hermes format (native or fallback); for Gemma 4's native
-//! format it is a 400 (its argument syntax is no JSON: no grammar is written for it yet).
+//! For Gemma 4's native format, whose argument syntax is no JSON, the grammar is written from
+//! each tool's schema by [`super::tool_grammar`] (the schema forms it has rules for; a tool with
+//! another form is a 400 naming it).
 //!
 //! Reading back ([`ToolStream`]) works on text as it streams: text before a call is content, a
 //! partial opening tag is held back until the next piece decides, a call's name is sent as soon
@@ -376,12 +377,11 @@ impl ToolPlan {
             Choice::Required => self.tools.iter().collect(),
             Choice::Named(name) => self.tools.iter().filter(|t| &t.name == name).collect(),
         };
-        if self.support.format != ToolFormat::Hermes {
-            return Err(bad(
-                "tool_choice 'required' or a named function is not supported for this model's tool format \
-                 (Gemma 4): use 'auto'",
-                "tool_choice",
-            ));
+        if self.support.format == ToolFormat::Gemma4 {
+            let grammar = super::tool_grammar::gemma_grammar(&tools, self.parallel).map_err(|e| {
+                bad(format!("{e}: a forced call in Gemma 4's call format cannot follow it (use 'auto')"), "tools")
+            })?;
+            return Ok(Some(Constraint::Lark(grammar)));
         }
         let vocab = vocab.map_err(|e| {
             bad(format!("tool_choice needs structured output, which this model lacks: {e}"), "tool_choice")
@@ -1049,11 +1049,16 @@ mod tests {
             assert_eq!((e.status, e.param), (400, Some(param)), "{v}");
             assert!(e.message.contains(says), "{v}: {}", e.message);
         }
-        // Gemma 4's native format has no forced form.
+        // Gemma 4's native format: a grammar of its own syntax, or a 400 naming the tool whose
+        // schema it has no rule for.
         let gemma = ToolSupport { format: ToolFormat::Gemma4, native: true };
         let p = plan(&fields(json!({"tools": weather(), "tool_choice": "required"})), gemma).unwrap().unwrap();
+        assert!(matches!(p.constraint(Err(&"unused".to_string())), Ok(Some(Constraint::Lark(_)))));
+        let any_of = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+            "properties": {"x": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}}}}]);
+        let p = plan(&fields(json!({"tools": any_of, "tool_choice": "required"})), gemma).unwrap().unwrap();
         let e = p.constraint(Err(&"unused".to_string())).unwrap_err();
-        assert_eq!(e.param, Some("tool_choice"));
+        assert_eq!(e.param, Some("tools"));
         // Completions take no tools.
         assert!(refuse_on_completions(&fields(json!({"tools": [], "tool_choice": "none"}))).is_ok());
         assert_eq!(refuse_on_completions(&fields(json!({"tools": weather()}))).unwrap_err().param, Some("tools"));
