@@ -16,26 +16,24 @@
 //! Other schema forms (`anyOf`, a list of types, `pattern`, `$ref`, ..) have no rules here: the
 //! tool's forced call is then refused by name (`auto` still reads such calls back).
 
-use super::tools::Tool;
 use crate::grammar::compact;
 use serde_json::{json, Value};
 
 /// Gemma 4's string delimiter.
 const QUOTE: &str = "<|\"|>";
 
-/// The Lark grammar of Gemma 4 calls to `tools`: one call, or with `parallel` one or more, one
-/// after the other. An error names the tool and the schema form that has no rule.
-pub fn gemma_grammar(tools: &[&Tool], parallel: bool) -> Result<String, String> {
+/// The Lark grammar of Gemma 4 calls to `tools` (each its name and its `parameters` schema):
+/// one call, or with `parallel` one or more, one after the other. An error names the tool and
+/// the schema form that has no rule.
+pub fn gemma_grammar(tools: &[(&str, &Value)], parallel: bool) -> Result<String, String> {
     let mut g = Rules::default();
     let mut fns = Vec::new();
-    for t in tools {
-        let args = g.value(&t.parameters).map_err(|e| format!("the parameters of the tool '{}': {e}", t.name))?;
-        let args = if t.parameters.get("type").is_some_and(|ty| ty == "object") {
-            args
-        } else {
-            return Err(format!("the parameters of the tool '{}' are not an object", t.name));
-        };
-        fns.push(format!("{} {args}", lit(&format!("call:{}", t.name))));
+    for &(name, parameters) in tools {
+        let args = g.value(parameters).map_err(|e| format!("the parameters of the tool '{name}': {e}"))?;
+        if !parameters.get("type").is_some_and(|ty| ty == "object") {
+            return Err(format!("the parameters of the tool '{name}' are not an object"));
+        }
+        fns.push(format!("{} {args}", lit(&format!("call:{name}"))));
     }
     let mut out = String::new();
     out.push_str(if parallel { "start: call+\n" } else { "start: call\n" });
@@ -206,23 +204,16 @@ mod tests {
     use super::*;
     use crate::grammar::Constraint;
 
-    fn tool(name: &str, parameters: Value) -> Tool {
-        Tool { name: name.into(), parameters }
-    }
-
     #[test]
     fn schemas_become_grammars_that_compile() {
-        let weather = tool(
-            "get_weather",
-            json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+        let weather = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                    "unit": {"enum": ["c", "f"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
                    "hourly": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
                    "at": {"type": "object", "properties": {"lat": {"type": "number"}}, "required": ["lat"]}},
-                   "required": ["city"]}),
-        );
-        let ping = tool("ping", json!({"type": "object", "properties": {}}));
+                   "required": ["city"]});
+        let ping = json!({"type": "object", "properties": {}});
         for parallel in [false, true] {
-            let g = gemma_grammar(&[&weather, &ping], parallel).unwrap();
+            let g = gemma_grammar(&[("get_weather", &weather), ("ping", &ping)], parallel).unwrap();
             assert!(g.contains(r#""call:get_weather" "{" "city:" "<|\"|>" /[^<]{0,8}/ "<|\"|>""#), "{g}");
             assert!(g.contains(r#"%json {"type":"integer","minimum":1,"maximum":7"#), "{g}");
             Constraint::Lark(g.clone()).check().unwrap_or_else(|e| panic!("{e}\n{g}"));
@@ -237,7 +228,7 @@ mod tests {
             (json!({"type": "object", "properties": {"a:b": {"type": "string"}}}), "property name"),
             (json!({"type": "object", "required": ["y"]}), "required property 'y'"),
         ] {
-            let e = gemma_grammar(&[&tool("f", params)], false).unwrap_err();
+            let e = gemma_grammar(&[("f", &params)], false).unwrap_err();
             assert!(e.contains("tool 'f'") && e.contains(want), "{e}");
         }
     }

@@ -378,7 +378,8 @@ impl ToolPlan {
             Choice::Named(name) => self.tools.iter().filter(|t| &t.name == name).collect(),
         };
         if self.support.format == ToolFormat::Gemma4 {
-            let grammar = super::tool_grammar::gemma_grammar(&tools, self.parallel).map_err(|e| {
+            let named: Vec<(&str, &Value)> = tools.iter().map(|t| (t.name.as_str(), &t.parameters)).collect();
+            let grammar = super::tool_grammar::gemma_grammar(&named, self.parallel).map_err(|e| {
                 bad(format!("{e}: a forced call in Gemma 4's call format cannot follow it (use 'auto')"), "tools")
             })?;
             return Ok(Some(Constraint::Lark(grammar)));
