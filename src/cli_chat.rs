@@ -96,11 +96,13 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let terminal = std::io::stdin().is_terminal();
     let mut interrupted_at_prompt = false;
     loop {
+        // A Ctrl-C from before the prompt (the one that stopped an answer) is dropped before the
+        // prompt shows: one pressed once the prompt is on screen must count.
+        interrupt::take();
         if terminal {
             print!("> ");
             std::io::stdout().flush()?;
         }
-        interrupt::take();
         let line = match next_line(&lines) {
             Input::Line(line) => line,
             Input::End => {
