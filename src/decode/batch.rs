@@ -160,9 +160,8 @@ struct Seq {
     req: Request,
     /// Its KV-cache slot.
     slot: u32,
-    /// Tokens delivered.
-    delivered: usize,
-    /// The tokens delivered (what its KV entries hold after the prompt, for the prefix cache).
+    /// The tokens delivered (what its KV entries hold after the prompt, for the prefix cache; the
+    /// last one is the next step's input after a change of the batch).
     out: Vec<u32>,
     /// It failed: its KV entries are not kept.
     failed: bool,
@@ -173,8 +172,6 @@ struct Seq {
     /// Tokens this request may produce: `max_tokens`, and one per free position after the
     /// prompt plus the one sampled from its last position.
     budget: usize,
-    /// The last token delivered (the next step's input after a change of the batch).
-    last: u32,
     /// It stopped; steps already in flight still carry it, their tokens dropped.
     stopped: bool,
     /// A constrained request's mask for its next token.
@@ -190,6 +187,16 @@ impl Seq {
 
     fn constrained(&self) -> bool {
         self.req.constraint.is_some()
+    }
+
+    /// Tokens delivered.
+    fn delivered(&self) -> usize {
+        self.out.len()
+    }
+
+    /// The last token delivered (a running request has one: admission delivers the first).
+    fn last(&self) -> u32 {
+        self.out.last().copied().unwrap_or(0)
     }
 }
 
@@ -401,8 +408,9 @@ impl BatchEngine {
                 self.model.config.vocab_size
             )));
         }
-        if let Some(n) = req.logprobs.filter(|&n| n > crate::sampling::MAX_TOP_LOGPROBS) {
-            return Err(Error::InvalidArgument(format!("{n} top logprobs: at most 20")));
+        let most = crate::sampling::MAX_TOP_LOGPROBS;
+        if let Some(n) = req.logprobs.filter(|&n| n > most) {
+            return Err(Error::InvalidArgument(format!("{n} top logprobs: at most {most}")));
         }
         if req.constraint.is_some() && req.stop_ids.is_empty() {
             return Err(Error::InvalidArgument(
@@ -579,12 +587,10 @@ impl BatchEngine {
                 id,
                 req,
                 slot,
-                delivered: 0,
                 out: Vec::new(),
                 failed: false,
                 submitted: 1,
                 budget,
-                last: 0,
                 stopped: false,
                 mask: None,
                 controls,
@@ -617,11 +623,11 @@ impl BatchEngine {
             seqs.iter().map(|s| ((s.req.prompt.len() + s.submitted - 1) as u32, s.slot)).collect();
         // The inputs: from the last step's sampler on the GPU when the rows are the same, else
         // the tokens delivered last.
-        let inputs: Option<Vec<u32>> = (rows != self.fed.as_slice()).then(|| seqs.iter().map(|s| s.last).collect());
+        let inputs: Option<Vec<u32>> = (rows != self.fed.as_slice()).then(|| seqs.iter().map(|s| s.last()).collect());
         let gpu = self.model.gpu.clone();
         if !self.batched {
             // One request at a time on the model's own sequence.
-            let logits = self.model.forward(&inputs.unwrap_or_else(|| vec![seqs[0].last]))?;
+            let logits = self.model.forward(&inputs.unwrap_or_else(|| vec![seqs[0].last()]))?;
             return self.draw_now(rows, &logits, &params, &keys);
         }
         let plan = self.model.stage_batch(&at)?;
@@ -737,11 +743,9 @@ fn deliver(
     let prompt = s.req.prompt.len();
     if non_finite {
         (s.stopped, s.failed) = (true, true);
-        sink(s.id, Event::Failed(non_finite_error(s.delivered as u32, prompt + s.delivered - 1)));
+        sink(s.id, Event::Failed(non_finite_error(s.delivered() as u32, prompt + s.delivered() - 1)));
         return;
     }
-    s.delivered += 1;
-    s.last = token;
     if let Some(c) = &mut s.controls {
         c.push(token);
     }
@@ -759,11 +763,11 @@ fn deliver(
     let reason = if complete {
         Some(StopReason::Eos)
     } else {
-        stop_after(token, s.delivered, s.req.max_tokens, room, &s.req.stop_ids)
+        stop_after(token, s.delivered(), s.req.max_tokens, room, &s.req.stop_ids)
     };
     if let Some(reason) = reason {
         s.stopped = true;
-        sink(s.id, Event::Finished { reason, prompt_tokens: prompt, generated_tokens: s.delivered });
+        sink(s.id, Event::Finished { reason, prompt_tokens: prompt, generated_tokens: s.delivered() });
     }
 }
 

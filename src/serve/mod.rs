@@ -18,7 +18,8 @@
 //! of its tokens under its mask ([`Request::constraint`]).
 //!
 //! `logprobs` / `top_logprobs` ([`logprobs`]): the engine computes them on the GPU for the
-//! requests that ask ([`Request::logprobs`]) from the model's raw logits, and the answer carries
+//! requests that ask ([`Request::logprobs`]) from the model's raw logits (after the request's
+//! `logit_bias` and penalties, where it sets them), and the answer carries
 //! them in OpenAI's shapes, streamed chunks included.
 //!
 //! `tools` / `tool_choice` ([`tools`]): the template gets the tools, the answer's calls are
@@ -395,9 +396,7 @@ async fn run(
     let mut completion_tokens = 0;
     let mut cached = 0;
     for (index, mut rx) in rxs.into_iter().enumerate() {
-        let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops.clone()).reading(&st.tokenizer, reading);
-        out.logprobs =
-            g.logprobs.map(|_| LogprobLog::new(&st.tokenizer, st.grammar.as_ref().ok(), kind == Kind::Chat, &echo));
+        let mut out = Decoded::choice(&st, &g, kind, &echo, reading);
         let mut text = echo.clone();
         let mut finish = loop {
             let (piece, finish) = out.feed(rx.recv().await)?;
@@ -558,14 +557,7 @@ async fn stream(
     drop(all_tx);
     let mut choices: Vec<Streamed> = (0..g.n)
         .map(|_| Streamed {
-            out: {
-                let mut out =
-                    Decoded::new(&st.tokenizer, &st.stop_ids, g.stops.clone()).reading(&st.tokenizer, reading);
-                out.logprobs = g
-                    .logprobs
-                    .map(|_| LogprobLog::new(&st.tokenizer, st.grammar.as_ref().ok(), head.kind == Kind::Chat, &echo));
-                out
-            },
+            out: Decoded::choice(&st, &g, head.kind, &echo, reading),
             calls: reading.map(|r| tools::ToolStream::new(r.format, r.parallel)),
             first: true,
             called: false,
@@ -677,6 +669,15 @@ impl<'t> Decoded<'t> {
     /// The logprobs of the tokens since the last call (`null`: none, or not asked).
     fn take_logprobs(&mut self) -> Value {
         self.logprobs.as_mut().map_or(Value::Null, LogprobLog::take)
+    }
+
+    /// A choice's decoder: the request's stop strings, the tool format's tags kept as text while
+    /// calls are read back, and the log of its logprobs when the request asked.
+    fn choice(st: &'t ServerState, g: &Generation, kind: Kind, echo: &str, reading: Option<Reading>) -> Self {
+        let mut out = Decoded::new(&st.tokenizer, &st.stop_ids, g.stops.clone()).reading(&st.tokenizer, reading);
+        out.logprobs =
+            g.logprobs.map(|_| LogprobLog::new(&st.tokenizer, st.grammar.as_ref().ok(), kind == Kind::Chat, echo));
+        out
     }
 
     /// Keeps the text of the special tokens among the tool format's tags (a decoder drops
